@@ -1,0 +1,19 @@
+//! The command line: argument parsing and the mapping of errors to exit statuses.
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(name = "runner", version, about = "Run speed probes, ablations and generations of a block-causal text-to-video model")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {}
+
+/// Runs the command line and returns the process exit status.
+pub fn main() -> i32 {
+    let _cli = Cli::parse();
+    crate::exit::OK
+}

@@ -1,0 +1,1 @@
+//! The engine: everything that touches ONNX Runtime and the GPU lives here and only here.

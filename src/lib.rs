@@ -1,0 +1,12 @@
+//! unstep: experiment manifests, plans and a generation engine on ONNX Runtime for a
+//! block-causal text-to-video model.
+//!
+//! The modules follow the passes of a run: [`manifest`] (wire types, layers, validation) →
+//! [`plan`] (processes, shards, caches) → [`engine`] (ONNX Runtime and the generation loop) →
+//! [`results`] → [`report`]. [`cli`] is the edge that turns errors into exit codes.
+
+pub mod cli;
+pub mod engine;
+pub mod exit;
+pub mod manifest;
+pub mod plan;

@@ -1,0 +1,1 @@
+//! Manifests: wire types, the override layers, and validation with source locations.

@@ -1,0 +1,1 @@
+//! Plans: a validated manifest expanded into runs, processes, shards and cache directories.
