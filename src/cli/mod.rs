@@ -1,19 +1,91 @@
-//! The command line: argument parsing and the mapping of errors to exit statuses.
+//! The command line: argument parsing, and the mapping of errors to exit statuses.
 
-use clap::Parser;
+mod plan;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::exit;
 
 #[derive(Debug, Parser)]
-#[command(name = "runner", version, about = "Run speed probes, ablations and generations of a block-causal text-to-video model")]
+#[command(
+    name = "runner",
+    version,
+    about = "Run speed probes, ablations and generations of a block-causal text-to-video model",
+    long_about = "Run speed probes, ablations and generations of a block-causal text-to-video \
+                  model over ONNX Runtime.\n\nExperiments are TOML manifests (experiments/*.toml). \
+                  Settings are layered, lowest first: built-in defaults < the manifest chain \
+                  (extends) < environment variables < --set / --extra-args."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
-#[derive(Debug, clap::Subcommand)]
-pub enum Command {}
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show what `apply` would do: processes, shards, GPUs, caches. Nothing is written.
+    Plan(plan::PlanArgs),
+    /// Print the JSON Schema of manifests.
+    Schema,
+}
+
+/// The manifest and the command-line layer, shared by every command that reads a manifest.
+#[derive(Debug, Clone, Args)]
+pub struct ManifestArgs {
+    /// The manifest, e.g. experiments/sigma001.toml.
+    pub manifest: PathBuf,
+    /// Override a setting: table.key=value (repeatable; highest precedence).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Method flags, split on whitespace, e.g. '--clean-sigma-override 0.01'.
+    #[arg(long = "extra-args", value_name = "FLAGS", allow_hyphen_values = true)]
+    pub extra_args: Vec<String>,
+}
+
+impl ManifestArgs {
+    pub fn load(&self) -> Result<crate::manifest::Resolved, crate::manifest::Diagnostics> {
+        crate::manifest::load(&crate::manifest::LoadRequest::from_process(
+            self.manifest.clone(),
+            self.set.clone(),
+            self.extra_args.clone(),
+        ))
+    }
+}
+
+/// Writes to stdout; a closed pipe (`runner plan | head`) ends quietly.
+pub(crate) fn out(text: &str) -> i32 {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush())
+    {
+        Ok(()) => exit::OK,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => exit::OK,
+        Err(e) => {
+            eprintln!("error: cannot write output: {e}");
+            exit::INTERNAL
+        }
+    }
+}
 
 /// Runs the command line and returns the process exit status.
 pub fn main() -> i32 {
-    let _cli = Cli::parse();
-    crate::exit::OK
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+        }
+    };
+    match cli.command {
+        Command::Plan(args) => plan::run(&args),
+        Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
+    }
 }

@@ -1,1 +1,20 @@
 //! Manifests: wire types, the override layers, and validation with source locations.
+//!
+//! The pass runs `load` → [`Resolved`]: the `extends` chain is read with spans
+//! ([`source`]), each layer becomes a flat map of settings ([`layers`]), the merge is
+//! deserialised into the typed [`Manifest`] ([`settings`], [`values`]), and cross-setting and
+//! path checks run. Every problem becomes a [`Diagnostic`] with a location and a hint.
+
+pub mod diagnostic;
+pub mod layers;
+pub mod load;
+pub mod paths;
+pub mod schema;
+pub mod settings;
+pub mod source;
+pub mod values;
+
+pub use diagnostic::{Diagnostic, Diagnostics, Origin};
+pub use load::{LoadRequest, Resolved, RunPaths, Setting, load};
+pub use settings::*;
+pub use values::*;

@@ -1,1 +1,6 @@
 //! Plans: a validated manifest expanded into runs, processes, shards and cache directories.
+
+pub mod build;
+pub mod render;
+
+pub use build::{Plan, PlanError, Process, Role, Shard, Slot, TimedRegion, build, shard_sizes};

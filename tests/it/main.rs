@@ -1,1 +1,4 @@
 //! The one integration-test binary; each module covers one part of the product.
+
+mod manifest;
+mod support;

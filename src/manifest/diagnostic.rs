@@ -1,0 +1,169 @@
+//! User-facing problems with a manifest or an override, each with where it comes from and a hint.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where a value came from: the layer that set it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A built-in default.
+    Default,
+    /// A manifest file, at a 1-based line and column.
+    File {
+        path: PathBuf,
+        line: usize,
+        col: usize,
+    },
+    /// An environment variable.
+    Env { var: String },
+    /// A command-line flag, as written.
+    Flag { arg: String },
+}
+
+impl Origin {
+    /// The layer's rank in the precedence order (higher wins).
+    pub fn layer_name(&self) -> &'static str {
+        match self {
+            Origin::Default => "default",
+            Origin::File { .. } => "manifest",
+            Origin::Env { .. } => "environment",
+            Origin::Flag { .. } => "command line",
+        }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Default => f.write_str("default"),
+            Origin::File { path, line, col } => {
+                write!(f, "{}:{line}:{col}", display_path(path))
+            }
+            Origin::Env { var } => write!(f, "env {var}"),
+            Origin::Flag { arg } => write!(f, "flag {arg}"),
+        }
+    }
+}
+
+/// Paths are shown relative to the current directory when they are below it, so messages and
+/// plans read the same on every machine.
+pub fn display_path(path: &Path) -> String {
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Ok(rel) = path.strip_prefix(&cwd) {
+            return rel.display().to_string();
+        }
+    }
+    path.display().to_string()
+}
+
+/// A source excerpt to show under a message: the offending line and the span to underline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excerpt {
+    pub line_text: String,
+    /// 1-based column of the span's start, in characters.
+    pub col: usize,
+    /// Length of the span in characters (at least 1), clipped to the line.
+    pub len: usize,
+}
+
+/// One problem found while loading or validating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub message: String,
+    pub origin: Option<Origin>,
+    pub excerpt: Option<Excerpt>,
+    pub hint: Option<String>,
+}
+
+impl Diagnostic {
+    pub fn new(message: impl Into<String>) -> Self {
+        Diagnostic {
+            message: message.into(),
+            origin: None,
+            excerpt: None,
+            hint: None,
+        }
+    }
+
+    pub fn at(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    pub fn excerpt(mut self, excerpt: Option<Excerpt>) -> Self {
+        self.excerpt = excerpt;
+        self
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "error: {}", self.message)?;
+        match (&self.origin, &self.excerpt) {
+            (Some(origin @ Origin::File { line, .. }), Some(ex)) => {
+                let gutter = line.to_string().len();
+                writeln!(f, "{:gutter$}--> {origin}", "")?;
+                writeln!(f, "{:gutter$} |", "")?;
+                writeln!(f, "{line} | {}", ex.line_text)?;
+                writeln!(
+                    f,
+                    "{:gutter$} | {}{}",
+                    "",
+                    " ".repeat(ex.col.saturating_sub(1)),
+                    "^".repeat(ex.len.max(1))
+                )?;
+            }
+            (Some(origin), _) => writeln!(f, "  --> {origin}")?,
+            (None, _) => {}
+        }
+        if let Some(hint) = &self.hint {
+            writeln!(f, "  = hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+/// All problems of one load, reported together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{d}")?;
+        }
+        if self.0.len() > 1 {
+            writeln!(f, "\n{} errors; nothing was run or written", self.0.len())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Diagnostics {}
+
+impl From<Diagnostic> for Diagnostics {
+    fn from(d: Diagnostic) -> Self {
+        Diagnostics(vec![d])
+    }
+}
+
+/// Suggests the closest of `candidates` to `word`, if one is close enough to be a typo.
+pub fn did_you_mean<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(word, c), c))
+        .filter(|(score, _)| *score > 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}

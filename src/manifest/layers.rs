@@ -1,0 +1,729 @@
+//! The override layers and their precedence, lowest first:
+//!
+//! 1. built-in defaults ([`Manifest::defaults`](super::settings::Manifest::defaults));
+//! 2. the manifest chain, base first (each file its own layer; a child replaces its parent);
+//! 3. environment variables: the seed's names ([`ENV_VARS`]), the generic
+//!    `UNSTEP_<TABLE>__<KEY>`, and `UNSTEP_EXTRA_ARGS`;
+//! 4. the command line: `--set table.key=value` and `--extra-args '…'`.
+//!
+//! A layer is a flat map from dotted key to value and origin. Within one layer a key may be set
+//! once: a second setting is an error, never a silent last-wins. This is a hand-rolled merge
+//! rather than figment's because every value must keep a `file:line:col` origin and the
+//! duplicate rule must hold per layer, which figment's providers do not express.
+
+use std::collections::BTreeMap;
+
+use super::diagnostic::{Diagnostic, Excerpt, Origin, did_you_mean};
+use super::schema::{MethodClass, ValueType, keys};
+use super::settings::Kind;
+
+/// One setting in one layer.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub value: toml::Value,
+    pub origin: Origin,
+    pub excerpt: Option<Excerpt>,
+}
+
+/// A flat map of settings from one layer.
+#[derive(Debug, Clone, Default)]
+pub struct Layer {
+    pub entries: BTreeMap<String, Entry>,
+}
+
+impl Layer {
+    /// Adds a setting; a key already set in this layer is an error naming both places.
+    pub fn set(&mut self, key: &str, entry: Entry, errors: &mut Vec<Diagnostic>) {
+        if let Some(first) = self.entries.get(key) {
+            if first.value == entry.value && first.origin == entry.origin {
+                return;
+            }
+            errors.push(
+                Diagnostic::new(format!(
+                    "`{key}` is set twice in one layer (first by {})",
+                    first.origin
+                ))
+                .at(entry.origin.clone())
+                .excerpt(entry.excerpt.clone())
+                .hint("set it once; the same layer never silently overrides itself"),
+            );
+            return;
+        }
+        self.entries.insert(key.to_string(), entry);
+    }
+}
+
+/// An environment variable of the seed document and the setting it controls.
+pub struct EnvVar {
+    pub var: &'static str,
+    pub key: &'static str,
+    /// Read only for probes (the seed's probe controls).
+    pub probe_only: bool,
+}
+
+/// The seed's environment variables (SPEC §3). `UNSTEP_EXTRA_ARGS` and `CUDA_VISIBLE_DEVICES`
+/// are handled beside these.
+pub const ENV_VARS: &[EnvVar] = &[
+    EnvVar {
+        var: "PROMPT_INDICES",
+        key: "prompts.indices",
+        probe_only: true,
+    },
+    EnvVar {
+        var: "WARMUP_PROMPT_INDICES",
+        key: "warmup.indices",
+        probe_only: true,
+    },
+    EnvVar {
+        var: "WARMUP_REPEATS",
+        key: "warmup.repeats",
+        probe_only: true,
+    },
+    EnvVar {
+        var: "DISABLE_GC_DURING_MEASUREMENT",
+        key: "timing.quiet_measurement",
+        probe_only: true,
+    },
+    EnvVar {
+        var: "EXCLUDE_FINAL_OUTPUT_LAYOUT_TIMING",
+        key: "timing.exclude_final_output_layout",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_CPU_THREADS_PER_PROCESS",
+        key: "runtime.cpu_threads_per_process",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "TORCHINDUCTOR_COMPILE_THREADS",
+        key: "runtime.compile_threads",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_COMPILE_THREADS",
+        key: "runtime.compile_threads",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_ATTENTION_BACKEND",
+        key: "method.attention_backend",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_CACHE_MODE",
+        key: "cache.mode",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_CACHE_SCOPE",
+        key: "cache.scope",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES",
+        key: "cache.clear_global",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_SHARED_RUNTIME_STATE_DIR",
+        key: "cache.shared_state_dir",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_RUN_STATE_ROOT",
+        key: "cache.run_state_root",
+        probe_only: true,
+    },
+    EnvVar {
+        var: "UNSTEP_REUSE_RUNTIME_STATE",
+        key: "cache.reuse_runtime_state",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "UNSTEP_WORK_ROOT",
+        key: "staging.work_root",
+        probe_only: false,
+    },
+    EnvVar {
+        var: "CUDA_VISIBLE_DEVICES",
+        key: "runtime.visible_devices",
+        probe_only: false,
+    },
+];
+
+/// The variable that carries extra method flags.
+pub const EXTRA_ARGS_VAR: &str = "UNSTEP_EXTRA_ARGS";
+
+/// Variables of the `UNSTEP_` namespace that are not settings (they configure the runner's
+/// surroundings) and so are never read as `UNSTEP_<TABLE>__<KEY>`.
+const NOT_SETTINGS: &[&str] = &["UNSTEP_ORT_CACHE_DIR"];
+
+/// Converts an override's text to a value of the key's type. Text keys stay strings and are
+/// checked by their own types when the layers are merged.
+pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, String> {
+    let ty = keys().get(key).map_or(ValueType::Text, |k| k.ty);
+    let t = text.trim();
+    match ty {
+        ValueType::Bool => match t.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
+            "0" | "false" | "no" | "off" => Ok(toml::Value::Boolean(false)),
+            _ => Err(format!("`{t}` is not a boolean; use 1/0 or true/false")),
+        },
+        ValueType::Integer => t
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| format!("`{t}` is not an integer")),
+        ValueType::Float => t
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .map_err(|_| format!("`{t}` is not a number")),
+        ValueType::IntegerArray => t
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .split(',')
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| {
+                p.trim()
+                    .parse::<i64>()
+                    .map(toml::Value::Integer)
+                    .map_err(|_| format!("`{}` is not an integer", p.trim()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(toml::Value::Array),
+        ValueType::Text => Ok(toml::Value::String(t.to_string())),
+    }
+}
+
+/// Builds the environment layer from a snapshot of the environment.
+pub fn env_layer(
+    env: &BTreeMap<String, String>,
+    kind: Kind,
+    errors: &mut Vec<Diagnostic>,
+    warnings: &mut Vec<String>,
+) -> Layer {
+    let mut layer = Layer::default();
+    for spec in ENV_VARS {
+        let Some(text) = env.get(spec.var).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        if spec.probe_only && kind != Kind::Probe {
+            warnings.push(format!(
+                "{} is a probe control and is ignored by this {} run; use --set {}=… instead",
+                spec.var,
+                kind.as_str(),
+                spec.key
+            ));
+            continue;
+        }
+        let origin = Origin::Env {
+            var: spec.var.to_string(),
+        };
+        match parse_text(spec.key, text) {
+            Ok(value) => {
+                // Two seed names for one setting (the compile threads) agree when equal.
+                if let Some(first) = layer.entries.get(spec.key) {
+                    if first.value == value {
+                        continue;
+                    }
+                }
+                layer.set(
+                    spec.key,
+                    Entry {
+                        value,
+                        origin,
+                        excerpt: None,
+                    },
+                    errors,
+                )
+            }
+            Err(msg) => errors.push(
+                Diagnostic::new(format!("invalid value for `{}`: {msg}", spec.key)).at(origin),
+            ),
+        }
+    }
+    for (var, text) in env {
+        let Some(rest) = var.strip_prefix("UNSTEP_") else {
+            continue;
+        };
+        if NOT_SETTINGS.contains(&var.as_str()) || !rest.contains("__") || text.trim().is_empty() {
+            continue;
+        }
+        let key = rest.to_ascii_lowercase().replace("__", ".");
+        let origin = Origin::Env { var: var.clone() };
+        if !keys().contains_key(&key) {
+            let candidates: Vec<String> = keys()
+                .keys()
+                .map(|k| format!("UNSTEP_{}", k.to_ascii_uppercase().replace('.', "__")))
+                .collect();
+            let mut d = Diagnostic::new(format!("`{var}` names no setting (`{key}`)")).at(origin);
+            if let Some(s) = did_you_mean(var, candidates.iter().map(String::as_str)) {
+                d = d.hint(format!("did you mean `{s}`?"));
+            } else {
+                d = d.hint(
+                    "variables of the form UNSTEP_<TABLE>__<KEY> set manifest keys; unset it",
+                );
+            }
+            errors.push(d);
+            continue;
+        }
+        match parse_text(&key, text) {
+            Ok(value) => layer.set(
+                &key,
+                Entry {
+                    value,
+                    origin,
+                    excerpt: None,
+                },
+                errors,
+            ),
+            Err(msg) => {
+                errors.push(Diagnostic::new(format!("invalid value for `{key}`: {msg}")).at(origin))
+            }
+        }
+    }
+    if let Some(text) = env.get(EXTRA_ARGS_VAR) {
+        let origin = |arg: &str| Origin::Env {
+            var: format!("{EXTRA_ARGS_VAR} ({arg})"),
+        };
+        extra_args(text, &origin, &mut layer, errors);
+    }
+    layer
+}
+
+/// Builds the command-line layer from `--set` assignments and `--extra-args` strings.
+pub fn flag_layer(sets: &[String], extras: &[String], errors: &mut Vec<Diagnostic>) -> Layer {
+    let mut layer = Layer::default();
+    for assignment in sets {
+        let origin = Origin::Flag {
+            arg: format!("--set {assignment}"),
+        };
+        let Some((key, text)) = assignment.split_once('=') else {
+            errors.push(
+                Diagnostic::new(format!("`--set {assignment}` is not an assignment"))
+                    .at(origin)
+                    .hint("write --set table.key=value, e.g. --set cache.scope=shard"),
+            );
+            continue;
+        };
+        let key = key.trim();
+        if !keys().contains_key(key) {
+            errors.push(unknown_key(key, origin, None));
+            continue;
+        }
+        match parse_text(key, text) {
+            Ok(value) => layer.set(
+                key,
+                Entry {
+                    value,
+                    origin,
+                    excerpt: None,
+                },
+                errors,
+            ),
+            Err(msg) => {
+                errors.push(Diagnostic::new(format!("invalid value for `{key}`: {msg}")).at(origin))
+            }
+        }
+    }
+    for text in extras {
+        let origin = |arg: &str| Origin::Flag {
+            arg: format!("--extra-args '{arg}'"),
+        };
+        extra_args(text, &origin, &mut layer, errors);
+    }
+    layer
+}
+
+/// The error for a key no manifest table has, with the closest known key.
+pub fn unknown_key(key: &str, origin: Origin, excerpt: Option<Excerpt>) -> Diagnostic {
+    let d = Diagnostic::new(format!("unknown key `{key}`"))
+        .at(origin)
+        .excerpt(excerpt);
+    let known = keys()
+        .keys()
+        .map(String::as_str)
+        .chain(["name", "extends", "kind"]);
+    // Compare the last segment too, so `method.clean_sigm` and `clean_sigma` both find it.
+    let suggestion = did_you_mean(key, known.clone()).or_else(|| {
+        let last = key.rsplit('.').next().unwrap_or(key);
+        known
+            .map(|k| (k, k.rsplit('.').next().unwrap_or(k)))
+            .filter(|(_, tail)| strsim::jaro_winkler(last, tail) > 0.9)
+            .map(|(k, _)| k)
+            .next()
+    });
+    match suggestion {
+        Some(s) => d.hint(format!("did you mean `{s}`?")),
+        None => d.hint("see `runner schema` for every key"),
+    }
+}
+
+/// A method flag accepted in extra args, or the reason it is not.
+enum ExtraFlag {
+    /// A supported flag: its key, and whether it takes a value (else it is a switch to `switch`).
+    Method {
+        key: &'static str,
+        switch: Option<bool>,
+    },
+    /// A flag the launcher sets itself from a manifest key.
+    LauncherOwned { key: &'static str },
+}
+
+fn lookup_flag(flag: &str) -> Option<ExtraFlag> {
+    use ExtraFlag::*;
+    Some(match flag {
+        "--clean-sigma-override" | "--clean-sigma" => Method {
+            key: "method.clean_sigma",
+            switch: None,
+        },
+        "--denoising-steps" => Method {
+            key: "method.denoising_steps",
+            switch: None,
+        },
+        "--warp-denoising-steps" => Method {
+            key: "method.warp_denoising_steps",
+            switch: Some(true),
+        },
+        "--no-warp-denoising-steps" => Method {
+            key: "method.warp_denoising_steps",
+            switch: Some(false),
+        },
+        "--attention-backend" => Method {
+            key: "method.attention_backend",
+            switch: None,
+        },
+        "--save-videos" => Method {
+            key: "outputs.save_videos",
+            switch: Some(true),
+        },
+        "--timestep-shift" => Method {
+            key: "method.timestep_shift",
+            switch: None,
+        },
+        "--attention-window" => Method {
+            key: "method.attention_window",
+            switch: None,
+        },
+        "--emit" => Method {
+            key: "method.emit",
+            switch: None,
+        },
+        "--frames-per-block" | "--num-frame-per-block" => Method {
+            key: "method.frames_per_block",
+            switch: None,
+        },
+        "--latent-frames" | "--num-latent-frames" => Method {
+            key: "method.latent_frames",
+            switch: None,
+        },
+        "--height" => Method {
+            key: "method.height",
+            switch: None,
+        },
+        "--width" => Method {
+            key: "method.width",
+            switch: None,
+        },
+        "--precision" | "--dtype" => Method {
+            key: "method.precision",
+            switch: None,
+        },
+        "--svd-rank" => Method {
+            key: "method.svd_rank",
+            switch: None,
+        },
+        "--seed" => LauncherOwned { key: "noise.seed" },
+        "--prompt-indices" | "--prompts" | "--prompt-file" => LauncherOwned {
+            key: "prompts.indices / prompts.file",
+        },
+        "--shard-index" | "--shard-id" => LauncherOwned {
+            key: "shards.count",
+        },
+        "--num-shards" | "--shard-count" => LauncherOwned {
+            key: "shards.count",
+        },
+        "--gpu" | "--device" | "--device-id" => LauncherOwned {
+            key: "runtime.visible_devices (CUDA_VISIBLE_DEVICES)",
+        },
+        "--run-name" | "--name" => LauncherOwned { key: "name" },
+        "--output" | "--output-dir" | "--output-folder" => LauncherOwned { key: "outputs.dir" },
+        "--work-dir" | "--work-root" | "--workdir" => LauncherOwned {
+            key: "staging.work_root",
+        },
+        "--cache-dir" | "--state-dir" => LauncherOwned {
+            key: "cache.shared_state_dir / cache.run_state_root",
+        },
+        _ => return None,
+    })
+}
+
+/// The flags extra args accept, for suggestions.
+const SUPPORTED_FLAGS: &[&str] = &[
+    "--clean-sigma-override",
+    "--denoising-steps",
+    "--warp-denoising-steps",
+    "--no-warp-denoising-steps",
+    "--attention-backend",
+    "--save-videos",
+];
+
+/// Splits an extra-args string on whitespace and adds each method flag to `layer`.
+fn extra_args(
+    text: &str,
+    origin: &dyn Fn(&str) -> Origin,
+    layer: &mut Layer,
+    errors: &mut Vec<Diagnostic>,
+) {
+    let mut tokens = text.split_whitespace().peekable();
+    while let Some(token) = tokens.next() {
+        let (flag, inline) = match token.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (token, None),
+        };
+        if !flag.starts_with("--") {
+            errors.push(
+                Diagnostic::new(format!("unexpected `{token}` in extra args"))
+                    .at(origin(text))
+                    .hint("extra args are method flags like `--clean-sigma-override 0.01`"),
+            );
+            continue;
+        }
+        match lookup_flag(flag) {
+            None => {
+                let mut d =
+                    Diagnostic::new(format!("unknown method flag `{flag}`")).at(origin(text));
+                d = match did_you_mean(flag, SUPPORTED_FLAGS.iter().copied()) {
+                    Some(s) => d.hint(format!("did you mean `{s}`?")),
+                    None => d.hint(format!(
+                        "extra args accept {}; other settings go in the manifest or --set",
+                        SUPPORTED_FLAGS.join(", ")
+                    )),
+                };
+                errors.push(d);
+                // A value after an unknown flag would be misread as a flag of its own.
+                if inline.is_none() && tokens.peek().is_some_and(|t| !t.starts_with("--")) {
+                    tokens.next();
+                }
+            }
+            Some(ExtraFlag::LauncherOwned { key }) => {
+                errors.push(
+                    Diagnostic::new(format!(
+                        "`{flag}` is set by the launcher, not by extra args"
+                    ))
+                    .at(origin(text))
+                    .hint(format!(
+                        "set `{key}` in the manifest (or with --set) instead"
+                    )),
+                );
+                if inline.is_none() && tokens.peek().is_some_and(|t| !t.starts_with("--")) {
+                    tokens.next();
+                }
+            }
+            Some(ExtraFlag::Method { key, switch }) => {
+                let value_text = match (switch, inline) {
+                    (Some(on), None) => Some(on.to_string()),
+                    (Some(_), Some(v)) | (None, Some(v)) => Some(v),
+                    (None, None) => match tokens.peek() {
+                        Some(v) if !v.starts_with("--") || v.parse::<f64>().is_ok() => {
+                            tokens.next().map(str::to_string)
+                        }
+                        _ => None,
+                    },
+                };
+                let class = keys().get(key).and_then(|k| k.class);
+                match class {
+                    Some(MethodClass::Config) => {
+                        errors.push(
+                            Diagnostic::new(format!(
+                                "`{flag}` is a config setting and cannot be passed in extra args"
+                            ))
+                            .at(origin(text))
+                            .hint(format!("set `{key}` in the manifest, or use --set {key}=…")),
+                        );
+                        continue;
+                    }
+                    Some(MethodClass::Export) => {
+                        errors.push(
+                            Diagnostic::new(format!(
+                                "`{flag}` is fixed when the asset bundle is exported"
+                            ))
+                            .at(origin(text))
+                            .hint(format!(
+                                "state `{key}` in the manifest to check it against the bundle, \
+                                 and export a bundle with the value you want"
+                            )),
+                        );
+                        continue;
+                    }
+                    _ => {}
+                }
+                let Some(value_text) = value_text else {
+                    errors.push(
+                        Diagnostic::new(format!("`{flag}` needs a value"))
+                            .at(origin(text))
+                            .hint(format!("write e.g. `{flag} <value>`")),
+                    );
+                    continue;
+                };
+                let arg = format!("{flag} {value_text}");
+                match parse_text(key, &value_text) {
+                    Ok(value) => layer.set(
+                        key,
+                        Entry {
+                            value,
+                            origin: origin(&arg),
+                            excerpt: None,
+                        },
+                        errors,
+                    ),
+                    Err(msg) => errors.push(
+                        Diagnostic::new(format!("invalid value for `{flag}`: {msg}"))
+                            .at(origin(&arg)),
+                    ),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn seed_variables_map_to_keys() {
+        let mut errors = vec![];
+        let mut warnings = vec![];
+        let layer = env_layer(
+            &env(&[
+                ("PROMPT_INDICES", "0"),
+                ("DISABLE_GC_DURING_MEASUREMENT", "0"),
+                ("UNSTEP_CACHE_SCOPE", "shard"),
+                (
+                    "UNSTEP_EXTRA_ARGS",
+                    "--clean-sigma-override 0.01 --save-videos",
+                ),
+            ]),
+            Kind::Probe,
+            &mut errors,
+            &mut warnings,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        let get = |k: &str| layer.entries[k].value.clone();
+        assert_eq!(get("prompts.indices"), toml::Value::String("0".into()));
+        assert_eq!(get("timing.quiet_measurement"), toml::Value::Boolean(false));
+        assert_eq!(get("cache.scope"), toml::Value::String("shard".into()));
+        assert_eq!(get("method.clean_sigma"), toml::Value::Float(0.01));
+        assert_eq!(get("outputs.save_videos"), toml::Value::Boolean(true));
+    }
+
+    #[test]
+    fn probe_controls_are_ignored_with_a_warning_for_generations() {
+        let mut errors = vec![];
+        let mut warnings = vec![];
+        let layer = env_layer(
+            &env(&[("PROMPT_INDICES", "0-3")]),
+            Kind::Generation,
+            &mut errors,
+            &mut warnings,
+        );
+        assert!(layer.entries.is_empty());
+        assert_eq!(warnings.len(), 1);
+    }
+
+    #[test]
+    fn generic_and_seed_name_for_one_key_conflict() {
+        let mut errors = vec![];
+        env_layer(
+            &env(&[
+                ("UNSTEP_CACHE_SCOPE", "shard"),
+                ("UNSTEP_CACHE__SCOPE", "run_gpu"),
+            ]),
+            Kind::Generation,
+            &mut errors,
+            &mut vec![],
+        );
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].message.contains("set twice"),
+            "{}",
+            errors[0].message
+        );
+    }
+
+    #[test]
+    fn extra_args_are_classified() {
+        let cases = [
+            ("--clean-sigma-override 0.01", None),
+            ("--clean-sigma-override=0.01", None),
+            ("--no-warp-denoising-steps", None),
+            ("--timestep-shift 3", Some("config setting")),
+            (
+                "--svd-rank 64",
+                Some("fixed when the asset bundle is exported"),
+            ),
+            ("--seed 3", Some("set by the launcher")),
+            ("--shard-index 1", Some("set by the launcher")),
+            ("--clean-sigma-overide 0.01", Some("unknown method flag")),
+            ("--clean-sigma-override", Some("needs a value")),
+            ("0.01", Some("unexpected")),
+            (
+                "--clean-sigma-override 0.01 --clean-sigma-override 0.02",
+                Some("set twice"),
+            ),
+        ];
+        for (text, want) in cases {
+            let mut errors = vec![];
+            flag_layer(&[], &[text.to_string()], &mut errors);
+            match want {
+                None => assert!(errors.is_empty(), "{text}: {errors:?}"),
+                Some(w) => {
+                    assert_eq!(errors.len(), 1, "{text}: {errors:?}");
+                    assert!(
+                        errors[0].message.contains(w),
+                        "{text}: {}",
+                        errors[0].message
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn set_values_are_typed_by_the_schema() {
+        let mut errors = vec![];
+        let layer = flag_layer(
+            &[
+                "warmup.repeats=0".into(),
+                "method.denoising_steps=1000,500".into(),
+                "cache.scope=run_gpu".into(),
+            ],
+            &[],
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            layer.entries["warmup.repeats"].value,
+            toml::Value::Integer(0)
+        );
+        assert!(matches!(
+            layer.entries["method.denoising_steps"].value,
+            toml::Value::Array(_)
+        ));
+        let mut errors = vec![];
+        flag_layer(
+            &["warmup.repeats=x".into(), "cache.scpoe=shard".into()],
+            &[],
+            &mut errors,
+        );
+        assert_eq!(errors.len(), 2);
+        assert!(errors[1].hint.as_deref().unwrap().contains("cache.scope"));
+    }
+}

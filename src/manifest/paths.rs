@@ -1,0 +1,151 @@
+//! Paths of a run: expansion of `${VAR:-default}` and `~`, lexical normalisation, and the safety
+//! rules of SPEC §7 (what output, cache and work directories may not overlap).
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+/// Expands `${VAR}`, `${VAR:-default}` and a leading `~/` from `env`; an unset variable without
+/// a default is an error naming it.
+pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    if let Some(tail) = rest.strip_prefix("~/") {
+        let home = env
+            .get("HOME")
+            .ok_or("`~` is used but HOME is not set; write the full path")?;
+        out.push_str(home);
+        out.push('/');
+        rest = tail;
+    }
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unclosed `${{` in `{text}`"))?;
+        let inner = &after[..end];
+        let (var, default) = match inner.split_once(":-") {
+            Some((v, d)) => (v, Some(d)),
+            None => (inner, None),
+        };
+        match env.get(var).filter(|v| !v.is_empty()) {
+            Some(v) => out.push_str(v),
+            None => match default {
+                Some(d) => out.push_str(d),
+                None => return Err(format!("`${{{var}}}` is not set; set it or write the path")),
+            },
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Joins `path` onto `base` unless it is absolute, and removes `.` and `..` lexically (the
+/// path need not exist yet).
+pub fn resolve(base: &Path, path: &str) -> PathBuf {
+    normalize(&base.join(path))
+}
+
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// True when one path is the other or lies inside it.
+pub fn overlaps(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// Folders a run may never write into or over: the filesystem's broad roots and system
+/// installations. `$HOME`, `$TMPDIR` and `/tmp` themselves are broad too, but their
+/// subfolders are fine.
+pub fn broad_roots(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = [
+        "/", "/tmp", "/var/tmp", "/home", "/root", "/mnt", "/media", "/srv",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    for var in ["HOME", "TMPDIR"] {
+        if let Some(v) = env.get(var).filter(|v| !v.is_empty()) {
+            roots.push(normalize(Path::new(v)));
+        }
+    }
+    roots
+}
+
+/// Installations whose insides a run may never write: system folders, and the Python and CUDA
+/// installations named by the usual variables.
+pub fn installations(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = [
+        "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/boot", "/dev", "/proc", "/sys",
+        "/opt", "/var/lib",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    for var in [
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "PYTHONHOME",
+        "CUDA_HOME",
+        "CUDA_PATH",
+    ] {
+        if let Some(v) = env.get(var).filter(|v| !v.is_empty()) {
+            out.push(normalize(Path::new(v)));
+        }
+    }
+    out
+}
+
+/// The checkout a path belongs to: the nearest folder above it with a `.git`.
+pub fn checkout_root(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .find(|dir| dir.join(".git").exists())
+        .map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion() {
+        let env: BTreeMap<String, String> = [
+            ("TMPDIR".to_string(), "/scratch".to_string()),
+            ("HOME".into(), "/h".into()),
+        ]
+        .into();
+        let empty = BTreeMap::new();
+        assert_eq!(expand("${TMPDIR:-/tmp}/x", &env).unwrap(), "/scratch/x");
+        assert_eq!(expand("${TMPDIR:-/tmp}/x", &empty).unwrap(), "/tmp/x");
+        assert_eq!(expand("~/a", &env).unwrap(), "/h/a");
+        assert!(expand("${NOPE}/x", &empty).unwrap_err().contains("NOPE"));
+        assert!(expand("${NOPE", &empty).is_err());
+    }
+
+    #[test]
+    fn normalisation_and_overlap() {
+        assert_eq!(
+            resolve(Path::new("/a/b"), "../c/./d"),
+            PathBuf::from("/a/c/d")
+        );
+        assert_eq!(resolve(Path::new("/a/b"), "/x"), PathBuf::from("/x"));
+        assert!(overlaps(Path::new("/a/b"), Path::new("/a")));
+        assert!(overlaps(Path::new("/a"), Path::new("/a/b")));
+        assert!(!overlaps(Path::new("/a/bc"), Path::new("/a/b")));
+    }
+}

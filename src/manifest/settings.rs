@@ -1,0 +1,415 @@
+//! The settings of a run: one struct per manifest table. These types are the single source of
+//! the JSON Schema (`runner schema`), of the built-in defaults, and of the validated form that
+//! planning reads. Every setting exists in every layer; see [`super::layers`] for precedence.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::values::{
+    AttentionWindow, Bounded, DenoisingSteps, IndexList, Positive, RunName, Sigma, SvdRank,
+};
+
+/// What a manifest runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Time a few prompts after separate warmup processes; no videos kept.
+    Probe,
+    /// Generate (and keep) videos for a prompt set, in contiguous shards over GPUs.
+    Generation,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Probe => "probe",
+            Kind::Generation => "generation",
+        }
+    }
+}
+
+/// A whole manifest. `extends` and `name` belong to one file and are never inherited.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "unstep experiment manifest")]
+pub struct Manifest {
+    /// `probe` or `generation`; inherited through `extends`.
+    pub kind: Kind,
+    /// The run name (default: the manifest's file stem). Results go to `results/<name>/`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<RunName>,
+    /// A manifest this one builds on, relative to this file. Its values are replaced by ours.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extends: Option<String>,
+    pub prompts: Prompts,
+    pub warmup: Warmup,
+    pub shards: Shards,
+    pub noise: Noise,
+    pub timing: Timing,
+    pub runtime: Runtime,
+    pub cache: Cache,
+    pub staging: Staging,
+    pub method: Method,
+    pub outputs: Outputs,
+    pub assets: Assets,
+    #[serde(default)]
+    pub evaluation: Evaluation,
+}
+
+/// Which prompts are generated.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Prompts {
+    /// Prompt file, one prompt per line (relative to the manifest that sets it).
+    pub file: String,
+    /// `all` or a sorted comma list with ranges. Env: `PROMPT_INDICES` (probes).
+    pub indices: IndexList,
+    /// Refuse to run unless the prompt file has exactly this many prompts (946 for VBench).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expect_count: Option<u32>,
+}
+
+/// Warmup processes that run before measurement, in processes of their own.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Warmup {
+    /// Prompts of each warmup process (probe default: the measured prompts; generation default:
+    /// the first prompt of the worker's first shard). Env: `WARMUP_PROMPT_INDICES`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub indices: Option<IndexList>,
+    /// Separate warmup processes before a probe's measurement (0 allowed). Env: `WARMUP_REPEATS`.
+    pub repeats: Bounded<0, 100>,
+}
+
+/// How a generation's prompts are split over GPUs.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Shards {
+    /// Contiguous shards (probe: always 1).
+    pub count: Bounded<1, 1024>,
+    /// Explicit GPU slot of each shard (position in the visible GPU list); default round-robin.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_map: Option<Vec<u32>>,
+}
+
+/// How noise is drawn.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Noise {
+    pub seed: u64,
+    /// `sequential_global`: one stream over prompts in global order, entered at any prompt.
+    pub mode: NoiseMode,
+    /// `initial_only`: seed once per run.
+    pub reseed: Reseed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NoiseMode {
+    SequentialGlobal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reseed {
+    InitialOnly,
+}
+
+/// The timed region and what runs inside it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Timing {
+    /// Keep the measured process free of avoidable background work (log flushing, progress
+    /// drawing, allocator trimming) inside the timed region. Env: `DISABLE_GC_DURING_MEASUREMENT`.
+    pub quiet_measurement: bool,
+    /// End the timed region after the VAE output, before the final clamp and uint8 layout.
+    /// Env: `EXCLUDE_FINAL_OUTPUT_LAYOUT_TIMING`.
+    pub exclude_final_output_layout: bool,
+}
+
+/// ONNX Runtime and the processes that host it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Runtime {
+    /// Execution provider: `cuda`, `tensorrt`, or `cpu` (tests and small models).
+    pub provider: Provider,
+    /// CPU threads of each worker process. Env: `UNSTEP_CPU_THREADS_PER_PROCESS`.
+    pub cpu_threads_per_process: Bounded<1, 1024>,
+    /// Threads for graph optimisation and engine builds. Env: `UNSTEP_COMPILE_THREADS`.
+    pub compile_threads: Bounded<1, 1024>,
+    /// With `provider = "cpu"`: worker slots that stand in for GPUs.
+    pub cpu_slots: Bounded<1, 64>,
+    /// Visible GPUs, as in `CUDA_VISIBLE_DEVICES` (default: GPU 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visible_devices: Option<String>,
+    /// Path of `libonnxruntime` to load (default: found automatically).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ort_library: Option<String>,
+    /// cuDNN convolution algorithm search on CUDA.
+    pub cudnn_conv_algo_search: ConvAlgoSearch,
+    /// Capture each block shape in a CUDA graph (CUDA provider).
+    pub cuda_graphs: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    Cpu,
+    Cuda,
+    Tensorrt,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvAlgoSearch {
+    Exhaustive,
+    Heuristic,
+    Default,
+}
+
+/// Compiler caches: ORT optimised models, TensorRT engines and timing caches, CUDA's JIT cache.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Cache {
+    /// `isolated`: fresh per-run caches; `shared`: warm per-shard state reused across runs.
+    /// Env: `UNSTEP_CACHE_MODE`.
+    pub mode: CacheMode,
+    /// `run_gpu`: one warmup per GPU, cache reused across its shards; `shard`: per shard.
+    /// Env: `UNSTEP_CACHE_SCOPE`.
+    pub scope: CacheScope,
+    /// Purge user-level compiler caches first. Env: `UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES`.
+    pub clear_global: bool,
+    /// Where shared-mode state lives. Env: `UNSTEP_SHARED_RUNTIME_STATE_DIR`.
+    pub shared_state_dir: String,
+    /// Where a probe's compiler state lives. Env: `UNSTEP_RUN_STATE_ROOT`.
+    pub run_state_root: String,
+    /// Accept existing probe state instead of refusing it. Env: `UNSTEP_REUSE_RUNTIME_STATE`.
+    pub reuse_runtime_state: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheMode {
+    Isolated,
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheScope {
+    RunGpu,
+    Shard,
+}
+
+/// The staging area a run executes from.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Staging {
+    /// Work root, held under an exclusive lock for the whole run. Env: `UNSTEP_WORK_ROOT`.
+    pub work_root: String,
+}
+
+/// Method settings. Each has a class: `flag` (anywhere, extra args too), `config` (manifest or
+/// `--set` only) or `export` (fixed by the asset bundle; a differing value is refused).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Method {
+    /// Clean-cache noise level: re-noising of the clean input and the emitted prediction.
+    /// Extra arg: `--clean-sigma-override`.
+    #[schemars(extend("x-unstep-class" = "flag"))]
+    pub clean_sigma: Sigma,
+    /// Timesteps of the denoising steps of each block. Extra arg: `--denoising-steps`.
+    #[schemars(extend("x-unstep-class" = "flag"))]
+    pub denoising_steps: DenoisingSteps,
+    /// Warp the steps onto the flow-matching schedule with `timestep_shift`.
+    /// Extra args: `--warp-denoising-steps`, `--no-warp-denoising-steps`.
+    #[schemars(extend("x-unstep-class" = "flag"))]
+    pub warp_denoising_steps: bool,
+    /// Shift of the flow-matching schedule.
+    #[schemars(extend("x-unstep-class" = "config"))]
+    pub timestep_shift: Positive,
+    /// Attention kernel. Env: `UNSTEP_ATTENTION_BACKEND`. Extra arg: `--attention-backend`.
+    #[schemars(extend("x-unstep-class" = "flag"))]
+    pub attention_backend: AttentionBackend,
+    /// Latent frames of past context each block attends to; -1 = all.
+    #[schemars(extend("x-unstep-class" = "config"))]
+    pub attention_window: AttentionWindow,
+    /// What a block emits: `cache_pass` (the clean-cache pass's prediction) or `denoised`.
+    #[schemars(extend("x-unstep-class" = "config"))]
+    pub emit: Emit,
+    /// Latent frames per block (export-time).
+    #[schemars(extend("x-unstep-class" = "export"))]
+    pub frames_per_block: Bounded<1, 64>,
+    /// Latent frames per video (export-time).
+    #[schemars(extend("x-unstep-class" = "export"))]
+    pub latent_frames: Bounded<1, 1024>,
+    /// Video height in pixels (export-time).
+    #[schemars(extend("x-unstep-class" = "export"))]
+    pub height: Bounded<16, 4096>,
+    /// Video width in pixels (export-time).
+    #[schemars(extend("x-unstep-class" = "export"))]
+    pub width: Bounded<16, 4096>,
+    /// Float precision of the exported graphs (export-time).
+    #[schemars(extend("x-unstep-class" = "export"))]
+    pub precision: Precision,
+    /// Low-rank factorisation of DiT linear layers (export-time).
+    #[schemars(extend("x-unstep-class" = "export"))]
+    pub svd_rank: SvdRank,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionBackend {
+    /// The fastest measured for the GPU.
+    Auto,
+    /// Flash attention.
+    Flash,
+    /// FA2-class flash attention, the seed's Blackwell (GB200) path; on ONNX Runtime it selects
+    /// the same fused flash kernels as `flash`, and results record that it was asked for.
+    Fa2,
+    /// cuDNN's flash attention.
+    CudnnFlash,
+    /// Memory-efficient attention.
+    Efficient,
+    /// Unfused reference attention.
+    Math,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Emit {
+    CachePass,
+    Denoised,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+/// What a run keeps.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Outputs {
+    /// Results root; the run writes `<dir>/<name>/`.
+    pub dir: String,
+    /// Write MP4s (generation: kept under `videos/`; probe: debug saves, deleted after each
+    /// process). Extra arg: `--save-videos`.
+    pub save_videos: bool,
+    /// Video file names: `vbench` (prompt text and sample index) or `indexed`.
+    pub video_naming: VideoNaming,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VideoNaming {
+    Vbench,
+    Indexed,
+}
+
+/// The exported model.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Assets {
+    /// Asset bundle directory (or .zip), relative to the manifest that sets it.
+    pub bundle: String,
+}
+
+/// Scoring after a whole generation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Evaluation {
+    /// Command run after the generation, with `{videos}` and `{run}` replaced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+impl Manifest {
+    /// The built-in defaults for a kind of run named `name`: the lowest layer.
+    pub fn defaults(kind: Kind, name: &str) -> Manifest {
+        let probe = kind == Kind::Probe;
+        Manifest {
+            kind,
+            name: None,
+            extends: None,
+            prompts: Prompts {
+                file: "assets/prompts/vbench_extended.txt".into(),
+                indices: if probe {
+                    IndexList::List((0..20).collect())
+                } else {
+                    IndexList::All
+                },
+                expect_count: None,
+            },
+            warmup: Warmup {
+                indices: None,
+                repeats: Bounded(1),
+            },
+            shards: Shards {
+                count: Bounded(if probe { 1 } else { 8 }),
+                gpu_map: None,
+            },
+            noise: Noise {
+                seed: 0,
+                mode: NoiseMode::SequentialGlobal,
+                reseed: Reseed::InitialOnly,
+            },
+            timing: Timing {
+                quiet_measurement: true,
+                exclude_final_output_layout: false,
+            },
+            runtime: Runtime {
+                provider: Provider::Cuda,
+                cpu_threads_per_process: Bounded(32),
+                compile_threads: Bounded(32),
+                cpu_slots: Bounded(1),
+                visible_devices: None,
+                ort_library: None,
+                cudnn_conv_algo_search: ConvAlgoSearch::Exhaustive,
+                cuda_graphs: false,
+            },
+            cache: Cache {
+                mode: CacheMode::Isolated,
+                scope: CacheScope::RunGpu,
+                clear_global: false,
+                shared_state_dir: format!(".runtime_state/{name}"),
+                run_state_root: format!("results/{name}/runtime_state"),
+                reuse_runtime_state: false,
+            },
+            staging: Staging {
+                work_root: if probe {
+                    "${TMPDIR:-/tmp}/unstep_speed_probe_stage".into()
+                } else {
+                    "${TMPDIR:-/tmp}/unstep_full946_generation".into()
+                },
+            },
+            method: Method {
+                clean_sigma: Sigma(0.02),
+                denoising_steps: DenoisingSteps::default(),
+                warp_denoising_steps: true,
+                timestep_shift: Positive(5.0),
+                attention_backend: AttentionBackend::Auto,
+                attention_window: AttentionWindow(-1),
+                emit: Emit::CachePass,
+                frames_per_block: Bounded(3),
+                latent_frames: Bounded(21),
+                height: Bounded(480),
+                width: Bounded(832),
+                precision: Precision::Fp16,
+                svd_rank: SvdRank::None,
+            },
+            outputs: Outputs {
+                dir: "results".into(),
+                save_videos: !probe,
+                video_naming: VideoNaming::Vbench,
+            },
+            assets: Assets {
+                bundle: "assets/wan-1.3b".into(),
+            },
+            evaluation: Evaluation { command: None },
+        }
+    }
+}

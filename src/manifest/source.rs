@@ -1,0 +1,211 @@
+//! One manifest file, parsed twice from the same text: into values, and into the spans of every
+//! key and value, so that any setting can be traced back to `file:line:col`.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use toml::de::{DeTable, DeValue};
+
+use super::diagnostic::{Diagnostic, Excerpt, Origin};
+
+/// A manifest file's text, values and spans.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    /// The path as the user gave it, joined onto the including file's folder.
+    pub path: PathBuf,
+    pub text: String,
+    /// Leaf settings by dotted key path, in file order of their spans.
+    pub leaves: BTreeMap<String, Leaf>,
+}
+
+/// One leaf value of a manifest (tables are not leaves; arrays are).
+#[derive(Debug, Clone)]
+pub struct Leaf {
+    pub value: toml::Value,
+    pub key_span: Range<usize>,
+    pub value_span: Range<usize>,
+}
+
+impl SourceFile {
+    /// Parses `text`; a TOML syntax error is reported at its location.
+    pub fn parse(path: PathBuf, text: String) -> Result<SourceFile, Diagnostic> {
+        let spanned = DeTable::parse(&text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            let message = e.message().trim().trim_end_matches('.').to_lowercase();
+            syntax_error(&path, &text, span, &message)
+        })?;
+        let mut leaves = BTreeMap::new();
+        collect(&text, "", spanned.get_ref(), &mut leaves)
+            .map_err(|(span, msg)| syntax_error(&path, &text, span, &msg))?;
+        Ok(SourceFile { path, text, leaves })
+    }
+
+    /// The folder that relative paths in this file are resolved against.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// The origin of a span of this file.
+    pub fn origin(&self, span: &Range<usize>) -> Origin {
+        let (line, col) = line_col(&self.text, span.start);
+        Origin::File {
+            path: self.path.clone(),
+            line,
+            col,
+        }
+    }
+
+    /// The line under a span, with the span marked.
+    pub fn excerpt(&self, span: &Range<usize>) -> Excerpt {
+        excerpt(&self.text, span)
+    }
+}
+
+fn syntax_error(path: &Path, text: &str, span: Range<usize>, message: &str) -> Diagnostic {
+    let (line, col) = line_col(text, span.start);
+    Diagnostic::new(format!("invalid TOML: {message}"))
+        .at(Origin::File {
+            path: path.to_path_buf(),
+            line,
+            col,
+        })
+        .excerpt(Some(excerpt(text, &span)))
+        .hint("fix the syntax; see https://toml.io for the format")
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = text[line_start..offset].chars().count() + 1;
+    (line, col)
+}
+
+fn excerpt(text: &str, span: &Range<usize>) -> Excerpt {
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line_text = text[line_start..line_end]
+        .trim_end_matches('\r')
+        .to_string();
+    let col = text[line_start..start].chars().count() + 1;
+    let end = span.end.clamp(start, line_end);
+    let len = text[start..end].chars().count().max(1);
+    Excerpt {
+        line_text,
+        col,
+        len,
+    }
+}
+
+fn collect(
+    text: &str,
+    prefix: &str,
+    table: &DeTable<'_>,
+    out: &mut BTreeMap<String, Leaf>,
+) -> Result<(), (Range<usize>, String)> {
+    for (key, value) in table.iter() {
+        let path = if prefix.is_empty() {
+            key.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", key.get_ref())
+        };
+        match value.get_ref() {
+            DeValue::Table(inner) => collect(text, &path, inner, out)?,
+            _ => {
+                let value_span = value.span();
+                let converted =
+                    to_value(value.get_ref()).map_err(|msg| (value_span.clone(), msg))?;
+                out.insert(
+                    path,
+                    Leaf {
+                        value: converted,
+                        key_span: key.span(),
+                        value_span,
+                    },
+                );
+            }
+        }
+    }
+    let _ = text;
+    Ok(())
+}
+
+/// Converts a spanned parse value into a plain TOML value.
+fn to_value(v: &DeValue<'_>) -> Result<toml::Value, String> {
+    Ok(match v {
+        DeValue::String(s) => toml::Value::String(s.to_string()),
+        DeValue::Integer(i) => {
+            let digits = i.as_str().replace('_', "");
+            let n = i64::from_str_radix(
+                digits
+                    .trim_start_matches("0x")
+                    .trim_start_matches("0o")
+                    .trim_start_matches("0b"),
+                i.radix(),
+            )
+            .map_err(|_| format!("integer `{}` does not fit in 64 bits", i.as_str()))?;
+            toml::Value::Integer(n)
+        }
+        DeValue::Float(f) => {
+            let s = f.as_str().replace('_', "");
+            let n = match s.as_str() {
+                "inf" | "+inf" => f64::INFINITY,
+                "-inf" => f64::NEG_INFINITY,
+                "nan" | "+nan" | "-nan" => f64::NAN,
+                _ => s.parse().map_err(|_| format!("`{s}` is not a float"))?,
+            };
+            toml::Value::Float(n)
+        }
+        DeValue::Boolean(b) => toml::Value::Boolean(*b),
+        DeValue::Datetime(d) => toml::Value::Datetime(*d),
+        DeValue::Array(a) => toml::Value::Array(
+            a.iter()
+                .map(|e| to_value(e.get_ref()))
+                .collect::<Result<_, _>>()?,
+        ),
+        DeValue::Table(t) => {
+            let mut m = toml::Table::new();
+            for (k, v) in t.iter() {
+                m.insert(k.get_ref().to_string(), to_value(v.get_ref())?);
+            }
+            toml::Value::Table(m)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_point_at_values() {
+        let text = "kind = \"probe\"\n\n[method]\nclean_sigma = 0.01\n";
+        let f = SourceFile::parse("m.toml".into(), text.into()).unwrap();
+        let leaf = &f.leaves["method.clean_sigma"];
+        assert_eq!(leaf.value, toml::Value::Float(0.01));
+        assert_eq!(line_col(text, leaf.value_span.start), (4, 15));
+        assert_eq!(line_col(text, leaf.key_span.start), (4, 1));
+    }
+
+    #[test]
+    fn dotted_and_inline_tables_are_flattened() {
+        let text = "method.emit = \"denoised\"\ncache = { scope = \"shard\" }\n";
+        let f = SourceFile::parse("m.toml".into(), text.into()).unwrap();
+        assert!(f.leaves.contains_key("method.emit"));
+        assert!(f.leaves.contains_key("cache.scope"));
+    }
+
+    #[test]
+    fn syntax_errors_have_locations() {
+        let text = "kind = \"probe\"\nname = \n";
+        let err = SourceFile::parse("m.toml".into(), text.into()).unwrap_err();
+        match err.origin {
+            Some(Origin::File { line, .. }) => assert_eq!(line, 2),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! Small value types of manifest settings. Each checks itself when it is parsed (`FromStr`, and
+//! `Deserialize` through it), so a bad value is reported at the value's own location.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Implements `Serialize` as a string (via `Display`) and `Deserialize` from a string (via
+/// `FromStr`), so the error of a bad value is the type's own message.
+macro_rules! string_value {
+    ($ty:ty) => {
+        impl Serialize for $ty {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = Cow::<str>::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// The name of a run: `[A-Za-z0-9._-]+`, used as a folder name under `results/`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RunName(String);
+
+impl RunName {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for RunName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("a run name cannot be empty".into());
+        }
+        if s == "." || s == ".." {
+            return Err(format!("`{s}` is not a usable run name"));
+        }
+        if let Some(bad) = s
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "run name `{s}` contains `{bad}`; use letters, digits, `.`, `_` and `-` only"
+            ));
+        }
+        Ok(RunName(s.to_owned()))
+    }
+}
+
+impl fmt::Display for RunName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+string_value!(RunName);
+
+impl JsonSchema for RunName {
+    fn schema_name() -> Cow<'static, str> {
+        "RunName".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": "^[A-Za-z0-9._-]+$",
+            "description": "A run name: letters, digits, `.`, `_` and `-`."
+        })
+    }
+}
+
+/// A selection of prompt indices: `all`, or a sorted comma list with ranges (`0-19`, `0,3,5-7`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexList {
+    All,
+    /// Sorted, without duplicates.
+    List(Vec<u32>),
+}
+
+impl IndexList {
+    /// The indices for a prompt file of `count` lines.
+    pub fn resolve(&self, count: u32) -> Vec<u32> {
+        match self {
+            IndexList::All => (0..count).collect(),
+            IndexList::List(v) => v.clone(),
+        }
+    }
+
+    /// The largest index named, if the list is explicit.
+    pub fn max(&self) -> Option<u32> {
+        match self {
+            IndexList::All => None,
+            IndexList::List(v) => v.last().copied(),
+        }
+    }
+
+    /// Formats indices compactly, joining runs into ranges: `[0,1,2,5]` → `0-2,5`.
+    pub fn compact(indices: &[u32]) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < indices.len() {
+            let start = indices[i];
+            let mut end = start;
+            while i + 1 < indices.len() && indices[i + 1] == end + 1 {
+                i += 1;
+                end = indices[i];
+            }
+            if !out.is_empty() {
+                out.push(',');
+            }
+            if end > start {
+                out.push_str(&format!("{start}-{end}"));
+            } else {
+                out.push_str(&start.to_string());
+            }
+            i += 1;
+        }
+        out
+    }
+}
+
+impl FromStr for IndexList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("all") {
+            return Ok(IndexList::All);
+        }
+        if s.is_empty() {
+            return Err("an index list cannot be empty; write `all` or e.g. `0-19`".into());
+        }
+        let mut out: Vec<u32> = Vec::new();
+        for part in s.split(',') {
+            let part = part.trim();
+            let (lo, hi) = match part.split_once('-') {
+                Some((a, b)) => (parse_index(a)?, parse_index(b)?),
+                None => {
+                    let i = parse_index(part)?;
+                    (i, i)
+                }
+            };
+            if hi < lo {
+                return Err(format!("range `{part}` runs backwards; write `{hi}-{lo}`"));
+            }
+            for i in lo..=hi {
+                if let Some(&last) = out.last() {
+                    if i == last {
+                        return Err(format!("index {i} appears twice; list each prompt once"));
+                    }
+                    if i < last {
+                        return Err(format!(
+                            "indices must be sorted: {i} comes after {last}; sort the list"
+                        ));
+                    }
+                }
+                out.push(i);
+            }
+        }
+        Ok(IndexList::List(out))
+    }
+}
+
+fn parse_index(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    s.parse::<u32>().map_err(|_| {
+        format!("`{s}` is not a prompt index; use non-negative integers like `0,3,5-7`")
+    })
+}
+
+impl fmt::Display for IndexList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IndexList::All => f.write_str("all"),
+            IndexList::List(v) => f.write_str(&IndexList::compact(v)),
+        }
+    }
+}
+
+impl Serialize for IndexList {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for IndexList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = IndexList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`all`, a sorted list like \"0,3,5-7\", or a single index")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<IndexList, E> {
+                v.parse().map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<IndexList, E> {
+                u32::try_from(v)
+                    .map(|i| IndexList::List(vec![i]))
+                    .map_err(|_| E::custom(format!("`{v}` is not a prompt index")))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<IndexList, E> {
+                self.visit_i64(v as i64)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for IndexList {
+    fn schema_name() -> Cow<'static, str> {
+        "IndexList".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "`all`, or a sorted comma list of prompt indices with ranges (`0-19`, `0,3,5-7`), or one index.",
+            "anyOf": [
+                { "type": "string", "pattern": "^\\s*(all|\\d+(\\s*-\\s*\\d+)?(\\s*,\\s*\\d+(\\s*-\\s*\\d+)?)*)\\s*$" },
+                { "type": "integer", "minimum": 0 }
+            ]
+        })
+    }
+}
+
+/// The timesteps of the denoising steps of one block, strictly decreasing, each in 1..=1000.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenoisingSteps(pub Vec<u32>);
+
+impl DenoisingSteps {
+    fn check(v: Vec<u32>) -> Result<Self, String> {
+        if v.is_empty() {
+            return Err("at least one denoising step is needed".into());
+        }
+        if let Some(bad) = v.iter().find(|&&s| s == 0 || s > 1000) {
+            return Err(format!("denoising step {bad} is outside 1..=1000"));
+        }
+        if v.windows(2).any(|w| w[1] >= w[0]) {
+            return Err(
+                "denoising steps must strictly decrease, e.g. [1000, 750, 500, 250]".into(),
+            );
+        }
+        Ok(DenoisingSteps(v))
+    }
+}
+
+impl Default for DenoisingSteps {
+    fn default() -> Self {
+        DenoisingSteps(vec![1000, 750, 500, 250])
+    }
+}
+
+impl FromStr for DenoisingSteps {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim().trim_start_matches('[').trim_end_matches(']');
+        let v = s
+            .split(',')
+            .map(|p| {
+                p.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("`{}` is not a denoising step", p.trim()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        DenoisingSteps::check(v)
+    }
+}
+
+impl Serialize for DenoisingSteps {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for DenoisingSteps {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = DenoisingSteps;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of timesteps like [1000, 750, 500, 250]")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DenoisingSteps, E> {
+                v.parse().map_err(E::custom)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<DenoisingSteps, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element::<i64>()? {
+                    let x = u32::try_from(x).map_err(|_| {
+                        serde::de::Error::custom(format!("denoising step {x} is outside 1..=1000"))
+                    })?;
+                    v.push(x);
+                }
+                DenoisingSteps::check(v).map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for DenoisingSteps {
+    fn schema_name() -> Cow<'static, str> {
+        "DenoisingSteps".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "array",
+            "items": { "type": "integer", "minimum": 1, "maximum": 1000 },
+            "minItems": 1,
+            "description": "Strictly decreasing timesteps of the denoising steps of each block."
+        })
+    }
+}
+
+/// Low-rank factorisation of the DiT's linear layers at export: `none` or a rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SvdRank {
+    #[default]
+    None,
+    Rank(u32),
+}
+
+impl FromStr for SvdRank {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim() == "none" {
+            return Ok(SvdRank::None);
+        }
+        match s.trim().parse::<u32>() {
+            Ok(r) if r > 0 => Ok(SvdRank::Rank(r)),
+            _ => Err(format!(
+                "`{s}` is not an SVD rank; use `none` or a positive integer"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SvdRank {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SvdRank::None => f.write_str("none"),
+            SvdRank::Rank(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+impl Serialize for SvdRank {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SvdRank::None => s.serialize_str("none"),
+            SvdRank::Rank(r) => s.serialize_u32(*r),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SvdRank {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = SvdRank;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`none` or a positive rank")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SvdRank, E> {
+                v.parse().map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SvdRank, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SvdRank, E> {
+                self.visit_str(&v.to_string())
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for SvdRank {
+    fn schema_name() -> Cow<'static, str> {
+        "SvdRank".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "anyOf": [ { "const": "none" }, { "type": "integer", "minimum": 1 } ],
+            "description": "`none`, or the rank of the low-rank factorisation of DiT linear layers."
+        })
+    }
+}
+
+/// The clean-cache noise level: a sigma strictly between 0 and 1.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Sigma(pub f64);
+
+impl Sigma {
+    fn check(v: f64) -> Result<Self, String> {
+        if v > 0.0 && v < 1.0 {
+            Ok(Sigma(v))
+        } else {
+            Err(format!(
+                "sigma {v} is out of range; use a value strictly between 0 and 1"
+            ))
+        }
+    }
+}
+
+impl FromStr for Sigma {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a number"))?;
+        Sigma::check(v)
+    }
+}
+
+impl Serialize for Sigma {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Sigma {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Sigma;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number strictly between 0 and 1")
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Sigma, E> {
+                Sigma::check(v).map_err(E::custom)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Sigma, E> {
+                Sigma::check(v as f64).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Sigma, E> {
+                Sigma::check(v as f64).map_err(E::custom)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Sigma, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for Sigma {
+    fn schema_name() -> Cow<'static, str> {
+        "Sigma".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1 })
+    }
+}
+
+/// An attention window in latent frames: `-1` (all past frames) or a positive count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionWindow(pub i64);
+
+impl AttentionWindow {
+    fn check(v: i64) -> Result<Self, String> {
+        if v == -1 || v >= 1 {
+            Ok(AttentionWindow(v))
+        } else {
+            Err(format!(
+                "attention window {v} is out of range; use -1 (all frames) or a positive frame count"
+            ))
+        }
+    }
+}
+
+impl FromStr for AttentionWindow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let v: i64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not an integer"))?;
+        AttentionWindow::check(v)
+    }
+}
+
+impl Serialize for AttentionWindow {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for AttentionWindow {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        AttentionWindow::check(v).map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for AttentionWindow {
+    fn schema_name() -> Cow<'static, str> {
+        "AttentionWindow".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "integer",
+            "minimum": -1,
+            "not": { "const": 0 },
+            "description": "Latent frames of past context each block attends to; -1 = all."
+        })
+    }
+}
+
+/// A bounded integer setting: its `Deserialize` rejects values outside `MIN..=MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bounded<const MIN: u64, const MAX: u64>(pub u64);
+
+impl<const MIN: u64, const MAX: u64> Serialize for Bounded<MIN, MAX> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for Bounded<MIN, MAX> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        if v < MIN as i64 || v as u64 > MAX {
+            return Err(serde::de::Error::custom(format!(
+                "{v} is out of range; use a value in {MIN}..={MAX}"
+            )));
+        }
+        Ok(Bounded(v as u64))
+    }
+}
+
+impl<const MIN: u64, const MAX: u64> JsonSchema for Bounded<MIN, MAX> {
+    fn schema_name() -> Cow<'static, str> {
+        format!("Integer_{MIN}_{MAX}").into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": "integer", "minimum": MIN, "maximum": MAX })
+    }
+}
+
+/// A positive float (timestep shift).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Positive(pub f64);
+
+impl Serialize for Positive {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Positive {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if v > 0.0 && v.is_finite() {
+            Ok(Positive(v))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "{v} is out of range; use a positive number"
+            )))
+        }
+    }
+}
+
+impl JsonSchema for Positive {
+    fn schema_name() -> Cow<'static, str> {
+        "Positive".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": "number", "exclusiveMinimum": 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_lists_parse_and_reject() {
+        let ok = [
+            ("all", IndexList::All),
+            ("0", IndexList::List(vec![0])),
+            ("0-3", IndexList::List(vec![0, 1, 2, 3])),
+            ("0,3,5-7", IndexList::List(vec![0, 3, 5, 6, 7])),
+            (" 1 , 2 ", IndexList::List(vec![1, 2])),
+        ];
+        for (text, want) in ok {
+            assert_eq!(text.parse::<IndexList>().unwrap(), want, "{text}");
+        }
+        let bad = [
+            ("", "cannot be empty"),
+            ("3,1", "must be sorted"),
+            ("1,1", "appears twice"),
+            ("0-3,2", "must be sorted"),
+            ("0-3,3", "appears twice"),
+            ("5-2", "runs backwards"),
+            ("a", "not a prompt index"),
+            ("-1", "not a prompt index"),
+        ];
+        for (text, want) in bad {
+            let err = text.parse::<IndexList>().unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn index_lists_print_compactly() {
+        assert_eq!(IndexList::compact(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(IndexList::compact(&[]), "");
+        assert_eq!(
+            "0,3,5-7".parse::<IndexList>().unwrap().to_string(),
+            "0,3,5-7"
+        );
+    }
+
+    #[test]
+    fn run_names() {
+        assert!("sigma001".parse::<RunName>().is_ok());
+        assert!("a.b_c-1".parse::<RunName>().is_ok());
+        for bad in ["", "..", "a/b", "a b", "ä"] {
+            assert!(bad.parse::<RunName>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn denoising_steps() {
+        assert_eq!(
+            "1000,750,500,250".parse::<DenoisingSteps>().unwrap(),
+            DenoisingSteps::default()
+        );
+        for bad in ["", "1000,1000", "250,500", "0", "1001"] {
+            assert!(bad.parse::<DenoisingSteps>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sigmas_and_windows() {
+        assert!("0.01".parse::<Sigma>().is_ok());
+        for bad in ["0", "1", "-0.1", "x"] {
+            assert!(bad.parse::<Sigma>().is_err(), "{bad}");
+        }
+        assert!("-1".parse::<AttentionWindow>().is_ok());
+        assert!("0".parse::<AttentionWindow>().is_err());
+        assert_eq!("none".parse::<SvdRank>().unwrap(), SvdRank::None);
+        assert_eq!("64".parse::<SvdRank>().unwrap(), SvdRank::Rank(64));
+        assert!("0".parse::<SvdRank>().is_err());
+    }
+}

@@ -1,0 +1,396 @@
+//! Expanding a resolved manifest into a plan: shards, the worker slots (GPUs) they run on, the
+//! processes in order, cache directories and key tags. Pure: reads nothing, writes nothing.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::manifest::{CacheMode, CacheScope, IndexList, Kind, Origin, Provider, Resolved};
+
+/// A worker slot: one GPU, or with the CPU provider one stand-in worker.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Slot {
+    /// Position in the visible list.
+    pub index: usize,
+    /// The device: the CUDA device id as the driver numbers it, or the CPU slot number.
+    pub device: String,
+    /// Name used in cache folders and key tags: `gpu0`, or `cpu0` for a CPU slot.
+    pub label: String,
+}
+
+/// A contiguous run of the selected prompts, generated in one process.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shard {
+    pub index: usize,
+    /// Global prompt indices, in order.
+    pub prompts: Vec<u32>,
+    pub slot: usize,
+    /// The shard's own cache key tag (also when its cache directory is shared with others).
+    pub cache_key_tag: String,
+    /// Where the shard enters the `sequential_global` noise stream: its first prompt.
+    pub noise_from: Option<u32>,
+}
+
+/// What a process does.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Role {
+    /// A separate warmup process; its timings are recorded but never summarised.
+    Warmup { repeat: u32 },
+    /// A probe's measured process.
+    Measurement,
+    /// A generation process for one shard.
+    Shard { shard: usize },
+}
+
+/// One worker process, in the order it runs on its slot.
+#[derive(Debug, Clone, Serialize)]
+pub struct Process {
+    pub index: usize,
+    #[serde(flatten)]
+    pub role: Role,
+    pub slot: usize,
+    pub prompts: Vec<u32>,
+    /// Compiler caches of this process (ORT optimised models, TensorRT caches, CUDA JIT cache).
+    pub cache_dir: PathBuf,
+    pub cache_key_tag: String,
+    /// Shared mode: a warmup is skipped when this marker exists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skip_if_marker: Option<PathBuf>,
+    pub log: PathBuf,
+}
+
+/// Where timing starts and stops.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimedRegion {
+    pub starts: &'static str,
+    pub ends: &'static str,
+}
+
+/// The whole plan of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub run: String,
+    pub kind: Kind,
+    pub manifests: Vec<PathBuf>,
+    pub run_dir: PathBuf,
+    pub work_root: PathBuf,
+    pub bundle: PathBuf,
+    pub prompts_file: PathBuf,
+    /// Prompts in the prompt file (or `expect_count` when the file is missing).
+    pub prompt_count: Option<u32>,
+    pub provider: Provider,
+    pub slots: Vec<Slot>,
+    pub seed: u64,
+    pub cache_mode: CacheMode,
+    pub cache_scope: CacheScope,
+    /// `fresh` for isolated caches, `warm-cache` for shared ones.
+    pub cache_label: &'static str,
+    pub timed_region: TimedRegion,
+    pub shards: Vec<Shard>,
+    pub processes: Vec<Process>,
+    pub warnings: Vec<String>,
+}
+
+/// The problems that stop a plan even though every setting is valid on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("shards.gpu_map names slot {slot}, but only {visible} are visible")]
+    SlotOutOfRange { slot: u32, visible: usize },
+}
+
+/// Splits `n` items into `k` contiguous parts whose sizes differ by at most one, larger first:
+/// 946 over 8 gives 119, 119, 118, 118, 118, 118, 118, 118.
+pub fn shard_sizes(n: usize, k: usize) -> Vec<usize> {
+    (0..k).map(|i| n / k + usize::from(i < n % k)).collect()
+}
+
+/// The visible worker slots: `CUDA_VISIBLE_DEVICES` (GPU 0 when unset) or CPU slots.
+fn slots(r: &Resolved) -> Vec<Slot> {
+    let rt = &r.manifest.runtime;
+    if rt.provider == Provider::Cpu {
+        return (0..rt.cpu_slots.0 as usize)
+            .map(|i| Slot {
+                index: i,
+                device: format!("cpu{i}"),
+                label: format!("cpu{i}"),
+            })
+            .collect();
+    }
+    let devices: Vec<String> = match &rt.visible_devices {
+        Some(list) => list
+            .split(',')
+            .map(|d| d.trim().to_string())
+            .filter(|d| !d.is_empty())
+            .collect(),
+        None => vec!["0".into()],
+    };
+    let devices = if devices.is_empty() {
+        vec!["0".into()]
+    } else {
+        devices
+    };
+    // A probe uses the first visible GPU only.
+    let take = if r.kind() == Kind::Probe {
+        1
+    } else {
+        devices.len()
+    };
+    devices
+        .into_iter()
+        .take(take)
+        .enumerate()
+        .map(|(i, d)| Slot {
+            index: i,
+            label: format!("gpu{d}"),
+            device: d,
+        })
+        .collect()
+}
+
+/// Builds the plan of a resolved manifest.
+pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
+    let m = &r.manifest;
+    let name = r.name.as_str();
+    let mut warnings = r.warnings.clone();
+    let slots = slots(r);
+    let prompt_count = match &r.prompts {
+        Some(p) => Some(p.len() as u32),
+        None => {
+            if let Some(n) = m.prompts.expect_count {
+                warnings.push(format!(
+                    "planned for {n} prompts (prompts.expect_count) until the prompt file exists"
+                ));
+            }
+            m.prompts.expect_count
+        }
+    };
+    let selected: Option<Vec<u32>> = match (&m.prompts.indices, prompt_count) {
+        (IndexList::List(v), _) => Some(v.clone()),
+        (IndexList::All, Some(n)) => Some((0..n).collect()),
+        (IndexList::All, None) => None,
+    };
+    let selected = selected.unwrap_or_default();
+    let shared = m.cache.mode == CacheMode::Shared;
+    let logs = r.paths.run_dir.join("logs");
+    let tag = |slot: usize, shard: Option<usize>| match shard {
+        Some(s) => format!("{name}/{}/shard{s}", slots[slot].label),
+        None => format!("{name}/{}", slots[slot].label),
+    };
+
+    let mut shards = Vec::new();
+    let mut processes = Vec::new();
+    let push = |processes: &mut Vec<Process>,
+                role: Role,
+                slot: usize,
+                prompts: Vec<u32>,
+                cache_dir: PathBuf,
+                cache_key_tag: String,
+                marker: bool| {
+        let index = processes.len();
+        let file = match role {
+            Role::Warmup { repeat } => format!("{index:02}-warmup{repeat}-slot{slot}.log"),
+            Role::Measurement => format!("{index:02}-measurement.log"),
+            Role::Shard { shard } => format!("{index:02}-shard{shard}.log"),
+        };
+        processes.push(Process {
+            index,
+            role,
+            slot,
+            prompts,
+            skip_if_marker: marker.then(|| cache_dir.join("warmup.done")),
+            cache_dir,
+            cache_key_tag,
+            log: logs.join(file),
+        });
+    };
+
+    match m.kind {
+        Kind::Probe => {
+            let state = r.paths.run_state_root.join(&slots[0].label);
+            let warm = m
+                .warmup
+                .indices
+                .as_ref()
+                .map(|w| match (w, prompt_count) {
+                    (IndexList::All, Some(n)) => (0..n).collect(),
+                    (IndexList::All, None) => Vec::new(),
+                    (IndexList::List(v), _) => v.clone(),
+                })
+                .unwrap_or_else(|| selected.clone());
+            shards.push(Shard {
+                index: 0,
+                prompts: selected.clone(),
+                slot: 0,
+                cache_key_tag: tag(0, Some(0)),
+                noise_from: selected.first().copied(),
+            });
+            for repeat in 1..=m.warmup.repeats.0 as u32 {
+                push(
+                    &mut processes,
+                    Role::Warmup { repeat },
+                    0,
+                    warm.clone(),
+                    state.clone(),
+                    tag(0, Some(0)),
+                    false,
+                );
+            }
+            push(
+                &mut processes,
+                Role::Measurement,
+                0,
+                selected.clone(),
+                state,
+                tag(0, Some(0)),
+                false,
+            );
+        }
+        Kind::Generation => {
+            let k = m.shards.count.0 as usize;
+            let mut start = 0;
+            for (i, size) in shard_sizes(selected.len(), k).into_iter().enumerate() {
+                let slot = match &m.shards.gpu_map {
+                    Some(map) => {
+                        let s = map[i];
+                        if s as usize >= slots.len() {
+                            return Err(PlanError::SlotOutOfRange {
+                                slot: s,
+                                visible: slots.len(),
+                            });
+                        }
+                        s as usize
+                    }
+                    None => i % slots.len(),
+                };
+                let prompts = selected[start..start + size].to_vec();
+                start += size;
+                shards.push(Shard {
+                    index: i,
+                    noise_from: prompts.first().copied(),
+                    prompts,
+                    slot,
+                    cache_key_tag: tag(slot, Some(i)),
+                });
+            }
+            let state_root = if shared {
+                r.paths.shared_state_dir.clone()
+            } else {
+                r.paths.run_dir.join("runtime_state")
+            };
+            for slot in 0..slots.len() {
+                let mine: Vec<&Shard> = shards.iter().filter(|s| s.slot == slot).collect();
+                let Some(first) = mine.first() else { continue };
+                let warm = |shard: &Shard| match &m.warmup.indices {
+                    Some(w) => w.resolve(prompt_count.unwrap_or(0)),
+                    None => shard.prompts.first().copied().into_iter().collect(),
+                };
+                match (m.cache.scope, shared) {
+                    (CacheScope::RunGpu, false) => {
+                        let dir = state_root.join(&slots[slot].label);
+                        push(
+                            &mut processes,
+                            Role::Warmup { repeat: 1 },
+                            slot,
+                            warm(first),
+                            dir.clone(),
+                            tag(slot, None),
+                            false,
+                        );
+                        for s in &mine {
+                            push(
+                                &mut processes,
+                                Role::Shard { shard: s.index },
+                                slot,
+                                s.prompts.clone(),
+                                dir.clone(),
+                                s.cache_key_tag.clone(),
+                                false,
+                            );
+                        }
+                    }
+                    _ => {
+                        for s in &mine {
+                            let dir = state_root.join(format!("shard{}", s.index));
+                            push(
+                                &mut processes,
+                                Role::Warmup { repeat: 1 },
+                                slot,
+                                warm(s),
+                                dir.clone(),
+                                s.cache_key_tag.clone(),
+                                shared,
+                            );
+                            push(
+                                &mut processes,
+                                Role::Shard { shard: s.index },
+                                slot,
+                                s.prompts.clone(),
+                                dir,
+                                s.cache_key_tag.clone(),
+                                false,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    let exclude = m.timing.exclude_final_output_layout;
+    Ok(Plan {
+        run: name.to_string(),
+        kind: m.kind,
+        manifests: r.files.iter().map(|f| f.path.clone()).collect(),
+        run_dir: r.paths.run_dir.clone(),
+        work_root: r.paths.work_root.clone(),
+        bundle: r.paths.bundle.clone(),
+        prompts_file: r.paths.prompts_file.clone(),
+        prompt_count,
+        provider: m.runtime.provider,
+        slots,
+        seed: m.noise.seed,
+        cache_mode: m.cache.mode,
+        cache_scope: m.cache.scope,
+        cache_label: if shared { "warm-cache" } else { "fresh" },
+        timed_region: TimedRegion {
+            starts: "text context ready on the device",
+            ends: if exclude {
+                "VAE output on the device (final clamp and layout excluded)"
+            } else {
+                "uint8 frames on the device, synchronised"
+            },
+        },
+        shards,
+        processes,
+        warnings,
+    })
+}
+
+/// The layer that set a key, for display next to a value.
+pub fn origin_label(r: &Resolved, key: &str) -> String {
+    match r.origin(key) {
+        Origin::Default => "default".into(),
+        o => o.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_sizes_are_contiguous_and_balanced() {
+        assert_eq!(
+            shard_sizes(946, 8),
+            vec![119, 119, 118, 118, 118, 118, 118, 118]
+        );
+        assert_eq!(shard_sizes(16, 2), vec![8, 8]);
+        assert_eq!(shard_sizes(3, 3), vec![1, 1, 1]);
+        for (n, k) in [(946, 8), (10, 3), (1, 1), (100, 7)] {
+            let sizes = shard_sizes(n, k);
+            assert_eq!(sizes.iter().sum::<usize>(), n);
+            assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        }
+    }
+}

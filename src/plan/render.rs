@@ -1,0 +1,202 @@
+//! The plan as a person reads it, and the `--explain` table of settings and their layers.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use crate::manifest::diagnostic::display_path;
+use crate::manifest::{CacheMode, IndexList, Kind, Origin, Resolved};
+
+use super::build::{Plan, Role};
+
+fn p(path: &Path) -> String {
+    display_path(path)
+}
+
+/// The manifest spelling of an enum value (`run_gpu`, not `RunGpu`).
+pub fn word<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+fn indices(v: &[u32]) -> String {
+    if v.is_empty() {
+        "(none)".into()
+    } else {
+        IndexList::compact(v)
+    }
+}
+
+/// Renders the plan as text.
+pub fn text(plan: &Plan, r: &Resolved) -> String {
+    let mut s = String::new();
+    let m = &r.manifest;
+    let chain: Vec<String> = plan.manifests.iter().map(|f| p(f)).collect();
+    let _ = writeln!(s, "plan for run `{}` ({})", plan.run, plan.kind.as_str());
+    let _ = writeln!(s, "  manifests     {}", chain.join(" <- "));
+    let _ = writeln!(s, "  results       {}", p(&plan.run_dir));
+    let _ = writeln!(
+        s,
+        "  work root     {} (exclusive lock for the whole run)",
+        p(&plan.work_root)
+    );
+    let _ = writeln!(s, "  bundle        {}", p(&plan.bundle));
+    let count = match plan.prompt_count {
+        Some(n) => format!("{n} prompts"),
+        None => "prompt count unknown".into(),
+    };
+    let selected: usize = plan.shards.iter().map(|sh| sh.prompts.len()).sum();
+    let _ = writeln!(
+        s,
+        "  prompts       {} ({count}); indices {}, {selected} selected",
+        p(&plan.prompts_file),
+        m.prompts.indices
+    );
+    let devices: Vec<&str> = plan.slots.iter().map(|sl| sl.device.as_str()).collect();
+    let _ = writeln!(
+        s,
+        "  provider      {} on {} [{}]",
+        word(&plan.provider),
+        if plan.provider == crate::manifest::Provider::Cpu {
+            "cpu slots"
+        } else {
+            "GPUs"
+        },
+        devices.join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "  noise         seed {}, sequential_global, reseed initial_only",
+        plan.seed
+    );
+    let _ = writeln!(
+        s,
+        "  cache         {}, scope {} ({}){}",
+        word(&plan.cache_mode),
+        word(&plan.cache_scope),
+        plan.cache_label,
+        if m.cache.clear_global {
+            "; global caches purged first"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        s,
+        "  timed region  {} -> {}",
+        plan.timed_region.starts, plan.timed_region.ends
+    );
+    let overrides = r.method_overrides();
+    if !overrides.is_empty() {
+        let list: Vec<String> = overrides
+            .iter()
+            .map(|(k, (v, o))| format!("{}={v} ({o})", &k["method.".len()..]))
+            .collect();
+        let _ = writeln!(s, "  method        {}", list.join(", "));
+    }
+
+    let _ = writeln!(s, "\nshards ({}, contiguous)", plan.shards.len());
+    let _ = writeln!(
+        s,
+        "  {:>5}  {:<12} {:>6}  {:<5}  {:<12}  cache key tag",
+        "shard", "prompts", "count", "slot", "noise from"
+    );
+    for sh in &plan.shards {
+        let _ = writeln!(
+            s,
+            "  {:>5}  {:<12} {:>6}  {:<5}  {:<12}  {}",
+            sh.index,
+            indices(&sh.prompts),
+            sh.prompts.len(),
+            plan.slots[sh.slot].device,
+            sh.noise_from.map_or("-".into(), |i| format!("prompt {i}")),
+            sh.cache_key_tag
+        );
+    }
+
+    let _ = writeln!(
+        s,
+        "\nprocesses ({}; one at a time on each slot{})",
+        plan.processes.len(),
+        if plan.slots.len() > 1 {
+            ", slots in parallel"
+        } else {
+            ""
+        }
+    );
+    for pr in &plan.processes {
+        let role = match pr.role {
+            Role::Warmup { repeat } => format!("warmup {repeat}"),
+            Role::Measurement => "measurement".into(),
+            Role::Shard { shard } => format!("shard {shard}"),
+        };
+        let _ = writeln!(
+            s,
+            "  {:>3}  slot {:<4} {:<12} prompts {}",
+            pr.index,
+            plan.slots[pr.slot].device,
+            role,
+            indices(&pr.prompts)
+        );
+        let _ = writeln!(
+            s,
+            "       cache {} [{}]",
+            p(&pr.cache_dir),
+            pr.cache_key_tag
+        );
+        if let Some(marker) = &pr.skip_if_marker {
+            let _ = writeln!(s, "       skipped when {} exists", p(marker));
+        }
+    }
+    if m.kind == Kind::Probe && m.outputs.save_videos {
+        let _ = writeln!(
+            s,
+            "\ndebug videos go to ${{TMPDIR:-/tmp}}/unstep_wrapper_generation_outputs/{}/indexed_videos and are deleted after each process",
+            plan.run
+        );
+    }
+    if m.cache.mode == CacheMode::Shared {
+        let _ = writeln!(
+            s,
+            "\nshared caches: results are labelled warm-cache, never fresh"
+        );
+    }
+    if !plan.warnings.is_empty() {
+        let _ = writeln!(s, "\nwarnings");
+        for w in &plan.warnings {
+            let _ = writeln!(s, "  - {w}");
+        }
+    }
+    s
+}
+
+/// Renders every setting with its value and the layer that set it.
+pub fn explain(r: &Resolved) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "settings of run `{}` (layers: default < manifest < environment < command line)",
+        r.name
+    );
+    let width = r.settings.keys().map(String::len).max().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "  {:width$}  {:<28}  manifest name or file stem",
+        "name",
+        format!("\"{}\"", r.name)
+    );
+    for (key, setting) in &r.settings {
+        let origin = match &setting.origin {
+            Origin::Default => "default".to_string(),
+            o => format!("{} ({})", o.layer_name(), o),
+        };
+        let _ = writeln!(
+            s,
+            "  {key:width$}  {:<28}  {origin}",
+            setting.value.to_string()
+        );
+    }
+    s
+}
