@@ -1,0 +1,104 @@
+//! Exclusive advisory locks (`flock`) on work roots and shared cache folders. A lock is held
+//! for as long as its [`Lock`] lives; the kernel releases it when the process ends, so a crashed
+//! run never leaves a stale lock behind.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// The lock file inside a locked folder.
+pub const LOCK_FILE: &str = ".unstep.lock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{} is in use by run `{holder}` (pid {pid}); wait for it, or give this run its own folder", .dir.display())]
+    Held { dir: PathBuf, holder: String, pid: String },
+    #[error("cannot lock {}: {source}", .dir.display())]
+    Io { dir: PathBuf, source: std::io::Error },
+}
+
+/// A held lock; dropping it releases the lock.
+#[derive(Debug)]
+pub struct Lock {
+    file: File,
+    pub dir: PathBuf,
+}
+
+impl Lock {
+    /// Takes the lock of `dir` (created if missing) at once, or fails naming the holder.
+    pub fn acquire(dir: &Path, run: &str) -> Result<Lock, LockError> {
+        let io = |source| LockError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(LOCK_FILE))
+            .map_err(io)?;
+        // SAFETY: flock on a file descriptor we own; no memory is shared with the kernel.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                let field = |name: &str| {
+                    text.split_whitespace()
+                        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                        .unwrap_or("?")
+                        .to_string()
+                };
+                return Err(LockError::Held {
+                    dir: dir.to_path_buf(),
+                    holder: field("run"),
+                    pid: field("pid"),
+                });
+            }
+            return Err(io(err));
+        }
+        file.set_len(0).map_err(io)?;
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        writeln!(file, "run={run} pid={}", std::process::id()).map_err(io)?;
+        file.flush().map_err(io)?;
+        Ok(Lock {
+            file,
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        // Clearing the holder first means a reader never names a run that has finished.
+        let _ = self.file.set_len(0);
+        // SAFETY: as in `acquire`.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_is_refused_with_the_first_named_and_admitted_after_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Lock::acquire(dir.path(), "alpha").unwrap();
+        // flock locks belong to open file descriptions, so a second open in this same process
+        // conflicts just as another process would.
+        match Lock::acquire(dir.path(), "beta") {
+            Err(LockError::Held { holder, pid, .. }) => {
+                assert_eq!(holder, "alpha");
+                assert_eq!(pid, std::process::id().to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(first);
+        assert!(Lock::acquire(dir.path(), "beta").is_ok());
+    }
+}
