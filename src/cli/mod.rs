@@ -3,7 +3,11 @@
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(name = "runner", version, about = "Run speed probes, ablations and generations of a block-causal text-to-video model")]
+#[command(
+    name = "runner",
+    version,
+    about = "Run speed probes, ablations and generations of a block-causal text-to-video model"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
