@@ -2,6 +2,8 @@
 
 use clap::Parser;
 
+pub mod worker;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "runner",
@@ -14,10 +16,16 @@ pub struct Cli {
 }
 
 #[derive(Debug, clap::Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
+}
 
 /// Runs the command line and returns the process exit status.
 pub fn main() -> i32 {
-    let _cli = Cli::parse();
-    crate::exit::OK
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Worker(args) => worker::run(args),
+    }
 }
