@@ -67,6 +67,9 @@ pub struct WorkerArgs {
     /// End the timed region after the VAE output, before the uint8 layout.
     #[arg(long)]
     pub exclude_final_output_layout: bool,
+    /// Stop after the DiT: no VAE decode, no frames (the timed region ends with the latents).
+    #[arg(long)]
+    pub latents_only: bool,
     /// Append one JSON line of phase times per prompt to this file.
     #[arg(long, value_name = "FILE")]
     pub timings: Option<PathBuf>,
@@ -199,6 +202,15 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     // Schedule errors are reported before the (slow) session build.
     crate::engine::Schedule::new(&options.method).map_err(GenerateError::from)?;
     let mut generator = Generator::open(&args.bundle, unpack_dir, &export, &runtime)?;
+    if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
+        eprintln!(
+            "worker: onnx runtime {} from {} ({}), provider {}",
+            ort.version,
+            ort.location.path.display(),
+            ort.location.source,
+            runtime.provider.name()
+        );
+    }
 
     for dir in [&args.save_latents, &args.save_frames]
         .into_iter()
@@ -308,6 +320,7 @@ fn generate_options(args: &WorkerArgs) -> GenerateOptions {
             seed: args.seed,
         },
         exclude_final_output_layout: args.exclude_final_output_layout,
+        latents_only: args.latents_only,
     }
 }
 
@@ -364,7 +377,11 @@ fn save_outputs(args: &WorkerArgs, generated: &Generated) -> Result<(), WorkerEr
             .collect();
         write(dir.join(format!("latents_{index}.f32")), &bytes)?;
     }
-    if let Some(dir) = &args.save_frames {
+    if let Some(dir) = args
+        .save_frames
+        .as_ref()
+        .filter(|_| !generated.frames.is_empty())
+    {
         write(dir.join(format!("frames_{index}.u8")), &generated.frames)?;
     }
     Ok(())

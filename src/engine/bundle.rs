@@ -246,13 +246,13 @@ pub enum BundleError {
     )]
     UnsupportedPrecision(Precision),
     #[error(
-        "export setting {setting} is {bundle} in the bundle but {requested} was asked for; it is fixed at export time: `{command}` exports a matching bundle"
+        "export setting {setting} is {bundle} in the bundle but {requested} was asked for; {hint}"
     )]
     ExportMismatch {
         setting: &'static str,
         bundle: String,
         requested: String,
-        command: String,
+        hint: String,
     },
     #[error(
         "graph `{role}` ({name}) does not match the bundle contract: {problem}; export the bundle again"
@@ -352,7 +352,7 @@ impl Bundle {
                     setting,
                     bundle: actual,
                     requested: wanted,
-                    command: export_command(m, requested),
+                    hint: export_hint(m, requested),
                 });
             }
         }
@@ -454,20 +454,46 @@ impl Bundle {
     }
 }
 
-/// The exporter command line that writes a bundle with the bundle's preset and the requested
-/// export settings (the bundle's own value where none was requested).
-pub fn export_command(m: &BundleManifest, requested: &ExportSettings) -> String {
+/// What to run to get a bundle with the requested export settings: the exporter command line
+/// (`assets/export/README.md`) with the bundle's preset and the requested precision and SVD
+/// rank. Frame counts and sizes have no exporter flag (the preset fixes them), so for those the
+/// hint says which preset values the bundle has and leaves the preset to choose.
+pub fn export_hint(m: &BundleManifest, requested: &ExportSettings) -> String {
+    let precision = requested.precision.unwrap_or(m.precision);
+    let svd = match requested.svd_rank.unwrap_or(m.export.svd_rank) {
+        SvdRank::None => String::new(),
+        SvdRank::Rank(rank) => format!(" --svd-rank {rank}"),
+    };
     let e = &m.export;
-    format!(
-        "python -m unstep_export --preset {} --frames-per-block {} --latent-frames {} --height {} --width {} --precision {} --svd-rank {} --out BUNDLE_DIR",
-        m.preset,
-        requested.frames_per_block.unwrap_or(e.frames_per_block),
-        requested.latent_frames.unwrap_or(e.latent_frames),
-        requested.height.unwrap_or(e.height),
-        requested.width.unwrap_or(e.width),
-        requested.precision.unwrap_or(m.precision),
-        requested.svd_rank.unwrap_or(e.svd_rank),
-    )
+    let preset_fixed = requested
+        .frames_per_block
+        .is_some_and(|v| v != e.frames_per_block)
+        || requested
+            .latent_frames
+            .is_some_and(|v| v != e.latent_frames)
+        || requested.height.is_some_and(|v| v != e.height)
+        || requested.width.is_some_and(|v| v != e.width);
+    let command = |preset: &str| {
+        format!(
+            "PYTHONPATH=assets/export python -m unstep_export export --preset {preset} --precision {precision}{svd} --out BUNDLE_DIR"
+        )
+    };
+    if preset_fixed {
+        format!(
+            "frame counts and sizes come from the exporter's preset (`{}` has {}x{} pixels, {} latent frames in blocks of {}): export with a preset that has the requested values, `{}`",
+            m.preset,
+            e.height,
+            e.width,
+            e.latent_frames,
+            e.frames_per_block,
+            command("PRESET")
+        )
+    } else {
+        format!(
+            "it is fixed at export time: `{}` exports a matching bundle",
+            command(&m.preset)
+        )
+    }
 }
 
 fn read_manifest(dir: &Path) -> Result<BundleManifest, BundleError> {

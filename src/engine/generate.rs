@@ -24,6 +24,9 @@ pub struct GenerateOptions {
     /// End the timed region when the VAE output exists, before the clamp and uint8 layout
     /// (`timing.exclude_final_output_layout`).
     pub exclude_final_output_layout: bool,
+    /// Stop after the DiT: no VAE decode and no frames; the timed region ends with the last
+    /// block's latents. For DiT-only probes and tests of the latents.
+    pub latents_only: bool,
 }
 
 /// Where the timed region of a generation ended.
@@ -33,6 +36,8 @@ pub enum TimedRegionEnd {
     AfterLayout,
     /// After the VAE output, excluding the final clamp and layout.
     AfterVaeOutput,
+    /// After the DiT's last block (`latents_only`: nothing was decoded).
+    AfterLatents,
 }
 
 impl TimedRegionEnd {
@@ -40,6 +45,7 @@ impl TimedRegionEnd {
         match self {
             TimedRegionEnd::AfterLayout => "after_layout",
             TimedRegionEnd::AfterVaeOutput => "after_vae_output",
+            TimedRegionEnd::AfterLatents => "after_latents",
         }
     }
 }
@@ -76,7 +82,7 @@ pub struct Generated {
     /// The final latents, `[1, channels, latent_frames, h, w]`, before de-normalisation.
     pub latents: Vec<f32>,
     pub latent_shape: [usize; 5],
-    /// RGB frames, `[frames, height, width, 3]`.
+    /// RGB frames, `[frames, height, width, 3]`; empty when only latents were asked for.
     pub frames: Vec<u8>,
     pub frame_shape: [usize; 4],
     pub times: PhaseTimes,
@@ -305,27 +311,37 @@ impl Generator {
         self.denoise(prompt_index, &options.method, &schedule, &mut times)?;
         let dit_end = Instant::now();
         times.dit = dit_end - timed_start;
-        self.decode(&mut times)?;
-        let vae_end = Instant::now();
-        times.vae = vae_end - dit_end;
-        let frames = self.layout();
-        let layout_end = Instant::now();
-        times.layout = layout_end - vae_end;
-        let timed_region_end = if options.exclude_final_output_layout {
-            times.timed_total = vae_end - timed_start;
-            TimedRegionEnd::AfterVaeOutput
+        let (frames, timed_region_end) = if options.latents_only {
+            times.timed_total = dit_end - timed_start;
+            (Vec::new(), TimedRegionEnd::AfterLatents)
         } else {
-            times.timed_total = layout_end - timed_start;
-            TimedRegionEnd::AfterLayout
+            self.decode(&mut times)?;
+            let vae_end = Instant::now();
+            times.vae = vae_end - dit_end;
+            let frames = self.layout();
+            let layout_end = Instant::now();
+            times.layout = layout_end - vae_end;
+            if options.exclude_final_output_layout {
+                times.timed_total = vae_end - timed_start;
+                (frames, TimedRegionEnd::AfterVaeOutput)
+            } else {
+                times.timed_total = layout_end - timed_start;
+                (frames, TimedRegionEnd::AfterLayout)
+            }
         };
 
         let d = &self.dims;
+        let video_frames = if frames.is_empty() {
+            0
+        } else {
+            d.video_frames()
+        };
         Ok(Generated {
             prompt_index,
             latents: self.buffers.latents.clone(),
             latent_shape: [1, d.channels, d.latent_frames, d.h, d.w],
             frames,
-            frame_shape: [d.video_frames(), d.height, d.width, 3],
+            frame_shape: [video_frames, d.height, d.width, 3],
             times,
             timed_region_end,
         })
@@ -611,10 +627,10 @@ impl Generator {
     }
 }
 
-/// `round((clamp(x, -1, 1) + 1) * 127.5)`, rounding half to even as PyTorch's `round` does (the
-/// only exact tie in range is x = 0, where both conventions give 128).
+/// `round((clamp(x, -1, 1) + 1) * 127.5)` in float32, rounding half away from zero as the
+/// exporter's reference does (the only exact tie in range is x = 0, which gives 128 either way).
 fn to_u8(x: f32) -> u8 {
-    ((x.clamp(-1.0, 1.0) + 1.0) * 127.5).round_ties_even() as u8
+    ((x.clamp(-1.0, 1.0) + 1.0) * 127.5).round() as u8
 }
 
 /// Tokens of the `bytes` tokenizer: UTF-8 bytes + 1, 0 = padding, truncated to `text_len`.
