@@ -1,6 +1,7 @@
 //! The command line: argument parsing, and the mapping of errors to exit statuses.
 
 mod plan;
+pub mod worker;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -30,6 +31,9 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Print the JSON Schema of manifests.
     Schema,
+    /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -87,5 +91,6 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Plan(args) => plan::run(&args),
         Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
+        Command::Worker(args) => worker::run(args),
     }
 }

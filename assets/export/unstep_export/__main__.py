@@ -1,0 +1,237 @@
+"""CLI: python -m unstep_export {export,golden,parity,sample,selftest} (run with PYTHONPATH=assets/export)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import preset
+
+
+def _threads(n):
+    if n:
+        torch.set_num_threads(n)
+
+
+def _models(args, cfg):
+    from .build import build
+
+    return build(cfg, args.checkpoint, args.text_checkpoint, args.vae_checkpoint)
+
+
+def cmd_export(args):
+    from . import export as ex
+    from .model import factorise
+
+    cfg = preset(args.preset)
+    precision = args.precision or ("fp32" if args.preset == "tiny" else "fp16")
+    dtype = ex.DTYPES[precision]
+    dit, te, vae = _models(args, cfg)
+    svd = None
+    if args.svd_rank:
+        n = factorise(dit, args.svd_rank)
+        svd = args.svd_rank
+        print(f"svd rank {svd}: factorised {n} linear layers")
+    dit, te, vae = dit.to(dtype), te.to(dtype), vae.to(dtype)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("dit.onnx", "dit.onnx.data", "vae_first.onnx", "vae_first.onnx.data", "vae_step.onnx",
+                  "vae_step.onnx.data", "text_encoder.onnx", "text_encoder.onnx.data", "bundle.toml"):
+        (out / stale).unlink(missing_ok=True)
+    t = time.time()
+    ex.export_text(te, cfg, out, dtype)
+    ex.export_dit(dit, cfg, out, dtype)
+    n = ex.export_vae(vae, cfg, out, dtype)
+    notes = []
+    if not args.checkpoint:
+        notes.append("Seeded random weights (no checkpoint given).")
+    if cfg.text.layers != 24 and args.preset == "wan-1.3b":
+        notes.append(f"Text encoder: UMT5-style with {cfg.text.layers} layers (UMT5-XXL has 24) to keep the export small.")
+    if precision == "bf16":
+        notes.append("bf16: ORT's CUDA MultiHeadAttention has no bf16 kernel; prefer fp16.")
+    ex.write_toml(cfg, out, precision, svd, "\n".join(notes))
+    print(f"wrote {out} ({n} VAE cache tensors) in {time.time() - t:.1f}s")
+
+
+def _settings(args):
+    from .sample import Settings
+
+    s = Settings(seed=args.seed, clean_sigma=args.clean_sigma)
+    if args.steps:
+        s.denoising_steps = [int(x) for x in args.steps.split(",")]
+    return s
+
+
+def cmd_golden(args):
+    """Reference outputs of the PyTorch model (fp32, CPU) for the Rust runner's parity tests."""
+    from safetensors.torch import save_file
+
+    from .sample import Settings, TorchBackend, generate
+
+    cfg = preset(args.preset)
+    dit, te, vae = _models(args, cfg)
+    backend = TorchBackend(dit, te, vae, "cpu", torch.float32)
+    prompts = Path(args.prompts).read_text(encoding="utf-8").splitlines()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, entries = {}, []
+    base = Settings(seed=args.seed)
+
+    def add(name, t, meaning, idx, settings, extra=None):
+        tensors[name] = t.contiguous()
+        e = {"name": name, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "meaning": meaning,
+             "prompt_index": idx, "prompt": prompts[idx], "settings": settings.to_dict()}
+        if extra:
+            e.update(extra)
+        entries.append(e)
+
+    for idx in args.indices:
+        r, tm = generate(backend, cfg, prompts[idx], idx, base)
+        p = f"p{idx}"
+        add(f"{p}.input_ids", r["input_ids"], "token ids (bytes tokenizer), int64 [1, text_len]", idx, base)
+        add(f"{p}.attention_mask", r["attention_mask"], "attention mask, int64 [1, text_len]", idx, base)
+        add(f"{p}.context", r["context"], "text encoder output [1, text_len, text_dim]", idx, base)
+        add(f"{p}.noise_d0", r["noise_d0"], "Philox noise of draw d=0 (block 0 initial noise) [1,16,F,h,w]", idx, base)
+        add(f"{p}.latents", r["latents"], "final latents before de-normalisation [1,16,latent_frames,h,w]", idx, base)
+        frames = r["frames"]
+        extra = None
+        if idx != args.indices[0] and args.partial_frames:
+            # Size budget: later prompts keep only their first frames (1 + 4k of them).
+            frames = frames[: args.partial_frames]
+            extra = {"note": f"first {args.partial_frames} of {r['frames'].shape[0]} frames only (size budget)"}
+        add(f"{p}.frames", frames, "uint8 video [frames, height, width, 3] RGB", idx, base, extra)
+        print(f"prompt {idx}: {tm}")
+    if args.extra_clean_sigma is not None:
+        idx = args.indices[0]
+        s2 = Settings(seed=args.seed, clean_sigma=args.extra_clean_sigma)
+        r, _ = generate(backend, cfg, prompts[idx], idx, s2)
+        tag = str(args.extra_clean_sigma).replace(".", "p")
+        add(f"p{idx}.clean_sigma_{tag}.latents", r["latents"], "final latents with a different clean_sigma", idx, s2)
+    save_file(tensors, str(out / "golden.safetensors"))
+    meta = {
+        "description": "Reference outputs of the PyTorch implementation (fp32, CPU) for the tiny bundle; "
+                       "see assets/export/README.md. Tolerances the exporter checks ONNX against: "
+                       "latents 1e-3 abs, frames +-1.",
+        "bundle": "..",
+        "prompts_file": "assets/prompts/tiny.txt",
+        "exporter_version": __import__("unstep_export").EXPORTER_VERSION,
+        "conventions": {
+            "sigma": "float64 from the step, cast once to float32; timestep = float32(1000*sigma64)",
+            "uint8": "round half away from zero of (clamp(x,-1,1)+1)*127.5 in float32",
+        },
+        "tensors": entries,
+    }
+    (out / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
+    size = (out / "golden.safetensors").stat().st_size
+    print(f"wrote {out}/golden.safetensors ({size / 1e6:.2f} MB)")
+
+
+def cmd_parity(args):
+    from .parity import run_parity
+
+    sys.exit(run_parity(args))
+
+
+def cmd_sample(args):
+    from .sample import OrtBackend, TorchBackend, generate
+
+    cfg = preset(args.preset)
+    prompts = Path(args.prompts).read_text(encoding="utf-8").splitlines()
+    s = _settings(args)
+    if args.backend == "ort":
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else None
+        backend = OrtBackend(args.bundle, cfg, threads=args.threads or 2, providers=providers)
+    else:
+        dit, te, vae = _models(args, cfg)
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+        backend = TorchBackend(dit, te, vae, args.device, dtype, args.sdpa)
+    for r in range(args.repeat):
+        for idx in args.indices:
+            t = time.perf_counter()
+            res, tm = generate(backend, cfg, prompts[idx], idx, s)
+            wall = time.perf_counter() - t
+            print(json.dumps({"prompt_index": idx, "repeat": r, "wall_s": round(wall, 4),
+                              **{f"{k}_s": round(v, 4) for k, v in tm.items()}}))
+            if args.save:
+                np.save(f"{args.save}_p{idx}.npy", res["frames"].numpy())
+
+
+def cmd_selftest(args):
+    from . import noise
+
+    noise.selftest()
+    print("philox4x32-10 known-answer vectors: ok")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m unstep_export")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--preset", default="tiny", choices=["tiny", "wan-1.3b"])
+        p.add_argument("--checkpoint", help="DiT state dict (.safetensors or torch); seeded random weights otherwise")
+        p.add_argument("--text-checkpoint", help="text encoder state dict")
+        p.add_argument("--vae-checkpoint", help="Wan VAE state dict (decoder side is used)")
+        p.add_argument("--threads", type=int, default=2)
+
+    p = sub.add_parser("export", help="write a bundle")
+    common(p)
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], help="default fp32 for tiny, fp16 otherwise")
+    p.add_argument("--svd-rank", type=int, default=None)
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("golden", help="write golden reference outputs")
+    common(p)
+    p.add_argument("--out", required=True)
+    p.add_argument("--prompts", default="assets/prompts/tiny.txt")
+    p.add_argument("--indices", type=int, nargs="+", default=[0, 7])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra-clean-sigma", type=float, default=0.01)
+    p.add_argument("--partial-frames", type=int, default=17, help="frames kept for prompts after the first (0 = all)")
+    p.set_defaults(fn=cmd_golden)
+
+    p = sub.add_parser("parity", help="exported ONNX (onnxruntime) vs the PyTorch reference")
+    common(p)
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--prompts", default="assets/prompts/tiny.txt")
+    p.add_argument("--indices", type=int, nargs="+", default=[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--golden", help="also compare the golden directory against a fresh PyTorch run")
+    p.add_argument("--latent-tol", type=float, default=1e-3)
+    p.add_argument("--frame-tol", type=int, default=1)
+    p.add_argument("--graph-tol", type=float, default=1e-3)
+    p.set_defaults(fn=cmd_parity)
+
+    p = sub.add_parser("sample", help="run the loop (PyTorch or ORT) with per-phase timings")
+    common(p)
+    p.add_argument("--backend", choices=["torch", "ort"], default="torch")
+    p.add_argument("--bundle", help="bundle directory for --backend ort")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32")
+    p.add_argument("--sdpa", choices=["flash", "efficient", "cudnn", "math"], help="SDPA backend (torch)")
+    p.add_argument("--prompts", default="assets/prompts/tiny.txt")
+    p.add_argument("--indices", type=int, nargs="+", default=[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", help="comma list, default 1000,750,500,250")
+    p.add_argument("--clean-sigma", type=float, default=0.02)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--save", help="prefix for .npy frame dumps")
+    p.set_defaults(fn=cmd_sample)
+
+    p = sub.add_parser("selftest", help="Philox known-answer test")
+    p.set_defaults(fn=cmd_selftest, threads=None)
+
+    args = ap.parse_args(argv)
+    _threads(getattr(args, "threads", None))
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

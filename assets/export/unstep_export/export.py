@@ -1,0 +1,188 @@
+"""Write an asset bundle (docs/bundle.md): three ONNX graphs + text encoder + bundle.toml."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import torch
+import torch.nn as nn
+
+from . import EXPORTER_VERSION
+from .config import Config
+
+OPSET = 17
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class DitGraph(nn.Module):
+    """Flattens the DiT's list arguments into named graph inputs/outputs."""
+
+    def __init__(self, dit):
+        super().__init__()
+        self.dit = dit
+        self.layers = len(dit.blocks)
+
+    def forward(self, x, timestep, context, frame_offset, *past):
+        past_k = list(past[0::2])
+        past_v = list(past[1::2])
+        flow, nk, nv = self.dit(x, timestep, context, frame_offset, past_k, past_v)
+        out = [flow.to(x.dtype)]
+        for k, v in zip(nk, nv):
+            out += [k, v]
+        return tuple(out)
+
+
+class VaeGraph(nn.Module):
+    def __init__(self, vae, first: bool):
+        super().__init__()
+        self.vae = vae
+        self.first = first
+
+    def forward(self, z, *caches):
+        frames, new = self.vae.decode_frame(z, None if self.first else list(caches))
+        return (frames, *new)
+
+
+class TextGraph(nn.Module):
+    def __init__(self, te, dtype):
+        super().__init__()
+        self.te = te
+        self.dtype = dtype
+
+    def forward(self, input_ids, attention_mask):
+        return self.te(input_ids, attention_mask).to(self.dtype)
+
+
+def _export(module, args, path: Path, input_names, output_names, dynamic_axes=None):
+    """TorchScript exporter (dynamo=False): it honours autograd.Function.symbolic, which is how
+    attention becomes com.microsoft.MultiHeadAttention.  Saved through a temp dir so that graphs
+    over 2 GB end up with one external data file `<name>.data` beside them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp) / path.name
+        with torch.no_grad():
+            torch.onnx.export(
+                module, args, str(tmp_path), input_names=input_names, output_names=output_names,
+                dynamic_axes=dynamic_axes or {}, opset_version=OPSET, do_constant_folding=True,
+                custom_opsets={"com.microsoft": 1}, dynamo=False,
+            )
+        model = onnx.load(str(tmp_path), load_external_data=True)
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        data.unlink()
+    weights = sum(t.ByteSize() for t in model.graph.initializer)
+    if weights > 1_800_000_000:  # protobuf's limit is 2 GB for the whole file
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def vae_cache_shapes(vae, cfg: Config, dtype):
+    with torch.no_grad():
+        z = torch.zeros(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype)
+        _, caches = vae.decode_frame(z, None)
+    return [tuple(c.shape) for c in caches]
+
+
+def export_dit(dit, cfg: Config, out: Path, dtype):
+    F, T, D, L = cfg.frames_per_block, cfg.frames_per_block * cfg.tokens_per_frame, cfg.dim, cfg.layers
+    P = T  # trace with a non-empty past; the P axis is dynamic (0 works at run time)
+    x = torch.randn(1, cfg.latent_channels, F, cfg.lat_h, cfg.lat_w, dtype=dtype)
+    ts = torch.full((1, F), 500.0, dtype=torch.float32)
+    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, dtype=dtype)
+    off = torch.tensor([F], dtype=torch.int64)
+    past, in_names, out_names, dyn = [], ["x", "timestep", "context", "frame_offset"], ["flow"], {}
+    for i in range(L):
+        past += [torch.randn(1, P, D, dtype=dtype), torch.randn(1, P, D, dtype=dtype)]
+        in_names += [f"past_k.{i}", f"past_v.{i}"]
+        out_names += [f"new_k.{i}", f"new_v.{i}"]
+        dyn[f"past_k.{i}"] = {1: "P"}
+        dyn[f"past_v.{i}"] = {1: "P"}
+    _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit.onnx", in_names, out_names, dyn)
+
+
+def export_vae(vae, cfg: Config, out: Path, dtype):
+    z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype)
+    shapes = vae_cache_shapes(vae, cfg, dtype)
+    n = len(shapes)
+    _export(VaeGraph(vae, True), (z,), out / "vae_first.onnx", ["z"], ["frames"] + [f"cache_out.{j}" for j in range(n)])
+    caches = [torch.randn(s, dtype=dtype) for s in shapes]
+    _export(
+        VaeGraph(vae, False), (z, *caches), out / "vae_step.onnx",
+        ["z"] + [f"cache_in.{j}" for j in range(n)], ["frames"] + [f"cache_out.{j}" for j in range(n)],
+    )
+    return n
+
+
+def export_text(te, cfg: Config, out: Path, dtype):
+    ids = torch.ones(1, cfg.text_len, dtype=torch.int64)
+    mask = torch.ones(1, cfg.text_len, dtype=torch.int64)
+    _export(TextGraph(te, dtype), (ids, mask), out / "text_encoder.onnx", ["input_ids", "attention_mask"], ["context"])
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _floats(xs):
+    return "[" + ", ".join(repr(float(x)) for x in xs) + "]"
+
+
+def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""):
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "bundle.toml")
+    lines = [
+        "# Written by the unstep exporter (assets/export); do not edit by hand.",
+    ]
+    if notes:
+        lines += [f"# {line}" for line in notes.splitlines()]
+    lines += [
+        "format = 1",
+        f'exporter_version = "{EXPORTER_VERSION}"',
+        f'preset = "{cfg.preset}"',
+        f'precision = "{precision}"',
+        "",
+        "[architecture]",
+        f"dim = {cfg.dim}",
+        f"ffn_dim = {cfg.ffn_dim}",
+        f"heads = {cfg.heads}",
+        f"head_dim = {cfg.head_dim}",
+        f"layers = {cfg.layers}",
+        f"text_len = {cfg.text_len}",
+        f"text_dim = {cfg.text_dim}",
+        f"latent_channels = {cfg.latent_channels}",
+        f"patch = [{', '.join(map(str, cfg.patch))}]",
+        "vae_stride = [4, 8, 8]",
+        f"tokens_per_frame = {cfg.tokens_per_frame}",
+        "",
+        "[export]",
+        f"frames_per_block = {cfg.frames_per_block}",
+        f"latent_frames = {cfg.latent_frames}",
+        f"height = {cfg.height}",
+        f"width = {cfg.width}",
+        f"svd_rank = {svd_rank if isinstance(svd_rank, int) else chr(34) + 'none' + chr(34)}",
+        "",
+        "[latent]",
+        f"mean = {_floats(cfg.latent_mean)}",
+        f"std = {_floats(cfg.latent_std)}",
+        "",
+        "[tokenizer]",
+        'kind = "bytes"',
+        "",
+        "[graphs]",
+        'text_encoder = "text_encoder.onnx"',
+        'dit = "dit.onnx"',
+        'vae_first = "vae_first.onnx"',
+        'vae_step = "vae_step.onnx"',
+        "",
+        "[files]",
+    ]
+    lines += [f'"{name}" = "{sha256(out / name)}"' for name in files]
+    (out / "bundle.toml").write_text("\n".join(lines) + "\n")

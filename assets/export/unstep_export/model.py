@@ -1,0 +1,265 @@
+"""Reference causal DiT of the Wan2.1 / Self-Forcing family (one block-causal pass).
+
+Parameter names follow Wan2.1's `WanModel` state dict so real checkpoints load unchanged.
+The block-causal part (per-frame modulation, RoPE time offset, KV cache as explicit tensors)
+follows Self-Forcing's CausalWanModel, reshaped so that the runner owns the cache buffers:
+a pass takes the keys/values of earlier blocks (`past_k/v`, already RMS-normed and rotated)
+and returns its own (`new_k/v`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import attention
+from .config import Config
+
+
+class RMSNorm(nn.Module):
+    """WanRMSNorm: normalise in float32 (fp16 squares overflow), then scale."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return y.type_as(x) * self.weight
+
+
+class LayerNorm(nn.LayerNorm):
+    """WanLayerNorm: LayerNorm evaluated in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = False):
+        super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine)
+
+    def forward(self, x):
+        return super().forward(x.float()).type_as(x)
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Wan's sinusoidal_embedding_1d: [cos | sin] of t * 10000^(-i/half)."""
+    half = dim // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    s = t.float().unsqueeze(-1) * freqs
+    return torch.cat([torch.cos(s), torch.sin(s)], dim=-1)
+
+
+def rope_split(head_dim: int):
+    """Head-dim split of Wan's 3D RoPE into (time, height, width): 44/42/42 for 128."""
+    hw = 2 * (head_dim // 6)
+    return head_dim - 2 * hw, hw, hw
+
+
+def inv_freqs(axis_dim: int) -> torch.Tensor:
+    return 1.0 / torch.pow(10000.0, torch.arange(0, axis_dim, 2, dtype=torch.float64) / axis_dim)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rotate consecutive pairs (x[2i], x[2i+1]) like Wan's complex multiply; cos/sin are [T, hd/2]."""
+    b, t, d = x.shape
+    xf = x.float().view(b, t, heads, d // heads // 2, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    c = cos.unsqueeze(1)
+    s = sin.unsqueeze(1)
+    out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
+    return out.reshape(b, t, d).type_as(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+
+    def forward(self, x, cos, sin, past_k, past_v):
+        q = apply_rope(self.norm_q(self.q(x)), cos, sin, self.heads)
+        k = apply_rope(self.norm_k(self.k(x)), cos, sin, self.heads)
+        v = self.v(x)
+        # No mask: the block sees every earlier block (past) and all of itself.
+        kk = torch.cat([past_k, k], dim=1)
+        vv = torch.cat([past_v, v], dim=1)
+        return self.o(attention(q, kk, vv, self.heads)), k, v
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+
+    def forward(self, x, context):
+        q = self.norm_q(self.q(x))
+        k = self.norm_k(self.k(context))
+        v = self.v(context)
+        return self.o(attention(q, k, v, self.heads))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        dim = cfg.dim
+        self.norm1 = LayerNorm(dim, cfg.eps)
+        self.self_attn = SelfAttention(dim, cfg.heads, cfg.eps)
+        self.norm3 = LayerNorm(dim, cfg.eps, elementwise_affine=True)
+        self.cross_attn = CrossAttention(dim, cfg.heads, cfg.eps)
+        self.norm2 = LayerNorm(dim, cfg.eps)
+        self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(self, x, e0, context, cos, sin, past_k, past_v, frames: int):
+        # e0: [1, F, 6, D]; every token of frame f gets frame f's shift/scale/gate.
+        e = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
+
+        def per_frame(y):
+            return y.unflatten(1, (frames, -1))
+
+        y = (per_frame(self.norm1(x)) * (1 + e[1]) + e[0]).flatten(1, 2)
+        y, k, v = self.self_attn(y, cos, sin, past_k, past_v)
+        x = x + (per_frame(y) * e[2]).flatten(1, 2)
+        x = x + self.cross_attn(self.norm3(x), context)
+        y = self.ffn((per_frame(self.norm2(x)) * (1 + e[4]) + e[3]).flatten(1, 2))
+        x = x + (per_frame(y) * e[5]).flatten(1, 2)
+        return x, k, v
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        dim = cfg.dim
+        self.norm = LayerNorm(dim, cfg.eps)
+        self.head = nn.Linear(dim, cfg.latent_channels * math.prod(cfg.patch))
+        self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+
+    def forward(self, x, e, frames: int):
+        # e: [1, F, D] -> [1, F, 2, D]
+        m = (self.modulation.unsqueeze(1) + e.unsqueeze(2)).chunk(2, dim=2)
+        y = self.norm(x).unflatten(1, (frames, -1)) * (1 + m[1]) + m[0]
+        return self.head(y.flatten(1, 2))
+
+
+class CausalDiT(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg.dim
+        self.patch_embedding = nn.Conv3d(cfg.latent_channels, dim, kernel_size=cfg.patch, stride=cfg.patch)
+        self.text_embedding = nn.Sequential(nn.Linear(cfg.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
+        self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.layers)])
+        self.head = Head(cfg)
+
+        # RoPE tables.  Height/width angles are fixed by the export shape; the time angles depend
+        # on frame_offset, which is a graph input, so only their inverse frequencies are stored.
+        ct, ch, cw = rope_split(cfg.head_dim)
+        hp, wp = cfg.lat_h // cfg.patch[1], cfg.lat_w // cfg.patch[2]
+        self.register_buffer("rope_inv_t", inv_freqs(ct).float(), persistent=False)
+        ah = torch.arange(hp, dtype=torch.float64)[:, None] * inv_freqs(ch)
+        aw = torch.arange(wp, dtype=torch.float64)[:, None] * inv_freqs(cw)
+        hw = torch.cat([ah[:, None, :].expand(hp, wp, -1), aw[None, :, :].expand(hp, wp, -1)], dim=-1)
+        self.register_buffer("rope_hw", hw.reshape(hp * wp, -1).float(), persistent=False)
+
+    def init_random(self, seed: int) -> "CausalDiT":
+        """Seeded random weights with bounded activations (Wan's init, but a non-zero head so the
+        flow prediction is not trivially zero)."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("modulation"):
+                p.data = torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5
+            elif p.dim() >= 2:
+                fan_out, fan_in = p.shape[0], p[0].numel()
+                bound = math.sqrt(6.0 / (fan_in + fan_out))  # xavier uniform
+                if name.startswith(("text_embedding", "time_embedding")):
+                    p.data = torch.randn(p.shape, generator=g) * 0.02
+                else:
+                    p.data = (torch.rand(p.shape, generator=g) * 2 - 1) * bound
+            elif "norm" in name and name.endswith("weight"):
+                p.data = torch.ones_like(p)
+            else:
+                p.data = torch.zeros_like(p)
+        return self
+
+    def rope(self, frame_offset: torch.Tensor, frames: int):
+        tpf = self.rope_hw.shape[0]
+        pos_t = frame_offset.float().reshape(1) + torch.arange(frames, dtype=torch.float32, device=frame_offset.device)
+        at = pos_t[:, None] * self.rope_inv_t  # [F, ct/2]
+        at = at[:, None, :].expand(frames, tpf, at.shape[-1])
+        hw = self.rope_hw[None].expand(frames, tpf, self.rope_hw.shape[-1])
+        ang = torch.cat([at, hw], dim=-1).reshape(frames * tpf, -1)
+        return torch.cos(ang), torch.sin(ang)
+
+    def forward(self, x, timestep, context, frame_offset, past_k, past_v):
+        """x [1,16,F,h,w]; timestep float32 [1,F]; context [1,text_len,text_dim];
+        frame_offset int64 [1]; past_k/past_v: lists of [1,P,D].  Returns flow and new k/v lists."""
+        cfg = self.cfg
+        frames = x.shape[2]
+        hp, wp = x.shape[3] // cfg.patch[1], x.shape[4] // cfg.patch[2]
+        dtype = self.patch_embedding.weight.dtype
+
+        h = self.patch_embedding(x.to(dtype)).flatten(2).transpose(1, 2)  # [1, F*hp*wp, D]
+        e = self.time_embedding(sinusoidal_embedding(timestep, cfg.freq_dim).to(dtype))  # [1,F,D]
+        e0 = self.time_projection(e).unflatten(2, (6, cfg.dim))  # [1,F,6,D]
+        ctx = self.text_embedding(context.to(dtype))
+        cos, sin = self.rope(frame_offset, frames)
+
+        new_k, new_v = [], []
+        for i, blk in enumerate(self.blocks):
+            h, k, v = blk(h, e0, ctx, cos, sin, past_k[i], past_v[i], frames)
+            new_k.append(k)
+            new_v.append(v)
+
+        out = self.head(h, e, frames)  # [1, F*hp*wp, 16*pt*ph*pw]
+        pt, ph, pw = cfg.patch
+        c = cfg.latent_channels
+        out = out.view(1, frames, hp, wp, pt, ph, pw, c)
+        out = out.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(1, c, frames * pt, hp * ph, wp * pw)
+        return out, new_k, new_v
+
+
+class LowRankLinear(nn.Module):
+    """W ≈ B·A with rank r (the `--svd-rank` export option)."""
+
+    def __init__(self, lin: nn.Linear, rank: int):
+        super().__init__()
+        w = lin.weight.data.float()
+        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+        r = min(rank, s.shape[0])
+        sq = s[:r].sqrt()
+        self.a = nn.Linear(w.shape[1], r, bias=False)
+        self.b = nn.Linear(r, w.shape[0], bias=lin.bias is not None)
+        self.a.weight.data = (vh[:r] * sq[:, None]).to(lin.weight.dtype)
+        self.b.weight.data = (u[:, :r] * sq[None, :]).to(lin.weight.dtype)
+        if lin.bias is not None:
+            self.b.bias.data = lin.bias.data.clone()
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def factorise(model: CausalDiT, rank: int) -> int:
+    """Replace the linear layers inside the DiT blocks by rank-`rank` factors where that is smaller."""
+    count = 0
+    for blk in model.blocks:
+        for parent in (blk.self_attn, blk.cross_attn, blk.ffn):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear) and rank * (child.in_features + child.out_features) < child.in_features * child.out_features:
+                    setattr(parent, name, LowRankLinear(child, rank))
+                    count += 1
+    return count

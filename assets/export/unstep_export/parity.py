@@ -1,0 +1,107 @@
+"""Exported graphs (Python onnxruntime) vs the PyTorch reference: per graph on random inputs,
+then the whole generation loop.  Exit status 1 when any figure is above tolerance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import preset
+from .sample import OrtBackend, Settings, TorchBackend, generate
+from .text import tokenize_bytes
+
+
+def _err(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    a = float(np.abs(got - ref).max()) if ref.size else 0.0
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    return a, a / scale if scale else 0.0
+
+
+def run_parity(args) -> int:
+    from .build import build
+
+    cfg = preset(args.preset)
+    dit, te, vae = build(cfg, args.checkpoint, args.text_checkpoint, args.vae_checkpoint)
+    ort_b = OrtBackend(args.bundle, cfg, threads=args.threads or 2)
+    if ort_b.np_dtype != np.float32:
+        print("note: non-fp32 bundle; comparing against the fp32 reference, tolerances may need widening")
+    failures = []
+
+    def report(name, got, ref, tol):
+        a, r = _err(got, ref)
+        ok = a <= tol
+        print(f"{'ok  ' if ok else 'FAIL'} {name:<38} max_abs {a:.3e}  max_rel {r:.3e}  (tol {tol:g})")
+        if not ok:
+            failures.append(name)
+
+    g = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        # text encoder
+        prompts = Path(args.prompts).read_text(encoding="utf-8").splitlines()
+        ids, mask = tokenize_bytes(prompts[args.indices[0]], cfg.text_len)
+        ref = te(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        report("text_encoder", ort_b.text(ids, mask).numpy(), ref, args.graph_tol)
+
+        # DiT, first block (P = 0) and a later block (P = 2 blocks)
+        F, T = cfg.frames_per_block, cfg.frames_per_block * cfg.tokens_per_frame
+        ctx = torch.from_numpy(ref)
+        for P in (0, 2 * T):
+            x = torch.randn(1, cfg.latent_channels, F, cfg.lat_h, cfg.lat_w, generator=g)
+            pk = [torch.randn(1, P, cfg.dim, generator=g) for _ in range(cfg.layers)]
+            pv = [torch.randn(1, P, cfg.dim, generator=g) for _ in range(cfg.layers)]
+            off = P // cfg.tokens_per_frame
+            rf, rk, rv = dit(x, torch.full((1, F), 750.0), ctx, torch.tensor([off]), pk, pv)
+            of, ok_, ov = ort_b.dit_pass(x, 750.0, ctx, off, pk, pv)
+            report(f"dit P={P} flow", of.numpy(), rf.numpy(), args.graph_tol)
+            report(f"dit P={P} new_k (all layers)", torch.cat(ok_, 1).numpy(), torch.cat(rk, 1).numpy(), args.graph_tol)
+            report(f"dit P={P} new_v (all layers)", torch.cat(ov, 1).numpy(), torch.cat(rv, 1).numpy(), args.graph_tol)
+
+        # VAE: first frame, then two steps fed with the reference's own caches
+        caches = None
+        for i in range(3):
+            z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=g) * 2
+            rf, rc = vae.decode_frame(z, caches)
+            of, oc = ort_b.vae_frame(z, None if caches is None else [c.numpy() for c in caches])
+            name = "vae_first" if i == 0 else f"vae_step #{i}"
+            report(f"{name} frames", of.numpy(), rf.numpy(), args.graph_tol)
+            report(f"{name} cache_out (all)", np.concatenate([c.reshape(-1) for c in oc]),
+                   torch.cat([c.reshape(-1) for c in rc]).numpy(), args.graph_tol)
+            caches = rc
+
+    # Whole loop
+    s = Settings(seed=args.seed)
+    ref_b = TorchBackend(dit, te, vae, "cpu", torch.float32)
+    figures = {}
+    for idx in args.indices:
+        r_ref, t_ref = generate(ref_b, cfg, prompts[idx], idx, s)
+        r_ort, t_ort = generate(ort_b, cfg, prompts[idx], idx, s)
+        print(f"prompt {idx}: torch {json.dumps({k: round(v, 3) for k, v in t_ref.items()})} s, "
+              f"ort {json.dumps({k: round(v, 3) for k, v in t_ort.items()})} s")
+        report(f"loop p{idx} noise_d0 (exact)", r_ort["noise_d0"].numpy(), r_ref["noise_d0"].numpy(), 0.0)
+        report(f"loop p{idx} context", r_ort["context"].numpy(), r_ref["context"].numpy(), args.graph_tol)
+        report(f"loop p{idx} latents", r_ort["latents"].numpy(), r_ref["latents"].numpy(), args.latent_tol)
+        report(f"loop p{idx} frames (uint8)", r_ort["frames"].numpy(), r_ref["frames"].numpy(), args.frame_tol)
+        figures[idx] = (r_ref, r_ort)
+
+    if args.golden:
+        from safetensors.numpy import load_file
+
+        gold = load_file(str(Path(args.golden) / "golden.safetensors"))
+        for idx, (r_ref, r_ort) in figures.items():
+            for key in ("input_ids", "noise_d0", "context", "latents", "frames"):
+                name = f"p{idx}.{key}"
+                if name not in gold:
+                    continue
+                ref = gold[name]
+                tol = {"input_ids": 0.0, "noise_d0": 0.0, "context": args.graph_tol, "latents": args.latent_tol,
+                       "frames": args.frame_tol}[key]
+                got = r_ort[key].numpy()[: ref.shape[0]] if key == "frames" else r_ort[key].numpy()
+                report(f"golden {name} vs ort", got, ref, tol)
+
+    print("PASS" if not failures else f"FAIL: {', '.join(failures)}")
+    return 0 if not failures else 1

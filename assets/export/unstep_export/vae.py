@@ -1,0 +1,205 @@
+"""Wan2.1 causal VAE decoder, decoded one latent frame at a time with an explicit cache.
+
+Parameter names follow Wan2.1's `WanVAE_` (`conv2.*`, `decoder.*`).  Wan keeps, for every
+causal convolution, the last two input frames (`feat_cache`); the first call pads with zeros
+instead.  Here that cache is a list of tensors, always two frames long (zeros stand for frames
+that do not exist yet, which is exactly what Wan's zero padding computes), so the decoder can be
+exported as two graphs: `vae_first` (no cache in) and `vae_step` (cache in -> cache out).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import VaeConfig
+
+CACHE_T = 2
+
+
+class CacheCtx:
+    """Walks the causal convolutions in execution order (Wan's feat_idx order)."""
+
+    def __init__(self, inputs=None):
+        self.inputs = inputs  # None on the first latent frame
+        self.i = 0
+        self.outputs = []
+
+    def take(self):
+        old = None if self.inputs is None else self.inputs[self.i]
+        self.i += 1
+        return old
+
+    def push(self, x, old):
+        """Cache for the next call: the last two frames of (old, x)."""
+        if x.shape[2] >= CACHE_T:
+            new = x[:, :, -CACHE_T:]
+        elif old is None:
+            new = F.pad(x, (0, 0, 0, 0, 1, 0))
+        else:
+            new = torch.cat([old[:, :, -1:], x], dim=2)
+        self.outputs.append(new)
+
+
+class CausalConv3d(nn.Conv3d):
+    def __init__(self, cin, cout, kernel, padding=0):
+        kernel = (kernel,) * 3 if isinstance(kernel, int) else tuple(kernel)
+        padding = (padding,) * 3 if isinstance(padding, int) else tuple(padding)
+        super().__init__(cin, cout, kernel, padding=(0, padding[1], padding[2]))
+        self.tpad = 2 * padding[0]  # all temporal padding goes in front: causal
+
+    def forward(self, x, cache=None):
+        if self.tpad:
+            x = torch.cat([cache, x], dim=2) if cache is not None else F.pad(x, (0, 0, 0, 0, self.tpad, 0))
+        return super().forward(x)
+
+    def cached(self, x, ctx: CacheCtx):
+        old = ctx.take()
+        ctx.push(x, old)
+        return self(x, old)
+
+
+class RMSNorm(nn.Module):
+    """Wan's RMS_norm: L2-normalise over channels, times sqrt(C) and gamma."""
+
+    def __init__(self, dim: int, images: bool = True):
+        super().__init__()
+        shape = (dim, 1, 1) if images else (dim, 1, 1, 1)
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x):
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.residual = nn.Sequential(
+            RMSNorm(cin, images=False), nn.SiLU(), CausalConv3d(cin, cout, 3, padding=1),
+            RMSNorm(cout, images=False), nn.SiLU(), nn.Dropout(0.0), CausalConv3d(cout, cout, 3, padding=1),
+        )
+        self.shortcut = CausalConv3d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x, ctx):
+        h = self.shortcut(x)
+        for layer in self.residual:
+            x = layer.cached(x, ctx) if isinstance(layer, CausalConv3d) else layer(x)
+        return x + h
+
+
+class AttentionBlock(nn.Module):
+    """Single-head spatial self-attention per frame (plain ops: not a runner-controlled op)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = RMSNorm(dim, images=True)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x, ctx=None):
+        identity = x
+        b, c, t, h, w = x.shape
+        y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        y = self.norm(y)
+        q, k, v = self.to_qkv(y).reshape(b * t, c * 3, h * w).transpose(1, 2).chunk(3, dim=-1)
+        attn = torch.softmax((q @ k.transpose(1, 2)) * c**-0.5, dim=-1)
+        y = (attn @ v).transpose(1, 2).reshape(b * t, c, h, w)
+        y = self.proj(y)
+        y = y.reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        return y + identity
+
+
+class Resample(nn.Module):
+    """Spatial x2 (nearest + conv halving channels); `upsample3d` also doubles the frames with a
+    causal time convolution, skipped on the first latent frame (Wan's 'Rep' cache state)."""
+
+    def __init__(self, dim, mode):
+        super().__init__()
+        self.mode = mode
+        self.resample = nn.Sequential(nn.Upsample(scale_factor=(2.0, 2.0), mode="nearest"), nn.Conv2d(dim, dim // 2, 3, padding=1))
+        if mode == "upsample3d":
+            self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+
+    def forward(self, x, ctx):
+        b, c, t, h, w = x.shape
+        if self.mode == "upsample3d":
+            old = ctx.take()
+            if old is None:
+                # First latent frame: no time conv, and the next call sees an all-zero cache
+                # (Wan: 'Rep' then zero padding).  x * 0 keeps it a computed, not stored, tensor.
+                ctx.outputs.append(torch.cat([x, x], dim=2)[:, :, -CACHE_T:] * 0.0)
+            else:
+                ctx.push(x, old)
+                y = self.time_conv(x, old)  # [b, 2c, t, h, w]
+                y = y.reshape(b, 2, c, t, h, w)
+                x = torch.stack((y[:, 0], y[:, 1]), dim=3).reshape(b, c, t * 2, h, w)
+                t = t * 2
+        y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        y = self.resample(y)
+        return y.reshape(b, t, c // 2, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
+
+
+class Decoder3d(nn.Module):
+    def __init__(self, cfg: VaeConfig):
+        super().__init__()
+        dims = [cfg.dim * u for u in [cfg.dim_mult[-1]] + list(cfg.dim_mult[::-1])]
+        self.conv1 = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        self.middle = nn.Sequential(ResidualBlock(dims[0], dims[0]), AttentionBlock(dims[0]), ResidualBlock(dims[0], dims[0]))
+        ups = []
+        for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:])):
+            if i in (1, 2, 3):
+                cin = cin // 2  # the previous Resample halved the channels
+            for _ in range(cfg.num_res_blocks + 1):
+                ups.append(ResidualBlock(cin, cout))
+                cin = cout
+            if i != len(cfg.dim_mult) - 1:
+                ups.append(Resample(cout, "upsample3d" if cfg.temporal_upsample[i] else "upsample2d"))
+        self.upsamples = nn.Sequential(*ups)
+        self.head = nn.Sequential(RMSNorm(dims[-1], images=False), nn.SiLU(), CausalConv3d(dims[-1], 3, 3, padding=1))
+
+    def forward(self, x, ctx: CacheCtx):
+        x = self.conv1.cached(x, ctx)
+        for layer in self.middle:
+            x = layer(x, ctx)
+        for layer in self.upsamples:
+            x = layer(x, ctx)
+        x = self.head[1](self.head[0](x))
+        return self.head[2].cached(x, ctx)
+
+
+class VaeDecoder(nn.Module):
+    """`conv2` (1x1x1 on the latent) + Decoder3d, as in WanVAE_.decode."""
+
+    def __init__(self, cfg: VaeConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.conv2 = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
+        self.decoder = Decoder3d(cfg)
+
+    def init_random(self, seed: int) -> "VaeDecoder":
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("gamma"):
+                p.data = torch.ones_like(p)
+            elif p.dim() >= 2:
+                fan_in = p[0].numel()
+                p.data = torch.randn(p.shape, generator=g) * (1.0 / fan_in) ** 0.5
+            else:
+                p.data = torch.zeros_like(p)
+        return self
+
+    def decode_frame(self, z, caches=None):
+        """z [1,16,1,h,w] (de-normalised).  Returns frames [1,3,n,H,W] and the new cache list."""
+        ctx = CacheCtx(caches)
+        out = self.decoder(self.conv2(z), ctx)
+        return out, ctx.outputs
+
+    def decode(self, z):
+        """Whole clip [1,16,T,h,w] -> [1,3,1+4(T-1),H,W], frame by frame like the runner."""
+        outs, caches = [], None
+        for i in range(z.shape[2]):
+            o, caches = self.decode_frame(z[:, :, i : i + 1], caches)
+            outs.append(o)
+        return torch.cat(outs, dim=2)

@@ -1,0 +1,240 @@
+//! Method settings that change what is generated, and the denoising schedule they imply.
+//!
+//! `MethodSettings` is a plain struct so that the manifest layer can build it from a resolved
+//! manifest; the defaults are those of SPEC §3.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Which prediction becomes a block's output latent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Emit {
+    /// The clean-cache pass's x0 prediction (`x_c - sigma_c * v_c`): the method's default.
+    #[default]
+    CachePass,
+    /// The last denoising step's x0, ignoring the clean-cache pass's prediction.
+    Denoised,
+}
+
+impl Emit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Emit::CachePass => "cache_pass",
+            Emit::Denoised => "denoised",
+        }
+    }
+}
+
+impl fmt::Display for Emit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Emit {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cache_pass" => Ok(Emit::CachePass),
+            "denoised" => Ok(Emit::Denoised),
+            other => Err(format!(
+                "unknown emit `{other}`; expected `cache_pass` or `denoised`"
+            )),
+        }
+    }
+}
+
+/// The method settings the generation loop reads (SPEC §3, classes flag and config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MethodSettings {
+    /// Noise level of the clean-cache pass (`--clean-sigma-override`).
+    pub clean_sigma: f32,
+    /// Denoising steps on the 1000-step training scale, highest first.
+    pub denoising_steps: Vec<u32>,
+    /// Warp the steps onto the shifted flow-matching schedule.
+    pub warp_denoising_steps: bool,
+    pub timestep_shift: f64,
+    pub emit: Emit,
+    /// Latent frames of past keys and values each block attends to; -1 means all of them.
+    pub attention_window: i64,
+    pub seed: u64,
+}
+
+impl Default for MethodSettings {
+    fn default() -> Self {
+        Self {
+            clean_sigma: 0.02,
+            denoising_steps: vec![1000, 750, 500, 250],
+            warp_denoising_steps: true,
+            timestep_shift: 5.0,
+            emit: Emit::CachePass,
+            attention_window: -1,
+            seed: 0,
+        }
+    }
+}
+
+/// Settings the schedule cannot be built from.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ScheduleError {
+    #[error("denoising_steps is empty; give at least one step, e.g. [1000, 750, 500, 250]")]
+    NoSteps,
+    #[error("denoising step {0} is outside 1..=1000")]
+    StepOutOfRange(u32),
+    #[error("clean_sigma {0} is outside [0, 1]")]
+    CleanSigmaOutOfRange(f32),
+    #[error("timestep_shift {0} must be positive")]
+    BadShift(f64),
+    #[error("attention_window {0} must be -1 (all) or a positive number of latent frames")]
+    BadWindow(i64),
+}
+
+/// One DiT pass's noise level: `sigma` for the scheduler maths and `timestep = 1000 * sigma` for
+/// the graph.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NoiseLevel {
+    pub sigma: f32,
+    pub timestep: f32,
+}
+
+impl NoiseLevel {
+    fn from_sigma(sigma: f64) -> Self {
+        Self {
+            sigma: sigma as f32,
+            timestep: (1000.0 * sigma) as f32,
+        }
+    }
+}
+
+/// The per-block schedule: the denoising steps, then the clean-cache pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub steps: Vec<NoiseLevel>,
+    pub clean: NoiseLevel,
+}
+
+impl Schedule {
+    pub fn new(settings: &MethodSettings) -> Result<Self, ScheduleError> {
+        if settings.denoising_steps.is_empty() {
+            return Err(ScheduleError::NoSteps);
+        }
+        if !(settings.timestep_shift > 0.0) {
+            return Err(ScheduleError::BadShift(settings.timestep_shift));
+        }
+        if !(0.0..=1.0).contains(&settings.clean_sigma) {
+            return Err(ScheduleError::CleanSigmaOutOfRange(settings.clean_sigma));
+        }
+        if settings.attention_window == 0 || settings.attention_window < -1 {
+            return Err(ScheduleError::BadWindow(settings.attention_window));
+        }
+        let shift = settings.timestep_shift;
+        let steps = settings
+            .denoising_steps
+            .iter()
+            .map(|&step| {
+                if !(1..=1000).contains(&step) {
+                    return Err(ScheduleError::StepOutOfRange(step));
+                }
+                let u = f64::from(step) / 1000.0;
+                let sigma = if settings.warp_denoising_steps {
+                    shift * u / (1.0 + (shift - 1.0) * u)
+                } else {
+                    u
+                };
+                Ok(NoiseLevel::from_sigma(sigma))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            steps,
+            clean: NoiseLevel::from_sigma(f64::from(settings.clean_sigma)),
+        })
+    }
+
+    /// Noise draws one block uses: one per denoising step plus the clean-cache pass.
+    pub fn draws_per_block(&self) -> u32 {
+        self.steps.len() as u32 + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_schedule_is_warped_with_shift_five() {
+        let schedule = Schedule::new(&MethodSettings::default()).unwrap();
+        let sigmas: Vec<f32> = schedule.steps.iter().map(|l| l.sigma).collect();
+        // shift * u / (1 + 4u) for u = 1, 0.75, 0.5, 0.25.
+        let expected = [1.0, 3.75 / 4.0, 2.5 / 3.0, 1.25 / 2.0];
+        for (got, want) in sigmas.iter().zip(expected) {
+            assert!((got - want as f32).abs() < 1e-7, "{got} vs {want}");
+        }
+        assert_eq!(schedule.steps[0].timestep, 1000.0);
+        assert!((schedule.clean.sigma - 0.02).abs() < 1e-9);
+        assert!((schedule.clean.timestep - 20.0).abs() < 1e-5);
+        assert_eq!(schedule.draws_per_block(), 5);
+    }
+
+    #[test]
+    fn unwarped_schedule_is_linear() {
+        let settings = MethodSettings {
+            warp_denoising_steps: false,
+            ..MethodSettings::default()
+        };
+        let schedule = Schedule::new(&settings).unwrap();
+        let timesteps: Vec<f32> = schedule.steps.iter().map(|l| l.timestep).collect();
+        assert_eq!(timesteps, [1000.0, 750.0, 500.0, 250.0]);
+    }
+
+    #[test]
+    fn bad_settings_are_rejected() {
+        let cases: Vec<(MethodSettings, ScheduleError)> = vec![
+            (
+                MethodSettings {
+                    denoising_steps: vec![],
+                    ..Default::default()
+                },
+                ScheduleError::NoSteps,
+            ),
+            (
+                MethodSettings {
+                    denoising_steps: vec![1001],
+                    ..Default::default()
+                },
+                ScheduleError::StepOutOfRange(1001),
+            ),
+            (
+                MethodSettings {
+                    clean_sigma: 1.5,
+                    ..Default::default()
+                },
+                ScheduleError::CleanSigmaOutOfRange(1.5),
+            ),
+            (
+                MethodSettings {
+                    attention_window: 0,
+                    ..Default::default()
+                },
+                ScheduleError::BadWindow(0),
+            ),
+            (
+                MethodSettings {
+                    timestep_shift: 0.0,
+                    ..Default::default()
+                },
+                ScheduleError::BadShift(0.0),
+            ),
+        ];
+        for (settings, expected) in cases {
+            assert_eq!(Schedule::new(&settings).unwrap_err(), expected);
+        }
+    }
+
+    #[test]
+    fn emit_parses_both_names() {
+        assert_eq!("cache_pass".parse::<Emit>().unwrap(), Emit::CachePass);
+        assert_eq!("denoised".parse::<Emit>().unwrap(), Emit::Denoised);
+        assert!("x0".parse::<Emit>().is_err());
+    }
+}

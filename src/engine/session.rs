@@ -1,0 +1,391 @@
+//! ONNX Runtime sessions for a bundle's graphs, and the execution providers they run on.
+//!
+//! A provider that was asked for and fails to register is an error: a silent fall-back to the
+//! CPU would turn a GPU speed probe into a meaningless number.
+
+use std::path::{Path, PathBuf};
+
+use ort::ep::{self, ArenaExtendStrategy, ExecutionProvider};
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::{Outlet, TensorElementType};
+
+use super::bundle::{Bundle, BundleError, Precision};
+use super::ort_lib::{self, OrtLoadError, OrtRuntime};
+
+/// cuDNN convolution algorithm search (`cudnn_conv_algo_search`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvAlgoSearch {
+    #[default]
+    Exhaustive,
+    Heuristic,
+    Default,
+}
+
+/// How the CUDA memory arena grows (`arena_extend_strategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArenaExtend {
+    #[default]
+    NextPowerOfTwo,
+    SameAsRequested,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaOptions {
+    pub device_id: i32,
+    pub conv_algo_search: ConvAlgoSearch,
+    pub arena_extend: ArenaExtend,
+    /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
+    pub memory_limit: Option<usize>,
+    pub cuda_graphs: bool,
+    pub prefer_nhwc: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            device_id: 0,
+            conv_algo_search: ConvAlgoSearch::Exhaustive,
+            arena_extend: ArenaExtend::NextPowerOfTwo,
+            memory_limit: None,
+            cuda_graphs: false,
+            prefer_nhwc: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TensorRtOptions {
+    pub device_id: i32,
+    pub fp16: bool,
+    pub engine_cache_dir: Option<PathBuf>,
+    pub timing_cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Provider {
+    #[default]
+    Cpu,
+    Cuda(CudaOptions),
+    /// TensorRT, with CUDA registered after it for the nodes TensorRT does not take.
+    TensorRt(TensorRtOptions),
+}
+
+impl Provider {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Provider::Cpu => "cpu",
+            Provider::Cuda(_) => "cuda",
+            Provider::TensorRt(_) => "tensorrt",
+        }
+    }
+}
+
+/// How sessions are built: where ONNX Runtime comes from, the provider and its options.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuntimeOptions {
+    /// An explicit libonnxruntime path (`runtime.ort_library`, `--ort-library`).
+    pub ort_library: Option<PathBuf>,
+    pub provider: Provider,
+    /// Intra-op threads per session; `None` lets ONNX Runtime use one per core.
+    pub intra_op_threads: Option<usize>,
+    /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
+    /// inspection and for the cache audit of SPEC §7.
+    pub optimized_model_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Runtime(#[from] OrtLoadError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error(
+        "register execution provider {provider} for {graph}: {message}; run `runner doctor` to see which providers this ONNX Runtime has"
+    )]
+    Provider {
+        provider: &'static str,
+        graph: String,
+        message: String,
+    },
+    #[error("load graph {graph}: {message}")]
+    Load { graph: String, message: String },
+}
+
+/// The four sessions of a bundle.
+pub struct GraphSessions {
+    pub text_encoder: Session,
+    pub dit: Session,
+    pub vae_first: Session,
+    pub vae_step: Session,
+}
+
+impl std::fmt::Debug for GraphSessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphSessions").finish_non_exhaustive()
+    }
+}
+
+impl GraphSessions {
+    /// Loads ONNX Runtime if needed, builds a session per graph and checks each graph's inputs
+    /// and outputs against the bundle contract.
+    pub fn build(bundle: &Bundle, options: &RuntimeOptions) -> Result<Self, SessionError> {
+        let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
+        if bundle.manifest.precision != Precision::Fp32 {
+            return Err(BundleError::UnsupportedPrecision(bundle.manifest.precision).into());
+        }
+        let graphs = &bundle.manifest.graphs;
+        let sessions = Self {
+            text_encoder: build_session(runtime, bundle, &graphs.text_encoder, options)?,
+            dit: build_session(runtime, bundle, &graphs.dit, options)?,
+            vae_first: build_session(runtime, bundle, &graphs.vae_first, options)?,
+            vae_step: build_session(runtime, bundle, &graphs.vae_step, options)?,
+        };
+        sessions.check_contract(bundle)?;
+        Ok(sessions)
+    }
+
+    /// Checks names, element types and ranks of every graph's inputs and outputs, so that a graph
+    /// exported for another layer count (or the wrong file) fails here and not mid-generation.
+    fn check_contract(&self, bundle: &Bundle) -> Result<(), BundleError> {
+        let m = &bundle.manifest;
+        let layers = m.architecture.layers;
+        let f32_ = TensorElementType::Float32;
+        let i64_ = TensorElementType::Int64;
+
+        let mut text = Contract::new("text_encoder", &m.graphs.text_encoder);
+        text.input("input_ids", i64_, 2)
+            .input("attention_mask", i64_, 2)
+            .output("context", f32_, 3);
+        text.check(&self.text_encoder)?;
+
+        let mut dit = Contract::new("dit", &m.graphs.dit);
+        dit.input("x", f32_, 5)
+            .input("timestep", f32_, 2)
+            .input("context", f32_, 3)
+            .input("frame_offset", i64_, 1)
+            .output("flow", f32_, 5);
+        for layer in 0..layers {
+            dit.input(&format!("past_k.{layer}"), f32_, 3)
+                .input(&format!("past_v.{layer}"), f32_, 3)
+                .output(&format!("new_k.{layer}"), f32_, 3)
+                .output(&format!("new_v.{layer}"), f32_, 3);
+        }
+        dit.check(&self.dit)?;
+
+        let caches = vae_cache_count(&self.vae_first);
+        let mut first = Contract::new("vae_first", &m.graphs.vae_first);
+        first.input("z", f32_, 5).output("frames", f32_, 5);
+        let mut step = Contract::new("vae_step", &m.graphs.vae_step);
+        step.input("z", f32_, 5).output("frames", f32_, 5);
+        for j in 0..caches {
+            first.output(&format!("cache_out.{j}"), f32_, 0);
+            step.input(&format!("cache_in.{j}"), f32_, 0).output(
+                &format!("cache_out.{j}"),
+                f32_,
+                0,
+            );
+        }
+        first.check(&self.vae_first)?;
+        step.check(&self.vae_step)?;
+        Ok(())
+    }
+}
+
+/// The number of `cache_out.{j}` outputs of a VAE graph.
+pub(crate) fn vae_cache_count(session: &Session) -> usize {
+    session
+        .outputs()
+        .iter()
+        .filter(|o| o.name().starts_with("cache_out."))
+        .count()
+}
+
+/// The expected inputs and outputs of one graph. A rank of 0 means "any rank".
+struct Contract {
+    role: &'static str,
+    name: String,
+    inputs: Vec<(String, TensorElementType, usize)>,
+    outputs: Vec<(String, TensorElementType, usize)>,
+}
+
+impl Contract {
+    fn new(role: &'static str, name: &str) -> Self {
+        Self {
+            role,
+            name: name.to_string(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, name: &str, ty: TensorElementType, rank: usize) -> &mut Self {
+        self.inputs.push((name.to_string(), ty, rank));
+        self
+    }
+
+    fn output(&mut self, name: &str, ty: TensorElementType, rank: usize) -> &mut Self {
+        self.outputs.push((name.to_string(), ty, rank));
+        self
+    }
+
+    fn check(&self, session: &Session) -> Result<(), BundleError> {
+        let fail = |problem: String| BundleError::GraphContract {
+            role: self.role,
+            name: self.name.clone(),
+            problem,
+        };
+        for (kind, expected, actual) in [
+            ("input", &self.inputs, session.inputs()),
+            ("output", &self.outputs, session.outputs()),
+        ] {
+            for (name, ty, rank) in expected {
+                let Some(outlet) = actual.iter().find(|o| o.name() == name) else {
+                    return Err(fail(format!("missing {kind} {name}")));
+                };
+                check_outlet(outlet, *ty, *rank)
+                    .map_err(|problem| fail(format!("{kind} {name} {problem}")))?;
+            }
+            if let Some(extra) = actual
+                .iter()
+                .find(|o| !expected.iter().any(|(n, _, _)| n == o.name()))
+            {
+                return Err(fail(format!("unexpected {kind} {}", extra.name())));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_outlet(outlet: &Outlet, ty: TensorElementType, rank: usize) -> Result<(), String> {
+    let (Some(actual_ty), Some(shape)) =
+        (outlet.dtype().tensor_type(), outlet.dtype().tensor_shape())
+    else {
+        return Err("is not a tensor".into());
+    };
+    if actual_ty != ty {
+        return Err(format!("has element type {actual_ty:?}, expected {ty:?}"));
+    }
+    if rank != 0 && shape.len() != rank {
+        return Err(format!("has rank {}, expected {rank}", shape.len()));
+    }
+    Ok(())
+}
+
+fn build_session(
+    runtime: &OrtRuntime,
+    bundle: &Bundle,
+    graph: &str,
+    options: &RuntimeOptions,
+) -> Result<Session, SessionError> {
+    let load = |message: String| SessionError::Load {
+        graph: graph.to_string(),
+        message,
+    };
+    let mut builder = Session::builder(&runtime.environment)
+        .and_then(|b| {
+            b.with_optimization_level(GraphOptimizationLevel::All)
+                .map_err(Into::into)
+        })
+        .map_err(|e| load(e.to_string()))?;
+    if let Some(threads) = options.intra_op_threads {
+        builder = builder
+            .with_intra_threads(threads)
+            .map_err(|e| load(e.to_string()))?;
+    }
+    if let Some(dir) = &options.optimized_model_dir {
+        std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;
+        let file = dir.join(format!("{}.optimized.onnx", graph_stem(graph)));
+        builder = builder
+            .with_optimized_model_path(file)
+            .map_err(|e| load(e.to_string()))?;
+    }
+    let providers = execution_providers(&options.provider);
+    if !providers.is_empty() {
+        builder =
+            builder
+                .with_execution_providers(providers)
+                .map_err(|e| SessionError::Provider {
+                    provider: options.provider.name(),
+                    graph: graph.to_string(),
+                    message: e.to_string(),
+                })?;
+    }
+    builder
+        .commit_from_file(bundle.graph_path(graph))
+        .map_err(|e| load(e.to_string()))
+}
+
+fn graph_stem(graph: &str) -> String {
+    Path::new(graph)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| graph.to_string())
+}
+
+/// The execution providers to register, each erroring on failure. The CPU provider is ONNX
+/// Runtime's own default and needs no registration.
+fn execution_providers(provider: &Provider) -> Vec<ep::ExecutionProviderDispatch> {
+    match provider {
+        Provider::Cpu => Vec::new(),
+        Provider::Cuda(cuda) => vec![cuda_provider(cuda).build().error_on_failure()],
+        Provider::TensorRt(trt) => {
+            let mut tensorrt = ep::TensorRT::default()
+                .with_device_id(trt.device_id)
+                .with_fp16(trt.fp16);
+            if let Some(dir) = &trt.engine_cache_dir {
+                tensorrt = tensorrt
+                    .with_engine_cache(true)
+                    .with_engine_cache_path(dir.display());
+            }
+            if let Some(dir) = &trt.timing_cache_dir {
+                tensorrt = tensorrt
+                    .with_timing_cache(true)
+                    .with_timing_cache_path(dir.display());
+            }
+            let cuda = CudaOptions {
+                device_id: trt.device_id,
+                ..CudaOptions::default()
+            };
+            vec![
+                tensorrt.build().error_on_failure(),
+                cuda_provider(&cuda).build().error_on_failure(),
+            ]
+        }
+    }
+}
+
+fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
+    let search = match options.conv_algo_search {
+        ConvAlgoSearch::Exhaustive => ep::cuda::ConvAlgorithmSearch::Exhaustive,
+        ConvAlgoSearch::Heuristic => ep::cuda::ConvAlgorithmSearch::Heuristic,
+        ConvAlgoSearch::Default => ep::cuda::ConvAlgorithmSearch::Default,
+    };
+    let arena = match options.arena_extend {
+        ArenaExtend::NextPowerOfTwo => ArenaExtendStrategy::NextPowerOfTwo,
+        ArenaExtend::SameAsRequested => ArenaExtendStrategy::SameAsRequested,
+    };
+    let mut cuda = ep::CUDA::default()
+        .with_device_id(options.device_id)
+        .with_conv_algorithm_search(search)
+        .with_arena_extend_strategy(arena)
+        .with_cuda_graph(options.cuda_graphs)
+        .with_prefer_nhwc(options.prefer_nhwc);
+    if let Some(limit) = options.memory_limit {
+        cuda = cuda.with_memory_limit(limit);
+    }
+    cuda
+}
+
+/// Whether this ONNX Runtime build has each provider compiled in (not whether it will register:
+/// that also needs the CUDA libraries and a GPU).
+pub fn available_providers() -> Vec<(&'static str, Result<bool, String>)> {
+    vec![
+        ("cpu", ep::CPU::is_available().map_err(|e| e.to_string())),
+        ("cuda", ep::CUDA::is_available().map_err(|e| e.to_string())),
+        (
+            "tensorrt",
+            ep::TensorRT::is_available().map_err(|e| e.to_string()),
+        ),
+    ]
+}
