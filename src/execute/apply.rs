@@ -1,0 +1,552 @@
+//! `runner apply`: the execute pass. Checks what only a real run needs (the bundle, the prompt
+//! file, existing state), takes the work-root lock, stages the snapshot, runs each slot's
+//! processes in order (slots in parallel) as worker processes of the staged binary, and records
+//! timings, the summary and provenance. Re-applying a run resumes it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use super::lock::{Lock, LockError};
+use super::progress::Progress;
+use super::spec::{ProcessSpec, PromptSpec, WorkerEvent};
+use super::staging::{self, StageRequest, StagingError};
+use crate::manifest::diagnostic::display_path;
+use crate::manifest::{CacheMode, Kind, Provider, Resolved};
+use crate::plan::{Plan, Process, Role};
+use crate::results::files::{read_json, read_timings, write_json_atomic, write_atomic};
+use crate::results::records::{
+    CacheLabel, ProcessRole, RunRecord, RunStatus, Summary, TimingRecord,
+};
+
+/// How `apply` behaves beyond the manifest.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyOptions {
+    /// Reuse an existing staging folder whose audit matches.
+    pub reuse_workdir: bool,
+    /// No progress output (tests, scripts).
+    pub quiet: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The user must change something; nothing was written.
+    #[error("{message}")]
+    Refused { message: String, hint: Option<String> },
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Staging(#[from] StagingError),
+    #[error("cannot write results: {0}")]
+    Results(#[from] crate::results::files::RecordError),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl ApplyError {
+    fn refused(message: impl Into<String>, hint: impl Into<String>) -> Self {
+        ApplyError::Refused {
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
+    }
+
+    /// Errors of input (bad state, a held lock) rather than of the machine.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ApplyError::Refused { .. } | ApplyError::Lock(LockError::Held { .. }) | ApplyError::Staging(
+                StagingError::Exists(_) | StagingError::AuditMismatch { .. } | StagingError::Symlink(_)
+            )
+        )
+    }
+
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            ApplyError::Refused { hint, .. } => hint.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: RunStatus,
+    pub run_dir: PathBuf,
+    pub failures: Vec<String>,
+}
+
+/// Set by the SIGINT/SIGTERM handler; checked between processes and while waiting.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+/// Where a probe's `--save-videos` debug videos go (deleted after each probe process).
+pub fn debug_video_dir(run: &str, env_tmp: Option<&str>) -> PathBuf {
+    let tmp = env_tmp.filter(|t| !t.is_empty()).unwrap_or("/tmp");
+    Path::new(tmp)
+        .join("unstep_wrapper_generation_outputs")
+        .join(run)
+        .join("indexed_videos")
+}
+
+/// Checks that need the real world (files present, no conflicting state) — before any write.
+fn preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let p = &r.paths;
+    if r.prompts.is_none() {
+        return Err(ApplyError::refused(
+            format!("prompt file {} does not exist", display_path(&p.prompts_file)),
+            "put one prompt per line there (see assets/prompts/README.md), or set prompts.file",
+        ));
+    }
+    if !p.bundle.exists() {
+        return Err(ApplyError::refused(
+            format!("asset bundle {} does not exist", display_path(&p.bundle)),
+            "export it with `python -m unstep_export --preset wan-1.3b --out <dir>` (see assets/export/README.md), or set assets.bundle",
+        ));
+    }
+    let m = &r.manifest;
+    if m.kind == Kind::Probe {
+        let state = &p.run_state_root;
+        let has_state = fs::read_dir(state).map(|mut d| d.next().is_some()).unwrap_or(false);
+        if has_state && !m.cache.reuse_runtime_state {
+            return Err(ApplyError::refused(
+                format!(
+                    "runtime state already exists at {}",
+                    display_path(state)
+                ),
+                "use a new run name for fresh results, or set cache.reuse_runtime_state = true (UNSTEP_REUSE_RUNTIME_STATE=1) to reuse it",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What a previous apply of the same run left: prompts already complete.
+fn completed(r: &Resolved, run_dir: &Path, config_hash: &str) -> Result<BTreeSet<u32>, ApplyError> {
+    let run_json = run_dir.join("run.json");
+    if !run_json.exists() {
+        return Ok(BTreeSet::new());
+    }
+    let previous: RunRecord = read_json(&run_json)?;
+    if r.manifest.kind == Kind::Probe {
+        return Ok(BTreeSet::new());
+    }
+    if previous.config_hash != config_hash {
+        return Err(ApplyError::refused(
+            format!(
+                "{} holds run `{}` made with a different configuration",
+                display_path(run_dir),
+                previous.run
+            ),
+            "give this configuration its own run name (`name = \"…\"` or --set name=…)",
+        ));
+    }
+    let mut done = BTreeSet::new();
+    for rec in all_timings(run_dir) {
+        let video_ok = match &rec.video {
+            Some(v) => run_dir.join(v).is_file(),
+            None => !r.manifest.outputs.save_videos,
+        };
+        if rec.role == ProcessRole::Shard && rec.config_hash == config_hash && video_ok {
+            done.insert(rec.prompt);
+        }
+    }
+    Ok(done)
+}
+
+/// Every timing record of a run, from the per-process files, in process order.
+fn all_timings(run_dir: &Path) -> Vec<TimingRecord> {
+    let dir = run_dir.join("timings");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| read_timings(f).unwrap_or_default())
+        .collect()
+}
+
+/// Runs a plan.
+pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, ApplyError> {
+    preflight(r)?;
+    let m = &r.manifest;
+    let run_dir = plan.run_dir.clone();
+    let config_hash = crate::results::config_hash(r);
+    let done = completed(r, &run_dir, &config_hash)?;
+
+    // Nothing has been written so far; from here on the run holds its locks.
+    let _work_lock = Lock::acquire(&plan.work_root, &plan.run)?;
+    let _shared_lock = if m.cache.mode == CacheMode::Shared {
+        Some(Lock::acquire(&r.paths.shared_state_dir, &plan.run)?)
+    } else {
+        None
+    };
+    install_signal_handlers();
+    INTERRUPTED.store(false, Ordering::SeqCst);
+
+    let runner = std::env::current_exe().map_err(|e| ApplyError::Io(format!("cannot find the runner binary: {e}")))?;
+    let resolved_toml = toml::to_string(&m).unwrap_or_default();
+    let stage = staging::stage(&StageRequest {
+        dir: plan.work_root.join(&plan.run),
+        bundle: r.paths.bundle.clone(),
+        prompts_file: r.paths.prompts_file.clone(),
+        manifests: r.files.iter().map(|f| f.path.clone()).collect(),
+        resolved_manifest: resolved_toml,
+        runner,
+        reuse: opts.reuse_workdir,
+    })?;
+
+    if m.cache.clear_global {
+        clear_global_caches();
+    }
+    let mkdir = |d: &Path| fs::create_dir_all(d).map_err(|e| ApplyError::Io(format!("cannot create {}: {e}", d.display())));
+    for d in ["logs", "timings", "specs"] {
+        mkdir(&run_dir.join(d))?;
+    }
+    if m.kind == Kind::Probe && m.cache.reuse_runtime_state {
+        // A re-measured probe starts its timings afresh; its compiler state is what is reused.
+        let _ = fs::remove_dir_all(run_dir.join("timings"));
+        mkdir(&run_dir.join("timings"))?;
+    }
+    let videos = match (m.kind, m.outputs.save_videos) {
+        (Kind::Generation, true) => {
+            let d = run_dir.join("videos");
+            mkdir(&d)?;
+            Some(d)
+        }
+        (Kind::Probe, true) => {
+            let tmp = std::env::var("TMPDIR").ok();
+            Some(debug_video_dir(&plan.run, tmp.as_deref()))
+        }
+        _ => None,
+    };
+
+    let mut record = RunRecord::new(r, plan, SystemTime::now());
+    record.git = crate::results::records::GitState::detect(
+        r.files.first().and_then(|f| f.path.parent()).unwrap_or(Path::new(".")),
+    );
+    write_json_atomic(&run_dir.join("run.json"), &record)?;
+
+    let prompts = r.prompts.as_deref().unwrap_or_default();
+    let specs: Vec<Option<ProcessSpec>> = plan
+        .processes
+        .iter()
+        .map(|p| process_spec(r, plan, p, prompts, &stage.bundle, &run_dir, &videos, &config_hash, &done))
+        .collect();
+    let remaining: usize = specs
+        .iter()
+        .flatten()
+        .filter(|s| s.role != ProcessRole::Warmup)
+        .map(|s| s.prompts.len())
+        .sum();
+    let progress = Progress::new(opts.quiet, remaining, done.len());
+    let failures = run_slots(plan, &specs, &stage.runner, &run_dir, m.kind == Kind::Probe, &progress);
+    progress.finish();
+
+    let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+    let records = all_timings(&run_dir);
+    let jsonl: String = records
+        .iter()
+        .map(|rec| serde_json::to_string(rec).expect("records serialise") + "\n")
+        .collect();
+    write_atomic(&run_dir.join("timings.jsonl"), jsonl.as_bytes())?;
+    let summary = Summary::from_records(&records, m.kind, CacheLabel::of(m.cache.mode));
+    write_json_atomic(&run_dir.join("summary.json"), &summary)?;
+    let _ = crate::report::svg::write_latency_svg(&run_dir, &records);
+
+    let status = if interrupted {
+        RunStatus::Interrupted
+    } else if failures.is_empty() {
+        RunStatus::Succeeded
+    } else {
+        RunStatus::Failed
+    };
+    let (provider, ort) = worker_facts(&run_dir);
+    record.execution_provider = provider;
+    record.versions.onnxruntime = ort;
+    record.finish(status, (!failures.is_empty()).then(|| failures.join("\n\n")));
+    write_json_atomic(&run_dir.join("run.json"), &record)?;
+
+    // Cleanup (SPEC §7): success and interruption remove the staging snapshot; a failed run keeps
+    // it, with its isolated state, for diagnosis.
+    if status != RunStatus::Failed {
+        let _ = stage.remove();
+    }
+    if status == RunStatus::Succeeded && m.kind == Kind::Generation {
+        if let Some(cmd) = &m.evaluation.command {
+            run_evaluation(cmd, &run_dir, &plan.run)?;
+        }
+    }
+    Ok(Outcome {
+        status,
+        run_dir,
+        failures,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn process_spec(
+    r: &Resolved,
+    plan: &Plan,
+    p: &Process,
+    prompts: &[String],
+    bundle: &Path,
+    run_dir: &Path,
+    videos: &Option<PathBuf>,
+    config_hash: &str,
+    done: &BTreeSet<u32>,
+) -> Option<ProcessSpec> {
+    let todo: Vec<PromptSpec> = p
+        .prompts
+        .iter()
+        .filter(|i| !matches!(p.role, Role::Shard { .. }) || !done.contains(i))
+        .map(|&i| PromptSpec {
+            index: i,
+            text: prompts.get(i as usize).cloned().unwrap_or_default(),
+        })
+        .collect();
+    let (role, shard) = match p.role {
+        Role::Warmup { .. } => (ProcessRole::Warmup, None),
+        Role::Measurement => (ProcessRole::Measurement, Some(0)),
+        Role::Shard { shard } => (ProcessRole::Shard, Some(shard)),
+    };
+    // A resumed shard with nothing left is skipped, and so is its slot's warmup when every
+    // shard of the slot is complete.
+    if role == ProcessRole::Shard && todo.is_empty() {
+        return None;
+    }
+    if role == ProcessRole::Warmup && r.manifest.kind == Kind::Generation {
+        let slot_busy = plan.processes.iter().any(|q| {
+            q.slot == p.slot
+                && matches!(q.role, Role::Shard { .. })
+                && q.prompts.iter().any(|i| !done.contains(i))
+        });
+        if !slot_busy {
+            return None;
+        }
+    }
+    if let Some(marker) = &p.skip_if_marker {
+        if marker.exists() {
+            return None;
+        }
+    }
+    Some(ProcessSpec {
+        run: plan.run.clone(),
+        process: p.index,
+        role,
+        shard,
+        slot: plan.slots[p.slot].label.clone(),
+        bundle: bundle.to_path_buf(),
+        prompts: todo,
+        manifest: r.manifest.clone(),
+        cache_dir: p.cache_dir.clone(),
+        timings: run_dir.join("timings").join(format!("{:03}.jsonl", p.index)),
+        run_dir: run_dir.to_path_buf(),
+        // Warmups never keep videos.
+        videos: if role == ProcessRole::Warmup { None } else { videos.clone() },
+        config_hash: config_hash.to_string(),
+        ort_library: r.paths.ort_library.clone(),
+    })
+}
+
+/// Runs every slot's processes; slots in parallel, processes of a slot one after another.
+/// Returns the failures, each with the tail of the worker's log.
+fn run_slots(
+    plan: &Plan,
+    specs: &[Option<ProcessSpec>],
+    runner: &Path,
+    run_dir: &Path,
+    probe: bool,
+    progress: &Progress,
+) -> Vec<String> {
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let children: Arc<Mutex<BTreeMap<usize, u32>>> = Arc::new(Mutex::new(BTreeMap::new()));
+    let (tx, rx) = mpsc::channel::<(usize, WorkerEvent)>();
+    std::thread::scope(|scope| {
+        for slot in 0..plan.slots.len() {
+            let tx = tx.clone();
+            let failures = Arc::clone(&failures);
+            let children = Arc::clone(&children);
+            scope.spawn(move || {
+                for (p, spec) in plan.processes.iter().zip(specs) {
+                    if p.slot != slot {
+                        continue;
+                    }
+                    let Some(spec) = spec else { continue };
+                    if INTERRUPTED.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let result = run_process(plan, p, spec, runner, run_dir, &tx, &children);
+                    if probe {
+                        if let Some(v) = &spec.videos {
+                            // Debug videos never outlive their probe process, failed or not.
+                            let _ = fs::remove_dir_all(v);
+                        }
+                    }
+                    match result {
+                        Ok(()) => {
+                            if let Some(marker) = &p.skip_if_marker {
+                                let _ = fs::write(marker, format!("{}\n", plan.run));
+                            }
+                        }
+                        Err(msg) => {
+                            failures.lock().expect("lock").push(msg);
+                            // Later processes of this slot depend on its warm state; stop here.
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // The main thread reports progress and forwards an interruption to the workers.
+        loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok((process, event)) => progress.event(process, &event),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                for pid in children.lock().expect("lock").values() {
+                    // SAFETY: sending a signal to a child we started.
+                    unsafe { libc::kill(*pid as libc::pid_t, libc::SIGTERM) };
+                }
+            }
+        }
+    });
+    Arc::try_unwrap(failures)
+        .map(|m| m.into_inner().expect("lock"))
+        .unwrap_or_default()
+}
+
+fn run_process(
+    plan: &Plan,
+    p: &Process,
+    spec: &ProcessSpec,
+    runner: &Path,
+    run_dir: &Path,
+    tx: &mpsc::Sender<(usize, WorkerEvent)>,
+    children: &Mutex<BTreeMap<usize, u32>>,
+) -> Result<(), String> {
+    let describe = || match p.role {
+        Role::Warmup { repeat } => format!("warmup {repeat} on {}", plan.slots[p.slot].label),
+        Role::Measurement => "measurement".to_string(),
+        Role::Shard { shard } => format!("shard {shard} on {}", plan.slots[p.slot].label),
+    };
+    let spec_path = run_dir.join("specs").join(format!("{:03}.json", p.index));
+    let text = serde_json::to_string_pretty(spec).expect("specs serialise");
+    write_atomic(&spec_path, text.as_bytes()).map_err(|e| format!("{}: {e}", describe()))?;
+    fs::create_dir_all(&spec.cache_dir).map_err(|e| format!("{}: cannot create {}: {e}", describe(), spec.cache_dir.display()))?;
+    if let Some(v) = &spec.videos {
+        fs::create_dir_all(v).map_err(|e| format!("{}: cannot create {}: {e}", describe(), v.display()))?;
+    }
+    let log = fs::File::create(&p.log).map_err(|e| format!("{}: cannot create {}: {e}", describe(), p.log.display()))?;
+    let mut cmd = Command::new(runner);
+    cmd.arg("worker")
+        .arg("--spec")
+        .arg(&spec_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        // Compiler caches of this process, and nothing global (SPEC §7).
+        .env("CUDA_CACHE_PATH", spec.cache_dir.join("cuda_jit"))
+        .env("OMP_NUM_THREADS", spec.manifest.runtime.cpu_threads_per_process.0.to_string());
+    if spec.manifest.runtime.provider != Provider::Cpu {
+        cmd.env("CUDA_VISIBLE_DEVICES", &plan.slots[p.slot].device);
+    }
+    let mut child: Child = cmd
+        .spawn()
+        .map_err(|e| format!("{}: cannot start {}: {e}", describe(), runner.display()))?;
+    children.lock().expect("lock").insert(p.index, child.id());
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Ok(event) = serde_json::from_str::<WorkerEvent>(&line) {
+                if let WorkerEvent::Ready { .. } = &event {
+                    let facts = run_dir.join("logs").join("worker_facts.json");
+                    let _ = write_atomic(&facts, line.as_bytes());
+                }
+                let _ = tx.send((p.index, event));
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| format!("{}: {e}", describe()))?;
+    children.lock().expect("lock").remove(&p.index);
+    if status.success() {
+        return Ok(());
+    }
+    let tail = log_tail(&p.log, 20);
+    let how = match status.code() {
+        Some(c) => format!("exited with status {c}"),
+        None => "was killed by a signal".to_string(),
+    };
+    Err(format!(
+        "{} {how} (log {}):\n{tail}",
+        describe(),
+        display_path(&p.log)
+    ))
+}
+
+/// The last `n` lines of a log, for failure reports.
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The execution provider and ONNX Runtime version a worker reported.
+fn worker_facts(run_dir: &Path) -> (Option<String>, Option<String>) {
+    let text = fs::read_to_string(run_dir.join("logs").join("worker_facts.json")).unwrap_or_default();
+    match serde_json::from_str::<WorkerEvent>(&text) {
+        Ok(WorkerEvent::Ready { provider, ort_version }) => (Some(provider), Some(ort_version)),
+        _ => (None, None),
+    }
+}
+
+/// Purges user-level compiler caches (only on request: other jobs may be using them).
+fn clear_global_caches() {
+    if let Ok(home) = std::env::var("HOME") {
+        let _ = fs::remove_dir_all(Path::new(&home).join(".nv").join("ComputeCache"));
+    }
+}
+
+fn run_evaluation(cmd: &str, run_dir: &Path, run: &str) -> Result<(), ApplyError> {
+    let cmd = cmd
+        .replace("{videos}", &run_dir.join("videos").display().to_string())
+        .replace("{run}", run);
+    let log = run_dir.join("logs").join("evaluation.log");
+    let out = fs::File::create(&log).map_err(|e| ApplyError::Io(e.to_string()))?;
+    let err = out.try_clone().map_err(|e| ApplyError::Io(e.to_string()))?;
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(&cmd)
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .map_err(|e| ApplyError::Io(format!("cannot run the evaluation command: {e}")))?;
+    if !status.success() {
+        return Err(ApplyError::Io(format!(
+            "the evaluation command failed ({status}); see {}",
+            display_path(&log)
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,9 @@
+//! The execute pass: locks, staging, worker processes, and the records they leave.
+
+pub mod apply;
+pub mod lock;
+pub mod progress;
+pub mod spec;
+pub mod staging;
+
+pub use apply::{ApplyError, ApplyOptions, Outcome, apply};
