@@ -1,1 +1,2 @@
 //! The one integration-test binary; each module covers one part of the product.
+mod video;
