@@ -10,3 +10,4 @@ pub mod engine;
 pub mod exit;
 pub mod manifest;
 pub mod plan;
+pub mod video;

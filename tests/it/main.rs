@@ -2,3 +2,4 @@
 
 mod manifest;
 mod support;
+mod video;
