@@ -10,3 +10,5 @@ pub mod engine;
 pub mod exit;
 pub mod manifest;
 pub mod plan;
+pub mod report;
+pub mod results;

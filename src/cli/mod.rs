@@ -1,6 +1,7 @@
 //! The command line: argument parsing, and the mapping of errors to exit statuses.
 
 mod plan;
+mod report;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -30,6 +31,10 @@ pub enum Command {
     Plan(plan::PlanArgs),
     /// Print the JSON Schema of manifests.
     Schema,
+    /// Show a run's statistics, phase split and provenance (and draw latency.svg if missing).
+    Report(report::ReportArgs),
+    /// Compare the statistics of two runs: values, deltas and ratios.
+    Compare(report::CompareArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -87,5 +92,7 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Plan(args) => plan::run(&args),
         Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
+        Command::Report(args) => report::run_report(&args),
+        Command::Compare(args) => report::run_compare(&args),
     }
 }
