@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::load::LoadedRun;
 use crate::manifest::Kind;
+use crate::manifest::diagnostic::display_path;
 use crate::results::{
     CacheLabel, RunRecord, RunStatus, Statistics, Summary, TimingRecord, measured,
 };
@@ -151,7 +152,11 @@ fn gib(bytes: u64) -> String {
 }
 
 fn percent(v: Option<f64>) -> String {
-    v.map_or_else(|| "n/a".into(), |v| format!("{:.1}%", v * 100.0))
+    // Rounding residue of `other` must not print as -0.0%.
+    v.map_or_else(
+        || "n/a".into(),
+        |v| format!("{:.1}%", if v.abs() < 1e-9 { 0.0 } else { v * 100.0 }),
+    )
 }
 
 /// The text of `runner report`.
@@ -172,7 +177,7 @@ pub fn report_text(run: &LoadedRun) -> String {
     for (i, m) in r.manifests.iter().enumerate() {
         let short = m.sha256.get(..12).unwrap_or(&m.sha256);
         let key = if i == 0 { "manifest" } else { "  extends" };
-        row(key, format!("{} (sha256 {short})", m.path.display()));
+        row(key, format!("{} (sha256 {short})", display_path(&m.path)));
     }
     row(
         "provider",
@@ -222,8 +227,9 @@ pub fn report_text(run: &LoadedRun) -> String {
     row(
         "warmup",
         format!(
-            "{} process(es) before measurement, prompts {}",
+            "{} process{} before measurement, prompts {}",
             r.warmup.repeats,
+            if r.warmup.repeats == 1 { "" } else { "es" },
             r.warmup.indices.as_ref().map_or_else(
                 || "default".into(),
                 |v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
@@ -261,16 +267,17 @@ pub fn report_text(run: &LoadedRun) -> String {
         if s.count == 1 { "" } else { "s" },
         s.cache_label.as_str()
     );
+    // Each column is as wide as its statistic's name, so the names read as headers.
     let names = Statistics::of(&[]).named().map(|(n, _)| n);
-    let _ = writeln!(
-        t,
-        "  {:<12}{}",
-        "",
-        names.map(|n| format!("{n:>27}")).concat()
-    );
+    let header: String = names.iter().map(|n| format!("  {n}")).collect();
+    let _ = writeln!(t, "  {:<12}{header}", "");
     for (label, stats) in series(s) {
-        let values = stats.named().map(|(_, v)| format!("{:>27}", seconds(v)));
-        let _ = writeln!(t, "  {label:<12}{}", values.concat());
+        let values: String = stats
+            .named()
+            .iter()
+            .map(|(n, v)| format!("  {:>w$}", seconds(*v), w = n.len()))
+            .collect();
+        let _ = writeln!(t, "  {label:<12}{values}");
     }
     let split = PhaseSplit::of(&measured(&run.timings, r.kind));
     let _ = writeln!(t, "\nphase split, mean share of the timed total");

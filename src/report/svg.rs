@@ -48,7 +48,7 @@ fn color(role: ProcessRole) -> &'static str {
 
 /// A tick step of 1, 2 or 5 times a power of ten that cuts `max` into about `target` parts.
 pub(crate) fn nice_step(max: f64, target: f64) -> f64 {
-    if !(max > 0.0) || !max.is_finite() {
+    if max.is_nan() || max <= 0.0 || max.is_infinite() {
         return 1.0;
     }
     let raw = max / target;

@@ -85,7 +85,14 @@ mod tests {
     #[test]
     fn statistics_of_series() {
         // (times, raw, warm excluding first, min after first, steady tail)
-        let cases: &[(&[f64], Option<f64>, Option<f64>, Option<f64>, Option<f64>)] = &[
+        type Case<'a> = (
+            &'a [f64],
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+            Option<f64>,
+        );
+        let cases: &[Case] = &[
             (&[], None, None, None, None),
             // One prompt: nothing remains once the first is left out.
             (&[4.0], Some(4.0), None, None, Some(4.0)),

@@ -1,4 +1,5 @@
 //! The one integration-test binary; each module covers one part of the product.
 
 mod manifest;
+mod report;
 mod support;
