@@ -132,7 +132,16 @@ pub struct Report<'a> {
     pub kind: Kind,
     pub summary: &'a Summary,
     pub phase_split: PhaseSplit,
+    /// The largest peak device memory of the measured prompts.
+    pub peak_device_memory_bytes: Option<u64>,
     pub provenance: Provenance,
+}
+
+fn peak_memory(records: &[&TimingRecord]) -> Option<u64> {
+    records
+        .iter()
+        .filter_map(|r| r.peak_device_memory_bytes)
+        .max()
 }
 
 impl<'a> Report<'a> {
@@ -142,6 +151,7 @@ impl<'a> Report<'a> {
             kind: run.record.kind,
             summary: &run.summary,
             phase_split: PhaseSplit::of(&measured(&run.timings, run.record.kind)),
+            peak_device_memory_bytes: peak_memory(&measured(&run.timings, run.record.kind)),
             provenance: Provenance::of(&run.record),
         }
     }
@@ -279,7 +289,8 @@ pub fn report_text(run: &LoadedRun) -> String {
             .collect();
         let _ = writeln!(t, "  {label:<12}{values}");
     }
-    let split = PhaseSplit::of(&measured(&run.timings, r.kind));
+    let measured = measured(&run.timings, r.kind);
+    let split = PhaseSplit::of(&measured);
     let _ = writeln!(t, "\nphase split, mean share of the timed total");
     let _ = writeln!(
         t,
@@ -288,6 +299,11 @@ pub fn report_text(run: &LoadedRun) -> String {
         percent(split.vae),
         percent(split.layout),
         percent(split.other)
+    );
+    let _ = writeln!(
+        t,
+        "\npeak device memory {} (largest over the measured prompts)",
+        peak_memory(&measured).map_or_else(|| "n/a".into(), gib)
     );
     t
 }

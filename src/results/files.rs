@@ -6,6 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -62,8 +63,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Same folder, so the rename stays on one file system and is atomic.
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    // Same folder, so the rename stays on one file system and is atomic; the process id and a
+    // counter keep concurrent writers (other processes, other threads) off each other's file.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{name}.tmp{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
     let result = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
