@@ -11,3 +11,5 @@ pub mod exit;
 pub mod manifest;
 pub mod plan;
 pub mod video;
+pub mod report;
+pub mod results;

@@ -2,6 +2,7 @@
 
 mod plan;
 pub mod worker;
+mod report;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -34,6 +35,10 @@ pub enum Command {
     /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
+    /// Show a run's statistics, phase split and provenance (and draw latency.svg if missing).
+    Report(report::ReportArgs),
+    /// Compare the statistics of two runs: values, deltas and ratios.
+    Compare(report::CompareArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -92,5 +97,7 @@ pub fn main() -> i32 {
         Command::Plan(args) => plan::run(&args),
         Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
         Command::Worker(args) => worker::run(args),
+        Command::Report(args) => report::run_report(&args),
+        Command::Compare(args) => report::run_compare(&args),
     }
 }

@@ -1,0 +1,95 @@
+//! `runner report RUN` and `runner compare RUN_A RUN_B`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::out;
+use crate::exit;
+use crate::report::{self, Comparison, LoadedRun, Report, ReportError};
+use crate::results::LATENCY_SVG;
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A run name under the results folder, or a path to a run directory.
+    pub run: String,
+    /// The results folder run names are looked up in.
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub results: PathBuf,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The reference run (a): a run name or a run directory.
+    pub run_a: String,
+    /// The run compared with it (b).
+    pub run_b: String,
+    /// The results folder run names are looked up in.
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub results: PathBuf,
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn fail(e: &ReportError) -> i32 {
+    eprintln!("error: {e}");
+    if let Some(hint) = e.hint() {
+        eprintln!("hint: {hint}");
+    }
+    if e.is_missing() {
+        exit::USAGE
+    } else {
+        exit::INTERNAL
+    }
+}
+
+fn load(run: &str, results: &std::path::Path) -> Result<LoadedRun, ReportError> {
+    report::load_run(&report::locate(run, results)?)
+}
+
+fn json_text<T: serde::Serialize>(value: &T) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("reports serialise");
+    text.push('\n');
+    text
+}
+
+pub fn run_report(args: &ReportArgs) -> i32 {
+    let run = match load(&args.run, &args.results) {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    // The orchestrator draws the plot at the end of a run; an interrupted run may lack it.
+    if !run.dir.join(LATENCY_SVG).exists()
+        && let Err(e) = report::write_latency_svg(&run.dir, &run.timings)
+    {
+        eprintln!("warning: {e}");
+    }
+    if args.json {
+        out(&json_text(&Report::of(&run)))
+    } else {
+        out(&report::report_text(&run))
+    }
+}
+
+pub fn run_compare(args: &CompareArgs) -> i32 {
+    let (a, b) = match (
+        load(&args.run_a, &args.results),
+        load(&args.run_b, &args.results),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return fail(&e),
+    };
+    let comparison = Comparison::of(&a, &b);
+    for w in &comparison.warnings {
+        eprintln!("warning: {w}");
+    }
+    if args.json {
+        out(&json_text(&comparison))
+    } else {
+        out(&comparison.text())
+    }
+}

@@ -1,0 +1,117 @@
+//! Finding a run directory and reading its records back.
+
+use std::path::{Path, PathBuf};
+
+use crate::results::{
+    RUN_JSON, RecordError, RunRecord, SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord,
+    read_json, read_timings,
+};
+
+/// Why a run cannot be reported.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("no run `{name}` under {}/", results.display())]
+    NoRun { name: String, results: PathBuf },
+    #[error("no run directory at {}", path.display())]
+    NoRunDir { path: PathBuf },
+    #[error("{} has no {RUN_JSON}", dir.display())]
+    NoRunRecord { dir: PathBuf },
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
+impl ReportError {
+    /// What the user can do about it.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            ReportError::NoRun { name, .. } => Some(format!(
+                "run `runner apply experiments/{name}.toml` first, or pass --results DIR or a \
+                 path to the run directory"
+            )),
+            ReportError::NoRunDir { .. } => {
+                Some("pass a run name under --results DIR, or a run directory".into())
+            }
+            ReportError::NoRunRecord { .. } => Some(format!(
+                "a run directory holds {RUN_JSON} from its start on; this one is not a run, or \
+                 its run never started: re-run `runner apply`"
+            )),
+            ReportError::Record(_) => None,
+        }
+    }
+
+    /// Whether the user named something that is not there, rather than a broken or unreadable
+    /// record.
+    pub fn is_missing(&self) -> bool {
+        match self {
+            ReportError::Record(e) => e.is_not_found(),
+            _ => true,
+        }
+    }
+}
+
+/// A run read back from disk.
+#[derive(Debug, Clone)]
+pub struct LoadedRun {
+    /// The run's name (from its record).
+    pub name: String,
+    pub dir: PathBuf,
+    pub record: RunRecord,
+    pub timings: Vec<TimingRecord>,
+    /// `summary.json`, or the summary of the timings when the run ended before writing one.
+    pub summary: Summary,
+}
+
+/// Finds the directory of `run`: a run name under `results`, else a path to a run directory.
+pub fn locate(run: &str, results: &Path) -> Result<PathBuf, ReportError> {
+    let by_name = results.join(run);
+    if run.parse::<crate::manifest::RunName>().is_ok() && by_name.is_dir() {
+        return Ok(by_name);
+    }
+    let path = Path::new(run);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if run.parse::<crate::manifest::RunName>().is_ok() {
+        Err(ReportError::NoRun {
+            name: run.to_string(),
+            results: results.to_path_buf(),
+        })
+    } else {
+        Err(ReportError::NoRunDir {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Reads the records of the run in `dir`. A run that failed before its first prompt has no
+/// `timings.jsonl`; that reads as no timings.
+pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
+    let record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
+        Ok(r) => r,
+        Err(e) if e.is_not_found() => {
+            return Err(ReportError::NoRunRecord {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let timings = match read_timings(&dir.join(TIMINGS_JSONL)) {
+        Ok(t) => t,
+        Err(e) if e.is_not_found() => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let summary = match read_json(&dir.join(SUMMARY_JSON)) {
+        Ok(s) => s,
+        Err(e) if e.is_not_found() => {
+            Summary::from_records(&timings, record.kind, record.cache.label)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(LoadedRun {
+        name: record.run.clone(),
+        dir: dir.to_path_buf(),
+        record,
+        timings,
+        summary,
+    })
+}

@@ -1,0 +1,427 @@
+//! `runner report` and `runner compare` as text and JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::load::LoadedRun;
+use crate::manifest::Kind;
+use crate::manifest::diagnostic::display_path;
+use crate::results::{
+    CacheLabel, RunRecord, RunStatus, Statistics, Summary, TimingRecord, measured,
+};
+
+/// The three series every summary has, with the names reports show.
+fn series(s: &Summary) -> [(&'static str, &Statistics); 3] {
+    [
+        ("timed total", &s.timed_total),
+        ("DiT", &s.dit),
+        ("VAE", &s.vae),
+    ]
+}
+
+fn seconds(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{v:.3}"))
+}
+
+fn opt(v: Option<&str>) -> &str {
+    v.unwrap_or("n/a")
+}
+
+/// Mean share of each phase in the timed total, over the measured prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PhaseSplit {
+    pub dit: Option<f64>,
+    pub vae: Option<f64>,
+    pub layout: Option<f64>,
+    /// What the phases do not account for (synchronisation, latent de-normalisation).
+    pub other: Option<f64>,
+}
+
+impl PhaseSplit {
+    /// Averages per-prompt shares, so each prompt weighs the same whatever its length.
+    pub fn of(records: &[&TimingRecord]) -> PhaseSplit {
+        let timed: Vec<&&TimingRecord> = records.iter().filter(|r| r.timed_total_s > 0.0).collect();
+        let share = |f: &dyn Fn(&TimingRecord) -> f64| {
+            (!timed.is_empty()).then(|| {
+                timed.iter().map(|r| f(r) / r.timed_total_s).sum::<f64>() / timed.len() as f64
+            })
+        };
+        PhaseSplit {
+            dit: share(&|r| r.dit_s),
+            vae: share(&|r| r.vae_s),
+            layout: share(&|r| r.layout_s),
+            other: share(&|r| r.timed_total_s - r.dit_s - r.vae_s - r.layout_s),
+        }
+    }
+}
+
+/// What a report says about where the numbers came from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Provenance {
+    pub provider: String,
+    pub execution_provider: Option<String>,
+    pub attention_requested: String,
+    pub attention_resolved: Option<String>,
+    pub precision: String,
+    pub gpu_model: Option<String>,
+    pub gpu_memory_bytes: Option<u64>,
+    pub driver_version: Option<String>,
+    pub onnxruntime: Option<String>,
+    pub cuda: Option<String>,
+    pub cudnn: Option<String>,
+    pub cache: CacheLabel,
+    pub status: RunStatus,
+    pub failure: Option<String>,
+    pub manifest: Option<String>,
+    pub method_overrides: BTreeMap<String, serde_json::Value>,
+    pub host: Option<String>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub git_commit: Option<String>,
+    pub git_dirty: Option<bool>,
+    pub config_hash: String,
+}
+
+fn name_of<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+impl Provenance {
+    pub fn of(r: &RunRecord) -> Provenance {
+        Provenance {
+            provider: name_of(&r.provider),
+            execution_provider: r.execution_provider.clone(),
+            attention_requested: name_of(&r.attention_backend.requested),
+            attention_resolved: r.attention_backend.resolved.clone(),
+            precision: name_of(&r.precision),
+            gpu_model: r.device.gpu_model.clone(),
+            gpu_memory_bytes: r.device.gpu_memory_bytes,
+            driver_version: r.device.driver_version.clone(),
+            onnxruntime: r.versions.onnxruntime.clone(),
+            cuda: r.versions.cuda.clone(),
+            cudnn: r.versions.cudnn.clone(),
+            cache: r.cache.label,
+            status: r.status,
+            failure: r.failure.clone(),
+            manifest: r.manifests.first().map(|m| m.path.display().to_string()),
+            method_overrides: r
+                .method_overrides
+                .iter()
+                .map(|(k, s)| (k.clone(), s.value.clone()))
+                .collect(),
+            host: r.host.clone(),
+            started_at: r.started_at.clone(),
+            ended_at: r.ended_at.clone(),
+            git_commit: r.git.as_ref().map(|g| g.commit.clone()),
+            git_dirty: r.git.as_ref().map(|g| g.dirty),
+            config_hash: r.config_hash.clone(),
+        }
+    }
+}
+
+/// The JSON form of `runner report`.
+#[derive(Debug, Serialize)]
+pub struct Report<'a> {
+    pub run: &'a str,
+    pub kind: Kind,
+    pub summary: &'a Summary,
+    pub phase_split: PhaseSplit,
+    /// The largest peak device memory of the measured prompts.
+    pub peak_device_memory_bytes: Option<u64>,
+    pub provenance: Provenance,
+}
+
+fn peak_memory(records: &[&TimingRecord]) -> Option<u64> {
+    records
+        .iter()
+        .filter_map(|r| r.peak_device_memory_bytes)
+        .max()
+}
+
+impl<'a> Report<'a> {
+    pub fn of(run: &'a LoadedRun) -> Report<'a> {
+        Report {
+            run: &run.name,
+            kind: run.record.kind,
+            summary: &run.summary,
+            phase_split: PhaseSplit::of(&measured(&run.timings, run.record.kind)),
+            peak_device_memory_bytes: peak_memory(&measured(&run.timings, run.record.kind)),
+            provenance: Provenance::of(&run.record),
+        }
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+fn percent(v: Option<f64>) -> String {
+    // Rounding residue of `other` must not print as -0.0%.
+    v.map_or_else(
+        || "n/a".into(),
+        |v| format!("{:.1}%", if v.abs() < 1e-9 { 0.0 } else { v * 100.0 }),
+    )
+}
+
+/// The text of `runner report`.
+pub fn report_text(run: &LoadedRun) -> String {
+    let r = &run.record;
+    let p = Provenance::of(r);
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "run `{}` ({}): {}",
+        run.name,
+        r.kind.as_str(),
+        r.status.as_str()
+    );
+    let mut row = |key: &str, value: String| {
+        let _ = writeln!(t, "  {key:<13} {value}");
+    };
+    for (i, m) in r.manifests.iter().enumerate() {
+        let short = m.sha256.get(..12).unwrap_or(&m.sha256);
+        let key = if i == 0 { "manifest" } else { "  extends" };
+        row(key, format!("{} (sha256 {short})", display_path(&m.path)));
+    }
+    row(
+        "provider",
+        match &p.execution_provider {
+            Some(ep) => format!("{} ({ep})", p.provider),
+            None => p.provider.clone(),
+        },
+    );
+    row(
+        "attention",
+        match &p.attention_resolved {
+            Some(a) => format!("{a} (requested {})", p.attention_requested),
+            None => format!("{} (resolved n/a)", p.attention_requested),
+        },
+    );
+    row("precision", p.precision.clone());
+    let mut gpu = opt(p.gpu_model.as_deref()).to_string();
+    if let Some(b) = p.gpu_memory_bytes {
+        let _ = write!(gpu, ", {}", gib(b));
+    }
+    if let Some(d) = &p.driver_version {
+        let _ = write!(gpu, ", driver {d}");
+    }
+    row("gpu", gpu);
+    row(
+        "versions",
+        format!(
+            "onnxruntime {}, cuda {}, cudnn {}",
+            opt(p.onnxruntime.as_deref()),
+            opt(p.cuda.as_deref()),
+            opt(p.cudnn.as_deref())
+        ),
+    );
+    row(
+        "cache",
+        format!(
+            "{} ({}, {})",
+            r.cache.label.as_str(),
+            name_of(&r.cache.mode),
+            name_of(&r.cache.scope)
+        ),
+    );
+    row(
+        "timed region",
+        format!("ends at {}", r.timed_region_ends.as_str()),
+    );
+    row(
+        "warmup",
+        format!(
+            "{} process{} before measurement, prompts {}",
+            r.warmup.repeats,
+            if r.warmup.repeats == 1 { "" } else { "es" },
+            r.warmup.indices.as_ref().map_or_else(
+                || "default".into(),
+                |v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            )
+        ),
+    );
+    if r.method_overrides.is_empty() {
+        row("overrides", "none (method defaults)".into());
+    }
+    for (i, (k, s)) in r.method_overrides.iter().enumerate() {
+        let key = if i == 0 { "overrides" } else { "" };
+        row(key, format!("{k} = {} ({})", s.value, s.origin));
+    }
+    row("host", opt(p.host.as_deref()).to_string());
+    row(
+        "time",
+        format!("{} to {}", p.started_at, opt(p.ended_at.as_deref())),
+    );
+    if let Some(g) = &r.git {
+        let short = g.commit.get(..12).unwrap_or(&g.commit);
+        row(
+            "git",
+            format!("{short}{}", if g.dirty { " (dirty)" } else { "" }),
+        );
+    }
+    if let Some(f) = &p.failure {
+        row("failure", f.lines().last().unwrap_or("").to_string());
+    }
+
+    let s = &run.summary;
+    let _ = writeln!(
+        t,
+        "\nstatistics over {} measured prompt{}, seconds ({})",
+        s.count,
+        if s.count == 1 { "" } else { "s" },
+        s.cache_label.as_str()
+    );
+    // Each column is as wide as its statistic's name, so the names read as headers.
+    let names = Statistics::of(&[]).named().map(|(n, _)| n);
+    let header: String = names.iter().map(|n| format!("  {n}")).collect();
+    let _ = writeln!(t, "  {:<12}{header}", "");
+    for (label, stats) in series(s) {
+        let values: String = stats
+            .named()
+            .iter()
+            .map(|(n, v)| format!("  {:>w$}", seconds(*v), w = n.len()))
+            .collect();
+        let _ = writeln!(t, "  {label:<12}{values}");
+    }
+    let measured = measured(&run.timings, r.kind);
+    let split = PhaseSplit::of(&measured);
+    let _ = writeln!(t, "\nphase split, mean share of the timed total");
+    let _ = writeln!(
+        t,
+        "  DiT {}   VAE {}   layout {}   other {}",
+        percent(split.dit),
+        percent(split.vae),
+        percent(split.layout),
+        percent(split.other)
+    );
+    let _ = writeln!(
+        t,
+        "\npeak device memory {} (largest over the measured prompts)",
+        peak_memory(&measured).map_or_else(|| "n/a".into(), gib)
+    );
+    t
+}
+
+/// One statistic of both runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareRow {
+    pub series: &'static str,
+    pub statistic: &'static str,
+    pub a: Option<f64>,
+    pub b: Option<f64>,
+    /// b − a.
+    pub delta: Option<f64>,
+    /// b / a.
+    pub ratio: Option<f64>,
+}
+
+/// The JSON form of `runner compare`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub a: String,
+    pub b: String,
+    pub rows: Vec<CompareRow>,
+    /// Reasons the numbers may not be comparable.
+    pub warnings: Vec<String>,
+}
+
+impl Comparison {
+    pub fn of(a: &LoadedRun, b: &LoadedRun) -> Comparison {
+        let mut rows = Vec::new();
+        for ((series, sa), (_, sb)) in series(&a.summary).into_iter().zip(series(&b.summary)) {
+            for ((statistic, va), (_, vb)) in sa.named().into_iter().zip(sb.named()) {
+                let both = va.zip(vb);
+                rows.push(CompareRow {
+                    series,
+                    statistic,
+                    a: va,
+                    b: vb,
+                    delta: both.map(|(x, y)| y - x),
+                    ratio: both.and_then(|(x, y)| (x != 0.0).then(|| y / x)),
+                });
+            }
+        }
+        Comparison {
+            a: a.name.clone(),
+            b: b.name.clone(),
+            rows,
+            warnings: warnings(a, b),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
+            "compare `{}` (a) with `{}` (b): seconds, delta = b - a, ratio = b / a",
+            self.a, self.b
+        );
+        let _ = writeln!(
+            t,
+            "  {:<12} {:<26} {:>10} {:>10} {:>10} {:>8}",
+            "series", "statistic", "a", "b", "delta", "ratio"
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                t,
+                "  {:<12} {:<26} {:>10} {:>10} {:>10} {:>8}",
+                r.series,
+                r.statistic,
+                seconds(r.a),
+                seconds(r.b),
+                r.delta.map_or_else(|| "n/a".into(), |d| format!("{d:+.3}")),
+                r.ratio.map_or_else(|| "n/a".into(), |x| format!("{x:.3}")),
+            );
+        }
+        t
+    }
+}
+
+/// Differences between two runs that make their times not directly comparable.
+fn warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
+    let mut w = Vec::new();
+    for run in [a, b] {
+        if run.record.cache.label == CacheLabel::WarmCache {
+            w.push(format!(
+                "run `{}` is warm-cache: its compiler caches may hold earlier runs' state, so its \
+                 times are not those of a fresh start",
+                run.name
+            ));
+        }
+        if run.record.status != RunStatus::Succeeded {
+            w.push(format!(
+                "run `{}` did not succeed (status {})",
+                run.name,
+                run.record.status.as_str()
+            ));
+        }
+    }
+    let (ra, rb) = (&a.record, &b.record);
+    let mut differs = |what: &str, x: String, y: String| {
+        if x != y {
+            w.push(format!(
+                "{what} differs: `{}` has {x}, `{}` has {y}",
+                a.name, b.name
+            ));
+        }
+    };
+    differs(
+        "GPU model",
+        opt(ra.device.gpu_model.as_deref()).to_string(),
+        opt(rb.device.gpu_model.as_deref()).to_string(),
+    );
+    differs("provider", name_of(&ra.provider), name_of(&rb.provider));
+    differs("precision", name_of(&ra.precision), name_of(&rb.precision));
+    differs(
+        "timed region end",
+        ra.timed_region_ends.as_str().into(),
+        rb.timed_region_ends.as_str().into(),
+    );
+    w
+}

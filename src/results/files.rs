@@ -1,0 +1,326 @@
+//! Writing and reading the files of a run directory so that a crash at any moment leaves
+//! something a reader accepts: JSON files are replaced atomically (temporary file in the same
+//! folder, fsync, rename), and `timings.jsonl` grows by whole lines.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::records::TimingRecord;
+
+/// File names inside `results/<RUN_NAME>/`.
+pub const RUN_JSON: &str = "run.json";
+pub const TIMINGS_JSONL: &str = "timings.jsonl";
+pub const SUMMARY_JSON: &str = "summary.json";
+pub const LATENCY_SVG: &str = "latency.svg";
+
+/// A results file that could not be written or read back.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot write {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{}: not a valid record: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}:{line}: not a timing record: {source}", path.display())]
+    Line {
+        path: PathBuf,
+        line: usize,
+        source: serde_json::Error,
+    },
+}
+
+impl RecordError {
+    /// Whether the file is simply absent (as opposed to unreadable or corrupt).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, RecordError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+fn write_err(path: &Path) -> impl FnOnce(io::Error) -> RecordError + '_ {
+    move |source| RecordError::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Replaces `path` with `bytes` so that readers see the old file or the new one, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Same folder, so the rename stays on one file system and is atomic; the process id and a
+    // counter keep concurrent writers (other processes, other threads) off each other's file.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{name}.tmp{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        // The rename itself is durable only once the folder is synced.
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(write_err(path))
+}
+
+/// Writes `value` as pretty JSON (with a final newline), atomically.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), RecordError> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|source| RecordError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.push('\n');
+    write_atomic(path, text.as_bytes())
+}
+
+/// Appends `value` as one JSON line. The file is locked for the append, so processes that all
+/// use this function never interleave; a torn tail left by a crash (bytes after the last
+/// newline) is cut off first, so the new line does not fuse with it into garbage.
+pub fn append_jsonl<T: Serialize>(path: &Path, value: &T) -> Result<(), RecordError> {
+    let mut line = serde_json::to_string(value).map_err(|source| RecordError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    line.push('\n');
+    let mut f = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(write_err(path))?;
+    let _lock = Flock::exclusive(&f).map_err(write_err(path))?;
+    cut_torn_tail(&mut f).map_err(write_err(path))?;
+    // One write call: with O_APPEND the line lands whole at the end of the file.
+    f.write_all(line.as_bytes()).map_err(write_err(path))?;
+    f.sync_data().map_err(write_err(path))
+}
+
+/// Truncates the file after its last newline when it does not end with one.
+fn cut_torn_tail(f: &mut File) -> io::Result<()> {
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8];
+    f.seek(SeekFrom::Start(len - 1))?;
+    f.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    // Lines are short; read back far enough to find the previous newline.
+    let mut keep = 0;
+    let mut end = len;
+    while end > 0 {
+        let start = end.saturating_sub(64 * 1024);
+        let mut buf = vec![0u8; (end - start) as usize];
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(&mut buf)?;
+        if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
+            keep = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    f.set_len(keep)
+}
+
+/// An exclusive advisory lock on an open file, released on drop. It must be dropped before the
+/// file is closed (declare it after the file).
+struct Flock(RawFd);
+
+impl Flock {
+    fn exclusive(f: &File) -> io::Result<Flock> {
+        let fd = f.as_raw_fd();
+        // SAFETY: flock on a valid open descriptor.
+        if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Flock(fd))
+    }
+}
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is still open (see above); unlocking cannot fail in a way we
+        // could act on, and closing the file would release the lock anyway.
+        unsafe { libc::flock(self.0, libc::LOCK_UN) };
+    }
+}
+
+/// Reads a JSON file written by [`write_json_atomic`].
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, RecordError> {
+    let text = fs::read_to_string(path).map_err(|source| RecordError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| RecordError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads `timings.jsonl`. An unparseable final line is what a crash in the middle of an append
+/// leaves, so it is ignored; an unparseable line anywhere else is an error.
+pub fn read_timings(path: &Path) -> Result<Vec<TimingRecord>, RecordError> {
+    let text = fs::read_to_string(path).map_err(|source| RecordError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .collect();
+    let mut records = Vec::with_capacity(lines.len());
+    for (i, (n, line)) in lines.iter().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(r) => records.push(r),
+            Err(_) if i + 1 == lines.len() => {}
+            Err(source) => {
+                return Err(RecordError::Line {
+                    path: path.to_path_buf(),
+                    line: n + 1,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::records::{ProcessRole, TimedRegionEnd};
+
+    pub(crate) fn record(prompt: u32, total: f64) -> TimingRecord {
+        TimingRecord {
+            process: 1,
+            role: ProcessRole::Measurement,
+            shard: None,
+            slot: "gpu0".into(),
+            prompt,
+            text_encoding_s: 0.05,
+            dit_s: total * 0.6,
+            vae_s: total * 0.35,
+            layout_s: total * 0.05,
+            timed_total_s: total,
+            peak_device_memory_bytes: Some(20 << 30),
+            timed_region_ends: TimedRegionEnd::Uint8Frames,
+            config_hash: "abc".into(),
+            video: None,
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn timings_round_trip_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TIMINGS_JSONL);
+        let written: Vec<_> = (0..4).map(|i| record(i, 3.0 + f64::from(i))).collect();
+        for r in &written {
+            append_jsonl(&path, r).unwrap();
+        }
+        assert_eq!(read_timings(&path).unwrap(), written);
+        let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 4);
+        assert!(text.ends_with('\n'));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ignored_on_read_and_cut_on_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TIMINGS_JSONL);
+        append_jsonl(&path, &record(0, 4.0)).unwrap();
+        append_jsonl(&path, &record(1, 4.0)).unwrap();
+        // A crash halfway through the third line.
+        let third = serde_json::to_string(&record(2, 4.0)).unwrap();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(&third.as_bytes()[..third.len() / 2]).unwrap();
+        drop(f);
+        let read = read_timings(&path).unwrap();
+        assert_eq!(read.iter().map(|r| r.prompt).collect::<Vec<_>>(), [0, 1]);
+
+        // The next append starts a clean line instead of gluing onto the fragment.
+        append_jsonl(&path, &record(2, 4.0)).unwrap();
+        let read = read_timings(&path).unwrap();
+        assert_eq!(read.iter().map(|r| r.prompt).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(fs::read_to_string(&path).unwrap().lines().count(), 3);
+    }
+
+    #[test]
+    fn a_bad_line_before_the_end_is_an_error_with_its_line_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TIMINGS_JSONL);
+        let good = serde_json::to_string(&record(0, 4.0)).unwrap();
+        fs::write(&path, format!("{good}\n{{\"process\": \n{good}\n")).unwrap();
+        let err = read_timings(&path).unwrap_err();
+        assert!(matches!(err, RecordError::Line { line: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn atomic_json_write_replaces_and_leaves_no_temporary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SUMMARY_JSON);
+        write_json_atomic(&path, &record(0, 1.0)).unwrap();
+        write_json_atomic(&path, &record(7, 2.0)).unwrap();
+        let back: TimingRecord = read_json(&path).unwrap();
+        assert_eq!(back, record(7, 2.0));
+        assert_eq!(names(dir.path()), [SUMMARY_JSON]);
+    }
+
+    #[test]
+    fn failed_atomic_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The target is a non-empty folder, so the rename fails after the temp file is written.
+        let path = dir.path().join("blocked");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("inside"), "x").unwrap();
+        let err = write_atomic(&path, b"new").unwrap_err();
+        assert!(matches!(err, RecordError::Write { .. }));
+        assert_eq!(names(dir.path()), ["blocked"]);
+        assert!(!RecordError::is_not_found(&err));
+    }
+
+    #[test]
+    fn missing_files_are_told_apart_from_corrupt_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = read_json::<TimingRecord>(&dir.path().join("nope.json")).unwrap_err();
+        assert!(missing.is_not_found());
+        fs::write(dir.path().join("bad.json"), "{").unwrap();
+        let bad = read_json::<TimingRecord>(&dir.path().join("bad.json")).unwrap_err();
+        assert!(!bad.is_not_found());
+        assert!(matches!(bad, RecordError::Json { .. }));
+    }
+}

@@ -1,0 +1,70 @@
+//! Results of a run under `results/<RUN_NAME>/`: the record types (the file formats), the
+//! statistics, the config hash, and crash-safe writing and reading.
+
+pub mod files;
+pub mod hash;
+pub mod records;
+pub mod stats;
+pub mod time;
+
+pub use files::{
+    LATENCY_SVG, RUN_JSON, RecordError, SUMMARY_JSON, TIMINGS_JSONL, append_jsonl, read_json,
+    read_timings, write_atomic, write_json_atomic,
+};
+pub use hash::config_hash;
+pub use records::{
+    AttentionRecord, CacheLabel, CacheRecord, DeviceRecord, GitState, LibraryVersions,
+    ManifestRecord, ProcessRecord, ProcessRole, RunRecord, RunStatus, SettingRecord, Summary,
+    TimedRegionEnd, TimingRecord, WarmupRecord, measured,
+};
+pub use stats::Statistics;
+
+/// Loading small manifests in a scratch folder, for the unit tests of this module.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::manifest::{LoadRequest, Resolved, load};
+
+    /// Loads `text` as `dir/<name>.toml` with the given `--set` overrides and no environment.
+    pub fn resolve(dir: &std::path::Path, name: &str, text: &str, sets: &[&str]) -> Resolved {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        std::fs::write(dir.join("prompts.txt"), "a cat\na dog\na bird\na fish\n").unwrap();
+        load(&LoadRequest {
+            manifest: path,
+            env: Default::default(),
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+            extra_args: Vec::new(),
+            cwd: dir.to_path_buf(),
+        })
+        .unwrap_or_else(|d| panic!("{d}"))
+    }
+
+    pub const PROBE: &str = r#"
+kind = "probe"
+[prompts]
+file = "prompts.txt"
+indices = "0-3"
+[warmup]
+repeats = 2
+[runtime]
+provider = "cpu"
+[assets]
+bundle = "bundle"
+"#;
+
+    pub const GENERATION: &str = r#"
+kind = "generation"
+[prompts]
+file = "prompts.txt"
+indices = "all"
+[shards]
+count = 2
+[runtime]
+provider = "cpu"
+cpu_slots = 2
+[cache]
+mode = "shared"
+[assets]
+bundle = "bundle"
+"#;
+}

@@ -1,0 +1,318 @@
+//! `runner report` and `runner compare` on run directories written through the results API.
+
+use std::path::Path;
+
+use unstep::manifest::{LoadRequest, load};
+use unstep::results::{
+    DeviceRecord, GitState, LibraryVersions, ProcessRole, RUN_JSON, RunRecord, RunStatus,
+    SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord, append_jsonl, write_json_atomic,
+};
+
+use crate::support::{Test, tree};
+
+const PROBE: &str = r#"
+kind = "probe"
+[prompts]
+file = "prompts.txt"
+indices = "0-4"
+[warmup]
+indices = "0-1"
+repeats = 1
+[assets]
+bundle = "bundle"
+"#;
+
+const PROMPTS: &str = "a cat\na dog\na bird\na fish\na horse\n";
+
+/// Writes `experiments/<name>.toml`, plans it, and writes the records a finished run would
+/// leave: run.json, timings.jsonl (a warmup process, then the measurement with `totals`),
+/// and summary.json when `with_summary`.
+fn fake_run(
+    t: &Test,
+    name: &str,
+    sets: &[&str],
+    totals: &[f64],
+    with_summary: bool,
+    edit: impl FnOnce(&mut RunRecord),
+) {
+    let dir = t.path();
+    std::fs::create_dir_all(dir.join("experiments")).unwrap();
+    std::fs::write(dir.join("prompts.txt"), PROMPTS).unwrap();
+    let manifest = dir.join(format!("experiments/{name}.toml"));
+    std::fs::write(&manifest, PROBE.replace("prompts.txt", "../prompts.txt")).unwrap();
+    let resolved = load(&LoadRequest {
+        manifest,
+        env: Default::default(),
+        sets: sets.iter().map(|s| s.to_string()).collect(),
+        extra_args: Vec::new(),
+        cwd: dir.to_path_buf(),
+    })
+    .unwrap_or_else(|d| panic!("{d}"));
+    let plan = unstep::plan::build(&resolved).unwrap();
+    let run_dir = &plan.run_dir;
+    std::fs::create_dir_all(run_dir).unwrap();
+
+    let mut record = RunRecord::new(&resolved, &plan, std::time::SystemTime::now());
+    record.host = Some("h200-node-3".into());
+    record.started_at = "2026-11-30T09:00:00Z".into();
+    record.git = Some(GitState {
+        commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        dirty: false,
+    });
+    record.execution_provider = Some("CUDAExecutionProvider".into());
+    record.attention_backend.resolved = Some("flash".into());
+    record.device = DeviceRecord {
+        gpu_model: Some("NVIDIA H200".into()),
+        gpu_memory_bytes: Some(150_754_820_096),
+        driver_version: Some("570.86.15".into()),
+    };
+    record.versions = LibraryVersions {
+        cuda: Some("12.8".into()),
+        cudnn: Some("9.7.1".into()),
+        onnxruntime: Some("1.22.0".into()),
+    };
+    record.finish(RunStatus::Succeeded, None);
+    record.ended_at = Some("2026-11-30T09:05:00Z".into());
+    edit(&mut record);
+    write_json_atomic(&run_dir.join(RUN_JSON), &record).unwrap();
+
+    let timing = |process: usize, role: ProcessRole, prompt: u32, total: f64| TimingRecord {
+        process,
+        role,
+        shard: None,
+        slot: "gpu0".into(),
+        prompt,
+        text_encoding_s: 0.25,
+        // Binary fractions, so the phase split prints exactly.
+        dit_s: total * 0.5,
+        vae_s: total * 0.375,
+        layout_s: total * 0.0625,
+        timed_total_s: total,
+        peak_device_memory_bytes: Some(21 << 30),
+        timed_region_ends: record.timed_region_ends,
+        config_hash: record.config_hash.clone(),
+        video: None,
+    };
+    let mut records = vec![
+        timing(0, ProcessRole::Warmup, 0, 40.0),
+        timing(0, ProcessRole::Warmup, 1, 6.0),
+    ];
+    records.extend(
+        totals
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| timing(1, ProcessRole::Measurement, i as u32, s)),
+    );
+    for r in &records {
+        append_jsonl(&run_dir.join(TIMINGS_JSONL), r).unwrap();
+    }
+    if with_summary {
+        let summary = Summary::from_records(&records, record.kind, record.cache.label);
+        write_json_atomic(&run_dir.join(SUMMARY_JSON), &summary).unwrap();
+    }
+}
+
+/// The values of the table row that starts with `label`.
+fn row(stdout: &str, label: &str) -> Vec<String> {
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no row `{label}` in\n{stdout}"));
+    line.trim_start()[label.len()..]
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Replaces the scratch folder's path and full hashes so snapshots read the same everywhere.
+fn filtered<F: FnOnce()>(dir: &Path, f: F) {
+    let mut settings = insta::Settings::clone_current();
+    for p in [dir.to_path_buf(), dir.canonicalize().unwrap()] {
+        settings.add_filter(&regex::escape(&p.display().to_string()), "[TMP]");
+    }
+    settings.add_filter(r"[0-9a-f]{64}", "[SHA256]");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(f);
+}
+
+#[test]
+fn report_of_a_probe_shows_statistics_split_and_provenance_and_draws_the_plot() {
+    let t = Test::new();
+    fake_run(
+        &t,
+        "speed",
+        &["method.clean_sigma=0.01"],
+        &[5.0, 4.0, 3.5, 4.5, 4.0],
+        true,
+        |_| {},
+    );
+    let svg = t.path().join("results/speed/latency.svg");
+    assert!(!svg.exists());
+    let out = t.cmd().args(["report", "speed"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    // raw 4.2; excluding the first 4.0; min after first 3.5; last three 4.0.
+    assert_eq!(
+        row(&out.stdout, "timed total"),
+        ["4.200", "4.000", "3.500", "4.000"]
+    );
+    assert!(
+        out.stdout
+            .contains("DiT 50.0%   VAE 37.5%   layout 6.2%   other 6.2%")
+    );
+    filtered(t.path(), || {
+        insta::assert_snapshot!("report_probe", out.render())
+    });
+
+    // The plot was missing, so the report drew it: a warmup line and a measurement line.
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(text.matches("<polyline").count(), 2);
+    assert_eq!(text.matches("<circle").count(), 7);
+
+    let json = t.cmd().args(["report", "speed", "--json"]).run();
+    assert_eq!(json.code, 0, "{}", json.render());
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["summary"]["timed_total"]["raw_mean"], 4.2);
+    assert_eq!(
+        v["provenance"]["method_overrides"]["method.clean_sigma"],
+        0.01
+    );
+    filtered(t.path(), || {
+        insta::assert_snapshot!("report_probe_json", json.render())
+    });
+}
+
+#[test]
+fn one_prompt_report_shows_na_for_statistics_without_inputs() {
+    let t = Test::new();
+    // No summary.json: the report computes it from the timings.
+    fake_run(&t, "one", &["prompts.indices=0"], &[4.25], false, |r| {
+        r.device = DeviceRecord::default();
+        r.versions = LibraryVersions::default();
+        r.execution_provider = None;
+        r.attention_backend.resolved = None;
+        r.git = None;
+    });
+    let out = t.cmd().args(["report", "results/one"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    for series in ["timed total", "DiT", "VAE"] {
+        let values = row(&out.stdout, series);
+        assert_eq!(&values[1..3], ["n/a", "n/a"], "{series}");
+        assert_ne!(values[0], "n/a");
+        assert_eq!(values[0], values[3], "one prompt: raw mean = steady tail");
+    }
+    filtered(t.path(), || {
+        insta::assert_snapshot!("report_one_prompt", out.render())
+    });
+
+    let json = t.cmd().args(["report", "one", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let total = &v["summary"]["timed_total"];
+    assert_eq!(total["raw_mean"], 4.25);
+    assert_eq!(total["steady_tail_mean"], 4.25);
+    assert!(total["warm_mean_excluding_first"].is_null());
+    assert!(total["min_after_first"].is_null());
+}
+
+#[test]
+fn compare_shows_deltas_and_ratios_and_warns_about_a_warm_cache_run() {
+    let t = Test::new();
+    fake_run(&t, "base", &[], &[5.0, 4.0, 4.0, 4.0], true, |_| {});
+    fake_run(
+        &t,
+        "warm",
+        &["cache.mode=shared", "method.precision=bf16"],
+        &[4.0, 3.0, 3.0, 3.0],
+        true,
+        |r| r.device.gpu_model = Some("NVIDIA GB200".into()),
+    );
+    let out = t.cmd().args(["compare", "base", "warm"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(out.stderr.contains("warning: run `warm` is warm-cache"));
+    assert!(!out.stderr.contains("run `base` is warm-cache"));
+    assert!(out.stderr.contains("GPU model differs"));
+    assert!(out.stderr.contains("precision differs"));
+    assert!(!out.stderr.contains("provider differs"));
+    filtered(t.path(), || {
+        insta::assert_snapshot!("compare_warm_cache", out.render())
+    });
+
+    let json = t.cmd().args(["compare", "base", "warm", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let raw = &v["rows"][0];
+    assert_eq!(raw["series"], "timed total");
+    assert_eq!(raw["statistic"], "raw_mean");
+    assert_eq!(raw["a"], 4.25);
+    assert_eq!(raw["b"], 3.25);
+    assert_eq!(raw["delta"], -1.0);
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn compare_of_like_runs_has_no_warnings() {
+    let t = Test::new();
+    fake_run(&t, "a", &[], &[5.0, 4.0], true, |_| {});
+    fake_run(&t, "b", &[], &[5.0, 2.0], true, |_| {});
+    let out = t.cmd().args(["compare", "a", "b"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(out.stderr, "");
+    assert!(
+        out.stdout.contains(
+            "  timed total  min_after_first                 4.000      2.000     -2.000    0.500"
+        ),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn missing_runs_are_usage_errors_with_a_hint() {
+    let t = Test::new().file("results/empty/notes.txt", "not a run\n");
+    let none = t.cmd().args(["report", "nope"]).run();
+    let not_a_run = t.cmd().args(["report", "empty"]).run();
+    let bad_path = t.cmd().args(["compare", "./elsewhere/x", "nope"]).run();
+    let other_root = t.cmd().args(["report", "nope", "--results", "out"]).run();
+    for out in [&none, &not_a_run, &bad_path, &other_root] {
+        assert_eq!(out.code, 2, "{}", out.render());
+        assert_eq!(out.stdout, "");
+    }
+    assert!(none.stderr.contains("runner apply experiments/nope.toml"));
+    assert!(
+        bad_path
+            .stderr
+            .contains("no run directory at ./elsewhere/x")
+    );
+    assert!(other_root.stderr.contains("no run `nope` under out/"));
+    filtered(t.path(), || {
+        insta::assert_snapshot!(
+            "report_errors",
+            [none, not_a_run, bad_path, other_root]
+                .map(|o| o.render())
+                .join("\n")
+        )
+    });
+    // Reading a run never writes into a folder that is not one.
+    assert_eq!(tree(t.path()), ["results/empty/notes.txt"]);
+}
+
+#[test]
+fn a_corrupt_record_is_an_internal_error_and_a_torn_last_timing_is_ignored() {
+    let t = Test::new();
+    fake_run(&t, "torn", &[], &[4.0, 3.0], false, |_| {});
+    let timings = t.path().join("results/torn/timings.jsonl");
+    let mut text = std::fs::read_to_string(&timings).unwrap();
+    text.push_str("{\"process\": 1, \"role\": \"measu");
+    std::fs::write(&timings, &text).unwrap();
+    let out = t.cmd().args(["report", "torn", "--json"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["summary"]["count"], 2);
+
+    std::fs::write(t.path().join("results/torn/run.json"), "{\"run\": ").unwrap();
+    let out = t.cmd().args(["report", "torn"]).run();
+    assert_eq!(out.code, 3, "{}", out.render());
+    assert!(
+        out.stderr.contains("run.json: not a valid record"),
+        "{}",
+        out.stderr
+    );
+}
