@@ -1,1 +1,3 @@
 //! The one integration-test binary; each module covers one part of the product.
+
+mod engine;
