@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ort::session::{Session, SessionInputValue, SessionOutputs};
-use ort::value::TensorRef;
+use ort::value::{DynValue, TensorRef};
 
 use super::bundle::{Bundle, BundleError, ExportSettings};
 use super::noise::fill_normal;
@@ -185,12 +185,13 @@ struct DitNames {
     new_v: Vec<String>,
 }
 
-/// The causal cache the VAE decoder passes from one latent frame to the next.
+/// The causal cache the VAE decoder passes from one latent frame to the next. The values ONNX
+/// Runtime returns are kept as they are and handed back as the next call's inputs: copying them
+/// to host buffers would cost more than the rest of the runner's work together.
 struct VaeCache {
     names_in: Vec<String>,
     names_out: Vec<String>,
-    shapes: Vec<Vec<i64>>,
-    data: Vec<Vec<f32>>,
+    values: Vec<Option<DynValue>>,
 }
 
 /// Host buffers reused by every prompt.
@@ -262,8 +263,7 @@ impl Generator {
         let vae_cache = VaeCache {
             names_in: names("cache_in", caches),
             names_out: names("cache_out", caches),
-            shapes: vec![Vec::new(); caches],
-            data: vec![Vec::new(); caches],
+            values: (0..caches).map(|_| None).collect(),
         };
         let frame_elems = dims.channels * dims.h * dims.w;
         let buffers = Buffers {
@@ -381,7 +381,8 @@ impl Generator {
         let d = self.dims;
         let steps = schedule.steps.len();
         let draws = schedule.draws_per_block();
-        let window_tokens = (method.attention_window > 0)
+        // `attention_window` >= 0 keeps that many latent frames of the past; -1 keeps all of it.
+        let window_tokens = (method.attention_window >= 0)
             .then(|| method.attention_window as usize * d.tokens_per_frame);
         self.kv.len = 0;
         for block in 0..d.blocks() {
@@ -564,20 +565,18 @@ impl Generator {
                 &mut self.sessions.vae_first
             } else {
                 let cache = &self.vae_cache;
-                for ((name, shape), data) in
-                    cache.names_in.iter().zip(&cache.shapes).zip(&cache.data)
-                {
-                    inputs.push((
-                        Cow::Borrowed(name.as_str()),
-                        TensorRef::from_array_view((shape.clone(), data.as_slice()))
-                            .map_err(run_error)?
-                            .into(),
-                    ));
+                for (name, value) in cache.names_in.iter().zip(&cache.values) {
+                    let value = value.as_ref().ok_or_else(|| GenerateError::Output {
+                        graph: if t == 1 { "vae_first" } else { "vae_step" },
+                        name: name.replace("cache_in", "cache_out"),
+                        problem: "missing".into(),
+                    })?;
+                    inputs.push((Cow::Borrowed(name.as_str()), value.into()));
                 }
                 &mut self.sessions.vae_step
             };
             let run_start = Instant::now();
-            let outputs = session.run(inputs).map_err(run_error)?;
+            let mut outputs = session.run(inputs).map_err(run_error)?;
             times.session_run += run_start.elapsed();
 
             let (shape, frames) = extract_f32(&outputs, graph, "frames")?;
@@ -597,12 +596,15 @@ impl Generator {
             }
             next_frame += n;
             let cache = &mut self.vae_cache;
-            for j in 0..cache.names_out.len() {
-                let (shape, data) = extract_f32(&outputs, graph, &cache.names_out[j])?;
-                cache.shapes[j].clear();
-                cache.shapes[j].extend_from_slice(shape);
-                cache.data[j].clear();
-                cache.data[j].extend_from_slice(data);
+            for (name, slot) in cache.names_out.iter().zip(cache.values.iter_mut()) {
+                let value = outputs
+                    .remove(name.as_str())
+                    .ok_or_else(|| GenerateError::Output {
+                        graph,
+                        name: name.clone(),
+                        problem: "missing".into(),
+                    })?;
+                *slot = Some(value);
             }
         }
         Ok(())

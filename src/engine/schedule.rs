@@ -56,7 +56,8 @@ pub struct MethodSettings {
     pub warp_denoising_steps: bool,
     pub timestep_shift: f64,
     pub emit: Emit,
-    /// Latent frames of past keys and values each block attends to; -1 means all of them.
+    /// Latent frames of past keys and values each block attends to; -1 means all of them and 0
+    /// none (each block sees only itself).
     pub attention_window: i64,
     pub seed: u64,
 }
@@ -86,7 +87,7 @@ pub enum ScheduleError {
     CleanSigmaOutOfRange(f32),
     #[error("timestep_shift {0} must be positive")]
     BadShift(f64),
-    #[error("attention_window {0} must be -1 (all) or a positive number of latent frames")]
+    #[error("attention_window {0} must be -1 (all) or a number of latent frames (0 or more)")]
     BadWindow(i64),
 }
 
@@ -125,7 +126,7 @@ impl Schedule {
         if !(0.0..=1.0).contains(&settings.clean_sigma) {
             return Err(ScheduleError::CleanSigmaOutOfRange(settings.clean_sigma));
         }
-        if settings.attention_window == 0 || settings.attention_window < -1 {
+        if settings.attention_window < -1 {
             return Err(ScheduleError::BadWindow(settings.attention_window));
         }
         let shift = settings.timestep_shift;
@@ -213,10 +214,10 @@ mod tests {
             ),
             (
                 MethodSettings {
-                    attention_window: 0,
+                    attention_window: -2,
                     ..Default::default()
                 },
-                ScheduleError::BadWindow(0),
+                ScheduleError::BadWindow(-2),
             ),
             (
                 MethodSettings {

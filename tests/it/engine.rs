@@ -1,0 +1,710 @@
+//! The generation engine on real ONNX Runtime (CPU) and the embedded tiny bundle: parity with the
+//! exporter's PyTorch golden outputs, noise invariance, method settings, bundle checks, and the
+//! hidden `runner worker` subcommand as a real process.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use unstep::engine::generate::byte_tokens;
+use unstep::engine::{
+    Bundle, BundleError, Emit, GenerateOptions, Generated, Generator, MethodSettings,
+    RuntimeOptions, TimedRegionEnd, fill_normal, probe_environment,
+};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tiny_bundle() -> PathBuf {
+    repo().join("assets/tiny")
+}
+
+fn prompt_file() -> PathBuf {
+    repo().join("assets/prompts/tiny.txt")
+}
+
+fn prompts() -> Vec<String> {
+    std::fs::read_to_string(prompt_file())
+        .expect("read assets/prompts/tiny.txt")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// One intra-op thread: tests run in parallel on few cores, and a fixed thread count keeps ONNX
+/// Runtime's reductions identical between the runs a test compares.
+fn runtime() -> RuntimeOptions {
+    RuntimeOptions {
+        intra_op_threads: Some(1),
+        ..RuntimeOptions::default()
+    }
+}
+
+fn generator() -> Generator {
+    let unpack = tempfile::tempdir().unwrap();
+    Generator::open(
+        &tiny_bundle(),
+        unpack.path(),
+        &Default::default(),
+        &runtime(),
+    )
+    .expect("open the tiny bundle")
+}
+
+fn latents_only(method: MethodSettings) -> GenerateOptions {
+    GenerateOptions {
+        method,
+        latents_only: true,
+        ..GenerateOptions::default()
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The tensors of a safetensors file (only the dtypes the golden file uses).
+struct Golden {
+    tensors: BTreeMap<String, (String, Vec<usize>, Vec<u8>)>,
+}
+
+impl Golden {
+    fn load() -> Self {
+        let bytes = std::fs::read(tiny_bundle().join("golden/golden.safetensors"))
+            .expect("read golden.safetensors");
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&bytes[8..8 + header_len]).expect("safetensors header");
+        let data = &bytes[8 + header_len..];
+        let mut tensors = BTreeMap::new();
+        for (name, info) in header {
+            if name == "__metadata__" {
+                continue;
+            }
+            let dtype = info["dtype"].as_str().unwrap().to_string();
+            let shape = info["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            let offsets = info["data_offsets"].as_array().unwrap();
+            let (start, end) = (
+                offsets[0].as_u64().unwrap() as usize,
+                offsets[1].as_u64().unwrap() as usize,
+            );
+            tensors.insert(name, (dtype, shape, data[start..end].to_vec()));
+        }
+        Self { tensors }
+    }
+
+    fn get(&self, name: &str, dtype: &str) -> (&[usize], &[u8]) {
+        let (actual, shape, bytes) = self
+            .tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("golden has no {name}"));
+        assert_eq!(actual, dtype, "dtype of {name}");
+        (shape, bytes)
+    }
+
+    fn f32(&self, name: &str) -> (Vec<usize>, Vec<f32>) {
+        let (shape, bytes) = self.get(name, "F32");
+        (
+            shape.to_vec(),
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
+    }
+
+    fn i64(&self, name: &str) -> Vec<i64> {
+        let (_, bytes) = self.get(name, "I64");
+        bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn u8(&self, name: &str) -> (Vec<usize>, Vec<u8>) {
+        let (shape, bytes) = self.get(name, "U8");
+        (shape.to_vec(), bytes.to_vec())
+    }
+}
+
+/// Golden prompts are 0 and 7 (`assets/prompts/README.md`).
+const GOLDEN_PROMPTS: [u32; 2] = [0, 7];
+
+#[test]
+fn tokens_and_first_noise_draw_match_golden_bit_for_bit() {
+    let golden = Golden::load();
+    let prompts = prompts();
+    for p in GOLDEN_PROMPTS {
+        let (ids, mask) = byte_tokens(&prompts[p as usize], 32);
+        assert_eq!(
+            ids,
+            golden.i64(&format!("p{p}.input_ids")),
+            "input ids of prompt {p}"
+        );
+        assert_eq!(
+            mask,
+            golden.i64(&format!("p{p}.attention_mask")),
+            "attention mask of prompt {p}"
+        );
+
+        let (shape, expected) = golden.f32(&format!("p{p}.noise_d0"));
+        assert_eq!(shape, [1, 16, 3, 8, 14]);
+        let mut noise = vec![0.0f32; expected.len()];
+        fill_normal(0, p, 0, &mut noise);
+        let mismatches = noise
+            .iter()
+            .zip(&expected)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            mismatches, 0,
+            "prompt {p}: {mismatches} noise elements differ from the golden draw"
+        );
+    }
+}
+
+fn assert_frames_close(
+    generated: &Generated,
+    expected_shape: &[usize],
+    expected: &[u8],
+    what: &str,
+) {
+    let [frames, height, width, channels] = generated.frame_shape;
+    assert_eq!(
+        &expected_shape[1..],
+        [height, width, channels],
+        "{what}: frame size"
+    );
+    assert!(
+        expected_shape[0] <= frames,
+        "{what}: golden has more frames than generated"
+    );
+    let compared = &generated.frames[..expected.len()];
+    let worst = compared
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap_or(0);
+    assert!(
+        worst <= 1,
+        "{what}: frames differ by up to {worst} (tolerance 1)"
+    );
+}
+
+#[test]
+fn generation_matches_the_pytorch_golden_outputs() {
+    let golden = Golden::load();
+    let prompts = prompts();
+    let mut generator = generator();
+
+    for p in GOLDEN_PROMPTS {
+        let generated = generator
+            .generate(p, &prompts[p as usize], &GenerateOptions::default())
+            .expect("generate");
+        let (shape, latents) = golden.f32(&format!("p{p}.latents"));
+        assert_eq!(
+            generated.latent_shape.to_vec(),
+            shape,
+            "latent shape of prompt {p}"
+        );
+        let error = max_abs_diff(&generated.latents, &latents);
+        eprintln!("prompt {p}: latents max abs error {error:e}");
+        assert!(
+            error <= 1e-3,
+            "prompt {p}: latents differ by {error} (tolerance 1e-3)"
+        );
+        let (frame_shape, frames) = golden.u8(&format!("p{p}.frames"));
+        assert_eq!(
+            generated.frame_shape[0], 81,
+            "81 frames from 21 latent frames"
+        );
+        assert_frames_close(&generated, &frame_shape, &frames, &format!("prompt {p}"));
+        assert_eq!(generated.timed_region_end, TimedRegionEnd::AfterLayout);
+    }
+
+    // The golden file's clean_sigma ablation: same prompt, clean_sigma 0.01.
+    let method = MethodSettings {
+        clean_sigma: 0.01,
+        ..MethodSettings::default()
+    };
+    let generated = generator
+        .generate(0, &prompts[0], &latents_only(method))
+        .unwrap();
+    let (_, latents) = golden.f32("p0.clean_sigma_0p01.latents");
+    let error = max_abs_diff(&generated.latents, &latents);
+    assert!(error <= 1e-3, "clean_sigma 0.01: latents differ by {error}");
+    assert!(generated.frames.is_empty());
+    assert_eq!(generated.timed_region_end, TimedRegionEnd::AfterLatents);
+}
+
+#[test]
+fn excluding_the_final_layout_changes_the_timed_region_not_the_frames() {
+    let prompts = prompts();
+    let mut generator = generator();
+    let excluded = GenerateOptions {
+        exclude_final_output_layout: true,
+        ..GenerateOptions::default()
+    };
+    let a = generator.generate(3, &prompts[3], &excluded).unwrap();
+    let b = generator
+        .generate(3, &prompts[3], &GenerateOptions::default())
+        .unwrap();
+    assert_eq!(a.timed_region_end, TimedRegionEnd::AfterVaeOutput);
+    assert_eq!(b.timed_region_end, TimedRegionEnd::AfterLayout);
+    assert_eq!(a.frames, b.frames);
+    let t = a.times;
+    assert!(
+        t.timed_total < t.dit + t.vae + t.layout,
+        "the layout is outside the timed region"
+    );
+}
+
+#[test]
+fn method_settings_change_the_latents_and_seeds_repeat() {
+    let prompts = prompts();
+    let mut generator = generator();
+    let mut run = |method: MethodSettings| {
+        generator
+            .generate(2, &prompts[2], &latents_only(method))
+            .unwrap()
+            .latents
+    };
+    let base = run(MethodSettings::default());
+    assert_eq!(
+        base,
+        run(MethodSettings::default()),
+        "same settings and seed twice"
+    );
+    let variants = [
+        (
+            "clean_sigma 0.01",
+            MethodSettings {
+                clean_sigma: 0.01,
+                ..MethodSettings::default()
+            },
+        ),
+        (
+            "emit denoised",
+            MethodSettings {
+                emit: Emit::Denoised,
+                ..MethodSettings::default()
+            },
+        ),
+        (
+            "seed 1",
+            MethodSettings {
+                seed: 1,
+                ..MethodSettings::default()
+            },
+        ),
+        (
+            "attention window 3",
+            MethodSettings {
+                attention_window: 3,
+                ..MethodSettings::default()
+            },
+        ),
+        (
+            "unwarped steps",
+            MethodSettings {
+                warp_denoising_steps: false,
+                ..MethodSettings::default()
+            },
+        ),
+    ];
+    for (what, method) in variants {
+        let latents = run(method);
+        assert!(
+            max_abs_diff(&base, &latents) > 1e-4,
+            "{what} should change the latents"
+        );
+    }
+}
+
+fn runner(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .output()
+        .expect("start runner")
+}
+
+fn worker(dir: &Path, extra: &[&str]) -> Output {
+    let bundle = tiny_bundle();
+    let prompts = prompt_file();
+    let unpack = dir.join("unpack");
+    let mut args = vec![
+        "worker",
+        "--bundle",
+        bundle.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--unpack-dir",
+        unpack.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    runner(&args)
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Regression guard for SPEC §4: a prompt's noise is keyed on its global index, so prompt 7
+/// alone and prompt 7 after 0..=6 in one process give bit-identical latents.
+#[test]
+fn prompt_latents_do_not_depend_on_the_other_prompts_of_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("alone");
+    let listed = dir.path().join("listed");
+    let timings = dir.path().join("timings.jsonl");
+    let a = worker(
+        dir.path(),
+        &[
+            "--indices",
+            "7",
+            "--latents-only",
+            "--save-latents",
+            alone.to_str().unwrap(),
+        ],
+    );
+    assert!(a.status.success(), "{}", stderr(&a));
+    let b = worker(
+        dir.path(),
+        &[
+            "--indices",
+            "0-7",
+            "--latents-only",
+            "--save-latents",
+            listed.to_str().unwrap(),
+            "--timings",
+            timings.to_str().unwrap(),
+        ],
+    );
+    assert!(b.status.success(), "{}", stderr(&b));
+    let seven_alone = std::fs::read(alone.join("latents_7.f32")).unwrap();
+    let seven_listed = std::fs::read(listed.join("latents_7.f32")).unwrap();
+    assert_eq!(seven_alone.len(), 16 * 21 * 8 * 14 * 4);
+    assert!(
+        seven_alone == seven_listed,
+        "prompt 7's latents differ between the two prompt lists"
+    );
+    assert_ne!(
+        std::fs::read(listed.join("latents_6.f32")).unwrap(),
+        seven_listed
+    );
+
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&timings)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 8);
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["prompt_index"], i);
+        for key in [
+            "text_encoding_s",
+            "dit_s",
+            "vae_s",
+            "layout_s",
+            "timed_total_s",
+        ] {
+            assert!(
+                line[key].as_f64().is_some_and(|v| v >= 0.0),
+                "{key} in {line}"
+            );
+        }
+        assert_eq!(line["timed_region_end"], "after_latents");
+    }
+}
+
+#[test]
+fn worker_saves_frames_and_latents_of_a_full_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = worker(
+        dir.path(),
+        &[
+            "--indices",
+            "1",
+            "--save-latents",
+            out.to_str().unwrap(),
+            "--save-frames",
+            out.to_str().unwrap(),
+            "--clean-sigma-override",
+            "0.01",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("frames_1.u8")).unwrap().len(),
+        81 * 64 * 112 * 3
+    );
+    assert_eq!(
+        std::fs::read(out.join("latents_1.f32")).unwrap().len(),
+        16 * 21 * 8 * 14 * 4
+    );
+}
+
+/// A copy of the tiny bundle in a temp dir, for breaking it.
+fn bundle_copy(dir: &Path) -> PathBuf {
+    let copy = dir.join("bundle");
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(tiny_bundle()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    copy
+}
+
+fn edit_toml(bundle: &Path, from: &str, to: &str) {
+    let path = bundle.join("bundle.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "bundle.toml has no `{from}`");
+    std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+}
+
+/// Runs the worker on a broken bundle and checks it fails as a usage error, before generating.
+fn assert_refused(bundle: &Path, dir: &Path, extra: &[&str], fragments: &[&str]) {
+    let timings = dir.join("refused.jsonl");
+    let prompts = prompt_file();
+    let mut args = vec![
+        "worker",
+        "--bundle",
+        bundle.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--indices",
+        "0",
+        "--timings",
+        timings.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let output = runner(&args);
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(unstep::exit::USAGE), "{err}");
+    for fragment in fragments {
+        assert!(err.contains(fragment), "stderr lacks `{fragment}`:\n{err}");
+    }
+    assert!(
+        !timings.exists(),
+        "nothing may be generated from a refused bundle"
+    );
+}
+
+#[test]
+fn a_bundle_with_a_missing_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    std::fs::remove_file(bundle.join("vae_step.onnx")).unwrap();
+    assert_refused(&bundle, dir.path(), &[], &["vae_step.onnx", "is missing"]);
+}
+
+#[test]
+fn a_bundle_file_with_a_wrong_checksum_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    let graph = bundle.join("text_encoder.onnx");
+    let mut bytes = std::fs::read(&graph).unwrap();
+    bytes.push(0);
+    std::fs::write(&graph, bytes).unwrap();
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &[],
+        &["text_encoder.onnx has sha256", "bundle.toml says"],
+    );
+}
+
+#[test]
+fn a_dit_graph_without_the_contract_inputs_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    edit_toml(&bundle, "dit = \"dit.onnx\"", "dit = \"vae_first.onnx\"");
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &[],
+        &["graph `dit` (vae_first.onnx)", "missing input x"],
+    );
+}
+
+#[test]
+fn a_dit_graph_for_fewer_layers_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    // The graphs have two layers; a manifest that claims three lacks past_k.2.
+    edit_toml(&bundle, "layers = 2", "layers = 3");
+    assert_refused(&bundle, dir.path(), &[], &["missing input past_k.2"]);
+}
+
+#[test]
+fn an_unknown_bundle_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    edit_toml(&bundle, "format = 1", "format = 2");
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &[],
+        &["bundle format 2 is not supported"],
+    );
+}
+
+#[test]
+fn export_settings_that_differ_from_the_bundle_are_refused_with_the_export_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = tiny_bundle();
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &["--frames-per-block", "4"],
+        &[
+            "export setting frames_per_block is 3 in the bundle but 4 was asked for",
+            "unstep_export export --preset",
+        ],
+    );
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &["--precision", "fp16"],
+        &[
+            "export setting precision is fp32 in the bundle but fp16 was asked for",
+            "python -m unstep_export export --preset tiny --precision fp16",
+        ],
+    );
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &["--svd-rank", "8"],
+        &["svd_rank is none", "--svd-rank 8"],
+    );
+    // Matching values are accepted by the library check.
+    let opened = Bundle::open(&bundle, dir.path()).unwrap();
+    let same = unstep::engine::ExportSettings {
+        frames_per_block: Some(3),
+        latent_frames: Some(21),
+        height: Some(64),
+        width: Some(112),
+        precision: Some(unstep::engine::Precision::Fp32),
+        svd_rank: Some(unstep::engine::SvdRank::None),
+    };
+    opened.check_export(&same).unwrap();
+}
+
+#[test]
+fn a_zip_bundle_opens_like_a_directory() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let zip_path = dir.path().join("tiny.zip");
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(&zip_path).unwrap());
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for entry in std::fs::read_dir(tiny_bundle()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            zip.start_file(
+                format!("tiny/{}", path.file_name().unwrap().to_str().unwrap()),
+                options,
+            )
+            .unwrap();
+            zip.write_all(&std::fs::read(&path).unwrap()).unwrap();
+        }
+    }
+    zip.finish().unwrap();
+    let unpack = dir.path().join("unpacked");
+    let bundle = Bundle::open(&zip_path, &unpack).expect("open the zip bundle");
+    assert!(bundle.dir.starts_with(&unpack));
+    assert_eq!(bundle.manifest.preset, "tiny");
+
+    // A damaged zip is a clear error, not a panic.
+    std::fs::write(&zip_path, b"PK garbage").unwrap();
+    let error = Bundle::open(&zip_path, &unpack).unwrap_err();
+    assert!(matches!(error, BundleError::Zip { .. }), "{error}");
+}
+
+#[test]
+fn a_missing_onnx_runtime_says_how_to_fix_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("libonnxruntime.so");
+    let output = worker(
+        dir.path(),
+        &["--indices", "0", "--ort-library", missing.to_str().unwrap()],
+    );
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(unstep::exit::FAILURE), "{err}");
+    assert!(err.contains("no library at"), "{err}");
+    assert!(err.contains("scripts/fetch-onnxruntime"), "{err}");
+}
+
+#[test]
+fn worker_is_hidden_from_the_top_level_help_and_documents_its_flags() {
+    let top = runner(&["--help"]);
+    assert!(!String::from_utf8_lossy(&top.stdout).contains("worker"));
+    let help = runner(&["worker", "--help"]);
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--bundle",
+        "--prompts",
+        "--indices",
+        "--seed",
+        "--clean-sigma-override",
+        "--emit",
+        "--save-latents",
+        "--save-frames",
+        "--timings",
+        "--provider",
+        "--threads",
+        "--latents-only",
+        "--exclude-final-output-layout",
+        "--bench",
+    ] {
+        assert!(text.contains(flag), "worker --help lacks {flag}");
+    }
+}
+
+#[test]
+fn bad_prompt_indices_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = worker(dir.path(), &["--indices", "5,2"]);
+    assert_eq!(output.status.code(), Some(unstep::exit::USAGE));
+    assert!(stderr(&output).contains("sorted"), "{}", stderr(&output));
+    let output = worker(dir.path(), &["--indices", "999"]);
+    assert_eq!(output.status.code(), Some(unstep::exit::USAGE));
+    assert!(
+        stderr(&output).contains("beyond the prompt file"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
+    let checks = probe_environment(None);
+    let ort = checks
+        .iter()
+        .find(|c| c.name == "onnx runtime")
+        .expect("an onnx runtime check");
+    assert!(ort.ok, "{ort:?}");
+    assert!(ort.detail.starts_with("1."), "{ort:?}");
+    let cpu = checks
+        .iter()
+        .find(|c| c.name == "execution provider cpu")
+        .expect("a cpu check");
+    assert!(cpu.ok, "{cpu:?}");
+}
