@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod execute;
 pub mod exit;
 pub mod manifest;
 pub mod plan;

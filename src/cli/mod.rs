@@ -1,5 +1,7 @@
 //! The command line: argument parsing, and the mapping of errors to exit statuses.
 
+mod apply;
+mod doctor;
 mod plan;
 pub mod worker;
 mod report;
@@ -28,10 +30,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a manifest: warmups, measurement or shards, and its results under results/<name>/.
+    Apply(apply::ApplyArgs),
     /// Show what `apply` would do: processes, shards, GPUs, caches. Nothing is written.
     Plan(plan::PlanArgs),
     /// Print the JSON Schema of manifests.
     Schema,
+    /// Check ONNX Runtime, execution providers, GPUs, CUDA libraries and asset bundles.
+    Doctor(doctor::DoctorArgs),
     /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
@@ -94,6 +100,8 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
+        Command::Apply(args) => apply::run(&args),
+        Command::Doctor(args) => doctor::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
         Command::Worker(args) => worker::run(args),

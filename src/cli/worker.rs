@@ -34,15 +34,18 @@ pub enum EmitArg {
     after_help = "Prompt indices are global: prompt i gets the same noise whatever other prompts are generated with it.\nFiles written with --save-latents / --save-frames are raw little-endian arrays:\n  latents_<index>.f32   [1, channels, latent_frames, h, w] float32\n  frames_<index>.u8     [frames, height, width, 3] uint8 RGB"
 )]
 pub struct WorkerArgs {
-    /// Asset bundle: a directory with bundle.toml, or a .zip of one.
-    #[arg(long, value_name = "PATH")]
-    pub bundle: PathBuf,
-    /// Prompt file, one prompt per line.
+    /// Run the process spec that `runner apply` wrote (every other flag is then ignored).
     #[arg(long, value_name = "FILE")]
-    pub prompts: PathBuf,
+    pub spec: Option<PathBuf>,
+    /// Asset bundle: a directory with bundle.toml, or a .zip of one.
+    #[arg(long, value_name = "PATH", required_unless_present = "spec")]
+    pub bundle: Option<PathBuf>,
+    /// Prompt file, one prompt per line.
+    #[arg(long, value_name = "FILE", required_unless_present = "spec")]
+    pub prompts: Option<PathBuf>,
     /// Prompts to generate: a sorted comma list of indices and ranges, e.g. 0,3,5-7.
-    #[arg(long, value_name = "LIST")]
-    pub indices: String,
+    #[arg(long, value_name = "LIST", required_unless_present = "spec")]
+    pub indices: Option<String>,
     /// Noise seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -164,6 +167,17 @@ impl WorkerError {
 
 /// Runs the worker and returns the process exit status.
 pub fn run(args: WorkerArgs) -> i32 {
+    if let Some(spec) = &args.spec {
+        let result = crate::execute::spec::ProcessSpec::read(spec)
+            .and_then(|spec| crate::execute::spec::run(&spec));
+        return match result {
+            Ok(()) => exit::OK,
+            Err(error) => {
+                eprintln!("error: failed to generate: {error}");
+                exit::FAILURE
+            }
+        };
+    }
     let temp_unpack = args
         .unpack_dir
         .is_none()
@@ -182,8 +196,8 @@ pub fn run(args: WorkerArgs) -> i32 {
 }
 
 fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), WorkerError> {
-    let prompts = read_prompts(&args.prompts)?;
-    let indices = parse_indices(&args.indices, prompts.len()).map_err(WorkerError::Usage)?;
+    let prompts = read_prompts(args.prompts.as_deref().expect("clap requires --prompts"))?;
+    let indices = parse_indices(args.indices.as_deref().unwrap_or_default(), prompts.len()).map_err(WorkerError::Usage)?;
     let options = generate_options(args);
     let runtime = runtime_options(args);
     let export = ExportSettings {
@@ -201,7 +215,7 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
         .unwrap_or(Path::new("."));
     // Schedule errors are reported before the (slow) session build.
     crate::engine::Schedule::new(&options.method).map_err(GenerateError::from)?;
-    let mut generator = Generator::open(&args.bundle, unpack_dir, &export, &runtime)?;
+    let mut generator = Generator::open(args.bundle.as_deref().expect("clap requires --bundle"), unpack_dir, &export, &runtime)?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(
             "worker: onnx runtime {} from {} ({}), provider {}",

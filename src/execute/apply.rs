@@ -271,7 +271,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     write_atomic(&run_dir.join("timings.jsonl"), jsonl.as_bytes())?;
     let summary = Summary::from_records(&records, m.kind, CacheLabel::of(m.cache.mode));
     write_json_atomic(&run_dir.join("summary.json"), &summary)?;
-    let _ = crate::report::svg::write_latency_svg(&run_dir, &records);
+    let _ = crate::report::write_latency_svg(&run_dir, &records);
 
     let status = if interrupted {
         RunStatus::Interrupted

@@ -113,7 +113,7 @@ pub fn export_settings(m: &Manifest) -> engine::ExportSettings {
         }),
         svd_rank: Some(match m.method.svd_rank {
             manifest::SvdRank::None => engine::SvdRank::None,
-            manifest::SvdRank::Rank(r) => engine::SvdRank::Rank(r as usize),
+            manifest::SvdRank::Rank(r) => engine::SvdRank::Rank(r),
         }),
     }
 }
