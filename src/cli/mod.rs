@@ -17,7 +17,7 @@ pub struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
+    /// Generate prompts in this process: the worker that `runner apply` starts (hidden).
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
 }

@@ -24,7 +24,10 @@ pub enum ProviderArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EmitArg {
+    /// The clean-cache pass's x0 prediction.
+    #[value(name = "cache_pass", alias = "cache-pass")]
     CachePass,
+    /// The last denoising step's x0.
     Denoised,
 }
 
@@ -58,7 +61,7 @@ pub struct WorkerArgs {
     /// Timestep shift of the warped schedule (default 5.0).
     #[arg(long, value_name = "SHIFT")]
     pub timestep_shift: Option<f64>,
-    /// Which prediction becomes a block's output (default cache-pass).
+    /// Which prediction becomes a block's output (default cache_pass).
     #[arg(long, value_enum)]
     pub emit: Option<EmitArg>,
     /// Latent frames of past keys and values a block attends to; -1 = all (default).
