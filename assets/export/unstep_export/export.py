@@ -71,6 +71,17 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_axes=No
                 custom_opsets={"com.microsoft": 1}, dynamo=False,
             )
         model = onnx.load(str(tmp_path), load_external_data=True)
+    # The TorchScript exporter's shape inference leaves some outputs with made-up symbolic dims
+    # (e.g. vae_first's cache_out); the runner reads output shapes from the graph, so write the
+    # real, static ones.  No output of any graph depends on the dynamic P axis.
+    with torch.no_grad():
+        results = module(*args)
+    results = results if isinstance(results, (tuple, list)) else (results,)
+    for out, res in zip(model.graph.output, results):
+        dims = out.type.tensor_type.shape.dim
+        del dims[:]
+        for n in res.shape:
+            dims.add().dim_value = int(n)
     data = path.with_name(path.name + ".data")
     if data.exists():
         data.unlink()
