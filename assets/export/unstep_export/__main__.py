@@ -207,6 +207,7 @@ def main(argv=None):
     p.add_argument("--latent-tol", type=float, default=1e-3)
     p.add_argument("--frame-tol", type=int, default=1)
     p.add_argument("--graph-tol", type=float, default=1e-3)
+    p.add_argument("--svd-rank", type=int, default=None, help="the rank the bundle was exported with")
     p.set_defaults(fn=cmd_parity)
 
     p = sub.add_parser("sample", help="run the loop (PyTorch or ORT) with per-phase timings")
