@@ -11,6 +11,6 @@ pub mod execute;
 pub mod exit;
 pub mod manifest;
 pub mod plan;
-pub mod video;
 pub mod report;
 pub mod results;
+pub mod video;

@@ -46,7 +46,11 @@ pub fn run(args: &ApplyArgs) -> i32 {
             if let Some(hint) = e.hint() {
                 eprintln!("  = hint: {hint}");
             }
-            return if e.is_usage() { exit::USAGE } else { exit::FAILURE };
+            return if e.is_usage() {
+                exit::USAGE
+            } else {
+                exit::FAILURE
+            };
         }
     };
     // The statistics table, as `runner report` shows it.

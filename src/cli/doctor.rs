@@ -50,7 +50,10 @@ pub fn gpu_checks() -> Vec<Check> {
             name: "gpus".into(),
             ok: false,
             detail: "no NVIDIA driver answered (nvidia-smi not found or failed)".into(),
-            fix: Some("install the NVIDIA driver, or run CPU manifests (runtime.provider = \"cpu\")".into()),
+            fix: Some(
+                "install the NVIDIA driver, or run CPU manifests (runtime.provider = \"cpu\")"
+                    .into(),
+            ),
         }],
     }
 }
@@ -92,7 +95,8 @@ fn find_library(stem: &str) -> Option<String> {
             paths.split(':').find_map(|dir| {
                 std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    name.starts_with(stem).then(|| e.path().display().to_string())
+                    name.starts_with(stem)
+                        .then(|| e.path().display().to_string())
                 })
             })
         })

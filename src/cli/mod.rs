@@ -3,8 +3,8 @@
 mod apply;
 mod doctor;
 mod plan;
-pub mod worker;
 mod report;
+pub mod worker;
 
 use std::io::Write;
 use std::path::PathBuf;

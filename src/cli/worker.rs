@@ -24,7 +24,10 @@ pub enum ProviderArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EmitArg {
+    /// The clean-cache pass's x0 prediction.
+    #[value(name = "cache_pass", alias = "cache-pass")]
     CachePass,
+    /// The last denoising step's x0.
     Denoised,
 }
 
@@ -61,7 +64,7 @@ pub struct WorkerArgs {
     /// Timestep shift of the warped schedule (default 5.0).
     #[arg(long, value_name = "SHIFT")]
     pub timestep_shift: Option<f64>,
-    /// Which prediction becomes a block's output (default cache-pass).
+    /// Which prediction becomes a block's output (default cache_pass).
     #[arg(long, value_enum)]
     pub emit: Option<EmitArg>,
     /// Latent frames of past keys and values a block attends to; -1 = all (default).
@@ -197,7 +200,8 @@ pub fn run(args: WorkerArgs) -> i32 {
 
 fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), WorkerError> {
     let prompts = read_prompts(args.prompts.as_deref().expect("clap requires --prompts"))?;
-    let indices = parse_indices(args.indices.as_deref().unwrap_or_default(), prompts.len()).map_err(WorkerError::Usage)?;
+    let indices = parse_indices(args.indices.as_deref().unwrap_or_default(), prompts.len())
+        .map_err(WorkerError::Usage)?;
     let options = generate_options(args);
     let runtime = runtime_options(args);
     let export = ExportSettings {
@@ -215,7 +219,12 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
         .unwrap_or(Path::new("."));
     // Schedule errors are reported before the (slow) session build.
     crate::engine::Schedule::new(&options.method).map_err(GenerateError::from)?;
-    let mut generator = Generator::open(args.bundle.as_deref().expect("clap requires --bundle"), unpack_dir, &export, &runtime)?;
+    let mut generator = Generator::open(
+        args.bundle.as_deref().expect("clap requires --bundle"),
+        unpack_dir,
+        &export,
+        &runtime,
+    )?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(
             "worker: onnx runtime {} from {} ({}), provider {}",

@@ -376,7 +376,7 @@ impl Bundle {
         if a.layers == 0 || a.text_len == 0 || e.frames_per_block == 0 {
             return bad("layers, text_len and frames_per_block must be positive".into());
         }
-        if e.latent_frames % e.frames_per_block != 0 {
+        if !e.latent_frames.is_multiple_of(e.frames_per_block) {
             return bad(format!(
                 "latent_frames {} is not a multiple of frames_per_block {}",
                 e.latent_frames, e.frames_per_block
@@ -386,8 +386,8 @@ impl Bundle {
         let pixel_patch_w = a.vae_stride[2] * a.patch[2];
         if pixel_patch_h == 0
             || pixel_patch_w == 0
-            || e.height % pixel_patch_h != 0
-            || e.width % pixel_patch_w != 0
+            || !e.height.is_multiple_of(pixel_patch_h)
+            || !e.width.is_multiple_of(pixel_patch_w)
         {
             return bad(format!(
                 "{}x{} pixels is not a multiple of the {}x{} pixel patch",

@@ -426,6 +426,8 @@ impl Generator {
             self.dit_pass(clean, frame_offset, past, true, times)?;
             self.kv.len += d.block_tokens();
 
+            // The block's output goes to `x0`: the clean-cache pass's prediction, or the last
+            // denoising step's x0 as it stands.
             let buf = &mut self.buffers;
             if method.emit == Emit::CachePass {
                 for ((out, &x), &v) in buf.x0.iter_mut().zip(&buf.x).zip(&buf.flow) {

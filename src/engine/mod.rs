@@ -4,6 +4,28 @@
 //! process; [`bundle`] opens and checks an asset bundle; [`session`] builds the graphs' sessions
 //! on the requested execution provider; [`generate`] runs the block-causal loop with
 //! [`schedule`] and [`noise`]; [`probe`] reports the environment for `runner doctor`.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use unstep::engine::{ExportSettings, GenerateOptions, Generator, MethodSettings, RuntimeOptions};
+//!
+//! // Opening checks the bundle (checksums, graph contract, export settings) before any
+//! // generation; a `.zip` bundle is unpacked into the second path.
+//! let mut generator = Generator::open(
+//!     Path::new("assets/tiny"),
+//!     Path::new("/tmp/unpacked-bundles"),
+//!     &ExportSettings::default(),
+//!     &RuntimeOptions::default(),
+//! )?;
+//! let options = GenerateOptions {
+//!     method: MethodSettings { clean_sigma: 0.01, ..MethodSettings::default() },
+//!     ..GenerateOptions::default()
+//! };
+//! // The index is the prompt's global index: it selects the noise.
+//! let video = generator.generate(7, "a campfire crackling under a starry sky", &options)?;
+//! println!("{} frames in {:?}", video.frame_shape[0], video.times.timed_total);
+//! # Ok::<(), unstep::engine::GenerateError>(())
+//! ```
 
 pub mod bundle;
 pub mod generate;

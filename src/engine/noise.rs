@@ -71,7 +71,7 @@ pub fn fill_normal(seed: u64, prompt: u32, draw: u32, out: &mut [f32]) {
 /// four (one Philox block gives four elements), which lets callers split a draw into chunks.
 pub fn fill_normal_at(seed: u64, prompt: u32, draw: u32, start: usize, out: &mut [f32]) {
     assert!(
-        start % 4 == 0,
+        start.is_multiple_of(4),
         "noise chunks start at a multiple of 4, not {start}"
     );
     let key = key_of(seed);

@@ -120,7 +120,8 @@ impl Schedule {
         if settings.denoising_steps.is_empty() {
             return Err(ScheduleError::NoSteps);
         }
-        if !(settings.timestep_shift > 0.0) {
+        // Written to also refuse NaN.
+        if settings.timestep_shift.is_nan() || settings.timestep_shift <= 0.0 {
             return Err(ScheduleError::BadShift(settings.timestep_shift));
         }
         if !(0.0..=1.0).contains(&settings.clean_sigma) {

@@ -20,7 +20,7 @@ use super::staging::{self, StageRequest, StagingError};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, Kind, Provider, Resolved};
 use crate::plan::{Plan, Process, Role};
-use crate::results::files::{read_json, read_timings, write_json_atomic, write_atomic};
+use crate::results::files::{read_json, read_timings, write_atomic, write_json_atomic};
 use crate::results::records::{
     CacheLabel, ProcessRole, RunRecord, RunStatus, Summary, TimingRecord,
 };
@@ -38,7 +38,10 @@ pub struct ApplyOptions {
 pub enum ApplyError {
     /// The user must change something; nothing was written.
     #[error("{message}")]
-    Refused { message: String, hint: Option<String> },
+    Refused {
+        message: String,
+        hint: Option<String>,
+    },
     #[error(transparent)]
     Lock(#[from] LockError),
     #[error(transparent)]
@@ -61,9 +64,13 @@ impl ApplyError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ApplyError::Refused { .. } | ApplyError::Lock(LockError::Held { .. }) | ApplyError::Staging(
-                StagingError::Exists(_) | StagingError::AuditMismatch { .. } | StagingError::Symlink(_)
-            )
+            ApplyError::Refused { .. }
+                | ApplyError::Lock(LockError::Held { .. })
+                | ApplyError::Staging(
+                    StagingError::Exists(_)
+                        | StagingError::AuditMismatch { .. }
+                        | StagingError::Symlink(_)
+                )
         )
     }
 
@@ -112,7 +119,10 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
     let p = &r.paths;
     if r.prompts.is_none() {
         return Err(ApplyError::refused(
-            format!("prompt file {} does not exist", display_path(&p.prompts_file)),
+            format!(
+                "prompt file {} does not exist",
+                display_path(&p.prompts_file)
+            ),
             "put one prompt per line there (see assets/prompts/README.md), or set prompts.file",
         ));
     }
@@ -125,13 +135,12 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
     let m = &r.manifest;
     if m.kind == Kind::Probe {
         let state = &p.run_state_root;
-        let has_state = fs::read_dir(state).map(|mut d| d.next().is_some()).unwrap_or(false);
+        let has_state = fs::read_dir(state)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
         if has_state && !m.cache.reuse_runtime_state {
             return Err(ApplyError::refused(
-                format!(
-                    "runtime state already exists at {}",
-                    display_path(state)
-                ),
+                format!("runtime state already exists at {}", display_path(state)),
                 "use a new run name for fresh results, or set cache.reuse_runtime_state = true (UNSTEP_REUSE_RUNTIME_STATE=1) to reuse it",
             ));
         }
@@ -203,7 +212,8 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
 
-    let runner = std::env::current_exe().map_err(|e| ApplyError::Io(format!("cannot find the runner binary: {e}")))?;
+    let runner = std::env::current_exe()
+        .map_err(|e| ApplyError::Io(format!("cannot find the runner binary: {e}")))?;
     let resolved_toml = toml::to_string(&m).unwrap_or_default();
     let stage = staging::stage(&StageRequest {
         dir: plan.work_root.join(&plan.run),
@@ -218,7 +228,10 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     if m.cache.clear_global {
         clear_global_caches();
     }
-    let mkdir = |d: &Path| fs::create_dir_all(d).map_err(|e| ApplyError::Io(format!("cannot create {}: {e}", d.display())));
+    let mkdir = |d: &Path| {
+        fs::create_dir_all(d)
+            .map_err(|e| ApplyError::Io(format!("cannot create {}: {e}", d.display())))
+    };
     for d in ["logs", "timings", "specs"] {
         mkdir(&run_dir.join(d))?;
     }
@@ -242,7 +255,10 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
 
     let mut record = RunRecord::new(r, plan, SystemTime::now());
     record.git = crate::results::records::GitState::detect(
-        r.files.first().and_then(|f| f.path.parent()).unwrap_or(Path::new(".")),
+        r.files
+            .first()
+            .and_then(|f| f.path.parent())
+            .unwrap_or(Path::new(".")),
     );
     write_json_atomic(&run_dir.join("run.json"), &record)?;
 
@@ -250,7 +266,19 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     let specs: Vec<Option<ProcessSpec>> = plan
         .processes
         .iter()
-        .map(|p| process_spec(r, plan, p, prompts, &stage.bundle, &run_dir, &videos, &config_hash, &done))
+        .map(|p| {
+            process_spec(
+                r,
+                plan,
+                p,
+                prompts,
+                &stage.bundle,
+                &run_dir,
+                &videos,
+                &config_hash,
+                &done,
+            )
+        })
         .collect();
     let remaining: usize = specs
         .iter()
@@ -259,7 +287,14 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         .map(|s| s.prompts.len())
         .sum();
     let progress = Progress::new(opts.quiet, remaining, done.len());
-    let failures = run_slots(plan, &specs, &stage.runner, &run_dir, m.kind == Kind::Probe, &progress);
+    let failures = run_slots(
+        plan,
+        &specs,
+        &stage.runner,
+        &run_dir,
+        m.kind == Kind::Probe,
+        &progress,
+    );
     progress.finish();
 
     let interrupted = INTERRUPTED.load(Ordering::SeqCst);
@@ -283,7 +318,10 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     let (provider, ort) = worker_facts(&run_dir);
     record.execution_provider = provider;
     record.versions.onnxruntime = ort;
-    record.finish(status, (!failures.is_empty()).then(|| failures.join("\n\n")));
+    record.finish(
+        status,
+        (!failures.is_empty()).then(|| failures.join("\n\n")),
+    );
     write_json_atomic(&run_dir.join("run.json"), &record)?;
 
     // Cleanup (SPEC §7): success and interruption remove the staging snapshot; a failed run keeps
@@ -359,10 +397,16 @@ fn process_spec(
         prompts: todo,
         manifest: r.manifest.clone(),
         cache_dir: p.cache_dir.clone(),
-        timings: run_dir.join("timings").join(format!("{:03}.jsonl", p.index)),
+        timings: run_dir
+            .join("timings")
+            .join(format!("{:03}.jsonl", p.index)),
         run_dir: run_dir.to_path_buf(),
         // Warmups never keep videos.
-        videos: if role == ProcessRole::Warmup { None } else { videos.clone() },
+        videos: if role == ProcessRole::Warmup {
+            None
+        } else {
+            videos.clone()
+        },
         config_hash: config_hash.to_string(),
         ort_library: r.paths.ort_library.clone(),
     })
@@ -455,11 +499,19 @@ fn run_process(
     let spec_path = run_dir.join("specs").join(format!("{:03}.json", p.index));
     let text = serde_json::to_string_pretty(spec).expect("specs serialise");
     write_atomic(&spec_path, text.as_bytes()).map_err(|e| format!("{}: {e}", describe()))?;
-    fs::create_dir_all(&spec.cache_dir).map_err(|e| format!("{}: cannot create {}: {e}", describe(), spec.cache_dir.display()))?;
+    fs::create_dir_all(&spec.cache_dir).map_err(|e| {
+        format!(
+            "{}: cannot create {}: {e}",
+            describe(),
+            spec.cache_dir.display()
+        )
+    })?;
     if let Some(v) = &spec.videos {
-        fs::create_dir_all(v).map_err(|e| format!("{}: cannot create {}: {e}", describe(), v.display()))?;
+        fs::create_dir_all(v)
+            .map_err(|e| format!("{}: cannot create {}: {e}", describe(), v.display()))?;
     }
-    let log = fs::File::create(&p.log).map_err(|e| format!("{}: cannot create {}: {e}", describe(), p.log.display()))?;
+    let log = fs::File::create(&p.log)
+        .map_err(|e| format!("{}: cannot create {}: {e}", describe(), p.log.display()))?;
     let mut cmd = Command::new(runner);
     cmd.arg("worker")
         .arg("--spec")
@@ -469,7 +521,10 @@ fn run_process(
         .stderr(log)
         // Compiler caches of this process, and nothing global (SPEC §7).
         .env("CUDA_CACHE_PATH", spec.cache_dir.join("cuda_jit"))
-        .env("OMP_NUM_THREADS", spec.manifest.runtime.cpu_threads_per_process.0.to_string());
+        .env(
+            "OMP_NUM_THREADS",
+            spec.manifest.runtime.cpu_threads_per_process.0.to_string(),
+        );
     if spec.manifest.runtime.provider != Provider::Cpu {
         cmd.env("CUDA_VISIBLE_DEVICES", &plan.slots[p.slot].device);
     }
@@ -514,9 +569,13 @@ fn log_tail(path: &Path, n: usize) -> String {
 
 /// The execution provider and ONNX Runtime version a worker reported.
 fn worker_facts(run_dir: &Path) -> (Option<String>, Option<String>) {
-    let text = fs::read_to_string(run_dir.join("logs").join("worker_facts.json")).unwrap_or_default();
+    let text =
+        fs::read_to_string(run_dir.join("logs").join("worker_facts.json")).unwrap_or_default();
     match serde_json::from_str::<WorkerEvent>(&text) {
-        Ok(WorkerEvent::Ready { provider, ort_version }) => (Some(provider), Some(ort_version)),
+        Ok(WorkerEvent::Ready {
+            provider,
+            ort_version,
+        }) => (Some(provider), Some(ort_version)),
         _ => (None, None),
     }
 }

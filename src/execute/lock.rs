@@ -13,9 +13,16 @@ pub const LOCK_FILE: &str = ".unstep.lock";
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("{} is in use by run `{holder}` (pid {pid}); wait for it, or give this run its own folder", .dir.display())]
-    Held { dir: PathBuf, holder: String, pid: String },
+    Held {
+        dir: PathBuf,
+        holder: String,
+        pid: String,
+    },
     #[error("cannot lock {}: {source}", .dir.display())]
-    Io { dir: PathBuf, source: std::io::Error },
+    Io {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A held lock; dropping it releases the lock.

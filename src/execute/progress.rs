@@ -27,8 +27,10 @@ impl Progress {
         }
         let bar = ProgressBar::new(total as u64);
         bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} prompts {msg}")
-                .expect("a valid template"),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} prompts {msg}",
+            )
+            .expect("a valid template"),
         );
         Progress::Bar(bar)
     }
@@ -39,10 +41,22 @@ impl Progress {
             (Progress::Lines, WorkerEvent::Ready { provider, .. }) => {
                 eprintln!("process {process}: sessions ready on {provider}")
             }
-            (Progress::Lines, WorkerEvent::Prompt { prompt, timed_total_s }) => {
+            (
+                Progress::Lines,
+                WorkerEvent::Prompt {
+                    prompt,
+                    timed_total_s,
+                },
+            ) => {
                 eprintln!("process {process}: prompt {prompt} done in {timed_total_s:.3} s")
             }
-            (Progress::Bar(bar), WorkerEvent::Prompt { prompt, timed_total_s }) => {
+            (
+                Progress::Bar(bar),
+                WorkerEvent::Prompt {
+                    prompt,
+                    timed_total_s,
+                },
+            ) => {
                 bar.inc(1);
                 bar.set_message(format!("prompt {prompt}: {timed_total_s:.2} s"));
             }

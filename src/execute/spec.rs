@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{self, GenerateOptions, Generator, MethodSettings, RuntimeOptions};
 use crate::manifest::{self, Manifest, VideoNaming};
-use crate::results::records::{ProcessRole, TimedRegionEnd, TimingRecord};
 use crate::results::files::append_jsonl;
+use crate::results::records::{ProcessRole, TimedRegionEnd, TimingRecord};
 
 /// One prompt to generate: its global index and text.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -50,7 +50,10 @@ pub struct ProcessSpec {
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum WorkerEvent {
     /// Sessions are built; generation starts.
-    Ready { provider: String, ort_version: String },
+    Ready {
+        provider: String,
+        ort_version: String,
+    },
     /// One prompt is done (and its video written, when asked).
     Prompt { prompt: u32, timed_total_s: f64 },
 }
@@ -253,7 +256,10 @@ mod tests {
             index: 3,
             text: "a cat/dog on a skateboard".into(),
         };
-        assert_eq!(video_name(VideoNaming::Vbench, &p), "a cat_dog on a skateboard-0.mp4");
+        assert_eq!(
+            video_name(VideoNaming::Vbench, &p),
+            "a cat_dog on a skateboard-0.mp4"
+        );
         assert_eq!(video_name(VideoNaming::Indexed, &p), "0003.mp4");
     }
 }

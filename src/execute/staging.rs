@@ -31,7 +31,10 @@ pub enum StagingError {
     #[error("cannot read the bundle archive {}: {reason}", .path.display())]
     Zip { path: PathBuf, reason: String },
     #[error("cannot stage {}: {source}", .path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StagingError + '_ {
@@ -141,7 +144,10 @@ fn fill(req: &StageRequest, dir: &Path) -> Result<Audit, StagingError> {
     copy_file(&req.runner, &dir.join("bin/runner"))?;
     copy_file(&req.prompts_file, &dir.join("prompts.txt"))?;
     for (i, m) in req.manifests.iter().enumerate() {
-        let name = m.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = m
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         copy_file(m, &dir.join("manifests").join(format!("{i}-{name}")))?;
     }
     let resolved = dir.join("manifest.resolved.toml");
@@ -188,7 +194,9 @@ fn reuse(req: &StageRequest) -> Result<Stage, StagingError> {
         let fresh = audit(&req.bundle)?;
         for (rel, hash) in &fresh.files {
             if recorded.files.get(&format!("bundle/{rel}")) != Some(hash) {
-                return Err(mismatch(format!("bundle/{rel} differs from the source bundle")));
+                return Err(mismatch(format!(
+                    "bundle/{rel} differs from the source bundle"
+                )));
             }
         }
     }
@@ -213,7 +221,10 @@ fn first_difference(a: &Audit, b: &Audit) -> String {
 }
 
 fn is_zip(path: &Path) -> bool {
-    path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("zip"))
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("zip"))
 }
 
 fn copy_file(src: &Path, dst: &Path) -> Result<(), StagingError> {

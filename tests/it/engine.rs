@@ -196,6 +196,15 @@ fn assert_frames_close(
         .map(|(a, b)| a.abs_diff(*b))
         .max()
         .unwrap_or(0);
+    let off = compared
+        .iter()
+        .zip(expected)
+        .filter(|(a, b)| a != b)
+        .count();
+    eprintln!(
+        "{what}: frames max abs error {worst}, {off} of {} values differ",
+        expected.len()
+    );
     assert!(
         worst <= 1,
         "{what}: frames differ by up to {worst} (tolerance 1)"

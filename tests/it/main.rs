@@ -1,5 +1,6 @@
 //! The one integration-test binary; each module covers one part of the product.
 
+mod apply;
 mod engine;
 mod manifest;
 mod report;

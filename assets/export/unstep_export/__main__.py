@@ -38,16 +38,17 @@ def cmd_export(args):
         n = factorise(dit, args.svd_rank)
         svd = args.svd_rank
         print(f"svd rank {svd}: factorised {n} linear layers")
-    dit, te, vae = dit.to(dtype), te.to(dtype), vae.to(dtype)
+    dev = torch.device(args.device)
+    dit, te, vae = dit.to(dev, dtype), te.to(dev, dtype), vae.to(dev, dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("dit.onnx", "dit.onnx.data", "vae_first.onnx", "vae_first.onnx.data", "vae_step.onnx",
                   "vae_step.onnx.data", "text_encoder.onnx", "text_encoder.onnx.data", "bundle.toml"):
         (out / stale).unlink(missing_ok=True)
     t = time.time()
-    ex.export_text(te, cfg, out, dtype)
-    ex.export_dit(dit, cfg, out, dtype)
-    n = ex.export_vae(vae, cfg, out, dtype)
+    ex.export_text(te, cfg, out, dtype, dev)
+    ex.export_dit(dit, cfg, out, dtype, dev)
+    n = ex.export_vae(vae, cfg, out, dtype, dev)
     notes = []
     if not args.checkpoint:
         notes.append("Seeded random weights (no checkpoint given).")
@@ -185,6 +186,8 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], help="default fp32 for tiny, fp16 otherwise")
     p.add_argument("--svd-rank", type=int, default=None)
+    p.add_argument("--device", default="cpu",
+                   help="device the export traces on; use cuda for wan-1.3b fp16 (fp16 on CPU is very slow)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("golden", help="write golden reference outputs")
@@ -207,6 +210,7 @@ def main(argv=None):
     p.add_argument("--latent-tol", type=float, default=1e-3)
     p.add_argument("--frame-tol", type=int, default=1)
     p.add_argument("--graph-tol", type=float, default=1e-3)
+    p.add_argument("--svd-rank", type=int, default=None, help="the rank the bundle was exported with")
     p.set_defaults(fn=cmd_parity)
 
     p = sub.add_parser("sample", help="run the loop (PyTorch or ORT) with per-phase timings")

@@ -58,7 +58,7 @@ class TextGraph(nn.Module):
         return self.te(input_ids, attention_mask).to(self.dtype)
 
 
-def _export(module, args, path: Path, input_names, output_names, dynamic_axes=None):
+def _export(module, args, path: Path, input_names, output_names, output_shapes, dynamic_axes=None):
     """TorchScript exporter (dynamo=False): it honours autograd.Function.symbolic, which is how
     attention becomes com.microsoft.MultiHeadAttention.  Saved through a temp dir so that graphs
     over 2 GB end up with one external data file `<name>.data` beside them."""
@@ -71,6 +71,16 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_axes=No
                 custom_opsets={"com.microsoft": 1}, dynamo=False,
             )
         model = onnx.load(str(tmp_path), load_external_data=True)
+    # The TorchScript exporter's shape inference leaves some outputs with made-up symbolic dims
+    # (e.g. vae_first's cache_out); the runner reads output shapes from the graph, so write the
+    # real, static ones.  No output of any graph depends on the dynamic P axis.
+    # (Shapes are known in advance: running a 1.3B model again only to read them is slow on CPU.)
+    assert len(output_shapes) == len(model.graph.output)
+    for out, shape in zip(model.graph.output, output_shapes):
+        dims = out.type.tensor_type.shape.dim
+        del dims[:]
+        for n in shape:
+            dims.add().dim_value = int(n)
     data = path.with_name(path.name + ".data")
     if data.exists():
         data.unlink()
@@ -81,47 +91,49 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_axes=No
         onnx.save_model(model, str(path))
 
 
-def vae_cache_shapes(vae, cfg: Config, dtype):
+def vae_cache_shapes(vae, cfg: Config, dtype, device="cpu"):
     with torch.no_grad():
-        z = torch.zeros(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype)
+        z = torch.zeros(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
         _, caches = vae.decode_frame(z, None)
     return [tuple(c.shape) for c in caches]
 
 
-def export_dit(dit, cfg: Config, out: Path, dtype):
+def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu"):
     F, T, D, L = cfg.frames_per_block, cfg.frames_per_block * cfg.tokens_per_frame, cfg.dim, cfg.layers
     P = T  # trace with a non-empty past; the P axis is dynamic (0 works at run time)
-    x = torch.randn(1, cfg.latent_channels, F, cfg.lat_h, cfg.lat_w, dtype=dtype)
-    ts = torch.full((1, F), 500.0, dtype=torch.float32)
-    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, dtype=dtype)
-    off = torch.tensor([F], dtype=torch.int64)
+    x = torch.randn(1, cfg.latent_channels, F, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
+    ts = torch.full((1, F), 500.0, dtype=torch.float32, device=device)
+    ctx = torch.randn(1, cfg.text_len, cfg.text_dim, dtype=dtype, device=device)
+    off = torch.tensor([F], dtype=torch.int64, device=device)
     past, in_names, out_names, dyn = [], ["x", "timestep", "context", "frame_offset"], ["flow"], {}
     for i in range(L):
-        past += [torch.randn(1, P, D, dtype=dtype), torch.randn(1, P, D, dtype=dtype)]
+        past += [torch.randn(1, P, D, dtype=dtype, device=device), torch.randn(1, P, D, dtype=dtype, device=device)]
         in_names += [f"past_k.{i}", f"past_v.{i}"]
         out_names += [f"new_k.{i}", f"new_v.{i}"]
         dyn[f"past_k.{i}"] = {1: "P"}
         dyn[f"past_v.{i}"] = {1: "P"}
-    _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit.onnx", in_names, out_names, dyn)
+    shapes = [tuple(x.shape)] + [(1, T, D)] * (2 * L)
+    _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit.onnx", in_names, out_names, shapes, dyn)
 
 
-def export_vae(vae, cfg: Config, out: Path, dtype):
-    z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype)
-    shapes = vae_cache_shapes(vae, cfg, dtype)
+def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu"):
+    z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
+    shapes = vae_cache_shapes(vae, cfg, dtype, device)
     n = len(shapes)
-    _export(VaeGraph(vae, True), (z,), out / "vae_first.onnx", ["z"], ["frames"] + [f"cache_out.{j}" for j in range(n)])
-    caches = [torch.randn(s, dtype=dtype) for s in shapes]
-    _export(
-        VaeGraph(vae, False), (z, *caches), out / "vae_step.onnx",
-        ["z"] + [f"cache_in.{j}" for j in range(n)], ["frames"] + [f"cache_out.{j}" for j in range(n)],
-    )
+    outs = ["frames"] + [f"cache_out.{j}" for j in range(n)]
+    frames = lambda k: (1, 3, k, cfg.height, cfg.width)  # noqa: E731
+    _export(VaeGraph(vae, True), (z,), out / "vae_first.onnx", ["z"], outs, [frames(1)] + shapes)
+    caches = [torch.randn(s, dtype=dtype, device=device) for s in shapes]
+    _export(VaeGraph(vae, False), (z, *caches), out / "vae_step.onnx", ["z"] + [f"cache_in.{j}" for j in range(n)],
+            outs, [frames(4)] + shapes)
     return n
 
 
-def export_text(te, cfg: Config, out: Path, dtype):
-    ids = torch.ones(1, cfg.text_len, dtype=torch.int64)
-    mask = torch.ones(1, cfg.text_len, dtype=torch.int64)
-    _export(TextGraph(te, dtype), (ids, mask), out / "text_encoder.onnx", ["input_ids", "attention_mask"], ["context"])
+def export_text(te, cfg: Config, out: Path, dtype, device="cpu"):
+    ids = torch.ones(1, cfg.text_len, dtype=torch.int64, device=device)
+    mask = torch.ones(1, cfg.text_len, dtype=torch.int64, device=device)
+    _export(TextGraph(te, dtype), (ids, mask), out / "text_encoder.onnx", ["input_ids", "attention_mask"], ["context"],
+            [(1, cfg.text_len, cfg.text_dim)])
 
 
 def sha256(path: Path) -> str:

@@ -40,7 +40,9 @@ class LayerNorm(nn.LayerNorm):
         super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine)
 
     def forward(self, x):
-        return super().forward(x.float()).type_as(x)
+        w = self.weight.float() if self.weight is not None else None
+        b = self.bias.float() if self.bias is not None else None
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).type_as(x)
 
 
 def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:

@@ -27,6 +27,10 @@ def run_parity(args) -> int:
 
     cfg = preset(args.preset)
     dit, te, vae = build(cfg, args.checkpoint, args.text_checkpoint, args.vae_checkpoint)
+    if args.svd_rank:
+        from .model import factorise
+
+        factorise(dit, args.svd_rank)  # compare against the same factorised weights
     ort_b = OrtBackend(args.bundle, cfg, threads=args.threads or 2)
     if ort_b.np_dtype != np.float32:
         print("note: non-fp32 bundle; comparing against the fp32 reference, tolerances may need widening")

@@ -70,7 +70,8 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(shape))
 
     def forward(self, x):
-        return F.normalize(x, dim=1) * self.scale * self.gamma
+        # float32: a sum of C squares overflows fp16 easily.
+        return F.normalize(x.float(), dim=1).type_as(x) * self.scale * self.gamma
 
 
 class ResidualBlock(nn.Module):
@@ -104,8 +105,8 @@ class AttentionBlock(nn.Module):
         y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         y = self.norm(y)
         q, k, v = self.to_qkv(y).reshape(b * t, c * 3, h * w).transpose(1, 2).chunk(3, dim=-1)
-        attn = torch.softmax((q @ k.transpose(1, 2)) * c**-0.5, dim=-1)
-        y = (attn @ v).transpose(1, 2).reshape(b * t, c, h, w)
+        attn = torch.softmax((q.float() @ k.float().transpose(1, 2)) * c**-0.5, dim=-1)
+        y = (attn @ v.float()).type_as(x).transpose(1, 2).reshape(b * t, c, h, w)
         y = self.proj(y)
         y = y.reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
         return y + identity

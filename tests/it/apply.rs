@@ -1,0 +1,383 @@
+//! `runner apply` end to end on the embedded tiny bundle and the CPU: real worker processes,
+//! real locks, real files.
+
+use std::path::{Path, PathBuf};
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{Test, repo};
+
+/// A manifest over the tiny bundle with its results, work root and caches inside the test.
+fn manifest(t: &Test, kind: &str, extra: &str) -> String {
+    let root = t.path();
+    format!(
+        "kind = \"{kind}\"\n\
+         [prompts]\nfile = \"{prompts}\"\n\
+         [runtime]\nprovider = \"cpu\"\ncpu_threads_per_process = 1\n\
+         [method]\nheight = 64\nwidth = 112\nprecision = \"fp32\"\n\
+         [outputs]\ndir = \"{root}/results\"\n\
+         [staging]\nwork_root = \"{root}/work\"\n\
+         [assets]\nbundle = \"{bundle}\"\n\
+         {extra}",
+        prompts = repo().join("assets/prompts/tiny.txt").display(),
+        bundle = repo().join("assets/tiny").display(),
+        root = root.display(),
+    )
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn records(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("timings.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn shard_prompts(run_dir: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = records(run_dir)
+        .iter()
+        .filter(|r| r["role"] == "shard")
+        .map(|r| r["prompt"].as_u64().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+fn videos(run_dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(run_dir.join("videos"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+const TWO_SLOTS: &str = "[shards]\ncount = 2\n";
+
+/// A generation of `indices` in two shards over two CPU slots, written to `<name>.toml`.
+fn generation(t: &Test, name: &str, indices: &str) -> PathBuf {
+    let text = manifest(t, "generation", TWO_SLOTS)
+        .replace(
+            "[prompts]\n",
+            &format!("[prompts]\nindices = \"{indices}\"\n"),
+        )
+        .replace("[runtime]\n", "[runtime]\ncpu_slots = 2\n");
+    let path = t.path().join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
+    let t = Test::new();
+    generation(&t, "gen", "0-3");
+    let out = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let run_dir = t.path().join("results/gen");
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3]);
+    assert_eq!(videos(&run_dir).len(), 4);
+    let run = read_json(&run_dir.join("run.json"));
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["cache"]["label"], "fresh");
+    let summary = read_json(&run_dir.join("summary.json"));
+    for stat in [
+        "raw_mean",
+        "warm_mean_excluding_first",
+        "min_after_first",
+        "steady_tail_mean",
+    ] {
+        assert!(
+            summary["timed_total"][stat].as_f64().unwrap() > 0.0,
+            "{stat}"
+        );
+    }
+    // Both slots worked, each with its own isolated cache.
+    let slots: std::collections::BTreeSet<String> = records(&run_dir)
+        .iter()
+        .map(|r| r["slot"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(slots.len(), 2, "{slots:?}");
+    assert!(run_dir.join("runtime_state/cpu0").is_dir());
+    assert!(run_dir.join("runtime_state/cpu1").is_dir());
+    // Success removes the staging snapshot and releases the lock.
+    assert!(!t.path().join("work/gen").exists());
+    assert!(
+        out.stdout.contains("warm_mean_excluding_first"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
+    let t = Test::new();
+    std::fs::write(
+        t.path().join("one.toml"),
+        manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
+            .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n"),
+    )
+    .unwrap();
+    let out = t.cmd().args(["apply", "--quiet", "one.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let run_dir = t.path().join("results/one");
+    let s = read_json(&run_dir.join("summary.json"));
+    let total = &s["timed_total"];
+    assert!(total["warm_mean_excluding_first"].is_null());
+    assert!(total["min_after_first"].is_null());
+    let measured: Vec<f64> = records(&run_dir)
+        .iter()
+        .filter(|r| r["role"] == "measurement")
+        .map(|r| r["timed_total_s"].as_f64().unwrap())
+        .collect();
+    assert_eq!(measured.len(), 1);
+    assert_eq!(total["raw_mean"].as_f64(), Some(measured[0]));
+    assert_eq!(total["steady_tail_mean"].as_f64(), Some(measured[0]));
+    assert!(out.stdout.contains("n/a"), "{}", out.stdout);
+    // The warmup ran in its own process before the measurement.
+    let roles: Vec<String> = records(&run_dir)
+        .iter()
+        .map(|r| r["role"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(roles, vec!["warmup", "measurement"]);
+
+    // Its compiler state now exists: applying again is refused with the fix named.
+    let again = t.cmd().args(["apply", "--quiet", "one.toml"]).run();
+    assert_eq!(again.code, 2, "{}", again.render());
+    assert!(
+        again.stderr.contains("runtime state already exists"),
+        "{}",
+        again.stderr
+    );
+    assert!(
+        again.stderr.contains("reuse_runtime_state"),
+        "{}",
+        again.stderr
+    );
+    let reuse = t
+        .cmd()
+        .env("UNSTEP_REUSE_RUNTIME_STATE", "1")
+        .args(["apply", "--quiet", "one.toml"])
+        .run();
+    assert_eq!(reuse.code, 0, "{}", reuse.render());
+}
+
+/// The pid of the worker process running spec `NNN.json` of a run, if it is alive.
+fn worker_pid(spec: &Path) -> Option<i32> {
+    let needle = spec.display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        (cmdline.contains(" worker --spec ") && cmdline.contains(&needle)).then_some(pid)
+    })
+}
+
+#[test]
+fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
+    let t = Test::new();
+    generation(&t, "crash", "0-5");
+    let run_dir = t.path().join("results/crash");
+    let child = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", "crash.toml"])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Shard 1 runs on slot cpu1 as process 3 (after that slot's warmup, process 2). Kill it
+    // once it has finished one prompt.
+    let timings = run_dir.join("timings/003.jsonl");
+    let spec = run_dir.join("specs/003.json");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "shard 1 never finished a prompt");
+        let done = std::fs::read_to_string(&timings)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if done >= 1 {
+            if let Some(pid) = worker_pid(&spec) {
+                // SAFETY: killing a process this test started (through the runner).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("shard 1"), "{stderr}");
+    let run = read_json(&run_dir.join("run.json"));
+    assert_eq!(run["status"], "failed");
+    assert!(run["failure"].as_str().unwrap().contains("shard 1"));
+    // Shard 0 (slot cpu0) was not disturbed.
+    let before: Vec<u64> = shard_prompts(&run_dir);
+    for p in 0..3 {
+        assert!(
+            before.contains(&p),
+            "shard 0 finished prompt {p}: {before:?}"
+        );
+    }
+    assert!(before.len() >= 4 && before.len() < 6, "{before:?}");
+
+    // Re-applying resumes: the kept staging is reused (its audit matches), only the missing
+    // prompts are generated.
+    let again = t
+        .cmd()
+        .args(["apply", "--quiet", "--reuse-workdir", "crash.toml"])
+        .run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    let after = shard_prompts(&run_dir);
+    assert_eq!(
+        after,
+        vec![0, 1, 2, 3, 4, 5],
+        "every prompt once: nothing regenerated"
+    );
+
+    // The videos equal those of an uninterrupted run of the same prompts.
+    let clean = Test::new();
+    generation(&clean, "crash", "0-5");
+    let out = clean.cmd().args(["apply", "--quiet", "crash.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(
+        videos(&run_dir),
+        videos(&clean.path().join("results/crash"))
+    );
+}
+
+#[test]
+fn a_second_probe_on_a_held_work_root_is_refused_at_once_and_separate_roots_both_finish() {
+    let t = Test::new();
+    let probe = |name: &str, work: &str| {
+        let text = manifest(&t, "probe", "[warmup]\nrepeats = 0\n")
+            .replace("[prompts]\n", "[prompts]\nindices = \"0-3\"\n")
+            .replace(
+                &format!("{}/work", t.path().display()),
+                &format!("{}/{work}", t.path().display()),
+            );
+        std::fs::write(t.path().join(format!("{name}.toml")), text).unwrap();
+    };
+    probe("first", "work");
+    probe("second", "work");
+    probe("third", "work3");
+    let spawn = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_runner"))
+            .args(["apply", "--quiet", &format!("{name}.toml")])
+            .current_dir(t.path())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(
+                std::env::vars()
+                    .filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = spawn("first");
+    let lock = t.path().join("work/.unstep.lock");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&lock)
+        .unwrap_or_default()
+        .contains("run=first")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first probe never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    let second = t.cmd().args(["apply", "--quiet", "second.toml"]).run();
+    let waited = started.elapsed();
+    assert_eq!(second.code, 2, "{}", second.render());
+    assert!(
+        second.stderr.contains("in use by run `first`"),
+        "{}",
+        second.stderr
+    );
+    assert!(
+        !t.path().join("results/second").exists(),
+        "the refused run wrote nothing"
+    );
+    let third = spawn("third");
+    let first = first.wait_with_output().unwrap();
+    let third = third.wait_with_output().unwrap();
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(
+        third.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    // "At once": the refusal did not wait for the first probe to finish.
+    let first_run = read_json(&t.path().join("results/first/run.json"));
+    assert_eq!(first_run["status"], "succeeded");
+    assert!(waited < Duration::from_secs(5), "refusal took {waited:?}");
+}
+
+#[test]
+fn unsafe_paths_are_refused_before_anything_is_written() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "").replace(
+        &format!("dir = \"{}/results\"", t.path().display()),
+        &format!("dir = \"{}/assets/tiny/out\"", repo().display()),
+    );
+    std::fs::write(t.path().join("bad.toml"), text).unwrap();
+    let out = t.cmd().args(["apply", "--quiet", "bad.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("overlaps the asset bundle"),
+        "{}",
+        out.stderr
+    );
+    assert!(!repo().join("assets/tiny/out").exists());
+    assert!(!t.path().join("work").exists());
+}
+
+#[test]
+fn a_missing_bundle_is_an_apply_error_naming_the_export_command() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
+        .replace(
+            &format!("bundle = \"{}\"", repo().join("assets/tiny").display()),
+            "bundle = \"nope\"",
+        );
+    std::fs::write(t.path().join("m.toml"), text).unwrap();
+    let plan = t.cmd().args(["plan", "m.toml"]).run();
+    assert_eq!(
+        plan.code,
+        0,
+        "a missing bundle is only a warning for plan: {}",
+        plan.render()
+    );
+    assert!(plan.stdout.contains("does not exist yet"));
+    let out = t.cmd().args(["apply", "--quiet", "m.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(out.stderr.contains("unstep_export"), "{}", out.stderr);
+    assert!(!t.path().join("results").exists());
+}
