@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::engine::{
-    AttentionKernel, ConvAlgoSearch, CudaOptions, Emit, ExportSettings, GenerateError,
+    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, Emit, ExportSettings, GenerateError,
     GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider, RuntimeOptions,
     SessionError, SvdRank, TensorRtOptions,
 };
@@ -117,6 +117,13 @@ pub struct WorkerArgs {
     /// GPU providers always use it.
     #[arg(long)]
     pub io_binding: bool,
+    /// Device loop: decode the VAE after the DiT instead of beside it (block b while the DiT
+    /// generates block b + 1).
+    #[arg(long)]
+    pub no_overlap_vae: bool,
+    /// CUDA: grow the memory arena by what is asked for instead of to the next power of two.
+    #[arg(long)]
+    pub arena_same_as_requested: bool,
     /// Benchmark: generate the first prompt this many times unrecorded before one measured round
     /// (instead of a whole warmup round).
     #[arg(long, value_name = "N")]
@@ -247,7 +254,7 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
             ort.location.path.display(),
             ort.location.source,
             runtime.provider.name(),
-            attention_name(&runtime.provider),
+            attention_name(&runtime.provider, generator.bundle().manifest.precision),
             if generator.uses_device_loop() {
                 "device (io binding)"
             } else {
@@ -386,6 +393,11 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             prefer_nhwc: args.prefer_nhwc,
             attention: args.attention_backend,
             conv_algo_search: args.conv_algo_search,
+            arena_extend: if args.arena_same_as_requested {
+                ArenaExtend::SameAsRequested
+            } else {
+                ArenaExtend::NextPowerOfTwo
+            },
             ..CudaOptions::default()
         }),
         ProviderArg::Tensorrt => Provider::TensorRt(TensorRtOptions {
@@ -401,6 +413,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         intra_op_threads: args.threads,
         optimized_model_dir: args.optimized_model_dir.clone(),
         io_binding: args.io_binding,
+        overlap_vae: !args.no_overlap_vae,
     }
 }
 
@@ -426,14 +439,17 @@ fn parse_conv_search(name: &str) -> Result<ConvAlgoSearch, String> {
 }
 
 /// The attention kernel a provider was configured with, as results record it.
-pub fn attention_name(provider: &Provider) -> &'static str {
+pub fn attention_name(provider: &Provider, precision: Precision) -> String {
     match provider {
-        Provider::Cpu => "math (cpu)",
-        Provider::Cuda(c) => match c.attention {
-            AttentionKernel::Auto => "auto (onnxruntime's order: flash, efficient, unfused)",
-            other => other.name(),
+        Provider::Cpu => "math (cpu)".into(),
+        Provider::Cuda(c) => match (c.attention, c.attention.resolve(precision)) {
+            (AttentionKernel::Auto, AttentionKernel::Auto) => {
+                "auto (onnxruntime's default order)".into()
+            }
+            (AttentionKernel::Auto, kernel) => format!("{} (auto)", kernel.name()),
+            (asked, _) => asked.name().into(),
         },
-        Provider::TensorRt(_) => "tensorrt's own",
+        Provider::TensorRt(_) => "tensorrt's own".into(),
     }
 }
 

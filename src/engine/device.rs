@@ -197,8 +197,6 @@ struct SmallGraphs {
     axpby_f32: Session,
     /// `axpby` with `q` in the bundle's float type (the DiT's flow).
     axpby_model: Session,
-    latent_frame: Session,
-    layout: Session,
     /// `Identity` per element type, for host ↔ device copies.
     identity_f32: Session,
     identity_i64: Session,
@@ -317,19 +315,12 @@ pub(crate) struct DeviceLoop {
     coefficients: Buf,
     timesteps: Buf,
     offsets: Buf,
-    indices: Buf,
-    std: Buf,
-    mean: Buf,
-    /// Final latents, block after block: `[blocks][1, C, F, h, w]`, float32.
-    latents: Buf,
-    z: Buf,
-    /// The decoder's output, call after call (`[1, 3, n, H, W]` each), in the bundle's type.
-    video: Buf,
-    /// The causal cache of the VAE, two sets used in turn (inputs of one call, outputs of it).
-    vae_cache: [Vec<Buf>; 2],
-    vae_cache_shapes: Vec<Vec<i64>>,
+    /// The decoder's sessions and buffers; taken out of the loop while a prompt runs, so that a
+    /// decoder thread can hold them while the DiT runs on the caller's thread.
+    vae: Option<VaeParts>,
+    /// Decode each block while the DiT generates the next (SPEC §6).
+    overlap_vae: bool,
     names: Names,
-    frames_u8: Buf,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     memory: Option<super::cuda_memory::MemoryProbe>,
 }
@@ -339,8 +330,52 @@ struct Names {
     past_v: Vec<String>,
     new_k: Vec<String>,
     new_v: Vec<String>,
+}
+
+/// What the VAE decoder needs: its own small-graph sessions and buffers read through views.
+struct VaeParts {
+    latent_frame: Session,
+    layout: Session,
+    bufs: VaeBufs,
+}
+
+struct VaeBufs {
+    /// Final latents, block after block: `[blocks][1, C, F, h, w]`, float32 (written by the
+    /// DiT side, read by the decoder once the block's index was handed over).
+    latents: Buf,
+    indices: Buf,
+    std: Buf,
+    mean: Buf,
+    z: Buf,
+    /// The decoder's output, call after call (`[1, 3, n, H, W]` each), in the bundle's type.
+    video: Buf,
+    /// The causal cache of the VAE, two sets used in turn (inputs of one call, outputs of it).
+    cache: [Vec<Buf>; 2],
+    cache_shapes: Vec<Vec<i64>>,
     cache_in: Vec<String>,
     cache_out: Vec<String>,
+    frames_u8: Buf,
+    d: Dims,
+    /// The CUDA device, or `None` on the CPU (a decoder thread makes its own `MemoryInfo`).
+    device: Option<i32>,
+}
+
+/// Where the loop's buffers live: the CUDA device, or host memory for the CPU provider.
+fn device_memory_info(device: Option<i32>) -> ort::Result<MemoryInfo<'static>> {
+    match device {
+        Some(id) => MemoryInfo::new(
+            AllocationDevice::CUDA,
+            id,
+            AllocatorType::Device,
+            MemoryType::Default,
+        ),
+        None => MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::Default,
+        ),
+    }
 }
 
 fn run_err(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
@@ -385,29 +420,17 @@ impl DeviceLoop {
         let model = float_type(m.precision);
         let setup = run_err("device setup");
         let on_gpu = !matches!(runtime.provider, Provider::Cpu);
+        let device_id = match &runtime.provider {
+            Provider::Cuda(c) => Some(c.device_id),
+            Provider::TensorRt(t) => Some(t.device_id),
+            Provider::Cpu => None,
+        };
         let (mem, alloc) = if on_gpu {
-            let device_id = match &runtime.provider {
-                Provider::Cuda(c) => c.device_id,
-                Provider::TensorRt(t) => t.device_id,
-                Provider::Cpu => 0,
-            };
-            let mem = MemoryInfo::new(
-                AllocationDevice::CUDA,
-                device_id,
-                AllocatorType::Device,
-                MemoryType::Default,
-            )
-            .map_err(setup)?;
+            let mem = device_memory_info(device_id).map_err(setup)?;
             let alloc = Allocator::new(&sessions.dit, mem.clone()).map_err(setup)?;
             (mem, alloc)
         } else {
-            let mem = MemoryInfo::new(
-                AllocationDevice::CPU,
-                0,
-                AllocatorType::Device,
-                MemoryType::Default,
-            )
-            .map_err(setup)?;
+            let mem = device_memory_info(None).map_err(setup)?;
             (mem, Allocator::default())
         };
 
@@ -418,8 +441,6 @@ impl DeviceLoop {
                 onnx_graph::axpby(TensorElementType::Float32, model),
             )?,
             axpby_model: small("axpby_model", onnx_graph::axpby(model, model))?,
-            latent_frame: small("latent_frame", onnx_graph::latent_frame(model))?,
-            layout: small("layout", onnx_graph::layout(model))?,
             identity_f32: small(
                 "identity_f32",
                 onnx_graph::identity(TensorElementType::Float32),
@@ -494,23 +515,32 @@ impl DeviceLoop {
             coefficients: buf(f32_, 64)?,
             timesteps: buf(f32_, 16 * d.fpb)?,
             offsets: buf(TensorElementType::Int64, d.blocks())?,
-            indices: buf(TensorElementType::Int64, d.fpb)?,
-            std: buf(f32_, d.channels)?,
-            mean: buf(f32_, d.channels)?,
-            latents: buf(f32_, d.blocks() * block)?,
-            z: buf(model, d.channels * d.h * d.w)?,
-            video: buf(model, frame_elems)?,
-            vae_cache,
-            vae_cache_shapes,
+            vae: Some(VaeParts {
+                latent_frame: small("latent_frame", onnx_graph::latent_frame(model))?,
+                layout: small("layout", onnx_graph::layout(model))?,
+                bufs: VaeBufs {
+                    latents: buf(f32_, d.blocks() * block)?,
+                    indices: buf(TensorElementType::Int64, d.fpb)?,
+                    std: buf(f32_, d.channels)?,
+                    mean: buf(f32_, d.channels)?,
+                    z: buf(model, d.channels * d.h * d.w)?,
+                    video: buf(model, frame_elems)?,
+                    cache: vae_cache,
+                    cache_shapes: vae_cache_shapes,
+                    cache_in: names("cache_in", caches),
+                    cache_out: names("cache_out", caches),
+                    frames_u8: buf(TensorElementType::Uint8, frame_elems)?,
+                    d,
+                    device: device_id,
+                },
+            }),
+            overlap_vae: runtime.overlap_vae,
             names: Names {
                 past_k: names("past_k", d.layers),
                 past_v: names("past_v", d.layers),
                 new_k: names("new_k", d.layers),
                 new_v: names("new_v", d.layers),
-                cache_in: names("cache_in", caches),
-                cache_out: names("cache_out", caches),
             },
-            frames_u8: buf(TensorElementType::Uint8, frame_elems)?,
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
             } else {
@@ -528,13 +558,14 @@ impl DeviceLoop {
             .upload(&mut g.identity_i64, &this.mem, &offsets)
             .map_err(setup)?;
         let indices: Vec<i64> = (0..d.fpb as i64).collect();
-        this.indices
+        let vae = &this.vae.as_ref().expect("just built").bufs;
+        vae.indices
             .upload(&mut g.identity_i64, &this.mem, &indices)
             .map_err(setup)?;
-        this.std
+        vae.std
             .upload(&mut g.identity_f32, &this.mem, &m.latent.std)
             .map_err(setup)?;
-        this.mean
+        vae.mean
             .upload(&mut g.identity_f32, &this.mem, &m.latent.mean)
             .map_err(setup)?;
         Ok(this)
@@ -603,6 +634,24 @@ impl DeviceLoop {
         schedule: &Schedule,
         options: &GenerateOptions,
     ) -> Result<DeviceOutput, GenerateError> {
+        let mut vae = self.vae.take().ok_or_else(|| GenerateError::Run {
+            graph: "device loop",
+            message: "the decoder state was lost by an earlier panic".into(),
+        })?;
+        let result = self.generate_with(&mut vae, sessions, prompt_text, noise, schedule, options);
+        self.vae = Some(vae);
+        result
+    }
+
+    fn generate_with(
+        &mut self,
+        vae: &mut VaeParts,
+        sessions: &mut GraphSessions,
+        prompt_text: &str,
+        noise: &(dyn Fn(u32, &mut [f32]) + Sync),
+        schedule: &Schedule,
+        options: &GenerateOptions,
+    ) -> Result<DeviceOutput, GenerateError> {
         let d = self.d;
         let method = &options.method;
         let mut times = PhaseTimes::default();
@@ -664,12 +713,139 @@ impl DeviceLoop {
 
         // --- The timed region. ---
         let timed_start = Instant::now();
+        let GraphSessions {
+            dit,
+            vae_first,
+            vae_step,
+            ..
+        } = sessions;
+        let VaeParts {
+            latent_frame,
+            layout,
+            bufs,
+        } = vae;
+        let bufs: &VaeBufs = bufs;
+        let overlap = self.overlap_vae && !options.latents_only;
+        let (dit_result, dit_end, decoded) = std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel::<usize>();
+            let decoder = if overlap {
+                let (lf, first, step) = (&mut *latent_frame, &mut *vae_first, &mut *vae_step);
+                Some(scope.spawn(move || decode_blocks(bufs, lf, first, step, rx)))
+            } else {
+                None
+            };
+            let dit_result = self.denoise(
+                dit,
+                &bufs.latents,
+                schedule,
+                &plan,
+                method,
+                draws,
+                &mut times,
+                &mut |b| {
+                    if overlap {
+                        // A closed channel means the decoder failed; its error is reported below.
+                        let _ = tx.send(b);
+                    }
+                },
+            );
+            drop(tx);
+            let dit_end = Instant::now();
+            let decoded = decoder.map(|h| h.join().expect("the VAE decoder thread panicked"));
+            (dit_result, dit_end, decoded)
+        });
+        dit_result?;
+        times.dit = dit_end - timed_start;
+
+        let end = if options.latents_only {
+            times.timed_total = times.dit;
+            TimedRegionEnd::AfterLatents
+        } else {
+            // With the overlap, what is left of the decode after the DiT's last block; otherwise
+            // the whole decode, here on this thread.
+            let decode_run = match decoded {
+                Some(result) => result?,
+                None => {
+                    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+                    for b in 0..d.blocks() {
+                        let _ = tx.send(b);
+                    }
+                    drop(tx);
+                    decode_blocks(bufs, latent_frame, vae_first, vae_step, rx)?
+                }
+            };
+            times.session_run += decode_run;
+            let vae_end = Instant::now();
+            times.vae = vae_end - dit_end;
+            layout_frames(bufs, layout, &self.mem, &mut times)?;
+            let layout_end = Instant::now();
+            times.layout = layout_end - vae_end;
+            if options.exclude_final_output_layout {
+                times.timed_total = vae_end - timed_start;
+                TimedRegionEnd::AfterVaeOutput
+            } else {
+                times.timed_total = layout_end - timed_start;
+                TimedRegionEnd::AfterLayout
+            }
+        };
+        let peak_device_memory = self.memory.as_ref().and_then(|m| m.in_use());
+
+        // --- After the timed region: copies to the host. ---
+        let down = run_err("device download");
+        let blocks_f32: Vec<f32> = bufs
+            .latents
+            .download(&mut self.graphs.identity_f32, &self.mem, d.blocks() * block)
+            .map_err(down)?;
+        // [blocks][C][F][h][w] → [C][latent_frames][h][w].
+        let plane = d.h * d.w;
+        let mut latents = vec![0.0f32; blocks_f32.len()];
+        for b in 0..d.blocks() {
+            for c in 0..d.channels {
+                for f in 0..d.fpb {
+                    let src = &blocks_f32[b * block + (c * d.fpb + f) * plane..][..plane];
+                    let t = b * d.fpb + f;
+                    latents[(c * d.latent_frames + t) * plane..][..plane].copy_from_slice(src);
+                }
+            }
+        }
+        let frames = if options.latents_only {
+            Vec::new()
+        } else {
+            bufs.frames_u8
+                .download(&mut self.graphs.identity_u8, &self.mem, bufs.frames_u8.len)
+                .map_err(down)?
+        };
+        Ok(DeviceOutput {
+            latents,
+            frames,
+            times,
+            end,
+            peak_device_memory,
+        })
+    }
+
+    /// The block loop: denoising steps, the clean-cache pass, the block's output latents.
+    #[allow(clippy::too_many_arguments)]
+    fn denoise(
+        &mut self,
+        dit: &mut Session,
+        latents: &Buf,
+        schedule: &Schedule,
+        plan: &Plan,
+        method: &super::schedule::MethodSettings,
+        draws: usize,
+        times: &mut PhaseTimes,
+        on_block: &mut dyn FnMut(usize),
+    ) -> Result<(), GenerateError> {
+        let d = self.d;
+        let steps = schedule.steps.len();
+        let block = d.block_elems();
         let window_tokens = (method.attention_window >= 0)
             .then(|| method.attention_window as usize * d.tokens_per_frame);
         let mut kv_len = 0usize;
         for b in 0..d.blocks() {
             let past_start = window_tokens.map_or(0, |w| kv_len.saturating_sub(w));
-            let mut binding = self.dit_binding(sessions, b, past_start, kv_len)?;
+            let mut binding = self.dit_binding(dit, b, past_start, kv_len)?;
             let noise_at = |k: usize| (b * draws + k) * block;
             // x = ε_0 (and its bundle-typed copy for the DiT).
             let (x, xm, x0, flow, scratch, nz) = (
@@ -692,10 +868,10 @@ impl DeviceLoop {
                 plan.copy,
                 (x, 0),
                 (xm, 0),
-                &mut times,
+                times,
             )?;
             for j in 0..steps {
-                self.dit_pass(sessions, &mut binding, j, &mut times)?;
+                self.dit_pass(dit, &mut binding, j, times)?;
                 self.axpby(
                     true,
                     (x, 0),
@@ -703,7 +879,7 @@ impl DeviceLoop {
                     plan.x0[j],
                     (x0, 0),
                     (scratch, 0),
-                    &mut times,
+                    times,
                 )?;
                 if j + 1 < steps {
                     self.axpby(
@@ -713,7 +889,7 @@ impl DeviceLoop {
                         plan.renoise[j + 1],
                         (x, 0),
                         (xm, 0),
-                        &mut times,
+                        times,
                     )?;
                 }
             }
@@ -724,11 +900,10 @@ impl DeviceLoop {
                 plan.clean,
                 (x, 0),
                 (xm, 0),
-                &mut times,
+                times,
             )?;
-            self.dit_pass(sessions, &mut binding, steps, &mut times)?;
+            self.dit_pass(dit, &mut binding, steps, times)?;
             kv_len += d.block_tokens();
-            let latents = unsafe { &*(&self.latents as *const Buf) };
             match method.emit {
                 Emit::CachePass => self.axpby(
                     true,
@@ -737,7 +912,7 @@ impl DeviceLoop {
                     plan.clean_x0,
                     (latents, b * block),
                     (scratch, 0),
-                    &mut times,
+                    times,
                 )?,
                 Emit::Denoised => self.axpby(
                     false,
@@ -746,65 +921,14 @@ impl DeviceLoop {
                     plan.copy,
                     (latents, b * block),
                     (scratch, 0),
-                    &mut times,
+                    times,
                 )?,
             }
+            // The block's latents are final on the device (the run has synchronised): hand it
+            // to the decoder.
+            on_block(b);
         }
-        let dit_end = Instant::now();
-        times.dit = dit_end - timed_start;
-
-        let end = if options.latents_only {
-            times.timed_total = times.dit;
-            TimedRegionEnd::AfterLatents
-        } else {
-            self.decode(sessions, &mut times)?;
-            let vae_end = Instant::now();
-            times.vae = vae_end - dit_end;
-            self.layout(&mut times)?;
-            let layout_end = Instant::now();
-            times.layout = layout_end - vae_end;
-            if options.exclude_final_output_layout {
-                times.timed_total = vae_end - timed_start;
-                TimedRegionEnd::AfterVaeOutput
-            } else {
-                times.timed_total = layout_end - timed_start;
-                TimedRegionEnd::AfterLayout
-            }
-        };
-        let peak_device_memory = self.memory.as_ref().and_then(|m| m.in_use());
-
-        // --- After the timed region: copies to the host. ---
-        let down = run_err("device download");
-        let blocks_f32: Vec<f32> = self
-            .latents
-            .download(&mut self.graphs.identity_f32, &self.mem, d.blocks() * block)
-            .map_err(down)?;
-        // [blocks][C][F][h][w] → [C][latent_frames][h][w].
-        let plane = d.h * d.w;
-        let mut latents = vec![0.0f32; blocks_f32.len()];
-        for b in 0..d.blocks() {
-            for c in 0..d.channels {
-                for f in 0..d.fpb {
-                    let src = &blocks_f32[b * block + (c * d.fpb + f) * plane..][..plane];
-                    let t = b * d.fpb + f;
-                    latents[(c * d.latent_frames + t) * plane..][..plane].copy_from_slice(src);
-                }
-            }
-        }
-        let frames = if options.latents_only {
-            Vec::new()
-        } else {
-            self.frames_u8
-                .download(&mut self.graphs.identity_u8, &self.mem, self.frames_u8.len)
-                .map_err(down)?
-        };
-        Ok(DeviceOutput {
-            latents,
-            frames,
-            times,
-            end,
-            peak_device_memory,
-        })
+        Ok(())
     }
 
     fn encode_text(
@@ -843,14 +967,14 @@ impl DeviceLoop {
     /// The DiT binding of one block: everything but the timestep is the same for all its passes.
     fn dit_binding(
         &self,
-        sessions: &GraphSessions,
+        dit: &Session,
         block: usize,
         past_start: usize,
         kv_len: usize,
     ) -> Result<Bound, GenerateError> {
         let e = run_err("dit");
         let d = self.d;
-        let mut binding = sessions.dit.create_binding().map(Bound::new).map_err(e)?;
+        let mut binding = dit.create_binding().map(Bound::new).map_err(e)?;
         let x_shape = [1, d.channels as i64, d.fpb as i64, d.h as i64, d.w as i64];
         binding
             .input("x", self.view(&self.x_model, 0, &x_shape)?)
@@ -899,7 +1023,7 @@ impl DeviceLoop {
     /// One DiT pass at level `level` (steps, then the clean level).
     fn dit_pass(
         &self,
-        sessions: &mut GraphSessions,
+        dit: &mut Session,
         binding: &mut Bound,
         level: usize,
         times: &mut PhaseTimes,
@@ -913,142 +1037,117 @@ impl DeviceLoop {
             )
             .map_err(e)?;
         let start = Instant::now();
-        sessions.dit.run_binding(&binding.binding).map_err(e)?;
+        dit.run_binding(&binding.binding).map_err(e)?;
         times.session_run += start.elapsed();
         Ok(())
     }
 
-    /// The VAE decoder, one latent frame per call, its cache passed between two buffer sets.
-    fn decode(
-        &mut self,
-        sessions: &mut GraphSessions,
-        times: &mut PhaseTimes,
-    ) -> Result<(), GenerateError> {
-        let d = self.d;
-        let block = d.block_elems();
-        let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
-        let mut next_frame = 0usize;
-        for t in 0..d.latent_frames {
-            // z = lat[:, :, t] * std + mean, in the bundle's type.
+}
+
+/// Decodes the blocks whose indices arrive on `blocks`, in order, one latent frame per call,
+/// passing the causal cache between the two buffer sets. Runs on the caller's thread or on a
+/// decoder thread beside the DiT; returns the time spent in `Session::run`.
+fn decode_blocks(
+    v: &VaeBufs,
+    latent_frame: &mut Session,
+    vae_first: &mut Session,
+    vae_step: &mut Session,
+    blocks: std::sync::mpsc::Receiver<usize>,
+) -> Result<std::time::Duration, GenerateError> {
+    let d = v.d;
+    let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
+    let view = |b: &Buf, offset: usize, shape: &[i64]| {
+        b.view(&mem, offset, shape).map_err(run_err("device view"))
+    };
+    let block = d.block_elems();
+    let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
+    let mut run = std::time::Duration::ZERO;
+    for b in blocks {
+        for f in 0..d.fpb {
+            let t = b * d.fpb + f;
+            // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
+            let next_frame = if t == 0 { 0 } else { 1 + d.frames_per_step * (t - 1) };
+            // z = lat[:, :, f] * std + mean, in the bundle's type.
             {
                 let e = run_err("latent_frame");
-                let (b, f) = (t / d.fpb, t % d.fpb);
-                let mut binding = self
-                    .graphs
-                    .latent_frame
-                    .create_binding()
-                    .map(Bound::new)
-                    .map_err(e)?;
-                let lat_shape = [1, d.channels as i64, d.fpb as i64, d.h as i64, d.w as i64];
+                let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
+                let lat_shape = [
+                    1,
+                    d.channels as i64,
+                    d.fpb as i64,
+                    d.h as i64,
+                    d.w as i64,
+                ];
                 let stat = [1, d.channels as i64, 1, 1, 1];
                 binding
-                    .input("lat", self.view(&self.latents, b * block, &lat_shape)?)
+                    .input("lat", view(&v.latents, b * block, &lat_shape)?)
                     .map_err(e)?;
-                binding
-                    .input("idx", self.view(&self.indices, f, &[1])?)
-                    .map_err(e)?;
-                binding
-                    .input("std", self.view(&self.std, 0, &stat)?)
-                    .map_err(e)?;
-                binding
-                    .input("mean", self.view(&self.mean, 0, &stat)?)
-                    .map_err(e)?;
-                binding
-                    .output("z", self.view(&self.z, 0, &z_shape)?)
-                    .map_err(e)?;
+                binding.input("idx", view(&v.indices, f, &[1])?).map_err(e)?;
+                binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
+                binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
+                binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
                 let start = Instant::now();
-                self.graphs
-                    .latent_frame
-                    .run_binding(&binding.binding)
-                    .map_err(e)?;
-                times.session_run += start.elapsed();
+                latent_frame.run_binding(&binding.binding).map_err(e)?;
+                run += start.elapsed();
             }
             let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
             let e = run_err(graph);
             let n = if t == 0 { 1 } else { d.frames_per_step };
-            let session = if t == 0 {
-                &mut sessions.vae_first
-            } else {
-                &mut sessions.vae_step
-            };
+            let session = if t == 0 { &mut *vae_first } else { &mut *vae_step };
             let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
-            binding
-                .input("z", self.view(&self.z, 0, &z_shape)?)
-                .map_err(e)?;
-            let (cache_in, cache_out) = (&self.vae_cache[(t + 1) % 2], &self.vae_cache[t % 2]);
-            for (j, shape) in self.vae_cache_shapes.iter().enumerate() {
+            binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+            let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
+            for (j, shape) in v.cache_shapes.iter().enumerate() {
                 if t > 0 {
                     binding
-                        .input(
-                            self.names.cache_in[j].as_str(),
-                            self.view(&cache_in[j], 0, shape)?,
-                        )
+                        .input(v.cache_in[j].as_str(), view(&cache_in[j], 0, shape)?)
                         .map_err(e)?;
                 }
                 binding
-                    .output(
-                        self.names.cache_out[j].as_str(),
-                        self.view(&cache_out[j], 0, shape)?,
-                    )
+                    .output(v.cache_out[j].as_str(), view(&cache_out[j], 0, shape)?)
                     .map_err(e)?;
             }
             let frames_shape = [1, 3, n as i64, d.height as i64, d.width as i64];
             binding
                 .output(
                     "frames",
-                    self.view(&self.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
+                    view(&v.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
                 )
                 .map_err(e)?;
             let start = Instant::now();
             session.run_binding(&binding.binding).map_err(e)?;
-            times.session_run += start.elapsed();
-            next_frame += n;
+            run += start.elapsed();
         }
-        Ok(())
     }
+    Ok(run)
+}
 
-    /// Clamp and uint8 layout of every decoder call's frames into `[frames, H, W, 3]`.
-    fn layout(&mut self, times: &mut PhaseTimes) -> Result<(), GenerateError> {
-        let d = self.d;
-        let e = run_err("layout");
-        let mut next_frame = 0usize;
-        for t in 0..d.latent_frames {
-            let n = if t == 0 { 1 } else { d.frames_per_step };
-            let mut binding = self
-                .graphs
-                .layout
-                .create_binding()
-                .map(Bound::new)
-                .map_err(e)?;
-            let offset = 3 * next_frame * d.frame_px();
-            binding
-                .input(
-                    "frames",
-                    self.view(
-                        &self.video,
-                        offset,
-                        &[1, 3, n as i64, d.height as i64, d.width as i64],
-                    )?,
-                )
-                .map_err(e)?;
-            binding
-                .output(
-                    "rgb",
-                    self.view(
-                        &self.frames_u8,
-                        offset,
-                        &[1, n as i64, d.height as i64, d.width as i64, 3],
-                    )?,
-                )
-                .map_err(e)?;
-            let start = Instant::now();
-            self.graphs
-                .layout
-                .run_binding(&binding.binding)
-                .map_err(e)?;
-            times.session_run += start.elapsed();
-            next_frame += n;
-        }
-        Ok(())
+/// Clamp and uint8 layout of every decoder call's frames into `[frames, H, W, 3]`.
+fn layout_frames(
+    v: &VaeBufs,
+    layout: &mut Session,
+    mem: &MemoryInfo<'static>,
+    times: &mut PhaseTimes,
+) -> Result<(), GenerateError> {
+    let d = v.d;
+    let e = run_err("layout");
+    let mut next_frame = 0usize;
+    for t in 0..d.latent_frames {
+        let n = if t == 0 { 1 } else { d.frames_per_step };
+        let mut binding = layout.create_binding().map(Bound::new).map_err(e)?;
+        let offset = 3 * next_frame * d.frame_px();
+        let shape_in = [1, 3, n as i64, d.height as i64, d.width as i64];
+        let shape_out = [1, n as i64, d.height as i64, d.width as i64, 3];
+        binding
+            .input("frames", v.video.view(mem, offset, &shape_in).map_err(e)?)
+            .map_err(e)?;
+        binding
+            .output("rgb", v.frames_u8.view(mem, offset, &shape_out).map_err(e)?)
+            .map_err(e)?;
+        let start = Instant::now();
+        layout.run_binding(&binding.binding).map_err(e)?;
+        times.session_run += start.elapsed();
+        next_frame += n;
     }
+    Ok(())
 }

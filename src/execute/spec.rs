@@ -159,6 +159,7 @@ pub fn runtime_options(m: &Manifest, cache_dir: &Path, ort: Option<PathBuf>) -> 
         intra_op_threads: Some(rt.cpu_threads_per_process.0 as usize),
         optimized_model_dir: Some(cache_dir.join("ort_optimized")),
         io_binding: false,
+        overlap_vae: true,
     }
 }
 
@@ -194,6 +195,14 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
     let unpack = spec.cache_dir.join("bundle_unpacked");
     let runtime = runtime_options(m, &spec.cache_dir, spec.ort_library.clone());
     let mut generator = Generator::open(&spec.bundle, &unpack, &export_settings(m), &runtime)?;
+    // The Ready event has no field for it yet (runner apply reads that event); the log has it.
+    eprintln!(
+        "worker: attention backend {}",
+        crate::cli::worker::attention_name(
+            &runtime.provider,
+            generator.bundle().manifest.precision
+        )
+    );
     event(&WorkerEvent::Ready {
         provider: runtime.provider.name().into(),
         ort_version: ort.version.clone(),
