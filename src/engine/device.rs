@@ -1041,7 +1041,6 @@ impl DeviceLoop {
         times.session_run += start.elapsed();
         Ok(())
     }
-
 }
 
 /// Decodes the blocks whose indices arrive on `blocks`, in order, one latent frame per call,
@@ -1066,23 +1065,23 @@ fn decode_blocks(
         for f in 0..d.fpb {
             let t = b * d.fpb + f;
             // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
-            let next_frame = if t == 0 { 0 } else { 1 + d.frames_per_step * (t - 1) };
+            let next_frame = if t == 0 {
+                0
+            } else {
+                1 + d.frames_per_step * (t - 1)
+            };
             // z = lat[:, :, f] * std + mean, in the bundle's type.
             {
                 let e = run_err("latent_frame");
                 let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
-                let lat_shape = [
-                    1,
-                    d.channels as i64,
-                    d.fpb as i64,
-                    d.h as i64,
-                    d.w as i64,
-                ];
+                let lat_shape = [1, d.channels as i64, d.fpb as i64, d.h as i64, d.w as i64];
                 let stat = [1, d.channels as i64, 1, 1, 1];
                 binding
                     .input("lat", view(&v.latents, b * block, &lat_shape)?)
                     .map_err(e)?;
-                binding.input("idx", view(&v.indices, f, &[1])?).map_err(e)?;
+                binding
+                    .input("idx", view(&v.indices, f, &[1])?)
+                    .map_err(e)?;
                 binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
                 binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
                 binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
@@ -1093,7 +1092,11 @@ fn decode_blocks(
             let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
             let e = run_err(graph);
             let n = if t == 0 { 1 } else { d.frames_per_step };
-            let session = if t == 0 { &mut *vae_first } else { &mut *vae_step };
+            let session = if t == 0 {
+                &mut *vae_first
+            } else {
+                &mut *vae_step
+            };
             let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
             binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
             let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);

@@ -61,6 +61,8 @@ pub struct PhaseTimes {
     pub layout: Duration,
     pub timed_total: Duration,
     /// Time inside `Session::run` within the timed region; the rest is the runner's overhead.
+    /// With the VAE decoded beside the DiT (device loop) it sums both threads' runs and can
+    /// exceed `timed_total`.
     pub session_run: Duration,
 }
 

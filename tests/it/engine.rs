@@ -717,3 +717,102 @@ fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
         .expect("a cpu check");
     assert!(cpu.ok, "{cpu:?}");
 }
+
+/// The device loop (IoBinding, device-resident buffers, scheduler arithmetic as the runner's own
+/// graphs), run on the CPU provider: it must give the host loop's outputs bit for bit, with the
+/// VAE decoded beside the DiT or after it, for both emit modes and a windowed attention.
+#[test]
+fn the_device_loop_equals_the_host_loop_bit_for_bit() {
+    let prompts = prompts();
+    let mut host = generator();
+    let unpack = tempfile::tempdir().unwrap();
+    let open = |overlap_vae: bool| {
+        Generator::open(
+            &tiny_bundle(),
+            unpack.path(),
+            &Default::default(),
+            &RuntimeOptions {
+                io_binding: true,
+                overlap_vae,
+                ..runtime()
+            },
+        )
+        .expect("open the tiny bundle on the device loop")
+    };
+    let mut overlapped = open(true);
+    let mut sequential = open(false);
+    assert!(overlapped.uses_device_loop() && !host.uses_device_loop());
+
+    let full = GenerateOptions::default();
+    let expected = host.generate(7, &prompts[7], &full).unwrap();
+    for (name, generator) in [
+        ("overlapped", &mut overlapped),
+        ("sequential", &mut sequential),
+    ] {
+        let got = generator.generate(7, &prompts[7], &full).unwrap();
+        assert_eq!(got.latents, expected.latents, "{name}: latents");
+        assert_eq!(got.frames, expected.frames, "{name}: frames");
+        assert_eq!(got.frame_shape, expected.frame_shape);
+        assert_eq!(got.timed_region_end, TimedRegionEnd::AfterLayout);
+    }
+
+    let method = MethodSettings {
+        emit: Emit::Denoised,
+        attention_window: 3,
+        clean_sigma: 0.05,
+        ..MethodSettings::default()
+    };
+    let expected = host
+        .generate(0, &prompts[0], &latents_only(method.clone()))
+        .unwrap();
+    let got = overlapped
+        .generate(0, &prompts[0], &latents_only(method))
+        .unwrap();
+    assert_eq!(got.latents, expected.latents, "denoised emit, window 3");
+    assert!(got.frames.is_empty());
+    assert_eq!(got.timed_region_end, TimedRegionEnd::AfterLatents);
+}
+
+#[test]
+fn an_attention_backend_the_provider_cannot_run_is_refused_before_any_work() {
+    use unstep::engine::{AttentionKernel, CudaOptions, Precision, Provider};
+    let cuda = |attention| {
+        Provider::Cuda(CudaOptions {
+            attention,
+            ..CudaOptions::default()
+        })
+    };
+    assert!(
+        AttentionKernel::Flash
+            .check(&cuda(AttentionKernel::Flash), Precision::Fp32)
+            .unwrap_err()
+            .to_string()
+            .contains("fp16 or bf16")
+    );
+    assert!(
+        AttentionKernel::Flash
+            .check(&cuda(AttentionKernel::Flash), Precision::Fp16)
+            .is_ok()
+    );
+    assert!(
+        AttentionKernel::CudnnFlash
+            .check(&Provider::Cpu, Precision::Fp32)
+            .is_err()
+    );
+    assert!(
+        AttentionKernel::Math
+            .check(&Provider::Cpu, Precision::Fp32)
+            .is_ok()
+    );
+    assert_eq!(
+        AttentionKernel::Auto.resolve(Precision::Fp16),
+        AttentionKernel::CudnnFlash
+    );
+    assert_eq!(
+        AttentionKernel::Auto.resolve(Precision::Fp32),
+        AttentionKernel::Auto
+    );
+    for kernel in AttentionKernel::ALL {
+        assert_eq!(AttentionKernel::parse(kernel.name()), Some(kernel));
+    }
+}
