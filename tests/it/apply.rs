@@ -381,3 +381,68 @@ fn a_missing_bundle_is_an_apply_error_naming_the_export_command() {
     assert!(out.stderr.contains("unstep_export"), "{}", out.stderr);
     assert!(!t.path().join("results").exists());
 }
+
+#[test]
+fn shared_caches_skip_warmups_with_markers_and_are_labelled_warm_cache() {
+    let t = Test::new();
+    let shared = format!("[cache]\nmode = \"shared\"\nshared_state_dir = \"{}/shared\"\n", t.path().display());
+    for name in ["warm1", "warm2"] {
+        let text = manifest(&t, "generation", &format!("{TWO_SLOTS}{shared}"))
+            .replace("[prompts]\n", "[prompts]\nindices = \"0-1\"\n")
+            .replace("[runtime]\n", "[runtime]\ncpu_slots = 2\n");
+        std::fs::write(t.path().join(format!("{name}.toml")), text).unwrap();
+    }
+    let first = t.cmd().args(["apply", "--quiet", "warm1.toml"]).run();
+    assert_eq!(first.code, 0, "{}", first.render());
+    let warmups = |run: &str| {
+        records(&t.path().join("results").join(run))
+            .iter()
+            .filter(|r| r["role"] == "warmup")
+            .count()
+    };
+    assert_eq!(warmups("warm1"), 2, "one warmup per shard, markers written");
+    assert!(t.path().join("shared/shard0/warmup.done").is_file());
+    let second = t.cmd().args(["apply", "--quiet", "warm2.toml"]).run();
+    assert_eq!(second.code, 0, "{}", second.render());
+    assert_eq!(warmups("warm2"), 0, "existing markers skip the warmups");
+    for run in ["warm1", "warm2"] {
+        let summary = read_json(&t.path().join("results").join(run).join("summary.json"));
+        assert_eq!(summary["cache_label"], "warm-cache", "{run}");
+    }
+}
+
+#[test]
+fn an_interrupted_run_stops_its_workers_and_resumes_on_the_next_apply() {
+    let t = Test::new();
+    generation(&t, "stop", "0-5");
+    let run_dir = t.path().join("results/stop");
+    let child = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", "stop.toml"])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while std::fs::read_to_string(run_dir.join("timings/001.jsonl")).map_or(0, |t| t.lines().count()) == 0 {
+        assert!(Instant::now() < deadline, "shard 0 never finished a prompt");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: interrupting the runner this test started, as Ctrl-C would.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "interrupted");
+    let partial = shard_prompts(&run_dir);
+    assert!(!partial.is_empty() && partial.len() < 6, "{partial:?}");
+    assert!(worker_pid(&run_dir.join("specs/001.json")).is_none(), "workers stopped");
+    assert!(!t.path().join("work/stop").exists(), "staging removed, lock released");
+
+    let again = t.cmd().args(["apply", "--quiet", "stop.toml"]).run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
+}
