@@ -260,6 +260,19 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             .and_then(|f| f.path.parent())
             .unwrap_or(Path::new(".")),
     );
+    if m.runtime.provider != Provider::Cpu {
+        // The GPU of the first slot; a run over several GPUs of one host has one model.
+        if let Ok(gpus) = super::device::gpus() {
+            if let Some(g) = gpus
+                .iter()
+                .find(|g| Some(&g.index) == plan.slots.first().map(|s| &s.device))
+            {
+                record.device.gpu_model = Some(g.name.clone());
+                record.device.gpu_memory_bytes = g.memory_bytes;
+                record.device.driver_version = Some(g.driver.clone());
+            }
+        }
+    }
     write_json_atomic(&run_dir.join("run.json"), &record)?;
 
     let prompts = r.prompts.as_deref().unwrap_or_default();

@@ -82,7 +82,11 @@ fn generation(t: &Test, name: &str, indices: &str) -> PathBuf {
 #[test]
 fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     let t = Test::new();
-    generation(&t, "gen", "0-3");
+    let path = generation(&t, "gen", "0-3");
+    // The evaluation command runs once, after the whole generation, with its placeholders.
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("[evaluation]\ncommand = \"ls '{videos}' > evaluated-{run}.txt\"\n");
+    std::fs::write(&path, text).unwrap();
     let out = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     let run_dir = t.path().join("results/gen");
@@ -385,7 +389,10 @@ fn a_missing_bundle_is_an_apply_error_naming_the_export_command() {
 #[test]
 fn shared_caches_skip_warmups_with_markers_and_are_labelled_warm_cache() {
     let t = Test::new();
-    let shared = format!("[cache]\nmode = \"shared\"\nshared_state_dir = \"{}/shared\"\n", t.path().display());
+    let shared = format!(
+        "[cache]\nmode = \"shared\"\nshared_state_dir = \"{}/shared\"\n",
+        t.path().display()
+    );
     for name in ["warm1", "warm2"] {
         let text = manifest(&t, "generation", &format!("{TWO_SLOTS}{shared}"))
             .replace("[prompts]\n", "[prompts]\nindices = \"0-1\"\n")
@@ -421,13 +428,18 @@ fn an_interrupted_run_stops_its_workers_and_resumes_on_the_next_apply() {
         .current_dir(t.path())
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"))
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(240);
-    while std::fs::read_to_string(run_dir.join("timings/001.jsonl")).map_or(0, |t| t.lines().count()) == 0 {
+    while std::fs::read_to_string(run_dir.join("timings/001.jsonl"))
+        .map_or(0, |t| t.lines().count())
+        == 0
+    {
         assert!(Instant::now() < deadline, "shard 0 never finished a prompt");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -436,11 +448,20 @@ fn an_interrupted_run_stops_its_workers_and_resumes_on_the_next_apply() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
-    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "interrupted");
+    assert_eq!(
+        read_json(&run_dir.join("run.json"))["status"],
+        "interrupted"
+    );
     let partial = shard_prompts(&run_dir);
     assert!(!partial.is_empty() && partial.len() < 6, "{partial:?}");
-    assert!(worker_pid(&run_dir.join("specs/001.json")).is_none(), "workers stopped");
-    assert!(!t.path().join("work/stop").exists(), "staging removed, lock released");
+    assert!(
+        worker_pid(&run_dir.join("specs/001.json")).is_none(),
+        "workers stopped"
+    );
+    assert!(
+        !t.path().join("work/stop").exists(),
+        "staging removed, lock released"
+    );
 
     let again = t.cmd().args(["apply", "--quiet", "stop.toml"]).run();
     assert_eq!(again.code, 0, "{}", again.render());
