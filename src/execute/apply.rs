@@ -262,15 +262,14 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     );
     if m.runtime.provider != Provider::Cpu {
         // The GPU of the first slot; a run over several GPUs of one host has one model.
-        if let Ok(gpus) = super::device::gpus() {
-            if let Some(g) = gpus
+        if let Ok(gpus) = super::device::gpus()
+            && let Some(g) = gpus
                 .iter()
                 .find(|g| Some(&g.index) == plan.slots.first().map(|s| &s.device))
-            {
-                record.device.gpu_model = Some(g.name.clone());
-                record.device.gpu_memory_bytes = g.memory_bytes;
-                record.device.driver_version = Some(g.driver.clone());
-            }
+        {
+            record.device.gpu_model = Some(g.name.clone());
+            record.device.gpu_memory_bytes = g.memory_bytes;
+            record.device.driver_version = Some(g.driver.clone());
         }
     }
     write_json_atomic(&run_dir.join("run.json"), &record)?;
@@ -342,10 +341,11 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     if status != RunStatus::Failed {
         let _ = stage.remove();
     }
-    if status == RunStatus::Succeeded && m.kind == Kind::Generation {
-        if let Some(cmd) = &m.evaluation.command {
-            run_evaluation(cmd, &run_dir, &plan.run)?;
-        }
+    if status == RunStatus::Succeeded
+        && m.kind == Kind::Generation
+        && let Some(cmd) = &m.evaluation.command
+    {
+        run_evaluation(cmd, &run_dir, &plan.run)?;
     }
     Ok(Outcome {
         status,
@@ -395,10 +395,10 @@ fn process_spec(
             return None;
         }
     }
-    if let Some(marker) = &p.skip_if_marker {
-        if marker.exists() {
-            return None;
-        }
+    if let Some(marker) = &p.skip_if_marker
+        && marker.exists()
+    {
+        return None;
     }
     Some(ProcessSpec {
         run: plan.run.clone(),
@@ -453,11 +453,9 @@ fn run_slots(
                         return;
                     }
                     let result = run_process(plan, p, spec, runner, run_dir, &tx, &children);
-                    if probe {
-                        if let Some(v) = &spec.videos {
-                            // Debug videos never outlive their probe process, failed or not.
-                            let _ = fs::remove_dir_all(v);
-                        }
+                    if probe && let Some(v) = &spec.videos {
+                        // Debug videos never outlive their probe process, failed or not.
+                        let _ = fs::remove_dir_all(v);
                     }
                     match result {
                         Ok(()) => {

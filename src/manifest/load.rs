@@ -578,7 +578,7 @@ fn validate(
 ) {
     let fpb = m.method.frames_per_block.0;
     let lf = m.method.latent_frames.0;
-    if lf % fpb != 0 {
+    if !lf.is_multiple_of(fpb) {
         errors.push(at_key(
             Diagnostic::new(format!(
                 "latent_frames ({lf}) is not a multiple of frames_per_block ({fpb})"
@@ -611,51 +611,51 @@ fn validate(
             lookup,
         ));
     }
-    if let Some(map) = &m.shards.gpu_map {
-        if map.len() as u64 != m.shards.count.0 {
-            errors.push(at_key(
-                Diagnostic::new(format!(
-                    "shards.gpu_map has {} entries for {} shards",
-                    map.len(),
-                    m.shards.count.0
-                ))
-                .hint("give one GPU slot per shard"),
-                "shards.gpu_map",
-                lookup,
-            ));
-        }
+    if let Some(map) = &m.shards.gpu_map
+        && map.len() as u64 != m.shards.count.0
+    {
+        errors.push(at_key(
+            Diagnostic::new(format!(
+                "shards.gpu_map has {} entries for {} shards",
+                map.len(),
+                m.shards.count.0
+            ))
+            .hint("give one GPU slot per shard"),
+            "shards.gpu_map",
+            lookup,
+        ));
     }
     let count = match prompts {
         Some(p) => p.len() as u32,
         None => return,
     };
-    if let Some(expect) = m.prompts.expect_count {
-        if expect != count {
-            errors.push(at_key(
-                Diagnostic::new(format!(
-                    "prompt file {} has {count} prompts, expected {expect}",
-                    display_path(&run_paths.prompts_file)
-                ))
-                .hint("use the full prompt file, or change `prompts.expect_count`"),
-                "prompts.expect_count",
-                lookup,
-            ));
-        }
+    if let Some(expect) = m.prompts.expect_count
+        && expect != count
+    {
+        errors.push(at_key(
+            Diagnostic::new(format!(
+                "prompt file {} has {count} prompts, expected {expect}",
+                display_path(&run_paths.prompts_file)
+            ))
+            .hint("use the full prompt file, or change `prompts.expect_count`"),
+            "prompts.expect_count",
+            lookup,
+        ));
     }
     let mut check_range = |list: &IndexList, key: &str| {
-        if let Some(max) = list.max() {
-            if max >= count {
-                errors.push(at_key(
-                    Diagnostic::new(format!(
-                        "prompt index {max} is out of range: {} has {count} prompts (0..={})",
-                        display_path(&run_paths.prompts_file),
-                        count.saturating_sub(1)
-                    ))
-                    .hint("pick indices inside the prompt file"),
-                    key,
-                    lookup,
-                ));
-            }
+        if let Some(max) = list.max()
+            && max >= count
+        {
+            errors.push(at_key(
+                Diagnostic::new(format!(
+                    "prompt index {max} is out of range: {} has {count} prompts (0..={})",
+                    display_path(&run_paths.prompts_file),
+                    count.saturating_sub(1)
+                ))
+                .hint("pick indices inside the prompt file"),
+                key,
+                lookup,
+            ));
         }
     };
     check_range(&m.prompts.indices, "prompts.indices");

@@ -215,12 +215,12 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
         let done = std::fs::read_to_string(&timings)
             .map(|t| t.lines().count())
             .unwrap_or(0);
-        if done >= 1 {
-            if let Some(pid) = worker_pid(&spec) {
-                // SAFETY: killing a process this test started (through the runner).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                break;
-            }
+        if done >= 1
+            && let Some(pid) = worker_pid(&spec)
+        {
+            // SAFETY: killing a process this test started (through the runner).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
