@@ -129,7 +129,7 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
     if !p.bundle.exists() {
         return Err(ApplyError::refused(
             format!("asset bundle {} does not exist", display_path(&p.bundle)),
-            "export it with `python -m unstep_export --preset wan-1.3b --out <dir>` (see assets/export/README.md), or set assets.bundle",
+            "export it on a GPU machine with `PYTHONPATH=assets/export python -m unstep_export export --preset wan-1.3b --device cuda --out assets/wan-1.3b` (see assets/export/README.md), or set assets.bundle",
         ));
     }
     let m = &r.manifest;
