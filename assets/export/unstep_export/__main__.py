@@ -69,6 +69,20 @@ def _settings(args):
     return s
 
 
+def _schedule(s):
+    """The float32 sigmas and timesteps the loop uses, for debugging a runner against them."""
+    from .sample import sigma_of
+
+    sig64 = [sigma_of(st, s) for st in s.denoising_steps]
+    return {
+        "sigmas_f32": [float(np.float32(x)) for x in sig64],
+        "timesteps_f32": [float(np.float32(1000.0 * x)) for x in sig64],
+        "clean_sigma_f32": float(np.float32(s.clean_sigma)),
+        "clean_timestep_f32": float(np.float32(1000.0 * s.clean_sigma)),
+        "draws_per_block": len(s.denoising_steps) + 1,
+    }
+
+
 def cmd_golden(args):
     """Reference outputs of the PyTorch model (fp32, CPU) for the Rust runner's parity tests."""
     from safetensors.torch import save_file
@@ -126,6 +140,7 @@ def cmd_golden(args):
             "sigma": "float64 from the step, cast once to float32; timestep = float32(1000*sigma64)",
             "uint8": "round half away from zero of (clamp(x,-1,1)+1)*127.5 in float32",
         },
+        "schedule": _schedule(base),
         "tensors": entries,
     }
     (out / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")

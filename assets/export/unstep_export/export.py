@@ -89,6 +89,9 @@ def _export(module, args, path: Path, input_names, output_names, output_shapes, 
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
     else:
         onnx.save_model(model, str(path))
+    for f in (path, data):
+        if f.exists():
+            os.chmod(f, 0o644)  # the external-data writer creates its file 0600
 
 
 def vae_cache_shapes(vae, cfg: Config, dtype, device="cpu"):
