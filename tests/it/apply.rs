@@ -177,6 +177,22 @@ fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
     assert_eq!(reuse.code, 0, "{}", reuse.render());
 }
 
+/// Starts `runner apply --quiet MANIFEST` in the test's folder without waiting for it.
+fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", manifest])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The pid of the worker process running spec `NNN.json` of a run, if it is alive.
 fn worker_pid(spec: &Path) -> Option<i32> {
     let needle = spec.display().to_string();
@@ -193,18 +209,7 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     let t = Test::new();
     generation(&t, "crash", "0-5");
     let run_dir = t.path().join("results/crash");
-    let child = Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["apply", "--quiet", "crash.toml"])
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_apply(&t, "crash.toml");
     // Shard 1 runs on slot cpu1 as process 3 (after that slot's warmup, process 2). Kill it
     // once it has finished one prompt.
     let timings = run_dir.join("timings/003.jsonl");
@@ -281,21 +286,7 @@ fn a_second_probe_on_a_held_work_root_is_refused_at_once_and_separate_roots_both
     probe("first", "work");
     probe("second", "work");
     probe("third", "work3");
-    let spawn = |name: &str| {
-        Command::new(env!("CARGO_BIN_EXE_runner"))
-            .args(["apply", "--quiet", &format!("{name}.toml")])
-            .current_dir(t.path())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(
-                std::env::vars()
-                    .filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = |name: &str| spawn_apply(&t, &format!("{name}.toml"));
     let first = spawn("first");
     let lock = t.path().join("work/.unstep.lock");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -423,18 +414,7 @@ fn an_interrupted_run_stops_its_workers_and_resumes_on_the_next_apply() {
     let t = Test::new();
     generation(&t, "stop", "0-5");
     let run_dir = t.path().join("results/stop");
-    let child = Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["apply", "--quiet", "stop.toml"])
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_apply(&t, "stop.toml");
     let deadline = Instant::now() + Duration::from_secs(240);
     while std::fs::read_to_string(run_dir.join("timings/001.jsonl"))
         .map_or(0, |t| t.lines().count())
