@@ -400,6 +400,11 @@ fn process_spec(
     {
         return None;
     }
+    let mut manifest = r.manifest.clone();
+    if manifest.kind == Kind::Probe {
+        // A probe's debug videos go to `indexed_videos`, named by prompt index.
+        manifest.outputs.video_naming = crate::manifest::VideoNaming::Indexed;
+    }
     Some(ProcessSpec {
         run: plan.run.clone(),
         process: p.index,
@@ -408,7 +413,7 @@ fn process_spec(
         slot: plan.slots[p.slot].label.clone(),
         bundle: bundle.to_path_buf(),
         prompts: todo,
-        manifest: r.manifest.clone(),
+        manifest,
         cache_dir: p.cache_dir.clone(),
         timings: run_dir
             .join("timings")

@@ -447,3 +447,39 @@ fn an_interrupted_run_stops_its_workers_and_resumes_on_the_next_apply() {
     assert_eq!(again.code, 0, "{}", again.render());
     assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
 }
+
+#[test]
+fn probe_debug_videos_are_written_to_the_temporary_folder_and_deleted_after_each_process() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0-1\"\n");
+    std::fs::write(t.path().join("dbg.toml"), text).unwrap();
+    let tmp = t.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = t
+        .cmd()
+        .env("TMPDIR", tmp.to_str().unwrap())
+        .env("UNSTEP_EXTRA_ARGS", "--save-videos")
+        .args(["apply", "--quiet", "dbg.toml"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let debug = tmp.join("unstep_wrapper_generation_outputs/dbg/indexed_videos");
+    let measured: Vec<serde_json::Value> = records(&t.path().join("results/dbg"))
+        .into_iter()
+        .filter(|r| r["role"] == "measurement")
+        .collect();
+    assert_eq!(measured.len(), 2);
+    for r in &measured {
+        let video = r["video"].as_str().expect("a debug video was written");
+        assert!(Path::new(video).starts_with(&debug), "{video}");
+        assert!(video.ends_with(".mp4"));
+    }
+    assert!(
+        !debug.exists(),
+        "debug videos are deleted after the probe process"
+    );
+    assert!(
+        !t.path().join("results/dbg/videos").exists(),
+        "a probe keeps no videos"
+    );
+}
