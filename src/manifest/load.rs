@@ -47,6 +47,8 @@ impl LoadRequest {
 pub struct Setting {
     pub value: toml::Value,
     pub origin: Origin,
+    /// Lower layers (other than the defaults) whose values this one replaced, lowest first.
+    pub replaced: Vec<Origin>,
 }
 
 /// A manifest file of the chain, with its hash for provenance.
@@ -257,6 +259,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
 
     // Merge: later layers win; every value keeps its origin.
     let mut merged: BTreeMap<String, Entry> = BTreeMap::new();
+    let mut replaced: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
     for layer in std::iter::once(&defaults)
         .chain(file_layers.iter())
         .chain([&env, &flags])
@@ -265,7 +268,11 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             if FILE_KEYS.contains(&k.as_str()) {
                 continue;
             }
-            merged.insert(k.clone(), e.clone());
+            if let Some(old) = merged.insert(k.clone(), e.clone()) {
+                if old.origin != Origin::Default {
+                    replaced.entry(k.clone()).or_default().push(old.origin);
+                }
+            }
         }
     }
     merged.insert(
@@ -286,6 +293,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
                 Setting {
                     value: e.value.clone(),
                     origin: e.origin.clone(),
+                    replaced: replaced.get(k).cloned().unwrap_or_default(),
                 },
             )
         })
