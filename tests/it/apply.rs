@@ -483,3 +483,31 @@ fn probe_debug_videos_are_written_to_the_temporary_folder_and_deleted_after_each
         "a probe keeps no videos"
     );
 }
+
+#[test]
+fn re_applying_a_run_with_a_changed_configuration_is_refused() {
+    let t = Test::new();
+    let path = generation(&t, "chg", "0-1");
+    let out = t.cmd().args(["apply", "--quiet", "chg.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let before = std::fs::read(t.path().join("results/chg/run.json")).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("[method]\n", "[method]\nclean_sigma = 0.01\n"),
+    )
+    .unwrap();
+    let again = t.cmd().args(["apply", "--quiet", "chg.toml"]).run();
+    assert_eq!(again.code, 2, "{}", again.render());
+    assert!(
+        again.stderr.contains("different configuration"),
+        "{}",
+        again.stderr
+    );
+    assert!(again.stderr.contains("own run name"), "{}", again.stderr);
+    assert_eq!(
+        std::fs::read(t.path().join("results/chg/run.json")).unwrap(),
+        before,
+        "nothing lost"
+    );
+}
