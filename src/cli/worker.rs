@@ -10,8 +10,9 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::engine::{
-    CudaOptions, Emit, ExportSettings, GenerateError, GenerateOptions, Generated, Generator,
-    MethodSettings, Precision, Provider, RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
+    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, Emit, ExportSettings, GenerateError,
+    GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider, RuntimeOptions,
+    SessionError, SvdRank, TensorRtOptions,
 };
 use crate::exit;
 
@@ -106,6 +107,27 @@ pub struct WorkerArgs {
     /// CUDA: capture and replay CUDA graphs.
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).
+    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_attention)]
+    pub attention_backend: AttentionKernel,
+    /// CUDA: cuDNN convolution algorithm search (exhaustive, heuristic, default).
+    #[arg(long, value_name = "MODE", default_value = "exhaustive", value_parser = parse_conv_search)]
+    pub conv_algo_search: ConvAlgoSearch,
+    /// Run the device loop (IoBinding, scheduler arithmetic as graphs) on the CPU provider too;
+    /// GPU providers always use it.
+    #[arg(long)]
+    pub io_binding: bool,
+    /// Device loop: decode the VAE after the DiT instead of beside it (block b while the DiT
+    /// generates block b + 1).
+    #[arg(long)]
+    pub no_overlap_vae: bool,
+    /// CUDA: grow the memory arena by what is asked for instead of to the next power of two.
+    #[arg(long)]
+    pub arena_same_as_requested: bool,
+    /// Benchmark: generate the first prompt this many times unrecorded before one measured round
+    /// (instead of a whole warmup round).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<usize>,
     /// Intra-op threads per session (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -227,11 +249,17 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     )?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(
-            "worker: onnx runtime {} from {} ({}), provider {}",
+            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, {} loop",
             ort.version,
             ort.location.path.display(),
             ort.location.source,
-            runtime.provider.name()
+            runtime.provider.name(),
+            attention_name(&runtime.provider, generator.bundle().manifest.precision),
+            if generator.uses_device_loop() {
+                "device (io binding)"
+            } else {
+                "host"
+            }
         );
     }
 
@@ -253,7 +281,16 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
         None => None,
     };
 
-    let rounds = if args.bench { 2 } else { 1 };
+    if let (Some(n), Some(&first)) = (args.warmup, indices.first()) {
+        for _ in 0..n {
+            generator.generate(first, &prompts[first as usize], &options)?;
+        }
+    }
+    let rounds = if args.bench && args.warmup.is_none() {
+        2
+    } else {
+        1
+    };
     let mut measured: Vec<Generated> = Vec::new();
     for round in 0..rounds {
         for &index in &indices {
@@ -354,6 +391,13 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             device_id: args.device_id,
             cuda_graphs: args.cuda_graphs,
             prefer_nhwc: args.prefer_nhwc,
+            attention: args.attention_backend,
+            conv_algo_search: args.conv_algo_search,
+            arena_extend: if args.arena_same_as_requested {
+                ArenaExtend::SameAsRequested
+            } else {
+                ArenaExtend::NextPowerOfTwo
+            },
             ..CudaOptions::default()
         }),
         ProviderArg::Tensorrt => Provider::TensorRt(TensorRtOptions {
@@ -368,6 +412,44 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         provider,
         intra_op_threads: args.threads,
         optimized_model_dir: args.optimized_model_dir.clone(),
+        io_binding: args.io_binding,
+        overlap_vae: !args.no_overlap_vae,
+    }
+}
+
+fn parse_attention(name: &str) -> Result<AttentionKernel, String> {
+    AttentionKernel::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = AttentionKernel::ALL.iter().map(|k| k.name()).collect();
+        format!(
+            "unknown attention backend `{name}`; one of {}",
+            names.join(", ")
+        )
+    })
+}
+
+fn parse_conv_search(name: &str) -> Result<ConvAlgoSearch, String> {
+    match name {
+        "exhaustive" => Ok(ConvAlgoSearch::Exhaustive),
+        "heuristic" => Ok(ConvAlgoSearch::Heuristic),
+        "default" => Ok(ConvAlgoSearch::Default),
+        _ => Err(format!(
+            "unknown cuDNN search `{name}`; one of exhaustive, heuristic, default"
+        )),
+    }
+}
+
+/// The attention kernel a provider was configured with, as results record it.
+pub fn attention_name(provider: &Provider, precision: Precision) -> String {
+    match provider {
+        Provider::Cpu => "math (cpu)".into(),
+        Provider::Cuda(c) => match (c.attention, c.attention.resolve(precision)) {
+            (AttentionKernel::Auto, AttentionKernel::Auto) => {
+                "auto (onnxruntime's default order)".into()
+            }
+            (AttentionKernel::Auto, kernel) => format!("{} (auto)", kernel.name()),
+            (asked, _) => asked.name().into(),
+        },
+        Provider::TensorRt(_) => "tensorrt's own".into(),
     }
 }
 
@@ -383,6 +465,7 @@ fn timing_record(generated: &Generated, provider: &str) -> serde_json::Value {
         "session_run_s": t.session_run.as_secs_f64(),
         "timed_region_end": generated.timed_region_end.as_str(),
         "provider": provider,
+        "peak_device_memory_bytes": generated.peak_device_memory,
     })
 }
 
@@ -420,8 +503,9 @@ fn print_bench(measured: &[Generated]) {
     };
     let total = mean(|g| g.times.timed_total);
     let run = mean(|g| g.times.session_run);
+    let peak = measured.iter().filter_map(|g| g.peak_device_memory).max();
     println!(
-        "bench: {} videos, {:.4} s per video (timed region; dit {:.4} s, vae {:.4} s, layout {:.4} s), session.run {:.4} s, outside session.run {:.2}%",
+        "bench: {} videos, {:.4} s per video (timed region; dit {:.4} s, vae {:.4} s, layout {:.4} s), session.run {:.4} s, outside session.run {:.2}%, peak device memory {}",
         measured.len(),
         total,
         mean(|g| g.times.dit),
@@ -429,6 +513,10 @@ fn print_bench(measured: &[Generated]) {
         mean(|g| g.times.layout),
         run,
         100.0 * (total - run).max(0.0) / total,
+        peak.map_or("n/a".to_string(), |b| format!(
+            "{:.2} GiB",
+            b as f64 / (1u64 << 30) as f64
+        )),
     );
 }
 

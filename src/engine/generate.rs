@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use ort::session::{Session, SessionInputValue, SessionOutputs};
 use ort::value::{DynValue, TensorRef};
 
-use super::bundle::{Bundle, BundleError, ExportSettings};
+use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::noise::fill_normal;
 use super::schedule::{Emit, MethodSettings, NoiseLevel, Schedule, ScheduleError};
-use super::session::{GraphSessions, RuntimeOptions, SessionError, vae_cache_count};
+use super::session::{GraphSessions, Provider, RuntimeOptions, SessionError, vae_cache_count};
 
 /// Per-prompt options of a generation.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -87,6 +87,9 @@ pub struct Generated {
     pub frame_shape: [usize; 4],
     pub times: PhaseTimes,
     pub timed_region_end: TimedRegionEnd,
+    /// Device memory in use after the prompt (an upper bound of its peak; see
+    /// `engine::cuda_memory`); `None` on the CPU.
+    pub peak_device_memory: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +219,8 @@ pub struct Generator {
     kv: KvCache,
     vae_cache: VaeCache,
     buffers: Buffers,
+    /// The device loop; `None` runs the host loop (CPU provider, fp32).
+    device: Option<super::device::DeviceLoop>,
 }
 
 impl std::fmt::Debug for Generator {
@@ -242,7 +247,16 @@ impl Generator {
 
     /// Builds the sessions of an opened bundle.
     pub fn new(bundle: Bundle, runtime: &RuntimeOptions) -> Result<Self, GenerateError> {
+        let on_cpu = runtime.provider == Provider::Cpu;
+        if on_cpu && bundle.manifest.precision != Precision::Fp32 {
+            return Err(BundleError::UnsupportedPrecision(bundle.manifest.precision).into());
+        }
         let sessions = GraphSessions::build(&bundle, runtime)?;
+        let device = if on_cpu && !runtime.io_binding {
+            None
+        } else {
+            Some(super::device::DeviceLoop::new(&bundle, &sessions, runtime)?)
+        };
         let dims = Dims::of(&bundle);
         let layers = bundle.manifest.architecture.layers;
         let names =
@@ -253,10 +267,12 @@ impl Generator {
             new_k: names("new_k", layers),
             new_v: names("new_v", layers),
         };
+        // The host loop's buffers; empty when the device loop holds its own.
+        let host = |n: usize| if device.is_some() { 0 } else { n };
         let cache_tokens = dims.latent_frames * dims.tokens_per_frame;
         let kv = KvCache {
-            keys: vec![vec![0.0; cache_tokens * dims.dim]; layers],
-            values: vec![vec![0.0; cache_tokens * dims.dim]; layers],
+            keys: vec![vec![0.0; host(cache_tokens * dims.dim)]; layers],
+            values: vec![vec![0.0; host(cache_tokens * dims.dim)]; layers],
             len: 0,
         };
         let caches = vae_cache_count(&sessions.vae_first);
@@ -268,13 +284,13 @@ impl Generator {
         let frame_elems = dims.channels * dims.h * dims.w;
         let buffers = Buffers {
             context: vec![0.0; dims.text_len * dims.text_dim],
-            x: vec![0.0; dims.block_elems()],
-            x0: vec![0.0; dims.block_elems()],
-            flow: vec![0.0; dims.block_elems()],
-            noise: vec![0.0; dims.block_elems()],
-            latents: vec![0.0; frame_elems * dims.latent_frames],
-            z: vec![0.0; frame_elems],
-            video: vec![0.0; 3 * dims.video_frames() * dims.height * dims.width],
+            x: vec![0.0; host(dims.block_elems())],
+            x0: vec![0.0; host(dims.block_elems())],
+            flow: vec![0.0; host(dims.block_elems())],
+            noise: vec![0.0; host(dims.block_elems())],
+            latents: vec![0.0; host(frame_elems * dims.latent_frames)],
+            z: vec![0.0; host(frame_elems)],
+            video: vec![0.0; host(3 * dims.video_frames() * dims.height * dims.width)],
         };
         Ok(Self {
             bundle,
@@ -284,7 +300,13 @@ impl Generator {
             kv,
             vae_cache,
             buffers,
+            device,
         })
+    }
+
+    /// Whether this generator runs the device loop (IoBinding, device-resident buffers).
+    pub fn uses_device_loop(&self) -> bool {
+        self.device.is_some()
     }
 
     pub fn bundle(&self) -> &Bundle {
@@ -300,6 +322,30 @@ impl Generator {
         options: &GenerateOptions,
     ) -> Result<Generated, GenerateError> {
         let schedule = Schedule::new(&options.method)?;
+        if let Some(device) = &mut self.device {
+            let seed = options.method.seed;
+            let noise = |draw: u32, out: &mut [f32]| {
+                super::noise::fill_normal(seed, prompt_index, draw, out);
+            };
+            let out =
+                device.generate(&mut self.sessions, prompt_text, &noise, &schedule, options)?;
+            let d = &self.dims;
+            let video_frames = if out.frames.is_empty() {
+                0
+            } else {
+                d.video_frames()
+            };
+            return Ok(Generated {
+                prompt_index,
+                latents: out.latents,
+                latent_shape: [1, d.channels, d.latent_frames, d.h, d.w],
+                frames: out.frames,
+                frame_shape: [video_frames, d.height, d.width, 3],
+                times: out.times,
+                timed_region_end: out.end,
+                peak_device_memory: out.peak_device_memory,
+            });
+        }
         let mut times = PhaseTimes::default();
 
         let started = Instant::now();
@@ -344,6 +390,7 @@ impl Generator {
             frame_shape: [video_frames, d.height, d.width, 3],
             times,
             timed_region_end,
+            peak_device_memory: None,
         })
     }
 

@@ -28,8 +28,11 @@
 //! ```
 
 pub mod bundle;
+mod cuda_memory;
+mod device;
 pub mod generate;
 pub mod noise;
+pub mod onnx_graph;
 pub mod ort_lib;
 pub mod probe;
 pub mod schedule;
@@ -44,6 +47,6 @@ pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};
 pub use schedule::{Emit, MethodSettings, Schedule, ScheduleError};
 pub use session::{
-    ArenaExtend, ConvAlgoSearch, CudaOptions, Provider, RuntimeOptions, SessionError,
-    TensorRtOptions,
+    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, Provider, RuntimeOptions,
+    SessionError, TensorRtOptions,
 };

@@ -30,9 +30,112 @@ pub enum ArenaExtend {
     SameAsRequested,
 }
 
+/// The attention kernels the CUDA provider may use for `com.microsoft.MultiHeadAttention`
+/// (`method.attention_backend`), passed as the provider option `sdpa_kernel`, a bitmask of
+/// ONNX Runtime's `AttentionBackend` (contrib_ops/cpu/bert/attention_common.h). With one bit set,
+/// ONNX Runtime uses that kernel where it supports the inputs and its unfused kernel elsewhere;
+/// [`AttentionKernel::check`] refuses the combinations where the kernel can never run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionKernel {
+    /// ONNX Runtime's own choice (`sdpa_kernel` 0: flash, then memory-efficient, then unfused;
+    /// cuDNN flash only when asked for). `runner bench` measures the others and says which wins.
+    #[default]
+    Auto,
+    Flash,
+    /// FA2-class flash attention: on ONNX Runtime the same fused flash kernel as `Flash` (its
+    /// flash attention is FlashAttention-2); recorded as asked.
+    Fa2,
+    CudnnFlash,
+    Efficient,
+    Math,
+}
+
+impl AttentionKernel {
+    pub const ALL: [AttentionKernel; 6] = [
+        AttentionKernel::Auto,
+        AttentionKernel::Flash,
+        AttentionKernel::Fa2,
+        AttentionKernel::CudnnFlash,
+        AttentionKernel::Efficient,
+        AttentionKernel::Math,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Auto => "auto",
+            AttentionKernel::Flash => "flash",
+            AttentionKernel::Fa2 => "fa2",
+            AttentionKernel::CudnnFlash => "cudnn_flash",
+            AttentionKernel::Efficient => "efficient",
+            AttentionKernel::Math => "math",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The kernel `auto` stands for, for a bundle of this precision: cuDNN's flash attention for
+    /// fp16/bf16, the fastest measured on one H200 with ONNX Runtime 1.31 (wan-1.3b, one video:
+    /// DiT 3.57 s with cudnn_flash, 4.43 s flash, 6.06 s efficient; ONNX Runtime's own default
+    /// order measured the same as cudnn_flash); ONNX Runtime's default for fp32, where the flash
+    /// kernels cannot run.
+    pub fn resolve(self, precision: Precision) -> AttentionKernel {
+        match (self, precision) {
+            (AttentionKernel::Auto, Precision::Fp16 | Precision::Bf16) => {
+                AttentionKernel::CudnnFlash
+            }
+            (kernel, _) => kernel,
+        }
+    }
+
+    /// The `sdpa_kernel` bitmask (0 = ONNX Runtime's default order).
+    pub fn sdpa_bits(self) -> u32 {
+        match self {
+            AttentionKernel::Auto => 0,
+            AttentionKernel::Flash | AttentionKernel::Fa2 => 1 << 0,
+            AttentionKernel::Efficient => 1 << 1,
+            AttentionKernel::CudnnFlash => 1 << 3,
+            AttentionKernel::Math => 1 << 4,
+        }
+    }
+
+    /// Refuses, before any session is built, a kernel that cannot run for this provider and
+    /// precision: ONNX Runtime would otherwise fall back to another kernel without a word, and the
+    /// result would be labelled with a kernel that never ran.
+    pub fn check(self, provider: &Provider, precision: Precision) -> Result<(), SessionError> {
+        let unavailable = |reason: &str| {
+            Err(SessionError::AttentionUnavailable {
+                backend: self.name(),
+                provider: provider.name(),
+                reason: reason.to_string(),
+            })
+        };
+        match (provider, self) {
+            (_, AttentionKernel::Auto) => Ok(()),
+            (Provider::Cpu, AttentionKernel::Math) => Ok(()),
+            (Provider::Cpu, _) => {
+                unavailable("the CPU provider has only the unfused kernel (auto or math)")
+            }
+            (Provider::TensorRt(_), _) => unavailable(
+                "TensorRT chooses its own attention kernels; use attention_backend = auto",
+            ),
+            (
+                Provider::Cuda(_),
+                AttentionKernel::Flash | AttentionKernel::Fa2 | AttentionKernel::CudnnFlash,
+            ) if precision == Precision::Fp32 => {
+                unavailable("flash kernels need an fp16 or bf16 bundle; this bundle is fp32")
+            }
+            (Provider::Cuda(_), _) => Ok(()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaOptions {
     pub device_id: i32,
+    /// Kernel for `com.microsoft.MultiHeadAttention`.
+    pub attention: AttentionKernel,
     pub conv_algo_search: ConvAlgoSearch,
     pub arena_extend: ArenaExtend,
     /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
@@ -45,6 +148,7 @@ impl Default for CudaOptions {
     fn default() -> Self {
         Self {
             device_id: 0,
+            attention: AttentionKernel::Auto,
             conv_algo_search: ConvAlgoSearch::Exhaustive,
             arena_extend: ArenaExtend::NextPowerOfTwo,
             memory_limit: None,
@@ -92,6 +196,13 @@ pub struct RuntimeOptions {
     /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
     /// inspection and for the cache audit of SPEC §7.
     pub optimized_model_dir: Option<PathBuf>,
+    /// Run the device loop (IoBinding, device-resident buffers, scheduler arithmetic as graphs)
+    /// also on the CPU provider. GPU providers always use it; on the CPU it exists so that tests
+    /// can check the device loop against the golden files.
+    pub io_binding: bool,
+    /// Device loop: decode each finished block with the VAE on a second thread (its own CUDA
+    /// stream) while the DiT generates the next block (SPEC §6).
+    pub overlap_vae: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +218,12 @@ pub enum SessionError {
         provider: &'static str,
         graph: String,
         message: String,
+    },
+    #[error("attention backend {backend} is not available on {provider}: {reason}")]
+    AttentionUnavailable {
+        backend: &'static str,
+        provider: &'static str,
+        reason: String,
     },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
@@ -131,9 +248,13 @@ impl GraphSessions {
     /// and outputs against the bundle contract.
     pub fn build(bundle: &Bundle, options: &RuntimeOptions) -> Result<Self, SessionError> {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
-        if bundle.manifest.precision != Precision::Fp32 {
-            return Err(BundleError::UnsupportedPrecision(bundle.manifest.precision).into());
+        let mut resolved = options.clone();
+        if let Provider::Cuda(cuda) = &mut resolved.provider {
+            cuda.attention
+                .check(&options.provider, bundle.manifest.precision)?;
+            cuda.attention = cuda.attention.resolve(bundle.manifest.precision);
         }
+        let options = &resolved;
         let graphs = &bundle.manifest.graphs;
         let sessions = Self {
             text_encoder: build_session(runtime, bundle, &graphs.text_encoder, options)?,
@@ -150,7 +271,9 @@ impl GraphSessions {
     fn check_contract(&self, bundle: &Bundle) -> Result<(), BundleError> {
         let m = &bundle.manifest;
         let layers = m.architecture.layers;
-        let f32_ = TensorElementType::Float32;
+        // Float tensors are in the bundle's precision, except the DiT's timestep (always float32).
+        let f32_ = float_type(m.precision);
+        let timestep_ty = TensorElementType::Float32;
         let i64_ = TensorElementType::Int64;
 
         let mut text = Contract::new("text_encoder", &m.graphs.text_encoder);
@@ -161,7 +284,7 @@ impl GraphSessions {
 
         let mut dit = Contract::new("dit", &m.graphs.dit);
         dit.input("x", f32_, 5)
-            .input("timestep", f32_, 2)
+            .input("timestep", timestep_ty, 2)
             .input("context", f32_, 3)
             .input("frame_offset", i64_, 1)
             .output("flow", f32_, 5);
@@ -189,6 +312,15 @@ impl GraphSessions {
         first.check(&self.vae_first)?;
         step.check(&self.vae_step)?;
         Ok(())
+    }
+}
+
+/// The element type of a bundle's float tensors.
+pub fn float_type(precision: Precision) -> TensorElementType {
+    match precision {
+        Precision::Fp32 => TensorElementType::Float32,
+        Precision::Fp16 => TensorElementType::Float16,
+        Precision::Bf16 => TensorElementType::Bfloat16,
     }
 }
 
@@ -278,6 +410,39 @@ fn build_session(
     graph: &str,
     options: &RuntimeOptions,
 ) -> Result<Session, SessionError> {
+    session_builder(runtime, graph, options)?
+        .commit_from_file(bundle.graph_path(graph))
+        .map_err(|e| SessionError::Load {
+            graph: graph.to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// A session for one of the runner's own small graphs ([`super::onnx_graph`]), on the same
+/// provider as the bundle's graphs.
+pub(crate) fn build_small_session(
+    name: &str,
+    model: &[u8],
+    options: &RuntimeOptions,
+) -> Result<Session, SessionError> {
+    let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
+    let options = RuntimeOptions {
+        optimized_model_dir: None,
+        ..options.clone()
+    };
+    session_builder(runtime, name, &options)?
+        .commit_from_memory(model)
+        .map_err(|e| SessionError::Load {
+            graph: name.to_string(),
+            message: e.to_string(),
+        })
+}
+
+fn session_builder(
+    runtime: &OrtRuntime,
+    graph: &str,
+    options: &RuntimeOptions,
+) -> Result<ort::session::builder::SessionBuilder, SessionError> {
     let load = |message: String| SessionError::Load {
         graph: graph.to_string(),
         message,
@@ -311,9 +476,7 @@ fn build_session(
                     message: e.to_string(),
                 })?;
     }
-    builder
-        .commit_from_file(bundle.graph_path(graph))
-        .map_err(|e| load(e.to_string()))
+    Ok(builder)
 }
 
 fn graph_stem(graph: &str) -> String {
@@ -371,6 +534,17 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_arena_extend_strategy(arena)
         .with_cuda_graph(options.cuda_graphs)
         .with_prefer_nhwc(options.prefer_nhwc);
+    use ep::cuda::AttentionBackend as B;
+    let kernel = match options.attention {
+        AttentionKernel::Auto => None,
+        AttentionKernel::Flash | AttentionKernel::Fa2 => Some(B::FLASH_ATTENTION),
+        AttentionKernel::Efficient => Some(B::EFFICIENT_ATTENTION),
+        AttentionKernel::CudnnFlash => Some(B::CUDNN_FLASH_ATTENTION),
+        AttentionKernel::Math => Some(B::MATH),
+    };
+    if let Some(kernel) = kernel {
+        cuda = cuda.with_attention_backend(kernel);
+    }
     if let Some(limit) = options.memory_limit {
         cuda = cuda.with_memory_limit(limit);
     }

@@ -134,6 +134,14 @@ pub fn runtime_options(m: &Manifest, cache_dir: &Path, ort: Option<PathBuf>) -> 
         manifest::Provider::Cpu => engine::Provider::Cpu,
         manifest::Provider::Cuda => engine::Provider::Cuda(engine::CudaOptions {
             device_id: 0,
+            attention: match m.method.attention_backend {
+                manifest::AttentionBackend::Auto => engine::AttentionKernel::Auto,
+                manifest::AttentionBackend::Flash => engine::AttentionKernel::Flash,
+                manifest::AttentionBackend::Fa2 => engine::AttentionKernel::Fa2,
+                manifest::AttentionBackend::CudnnFlash => engine::AttentionKernel::CudnnFlash,
+                manifest::AttentionBackend::Efficient => engine::AttentionKernel::Efficient,
+                manifest::AttentionBackend::Math => engine::AttentionKernel::Math,
+            },
             conv_algo_search: conv,
             cuda_graphs: rt.cuda_graphs,
             ..Default::default()
@@ -150,6 +158,8 @@ pub fn runtime_options(m: &Manifest, cache_dir: &Path, ort: Option<PathBuf>) -> 
         provider,
         intra_op_threads: Some(rt.cpu_threads_per_process.0 as usize),
         optimized_model_dir: Some(cache_dir.join("ort_optimized")),
+        io_binding: false,
+        overlap_vae: true,
     }
 }
 
@@ -185,6 +195,14 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
     let unpack = spec.cache_dir.join("bundle_unpacked");
     let runtime = runtime_options(m, &spec.cache_dir, spec.ort_library.clone());
     let mut generator = Generator::open(&spec.bundle, &unpack, &export_settings(m), &runtime)?;
+    // The Ready event has no field for it yet (runner apply reads that event); the log has it.
+    eprintln!(
+        "worker: attention backend {}",
+        crate::cli::worker::attention_name(
+            &runtime.provider,
+            generator.bundle().manifest.precision
+        )
+    );
     event(&WorkerEvent::Ready {
         provider: runtime.provider.name().into(),
         ort_version: ort.version.clone(),
@@ -227,7 +245,7 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
             vae_s: t.vae.as_secs_f64(),
             layout_s: t.layout.as_secs_f64(),
             timed_total_s: t.timed_total.as_secs_f64(),
-            peak_device_memory_bytes: None,
+            peak_device_memory_bytes: generated.peak_device_memory,
             timed_region_ends: if m.timing.exclude_final_output_layout {
                 TimedRegionEnd::VaeOutput
             } else {

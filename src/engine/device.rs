@@ -1,0 +1,1153 @@
+//! The generation loop with every tensor where the provider computes (on the GPU for the CUDA
+//! provider): the same semantics as the host loop of [`super::generate`], but bound with
+//! ONNX Runtime's IoBinding to buffers allocated once per `Generator`, so that nothing crosses the
+//! PCIe bus inside the timed region.
+//!
+//! - The KV cache is one buffer per layer and kind; `past_*.{i}` are bound as views of its prefix
+//!   (or of the window's suffix of it) and `new_*.{i}` as views straight after it. Every pass
+//!   writes its keys and values there; only the clean-cache pass's survive, because the next
+//!   block's prefix is extended only after it.
+//! - The scheduler arithmetic between passes, the latent de-normalisation and the uint8 layout are
+//!   the runner's own small graphs ([`super::onnx_graph`]) on the same provider.
+//! - All noise of a prompt is drawn on the host before the timed region and uploaded in one copy,
+//!   as the exporter's reference does.
+//!
+//! ONNX Runtime synchronises the device at the end of every `run`, so host clocks read after a run
+//! are device-synchronised phase boundaries.
+//!
+//! The same code runs on the CPU provider (host memory "bound" in place), which is how the CPU tests
+//! check it against the golden files.
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use ort::AsPointer;
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{IoBinding, Session};
+use ort::value::{
+    DynTensor, DynTensorRefMut, DynTensorValueType, Tensor, TensorElementType, TensorRefMut,
+};
+
+use super::bundle::Bundle;
+use super::generate::{GenerateError, GenerateOptions, PhaseTimes, TimedRegionEnd, byte_tokens};
+use super::onnx_graph;
+use super::schedule::{Emit, Schedule};
+use super::session::{
+    GraphSessions, Provider, RuntimeOptions, build_small_session, float_type, vae_cache_count,
+};
+
+type View = DynTensorRefMut<'static>;
+
+fn elem_size(ty: TensorElementType) -> usize {
+    match ty {
+        TensorElementType::Float32 => 4,
+        TensorElementType::Float16 | TensorElementType::Bfloat16 => 2,
+        TensorElementType::Int64 => 8,
+        TensorElementType::Uint8 => 1,
+        other => unreachable!("the device loop uses no {other:?} buffers"),
+    }
+}
+
+/// One allocation on the device, and typed views into it.
+struct Buf {
+    tensor: DynTensor,
+    ty: TensorElementType,
+    len: usize,
+}
+
+impl Buf {
+    fn new(alloc: &Allocator, ty: TensorElementType, len: usize) -> ort::Result<Self> {
+        // A zero-length allocation has no pointer; keep every buffer at least one element long.
+        let tensor = DynTensor::new(alloc, ty, [len.max(1)])?;
+        Ok(Self { tensor, ty, len })
+    }
+
+    /// A tensor over `shape` starting `offset` elements into the buffer.
+    fn view(&self, mem: &MemoryInfo<'static>, offset: usize, shape: &[i64]) -> ort::Result<View> {
+        let count: i64 = shape.iter().product();
+        assert!(
+            offset + count as usize <= self.len.max(1),
+            "view {offset}+{count} past a buffer of {}",
+            self.len
+        );
+        let base = self.tensor.data_ptr().cast::<u8>().cast_mut();
+        // SAFETY: the view lies inside the allocation (checked above), the allocation is owned by
+        // the device loop and outlives every binding made from it (bindings are cleared or
+        // dropped with the loop), and views are only handed to ONNX Runtime.
+        let ptr = unsafe { base.add(offset * elem_size(self.ty)) }.cast::<c_void>();
+        let shape = ort::value::Shape::new(shape.iter().copied());
+        unsafe {
+            Ok(match self.ty {
+                TensorElementType::Float32 => {
+                    TensorRefMut::<f32>::from_raw(mem.clone(), ptr.cast(), shape)?
+                        .into_dyn()
+                        .downcast::<DynTensorValueType>()?
+                }
+                TensorElementType::Float16 => {
+                    TensorRefMut::<half::f16>::from_raw(mem.clone(), ptr.cast(), shape)?
+                        .into_dyn()
+                        .downcast::<DynTensorValueType>()?
+                }
+                TensorElementType::Bfloat16 => {
+                    TensorRefMut::<half::bf16>::from_raw(mem.clone(), ptr.cast(), shape)?
+                        .into_dyn()
+                        .downcast::<DynTensorValueType>()?
+                }
+                TensorElementType::Int64 => {
+                    TensorRefMut::<i64>::from_raw(mem.clone(), ptr.cast(), shape)?
+                        .into_dyn()
+                        .downcast::<DynTensorValueType>()?
+                }
+                TensorElementType::Uint8 => {
+                    TensorRefMut::<u8>::from_raw(mem.clone(), ptr.cast(), shape)?
+                        .into_dyn()
+                        .downcast::<DynTensorValueType>()?
+                }
+                other => unreachable!("no {other:?} views"),
+            })
+        }
+    }
+
+    /// Copies host data into the start of the buffer (outside the timed region), through the
+    /// runner's identity graph: ONNX Runtime copies a host input to the device itself.
+    /// (ort's `copy_into` was seen to hang on its shared identity sessions.)
+    fn upload<T: ort::value::PrimitiveTensorElementType + Clone + std::fmt::Debug + 'static>(
+        &self,
+        identity: &mut Session,
+        mem: &MemoryInfo<'static>,
+        data: &[T],
+    ) -> ort::Result<()> {
+        let host = Tensor::from_array(([data.len()], data.to_vec().into_boxed_slice()))?;
+        let mut binding = Bound::new(identity.create_binding()?);
+        binding.binding.bind_input("x", &host)?;
+        binding.output("y", self.view(mem, 0, &[data.len() as i64])?)?;
+        identity.run_binding(&binding.binding)?;
+        Ok(())
+    }
+
+    /// Copies the first `len` elements to the host (outside the timed region).
+    fn download<T: ort::value::PrimitiveTensorElementType + Clone + std::fmt::Debug + 'static>(
+        &self,
+        identity: &mut Session,
+        mem: &MemoryInfo<'static>,
+        len: usize,
+    ) -> ort::Result<Vec<T>> {
+        let mut host = DynTensor::new(&Allocator::default(), self.ty, [len])?;
+        let mut binding = Bound::new(identity.create_binding()?);
+        binding.input("x", self.view(mem, 0, &[len as i64])?)?;
+        binding.binding.bind_output("y", &mut host)?;
+        identity.run_binding(&binding.binding)?;
+        drop(binding);
+        let (_, data) = host.try_extract_tensor::<T>()?;
+        Ok(data.to_vec())
+    }
+}
+
+/// An IoBinding and the views bound to it, kept alive as long as the binding may use them.
+///
+/// Inputs are bound through the C API rather than `IoBinding::bind_input`: ort deep-copies a
+/// borrowed tensor there (through an identity session) to rule out aliasing, which for the device
+/// loop would copy the KV cache on every bind. Here the loop owns every buffer and no output of a
+/// run overlaps one of its inputs.
+struct Bound {
+    binding: IoBinding,
+    held: Vec<View>,
+}
+
+impl Bound {
+    fn new(binding: IoBinding) -> Self {
+        Self {
+            binding,
+            held: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, name: &str, value: View) -> ort::Result<()> {
+        let name = std::ffi::CString::new(name).expect("graph names have no NUL");
+        // SAFETY: both pointers are valid; the value is kept in `held` for the binding's life.
+        let status =
+            unsafe { (ort::api().BindInput)(self.binding.ptr_mut(), name.as_ptr(), value.ptr()) };
+        self.held.push(value);
+        status_result(status)
+    }
+
+    fn output(&mut self, name: &str, value: View) -> ort::Result<()> {
+        self.binding.bind_output(name, value)
+    }
+}
+
+fn status_result(status: ort::sys::OrtStatusPtr) -> ort::Result<()> {
+    if status.0.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null status is a valid OrtStatus that we own and release once.
+    let message = unsafe {
+        let text = std::ffi::CStr::from_ptr((ort::api().GetErrorMessage)(status.0))
+            .to_string_lossy()
+            .into_owned();
+        (ort::api().ReleaseStatus)(status.0);
+        text
+    };
+    Err(ort::Error::new(message))
+}
+
+/// The runner's small graphs.
+struct SmallGraphs {
+    /// `axpby` with `q` in float32 (noise, x0).
+    axpby_f32: Session,
+    /// `axpby` with `q` in the bundle's float type (the DiT's flow).
+    axpby_model: Session,
+    /// `Identity` per element type, for host ↔ device copies.
+    identity_f32: Session,
+    identity_i64: Session,
+    identity_u8: Session,
+}
+
+/// Coefficient pairs (a, b) of [`onnx_graph::axpby`] used by one schedule, uploaded once per
+/// prompt: index `2k` holds a, `2k + 1` holds b.
+struct Coefficients {
+    values: Vec<f32>,
+}
+
+impl Coefficients {
+    fn push(&mut self, a: f32, b: f32) -> usize {
+        self.values.push(a);
+        self.values.push(b);
+        self.values.len() / 2 - 1
+    }
+}
+
+/// Indices into the coefficient table for one schedule.
+struct Plan {
+    /// (1, 0): a copy.
+    copy: usize,
+    /// Per step j: (1, −σ_j), giving x0.
+    x0: Vec<usize>,
+    /// Per step j > 0: (1 − σ_j, σ_j), the re-noising to step j.
+    renoise: Vec<usize>,
+    /// (1 − σ_c, σ_c), the re-noising to the clean-cache level.
+    clean: usize,
+    /// (1, −σ_c), the clean-cache pass's x0.
+    clean_x0: usize,
+}
+
+fn plan(schedule: &Schedule) -> (Coefficients, Plan) {
+    let mut c = Coefficients { values: Vec::new() };
+    let copy = c.push(1.0, 0.0);
+    let x0 = schedule
+        .steps
+        .iter()
+        .map(|l| c.push(1.0, -l.sigma))
+        .collect();
+    let renoise = schedule
+        .steps
+        .iter()
+        .map(|l| c.push(1.0 - l.sigma, l.sigma))
+        .collect();
+    let sc = schedule.clean.sigma;
+    let clean = c.push(1.0 - sc, sc);
+    let clean_x0 = c.push(1.0, -sc);
+    (
+        c,
+        Plan {
+            copy,
+            x0,
+            renoise,
+            clean,
+            clean_x0,
+        },
+    )
+}
+
+/// Shapes of the device loop.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    channels: usize,
+    fpb: usize,
+    latent_frames: usize,
+    h: usize,
+    w: usize,
+    height: usize,
+    width: usize,
+    dim: usize,
+    tokens_per_frame: usize,
+    text_len: usize,
+    text_dim: usize,
+    frames_per_step: usize,
+    layers: usize,
+}
+
+impl Dims {
+    fn blocks(&self) -> usize {
+        self.latent_frames / self.fpb
+    }
+    fn block_elems(&self) -> usize {
+        self.channels * self.fpb * self.h * self.w
+    }
+    fn block_tokens(&self) -> usize {
+        self.fpb * self.tokens_per_frame
+    }
+    fn video_frames(&self) -> usize {
+        1 + self.frames_per_step * (self.latent_frames - 1)
+    }
+    fn frame_px(&self) -> usize {
+        self.height * self.width
+    }
+}
+
+/// The device-resident state of a generator.
+pub(crate) struct DeviceLoop {
+    mem: MemoryInfo<'static>,
+    alloc: Allocator,
+    d: Dims,
+    graphs: SmallGraphs,
+    kv_k: Vec<Buf>,
+    kv_v: Vec<Buf>,
+    context: Buf,
+    /// Latents of the block being denoised, float32, and the same in the bundle's type.
+    x: Buf,
+    x_model: Buf,
+    x0: Buf,
+    flow: Buf,
+    /// Outputs nobody reads (the `y_model` of updates whose result stays float32).
+    scratch: Buf,
+    noise: Buf,
+    coefficients: Buf,
+    timesteps: Buf,
+    offsets: Buf,
+    /// The decoder's sessions and buffers; taken out of the loop while a prompt runs, so that a
+    /// decoder thread can hold them while the DiT runs on the caller's thread.
+    vae: Option<VaeParts>,
+    /// Decode each block while the DiT generates the next (SPEC §6).
+    overlap_vae: bool,
+    names: Names,
+    /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
+    memory: Option<super::cuda_memory::MemoryProbe>,
+}
+
+struct Names {
+    past_k: Vec<String>,
+    past_v: Vec<String>,
+    new_k: Vec<String>,
+    new_v: Vec<String>,
+}
+
+/// What the VAE decoder needs: its own small-graph sessions and buffers read through views.
+struct VaeParts {
+    latent_frame: Session,
+    layout: Session,
+    bufs: VaeBufs,
+}
+
+struct VaeBufs {
+    /// Final latents, block after block: `[blocks][1, C, F, h, w]`, float32 (written by the
+    /// DiT side, read by the decoder once the block's index was handed over).
+    latents: Buf,
+    indices: Buf,
+    std: Buf,
+    mean: Buf,
+    z: Buf,
+    /// The decoder's output, call after call (`[1, 3, n, H, W]` each), in the bundle's type.
+    video: Buf,
+    /// The causal cache of the VAE, two sets used in turn (inputs of one call, outputs of it).
+    cache: [Vec<Buf>; 2],
+    cache_shapes: Vec<Vec<i64>>,
+    cache_in: Vec<String>,
+    cache_out: Vec<String>,
+    frames_u8: Buf,
+    d: Dims,
+    /// The CUDA device, or `None` on the CPU (a decoder thread makes its own `MemoryInfo`).
+    device: Option<i32>,
+}
+
+/// Where the loop's buffers live: the CUDA device, or host memory for the CPU provider.
+fn device_memory_info(device: Option<i32>) -> ort::Result<MemoryInfo<'static>> {
+    match device {
+        Some(id) => MemoryInfo::new(
+            AllocationDevice::CUDA,
+            id,
+            AllocatorType::Device,
+            MemoryType::Default,
+        ),
+        None => MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::Default,
+        ),
+    }
+}
+
+fn run_err(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
+    move |e| GenerateError::Run {
+        graph,
+        message: e.to_string(),
+    }
+}
+
+/// Results of one prompt on the device loop, copied to the host.
+pub(crate) struct DeviceOutput {
+    pub latents: Vec<f32>,
+    pub frames: Vec<u8>,
+    pub times: PhaseTimes,
+    pub end: TimedRegionEnd,
+    pub peak_device_memory: Option<u64>,
+}
+
+impl DeviceLoop {
+    pub(crate) fn new(
+        bundle: &Bundle,
+        sessions: &GraphSessions,
+        runtime: &RuntimeOptions,
+    ) -> Result<Self, GenerateError> {
+        let m = &bundle.manifest;
+        let (h, w) = bundle.latent_hw();
+        let d = Dims {
+            channels: m.architecture.latent_channels,
+            fpb: m.export.frames_per_block,
+            latent_frames: m.export.latent_frames,
+            h,
+            w,
+            height: m.export.height,
+            width: m.export.width,
+            dim: m.architecture.dim,
+            tokens_per_frame: m.architecture.tokens_per_frame,
+            text_len: m.architecture.text_len,
+            text_dim: m.architecture.text_dim,
+            frames_per_step: m.architecture.vae_stride[0],
+            layers: m.architecture.layers,
+        };
+        let model = float_type(m.precision);
+        let setup = run_err("device setup");
+        let on_gpu = !matches!(runtime.provider, Provider::Cpu);
+        let device_id = match &runtime.provider {
+            Provider::Cuda(c) => Some(c.device_id),
+            Provider::TensorRt(t) => Some(t.device_id),
+            Provider::Cpu => None,
+        };
+        let (mem, alloc) = if on_gpu {
+            let mem = device_memory_info(device_id).map_err(setup)?;
+            let alloc = Allocator::new(&sessions.dit, mem.clone()).map_err(setup)?;
+            (mem, alloc)
+        } else {
+            let mem = device_memory_info(None).map_err(setup)?;
+            (mem, Allocator::default())
+        };
+
+        let small = |name: &str, bytes: Vec<u8>| build_small_session(name, &bytes, runtime);
+        let graphs = SmallGraphs {
+            axpby_f32: small(
+                "axpby_f32",
+                onnx_graph::axpby(TensorElementType::Float32, model),
+            )?,
+            axpby_model: small("axpby_model", onnx_graph::axpby(model, model))?,
+            identity_f32: small(
+                "identity_f32",
+                onnx_graph::identity(TensorElementType::Float32),
+            )?,
+            identity_i64: small(
+                "identity_i64",
+                onnx_graph::identity(TensorElementType::Int64),
+            )?,
+            identity_u8: small(
+                "identity_u8",
+                onnx_graph::identity(TensorElementType::Uint8),
+            )?,
+        };
+
+        let f32_ = TensorElementType::Float32;
+        let buf = |ty, len| Buf::new(&alloc, ty, len).map_err(setup);
+        let cache_len = d.latent_frames * d.tokens_per_frame * d.dim;
+        let mut kv_k = Vec::with_capacity(d.layers);
+        let mut kv_v = Vec::with_capacity(d.layers);
+        for _ in 0..d.layers {
+            kv_k.push(buf(model, cache_len)?);
+            kv_v.push(buf(model, cache_len)?);
+        }
+        let block = d.block_elems();
+        // Sized for the default schedule (4 steps + the clean pass); `generate` grows them.
+        let draws_per_block = 5;
+        let caches = vae_cache_count(&sessions.vae_first);
+        let mut vae_cache_shapes = Vec::with_capacity(caches);
+        for j in 0..caches {
+            let name = format!("cache_out.{j}");
+            let outlet = sessions
+                .vae_first
+                .outputs()
+                .iter()
+                .find(|o| o.name() == name)
+                .expect("counted above");
+            let shape: Vec<i64> = outlet
+                .dtype()
+                .tensor_shape()
+                .map(|s| s.iter().copied().collect())
+                .unwrap_or_default();
+            if shape.iter().any(|&x| x < 0) {
+                return Err(GenerateError::Output {
+                    graph: "vae_first",
+                    name,
+                    problem: format!(
+                        "has a symbolic shape {shape:?}; the device loop needs static cache shapes (export the bundle again)"
+                    ),
+                });
+            }
+            vae_cache_shapes.push(shape);
+        }
+        let cache_set = |_: usize| -> Result<Vec<Buf>, GenerateError> {
+            vae_cache_shapes
+                .iter()
+                .map(|s| buf(model, s.iter().product::<i64>() as usize))
+                .collect()
+        };
+        let vae_cache = [cache_set(0)?, cache_set(1)?];
+        let names = |p: &str, n: usize| (0..n).map(|i| format!("{p}.{i}")).collect::<Vec<_>>();
+        let frame_elems = 3 * d.video_frames() * d.frame_px();
+        let mut this = Self {
+            kv_k,
+            kv_v,
+            context: buf(model, d.text_len * d.text_dim)?,
+            x: buf(f32_, block)?,
+            x_model: buf(model, block)?,
+            x0: buf(f32_, block)?,
+            flow: buf(model, block)?,
+            scratch: buf(model, block)?,
+            noise: buf(f32_, d.blocks() * draws_per_block * block)?,
+            coefficients: buf(f32_, 64)?,
+            timesteps: buf(f32_, 16 * d.fpb)?,
+            offsets: buf(TensorElementType::Int64, d.blocks())?,
+            vae: Some(VaeParts {
+                latent_frame: small("latent_frame", onnx_graph::latent_frame(model))?,
+                layout: small("layout", onnx_graph::layout(model))?,
+                bufs: VaeBufs {
+                    latents: buf(f32_, d.blocks() * block)?,
+                    indices: buf(TensorElementType::Int64, d.fpb)?,
+                    std: buf(f32_, d.channels)?,
+                    mean: buf(f32_, d.channels)?,
+                    z: buf(model, d.channels * d.h * d.w)?,
+                    video: buf(model, frame_elems)?,
+                    cache: vae_cache,
+                    cache_shapes: vae_cache_shapes,
+                    cache_in: names("cache_in", caches),
+                    cache_out: names("cache_out", caches),
+                    frames_u8: buf(TensorElementType::Uint8, frame_elems)?,
+                    d,
+                    device: device_id,
+                },
+            }),
+            overlap_vae: runtime.overlap_vae,
+            names: Names {
+                past_k: names("past_k", d.layers),
+                past_v: names("past_v", d.layers),
+                new_k: names("new_k", d.layers),
+                new_v: names("new_v", d.layers),
+            },
+            memory: if on_gpu {
+                super::cuda_memory::MemoryProbe::open()
+            } else {
+                None
+            },
+            graphs,
+            mem,
+            alloc,
+            d,
+        };
+        // Constants of the bundle: offsets, frame indices, latent statistics.
+        let offsets: Vec<i64> = (0..d.blocks()).map(|b| (b * d.fpb) as i64).collect();
+        let g = &mut this.graphs;
+        this.offsets
+            .upload(&mut g.identity_i64, &this.mem, &offsets)
+            .map_err(setup)?;
+        let indices: Vec<i64> = (0..d.fpb as i64).collect();
+        let vae = &this.vae.as_ref().expect("just built").bufs;
+        vae.indices
+            .upload(&mut g.identity_i64, &this.mem, &indices)
+            .map_err(setup)?;
+        vae.std
+            .upload(&mut g.identity_f32, &this.mem, &m.latent.std)
+            .map_err(setup)?;
+        vae.mean
+            .upload(&mut g.identity_f32, &this.mem, &m.latent.mean)
+            .map_err(setup)?;
+        Ok(this)
+    }
+
+    fn view(&self, b: &Buf, offset: usize, shape: &[i64]) -> Result<View, GenerateError> {
+        b.view(&self.mem, offset, shape)
+            .map_err(run_err("device view"))
+    }
+
+    /// `out = a·p + b·q` (and its bundle-typed copy into `out_model`).
+    #[allow(clippy::too_many_arguments)]
+    fn axpby(
+        &mut self,
+        q_is_model: bool,
+        p: (&Buf, usize),
+        q: (&Buf, usize),
+        coefficient: usize,
+        out: (&Buf, usize),
+        out_model: (&Buf, usize),
+        times: &mut PhaseTimes,
+    ) -> Result<(), GenerateError> {
+        let e = run_err("axpby");
+        let n = self.d.block_elems() as i64;
+        let one = [1i64];
+        let mut binding = if q_is_model {
+            self.graphs.axpby_model.create_binding().map(Bound::new)
+        } else {
+            self.graphs.axpby_f32.create_binding().map(Bound::new)
+        }
+        .map_err(e)?;
+        binding.input("p", self.view(p.0, p.1, &[n])?).map_err(e)?;
+        binding.input("q", self.view(q.0, q.1, &[n])?).map_err(e)?;
+        binding
+            .input("a", self.view(&self.coefficients, 2 * coefficient, &one)?)
+            .map_err(e)?;
+        binding
+            .input(
+                "b",
+                self.view(&self.coefficients, 2 * coefficient + 1, &one)?,
+            )
+            .map_err(e)?;
+        binding
+            .output("y", self.view(out.0, out.1, &[n])?)
+            .map_err(e)?;
+        binding
+            .output("y_model", self.view(out_model.0, out_model.1, &[n])?)
+            .map_err(e)?;
+        let session = if q_is_model {
+            &mut self.graphs.axpby_model
+        } else {
+            &mut self.graphs.axpby_f32
+        };
+        let start = Instant::now();
+        session.run_binding(&binding.binding).map_err(e)?;
+        times.session_run += start.elapsed();
+        Ok(())
+    }
+
+    /// Generates one prompt; `tokens` come from the bundle's tokenizer.
+    pub(crate) fn generate(
+        &mut self,
+        sessions: &mut GraphSessions,
+        prompt_text: &str,
+        noise: &(dyn Fn(u32, &mut [f32]) + Sync),
+        schedule: &Schedule,
+        options: &GenerateOptions,
+    ) -> Result<DeviceOutput, GenerateError> {
+        let mut vae = self.vae.take().ok_or_else(|| GenerateError::Run {
+            graph: "device loop",
+            message: "the decoder state was lost by an earlier panic".into(),
+        })?;
+        let result = self.generate_with(&mut vae, sessions, prompt_text, noise, schedule, options);
+        self.vae = Some(vae);
+        result
+    }
+
+    fn generate_with(
+        &mut self,
+        vae: &mut VaeParts,
+        sessions: &mut GraphSessions,
+        prompt_text: &str,
+        noise: &(dyn Fn(u32, &mut [f32]) + Sync),
+        schedule: &Schedule,
+        options: &GenerateOptions,
+    ) -> Result<DeviceOutput, GenerateError> {
+        let d = self.d;
+        let method = &options.method;
+        let mut times = PhaseTimes::default();
+        let setup = run_err("device upload");
+
+        // --- Outside the timed region: text, noise, tables. ---
+        let started = Instant::now();
+        self.encode_text(sessions, prompt_text)?;
+        times.text_encoding = started.elapsed();
+
+        let steps = schedule.steps.len();
+        let draws = schedule.draws_per_block() as usize;
+        let block = d.block_elems();
+        let total_draws = d.blocks() * draws;
+        // Tables sized for the default schedule; a longer one gets larger buffers once.
+        let grow =
+            |buf: &mut Buf, ty, len: usize, alloc: &Allocator| -> Result<(), GenerateError> {
+                if buf.len < len {
+                    *buf = Buf::new(alloc, ty, len).map_err(run_err("device setup"))?;
+                }
+                Ok(())
+            };
+        let f32_ = TensorElementType::Float32;
+        grow(&mut self.noise, f32_, total_draws * block, &self.alloc)?;
+        grow(
+            &mut self.coefficients,
+            f32_,
+            2 * (2 * steps + 3),
+            &self.alloc,
+        )?;
+        grow(&mut self.timesteps, f32_, (steps + 1) * d.fpb, &self.alloc)?;
+        let mut host_noise = vec![0.0f32; total_draws * block];
+        {
+            use rayon::prelude::*;
+            host_noise
+                .par_chunks_mut(block)
+                .enumerate()
+                .for_each(|(draw, chunk)| noise(draw as u32, chunk));
+        }
+        self.noise
+            .upload(&mut self.graphs.identity_f32, &self.mem, &host_noise)
+            .map_err(setup)?;
+        let (coefficients, plan) = plan(schedule);
+        self.coefficients
+            .upload(
+                &mut self.graphs.identity_f32,
+                &self.mem,
+                &coefficients.values,
+            )
+            .map_err(setup)?;
+        // Timesteps: per step level, then the clean level, `fpb` values each.
+        let mut ts = Vec::with_capacity((steps + 1) * d.fpb);
+        for level in schedule.steps.iter().chain([&schedule.clean]) {
+            ts.extend(std::iter::repeat_n(level.timestep, d.fpb));
+        }
+        self.timesteps
+            .upload(&mut self.graphs.identity_f32, &self.mem, &ts)
+            .map_err(setup)?;
+
+        // --- The timed region. ---
+        let timed_start = Instant::now();
+        let GraphSessions {
+            dit,
+            vae_first,
+            vae_step,
+            ..
+        } = sessions;
+        let VaeParts {
+            latent_frame,
+            layout,
+            bufs,
+        } = vae;
+        let bufs: &VaeBufs = bufs;
+        let overlap = self.overlap_vae && !options.latents_only;
+        let (dit_result, dit_end, decoded) = std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel::<usize>();
+            let decoder = if overlap {
+                let (lf, first, step) = (&mut *latent_frame, &mut *vae_first, &mut *vae_step);
+                Some(scope.spawn(move || decode_blocks(bufs, lf, first, step, rx)))
+            } else {
+                None
+            };
+            let dit_result = self.denoise(
+                dit,
+                &bufs.latents,
+                schedule,
+                &plan,
+                method,
+                draws,
+                &mut times,
+                &mut |b| {
+                    if overlap {
+                        // A closed channel means the decoder failed; its error is reported below.
+                        let _ = tx.send(b);
+                    }
+                },
+            );
+            drop(tx);
+            let dit_end = Instant::now();
+            let decoded = decoder.map(|h| h.join().expect("the VAE decoder thread panicked"));
+            (dit_result, dit_end, decoded)
+        });
+        dit_result?;
+        times.dit = dit_end - timed_start;
+
+        let end = if options.latents_only {
+            times.timed_total = times.dit;
+            TimedRegionEnd::AfterLatents
+        } else {
+            // With the overlap, what is left of the decode after the DiT's last block; otherwise
+            // the whole decode, here on this thread.
+            let decode_run = match decoded {
+                Some(result) => result?,
+                None => {
+                    let (tx, rx) = std::sync::mpsc::channel::<usize>();
+                    for b in 0..d.blocks() {
+                        let _ = tx.send(b);
+                    }
+                    drop(tx);
+                    decode_blocks(bufs, latent_frame, vae_first, vae_step, rx)?
+                }
+            };
+            times.session_run += decode_run;
+            let vae_end = Instant::now();
+            times.vae = vae_end - dit_end;
+            layout_frames(bufs, layout, &self.mem, &mut times)?;
+            let layout_end = Instant::now();
+            times.layout = layout_end - vae_end;
+            if options.exclude_final_output_layout {
+                times.timed_total = vae_end - timed_start;
+                TimedRegionEnd::AfterVaeOutput
+            } else {
+                times.timed_total = layout_end - timed_start;
+                TimedRegionEnd::AfterLayout
+            }
+        };
+        let peak_device_memory = self.memory.as_ref().and_then(|m| m.in_use());
+
+        // --- After the timed region: copies to the host. ---
+        let down = run_err("device download");
+        let blocks_f32: Vec<f32> = bufs
+            .latents
+            .download(&mut self.graphs.identity_f32, &self.mem, d.blocks() * block)
+            .map_err(down)?;
+        // [blocks][C][F][h][w] → [C][latent_frames][h][w].
+        let plane = d.h * d.w;
+        let mut latents = vec![0.0f32; blocks_f32.len()];
+        for b in 0..d.blocks() {
+            for c in 0..d.channels {
+                for f in 0..d.fpb {
+                    let src = &blocks_f32[b * block + (c * d.fpb + f) * plane..][..plane];
+                    let t = b * d.fpb + f;
+                    latents[(c * d.latent_frames + t) * plane..][..plane].copy_from_slice(src);
+                }
+            }
+        }
+        let frames = if options.latents_only {
+            Vec::new()
+        } else {
+            bufs.frames_u8
+                .download(&mut self.graphs.identity_u8, &self.mem, bufs.frames_u8.len)
+                .map_err(down)?
+        };
+        Ok(DeviceOutput {
+            latents,
+            frames,
+            times,
+            end,
+            peak_device_memory,
+        })
+    }
+
+    /// The block loop: denoising steps, the clean-cache pass, the block's output latents.
+    #[allow(clippy::too_many_arguments)]
+    fn denoise(
+        &mut self,
+        dit: &mut Session,
+        latents: &Buf,
+        schedule: &Schedule,
+        plan: &Plan,
+        method: &super::schedule::MethodSettings,
+        draws: usize,
+        times: &mut PhaseTimes,
+        on_block: &mut dyn FnMut(usize),
+    ) -> Result<(), GenerateError> {
+        let d = self.d;
+        let steps = schedule.steps.len();
+        let block = d.block_elems();
+        let window_tokens = (method.attention_window >= 0)
+            .then(|| method.attention_window as usize * d.tokens_per_frame);
+        let mut kv_len = 0usize;
+        for b in 0..d.blocks() {
+            let past_start = window_tokens.map_or(0, |w| kv_len.saturating_sub(w));
+            let mut binding = self.dit_binding(dit, b, past_start, kv_len)?;
+            let noise_at = |k: usize| (b * draws + k) * block;
+            // x = ε_0 (and its bundle-typed copy for the DiT).
+            let (x, xm, x0, flow, scratch, nz) = (
+                &self.x as *const Buf,
+                &self.x_model as *const Buf,
+                &self.x0 as *const Buf,
+                &self.flow as *const Buf,
+                &self.scratch as *const Buf,
+                &self.noise as *const Buf,
+            );
+            // SAFETY: the buffers are fields of `self` that `axpby` only reads through views; the
+            // raw pointers only sidestep borrowing `self` mutably (for the session) and immutably
+            // (for the buffers) in the same call.
+            let (x, xm, x0, flow, scratch, nz) =
+                unsafe { (&*x, &*xm, &*x0, &*flow, &*scratch, &*nz) };
+            self.axpby(
+                false,
+                (nz, noise_at(0)),
+                (nz, noise_at(0)),
+                plan.copy,
+                (x, 0),
+                (xm, 0),
+                times,
+            )?;
+            for j in 0..steps {
+                self.dit_pass(dit, &mut binding, j, times)?;
+                self.axpby(
+                    true,
+                    (x, 0),
+                    (flow, 0),
+                    plan.x0[j],
+                    (x0, 0),
+                    (scratch, 0),
+                    times,
+                )?;
+                if j + 1 < steps {
+                    self.axpby(
+                        false,
+                        (x0, 0),
+                        (nz, noise_at(j + 1)),
+                        plan.renoise[j + 1],
+                        (x, 0),
+                        (xm, 0),
+                        times,
+                    )?;
+                }
+            }
+            self.axpby(
+                false,
+                (x0, 0),
+                (nz, noise_at(steps)),
+                plan.clean,
+                (x, 0),
+                (xm, 0),
+                times,
+            )?;
+            self.dit_pass(dit, &mut binding, steps, times)?;
+            kv_len += d.block_tokens();
+            match method.emit {
+                Emit::CachePass => self.axpby(
+                    true,
+                    (x, 0),
+                    (flow, 0),
+                    plan.clean_x0,
+                    (latents, b * block),
+                    (scratch, 0),
+                    times,
+                )?,
+                Emit::Denoised => self.axpby(
+                    false,
+                    (x0, 0),
+                    (x0, 0),
+                    plan.copy,
+                    (latents, b * block),
+                    (scratch, 0),
+                    times,
+                )?,
+            }
+            // The block's latents are final on the device (the run has synchronised): hand it
+            // to the decoder.
+            on_block(b);
+        }
+        Ok(())
+    }
+
+    fn encode_text(
+        &mut self,
+        sessions: &mut GraphSessions,
+        prompt: &str,
+    ) -> Result<(), GenerateError> {
+        let e = run_err("text_encoder");
+        let (ids, mask) = byte_tokens(prompt, self.d.text_len);
+        let shape = [1usize, self.d.text_len];
+        let ids = Tensor::from_array((shape, ids.into_boxed_slice())).map_err(e)?;
+        let mask = Tensor::from_array((shape, mask.into_boxed_slice())).map_err(e)?;
+        let mut binding = sessions
+            .text_encoder
+            .create_binding()
+            .map(Bound::new)
+            .map_err(e)?;
+        binding.binding.bind_input("input_ids", &ids).map_err(e)?;
+        binding
+            .binding
+            .bind_input("attention_mask", &mask)
+            .map_err(e)?;
+        let context = self.view(
+            &self.context,
+            0,
+            &[1, self.d.text_len as i64, self.d.text_dim as i64],
+        )?;
+        binding.output("context", context).map_err(e)?;
+        sessions
+            .text_encoder
+            .run_binding(&binding.binding)
+            .map_err(e)?;
+        Ok(())
+    }
+
+    /// The DiT binding of one block: everything but the timestep is the same for all its passes.
+    fn dit_binding(
+        &self,
+        dit: &Session,
+        block: usize,
+        past_start: usize,
+        kv_len: usize,
+    ) -> Result<Bound, GenerateError> {
+        let e = run_err("dit");
+        let d = self.d;
+        let mut binding = dit.create_binding().map(Bound::new).map_err(e)?;
+        let x_shape = [1, d.channels as i64, d.fpb as i64, d.h as i64, d.w as i64];
+        binding
+            .input("x", self.view(&self.x_model, 0, &x_shape)?)
+            .map_err(e)?;
+        binding
+            .input(
+                "context",
+                self.view(&self.context, 0, &[1, d.text_len as i64, d.text_dim as i64])?,
+            )
+            .map_err(e)?;
+        binding
+            .input("frame_offset", self.view(&self.offsets, block, &[1])?)
+            .map_err(e)?;
+        let past = [1, (kv_len - past_start) as i64, d.dim as i64];
+        let new = [1, d.block_tokens() as i64, d.dim as i64];
+        for layer in 0..d.layers {
+            for (cache, past_name, new_name) in [
+                (
+                    &self.kv_k[layer],
+                    &self.names.past_k[layer],
+                    &self.names.new_k[layer],
+                ),
+                (
+                    &self.kv_v[layer],
+                    &self.names.past_v[layer],
+                    &self.names.new_v[layer],
+                ),
+            ] {
+                binding
+                    .input(
+                        past_name.as_str(),
+                        self.view(cache, past_start * d.dim, &past)?,
+                    )
+                    .map_err(e)?;
+                binding
+                    .output(new_name.as_str(), self.view(cache, kv_len * d.dim, &new)?)
+                    .map_err(e)?;
+            }
+        }
+        binding
+            .output("flow", self.view(&self.flow, 0, &x_shape)?)
+            .map_err(e)?;
+        Ok(binding)
+    }
+
+    /// One DiT pass at level `level` (steps, then the clean level).
+    fn dit_pass(
+        &self,
+        dit: &mut Session,
+        binding: &mut Bound,
+        level: usize,
+        times: &mut PhaseTimes,
+    ) -> Result<(), GenerateError> {
+        let e = run_err("dit");
+        let f = self.d.fpb;
+        binding
+            .input(
+                "timestep",
+                self.view(&self.timesteps, level * f, &[1, f as i64])?,
+            )
+            .map_err(e)?;
+        let start = Instant::now();
+        dit.run_binding(&binding.binding).map_err(e)?;
+        times.session_run += start.elapsed();
+        Ok(())
+    }
+
+}
+
+/// Decodes the blocks whose indices arrive on `blocks`, in order, one latent frame per call,
+/// passing the causal cache between the two buffer sets. Runs on the caller's thread or on a
+/// decoder thread beside the DiT; returns the time spent in `Session::run`.
+fn decode_blocks(
+    v: &VaeBufs,
+    latent_frame: &mut Session,
+    vae_first: &mut Session,
+    vae_step: &mut Session,
+    blocks: std::sync::mpsc::Receiver<usize>,
+) -> Result<std::time::Duration, GenerateError> {
+    let d = v.d;
+    let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
+    let view = |b: &Buf, offset: usize, shape: &[i64]| {
+        b.view(&mem, offset, shape).map_err(run_err("device view"))
+    };
+    let block = d.block_elems();
+    let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
+    let mut run = std::time::Duration::ZERO;
+    for b in blocks {
+        for f in 0..d.fpb {
+            let t = b * d.fpb + f;
+            // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
+            let next_frame = if t == 0 { 0 } else { 1 + d.frames_per_step * (t - 1) };
+            // z = lat[:, :, f] * std + mean, in the bundle's type.
+            {
+                let e = run_err("latent_frame");
+                let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
+                let lat_shape = [
+                    1,
+                    d.channels as i64,
+                    d.fpb as i64,
+                    d.h as i64,
+                    d.w as i64,
+                ];
+                let stat = [1, d.channels as i64, 1, 1, 1];
+                binding
+                    .input("lat", view(&v.latents, b * block, &lat_shape)?)
+                    .map_err(e)?;
+                binding.input("idx", view(&v.indices, f, &[1])?).map_err(e)?;
+                binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
+                binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
+                binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+                let start = Instant::now();
+                latent_frame.run_binding(&binding.binding).map_err(e)?;
+                run += start.elapsed();
+            }
+            let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
+            let e = run_err(graph);
+            let n = if t == 0 { 1 } else { d.frames_per_step };
+            let session = if t == 0 { &mut *vae_first } else { &mut *vae_step };
+            let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
+            binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+            let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
+            for (j, shape) in v.cache_shapes.iter().enumerate() {
+                if t > 0 {
+                    binding
+                        .input(v.cache_in[j].as_str(), view(&cache_in[j], 0, shape)?)
+                        .map_err(e)?;
+                }
+                binding
+                    .output(v.cache_out[j].as_str(), view(&cache_out[j], 0, shape)?)
+                    .map_err(e)?;
+            }
+            let frames_shape = [1, 3, n as i64, d.height as i64, d.width as i64];
+            binding
+                .output(
+                    "frames",
+                    view(&v.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
+                )
+                .map_err(e)?;
+            let start = Instant::now();
+            session.run_binding(&binding.binding).map_err(e)?;
+            run += start.elapsed();
+        }
+    }
+    Ok(run)
+}
+
+/// Clamp and uint8 layout of every decoder call's frames into `[frames, H, W, 3]`.
+fn layout_frames(
+    v: &VaeBufs,
+    layout: &mut Session,
+    mem: &MemoryInfo<'static>,
+    times: &mut PhaseTimes,
+) -> Result<(), GenerateError> {
+    let d = v.d;
+    let e = run_err("layout");
+    let mut next_frame = 0usize;
+    for t in 0..d.latent_frames {
+        let n = if t == 0 { 1 } else { d.frames_per_step };
+        let mut binding = layout.create_binding().map(Bound::new).map_err(e)?;
+        let offset = 3 * next_frame * d.frame_px();
+        let shape_in = [1, 3, n as i64, d.height as i64, d.width as i64];
+        let shape_out = [1, n as i64, d.height as i64, d.width as i64, 3];
+        binding
+            .input("frames", v.video.view(mem, offset, &shape_in).map_err(e)?)
+            .map_err(e)?;
+        binding
+            .output("rgb", v.frames_u8.view(mem, offset, &shape_out).map_err(e)?)
+            .map_err(e)?;
+        let start = Instant::now();
+        layout.run_binding(&binding.binding).map_err(e)?;
+        times.session_run += start.elapsed();
+        next_frame += n;
+    }
+    Ok(())
+}
