@@ -5,7 +5,6 @@ use clap::Args;
 use super::ManifestArgs;
 use crate::execute::{self, ApplyOptions};
 use crate::exit;
-use crate::plan;
 use crate::results::records::RunStatus;
 
 #[derive(Debug, Args)]
@@ -21,19 +20,9 @@ pub struct ApplyArgs {
 }
 
 pub fn run(args: &ApplyArgs) -> i32 {
-    let resolved = match args.manifest.load() {
-        Ok(r) => r,
-        Err(diags) => {
-            eprint!("{diags}");
-            return exit::USAGE;
-        }
-    };
-    let plan = match plan::build(&resolved) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::USAGE;
-        }
+    let (resolved, plan) = match args.manifest.load_plan() {
+        Ok(both) => both,
+        Err(code) => return code,
     };
     let opts = ApplyOptions {
         reuse_workdir: args.reuse_workdir,

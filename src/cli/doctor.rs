@@ -19,37 +19,30 @@ pub struct DoctorArgs {
     pub ort_library: Option<PathBuf>,
 }
 
-/// GPUs as the driver reports them (`nvidia-smi`), one check per GPU.
+/// GPUs as the driver reports them, one check per GPU.
 pub fn gpu_checks() -> Vec<Check> {
-    let out = Command::new("nvidia-smi")
-        .args([
-            "--query-gpu=index,name,memory.total,driver_version",
-            "--format=csv,noheader",
-        ])
-        .output();
-    match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                let f: Vec<&str> = l.split(',').map(str::trim).collect();
-                Check {
-                    name: format!("gpu {}", f.first().unwrap_or(&"?")),
-                    ok: true,
-                    detail: format!(
-                        "{}, {} memory, driver {}",
-                        f.get(1).unwrap_or(&"?"),
-                        f.get(2).unwrap_or(&"?"),
-                        f.get(3).unwrap_or(&"?")
-                    ),
-                    fix: None,
-                }
+    match crate::execute::device::gpus() {
+        Ok(gpus) if !gpus.is_empty() => gpus
+            .into_iter()
+            .map(|g| Check {
+                name: format!("gpu {}", g.index),
+                ok: true,
+                detail: format!(
+                    "{}, {} GiB, driver {}",
+                    g.name,
+                    g.memory_bytes.map_or("?".into(), |b| (b >> 30).to_string()),
+                    g.driver
+                ),
+                fix: None,
             })
             .collect(),
-        _ => vec![Check {
+        other => vec![Check {
             name: "gpus".into(),
             ok: false,
-            detail: "no NVIDIA driver answered (nvidia-smi not found or failed)".into(),
+            detail: match other {
+                Err(e) => e,
+                Ok(_) => "the driver lists no GPU".into(),
+            },
             fix: Some(
                 "install the NVIDIA driver, or run CPU manifests (runtime.provider = \"cpu\")"
                     .into(),

@@ -61,6 +61,20 @@ pub struct ManifestArgs {
 }
 
 impl ManifestArgs {
+    /// Loads, validates and plans the manifest; on failure prints the problems and returns the
+    /// exit status.
+    pub fn load_plan(&self) -> Result<(crate::manifest::Resolved, crate::plan::Plan), i32> {
+        let resolved = self.load().map_err(|diags| {
+            eprint!("{diags}");
+            exit::USAGE
+        })?;
+        let plan = crate::plan::build(&resolved).map_err(|e| {
+            eprintln!("error: {e}");
+            exit::USAGE
+        })?;
+        Ok((resolved, plan))
+    }
+
     pub fn load(&self) -> Result<crate::manifest::Resolved, crate::manifest::Diagnostics> {
         crate::manifest::load(&crate::manifest::LoadRequest::from_process(
             self.manifest.clone(),

@@ -3,8 +3,6 @@
 use clap::Args;
 
 use super::{ManifestArgs, out};
-use crate::exit;
-use crate::plan;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -19,19 +17,9 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: &PlanArgs) -> i32 {
-    let resolved = match args.manifest.load() {
-        Ok(r) => r,
-        Err(diags) => {
-            eprint!("{diags}");
-            return exit::USAGE;
-        }
-    };
-    let plan = match plan::build(&resolved) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return exit::USAGE;
-        }
+    let (resolved, plan) = match args.manifest.load_plan() {
+        Ok(both) => both,
+        Err(code) => return code,
     };
     if args.json {
         let mut value = serde_json::to_value(&plan).expect("plans serialise");
@@ -56,10 +44,10 @@ pub fn run(args: &PlanArgs) -> i32 {
         text.push('\n');
         return out(&text);
     }
-    let mut text = plan::render::text(&plan, &resolved);
+    let mut text = crate::plan::render::text(&plan, &resolved);
     if args.explain {
         text.push('\n');
-        text.push_str(&plan::render::explain(&resolved));
+        text.push_str(&crate::plan::render::explain(&resolved));
     }
     out(&text)
 }

@@ -129,7 +129,7 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
     if !p.bundle.exists() {
         return Err(ApplyError::refused(
             format!("asset bundle {} does not exist", display_path(&p.bundle)),
-            "export it with `python -m unstep_export --preset wan-1.3b --out <dir>` (see assets/export/README.md), or set assets.bundle",
+            "export it on a GPU machine with `PYTHONPATH=assets/export python -m unstep_export export --preset wan-1.3b --device cuda --out assets/wan-1.3b` (see assets/export/README.md), or set assets.bundle",
         ));
     }
     let m = &r.manifest;
@@ -260,6 +260,18 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             .and_then(|f| f.path.parent())
             .unwrap_or(Path::new(".")),
     );
+    if m.runtime.provider != Provider::Cpu {
+        // The GPU of the first slot; a run over several GPUs of one host has one model.
+        if let Ok(gpus) = super::device::gpus()
+            && let Some(g) = gpus
+                .iter()
+                .find(|g| Some(&g.index) == plan.slots.first().map(|s| &s.device))
+        {
+            record.device.gpu_model = Some(g.name.clone());
+            record.device.gpu_memory_bytes = g.memory_bytes;
+            record.device.driver_version = Some(g.driver.clone());
+        }
+    }
     write_json_atomic(&run_dir.join("run.json"), &record)?;
 
     let prompts = r.prompts.as_deref().unwrap_or_default();
@@ -329,10 +341,11 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     if status != RunStatus::Failed {
         let _ = stage.remove();
     }
-    if status == RunStatus::Succeeded && m.kind == Kind::Generation {
-        if let Some(cmd) = &m.evaluation.command {
-            run_evaluation(cmd, &run_dir, &plan.run)?;
-        }
+    if status == RunStatus::Succeeded
+        && m.kind == Kind::Generation
+        && let Some(cmd) = &m.evaluation.command
+    {
+        run_evaluation(cmd, &run_dir, &plan.run)?;
     }
     Ok(Outcome {
         status,
@@ -382,10 +395,15 @@ fn process_spec(
             return None;
         }
     }
-    if let Some(marker) = &p.skip_if_marker {
-        if marker.exists() {
-            return None;
-        }
+    if let Some(marker) = &p.skip_if_marker
+        && marker.exists()
+    {
+        return None;
+    }
+    let mut manifest = r.manifest.clone();
+    if manifest.kind == Kind::Probe {
+        // A probe's debug videos go to `indexed_videos`, named by prompt index.
+        manifest.outputs.video_naming = crate::manifest::VideoNaming::Indexed;
     }
     Some(ProcessSpec {
         run: plan.run.clone(),
@@ -395,7 +413,7 @@ fn process_spec(
         slot: plan.slots[p.slot].label.clone(),
         bundle: bundle.to_path_buf(),
         prompts: todo,
-        manifest: r.manifest.clone(),
+        manifest,
         cache_dir: p.cache_dir.clone(),
         timings: run_dir
             .join("timings")
@@ -440,11 +458,9 @@ fn run_slots(
                         return;
                     }
                     let result = run_process(plan, p, spec, runner, run_dir, &tx, &children);
-                    if probe {
-                        if let Some(v) = &spec.videos {
-                            // Debug videos never outlive their probe process, failed or not.
-                            let _ = fs::remove_dir_all(v);
-                        }
+                    if probe && let Some(v) = &spec.videos {
+                        // Debug videos never outlive their probe process, failed or not.
+                        let _ = fs::remove_dir_all(v);
                     }
                     match result {
                         Ok(()) => {

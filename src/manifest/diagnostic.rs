@@ -48,10 +48,10 @@ impl fmt::Display for Origin {
 /// Paths are shown relative to the current directory when they are below it, so messages and
 /// plans read the same on every machine.
 pub fn display_path(path: &Path) -> String {
-    if let Ok(cwd) = std::env::current_dir() {
-        if let Ok(rel) = path.strip_prefix(&cwd) {
-            return rel.display().to_string();
-        }
+    if let Ok(cwd) = std::env::current_dir()
+        && let Ok(rel) = path.strip_prefix(&cwd)
+    {
+        return rel.display().to_string();
     }
     path.display().to_string()
 }

@@ -221,10 +221,10 @@ pub fn env_layer(
         match parse_text(spec.key, text) {
             Ok(value) => {
                 // Two seed names for one setting (the compile threads) agree when equal.
-                if let Some(first) = layer.entries.get(spec.key) {
-                    if first.value == value {
-                        continue;
-                    }
+                if let Some(first) = layer.entries.get(spec.key)
+                    && first.value == value
+                {
+                    continue;
                 }
                 layer.set(
                     spec.key,

@@ -47,6 +47,8 @@ impl LoadRequest {
 pub struct Setting {
     pub value: toml::Value,
     pub origin: Origin,
+    /// Lower layers (other than the defaults) whose values this one replaced, lowest first.
+    pub replaced: Vec<Origin>,
 }
 
 /// A manifest file of the chain, with its hash for provenance.
@@ -257,6 +259,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
 
     // Merge: later layers win; every value keeps its origin.
     let mut merged: BTreeMap<String, Entry> = BTreeMap::new();
+    let mut replaced: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
     for layer in std::iter::once(&defaults)
         .chain(file_layers.iter())
         .chain([&env, &flags])
@@ -265,7 +268,11 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             if FILE_KEYS.contains(&k.as_str()) {
                 continue;
             }
-            merged.insert(k.clone(), e.clone());
+            if let Some(old) = merged.insert(k.clone(), e.clone()) {
+                if old.origin != Origin::Default {
+                    replaced.entry(k.clone()).or_default().push(old.origin);
+                }
+            }
         }
     }
     merged.insert(
@@ -286,6 +293,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
                 Setting {
                     value: e.value.clone(),
                     origin: e.origin.clone(),
+                    replaced: replaced.get(k).cloned().unwrap_or_default(),
                 },
             )
         })
@@ -578,7 +586,7 @@ fn validate(
 ) {
     let fpb = m.method.frames_per_block.0;
     let lf = m.method.latent_frames.0;
-    if lf % fpb != 0 {
+    if !lf.is_multiple_of(fpb) {
         errors.push(at_key(
             Diagnostic::new(format!(
                 "latent_frames ({lf}) is not a multiple of frames_per_block ({fpb})"
@@ -611,51 +619,51 @@ fn validate(
             lookup,
         ));
     }
-    if let Some(map) = &m.shards.gpu_map {
-        if map.len() as u64 != m.shards.count.0 {
-            errors.push(at_key(
-                Diagnostic::new(format!(
-                    "shards.gpu_map has {} entries for {} shards",
-                    map.len(),
-                    m.shards.count.0
-                ))
-                .hint("give one GPU slot per shard"),
-                "shards.gpu_map",
-                lookup,
-            ));
-        }
+    if let Some(map) = &m.shards.gpu_map
+        && map.len() as u64 != m.shards.count.0
+    {
+        errors.push(at_key(
+            Diagnostic::new(format!(
+                "shards.gpu_map has {} entries for {} shards",
+                map.len(),
+                m.shards.count.0
+            ))
+            .hint("give one GPU slot per shard"),
+            "shards.gpu_map",
+            lookup,
+        ));
     }
     let count = match prompts {
         Some(p) => p.len() as u32,
         None => return,
     };
-    if let Some(expect) = m.prompts.expect_count {
-        if expect != count {
-            errors.push(at_key(
-                Diagnostic::new(format!(
-                    "prompt file {} has {count} prompts, expected {expect}",
-                    display_path(&run_paths.prompts_file)
-                ))
-                .hint("use the full prompt file, or change `prompts.expect_count`"),
-                "prompts.expect_count",
-                lookup,
-            ));
-        }
+    if let Some(expect) = m.prompts.expect_count
+        && expect != count
+    {
+        errors.push(at_key(
+            Diagnostic::new(format!(
+                "prompt file {} has {count} prompts, expected {expect}",
+                display_path(&run_paths.prompts_file)
+            ))
+            .hint("use the full prompt file, or change `prompts.expect_count`"),
+            "prompts.expect_count",
+            lookup,
+        ));
     }
     let mut check_range = |list: &IndexList, key: &str| {
-        if let Some(max) = list.max() {
-            if max >= count {
-                errors.push(at_key(
-                    Diagnostic::new(format!(
-                        "prompt index {max} is out of range: {} has {count} prompts (0..={})",
-                        display_path(&run_paths.prompts_file),
-                        count.saturating_sub(1)
-                    ))
-                    .hint("pick indices inside the prompt file"),
-                    key,
-                    lookup,
-                ));
-            }
+        if let Some(max) = list.max()
+            && max >= count
+        {
+            errors.push(at_key(
+                Diagnostic::new(format!(
+                    "prompt index {max} is out of range: {} has {count} prompts (0..={})",
+                    display_path(&run_paths.prompts_file),
+                    count.saturating_sub(1)
+                ))
+                .hint("pick indices inside the prompt file"),
+                key,
+                lookup,
+            ));
         }
     };
     check_range(&m.prompts.indices, "prompts.indices");

@@ -188,10 +188,13 @@ pub fn explain(r: &Resolved) -> String {
         format!("\"{}\"", r.name)
     );
     for (key, setting) in &r.settings {
-        let origin = match &setting.origin {
+        let mut origin = match &setting.origin {
             Origin::Default => "default".to_string(),
             o => format!("{} ({})", o.layer_name(), o),
         };
+        for lower in setting.replaced.iter().rev() {
+            origin.push_str(&format!(", over {lower}"));
+        }
         let _ = writeln!(
             s,
             "  {key:width$}  {:<28}  {origin}",

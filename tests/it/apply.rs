@@ -82,7 +82,11 @@ fn generation(t: &Test, name: &str, indices: &str) -> PathBuf {
 #[test]
 fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     let t = Test::new();
-    generation(&t, "gen", "0-3");
+    let path = generation(&t, "gen", "0-3");
+    // The evaluation command runs once, after the whole generation, with its placeholders.
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("[evaluation]\ncommand = \"ls '{videos}' > evaluated-{run}.txt\"\n");
+    std::fs::write(&path, text).unwrap();
     let out = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     let run_dir = t.path().join("results/gen");
@@ -173,6 +177,22 @@ fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
     assert_eq!(reuse.code, 0, "{}", reuse.render());
 }
 
+/// Starts `runner apply --quiet MANIFEST` in the test's folder without waiting for it.
+fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", manifest])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// The pid of the worker process running spec `NNN.json` of a run, if it is alive.
 fn worker_pid(spec: &Path) -> Option<i32> {
     let needle = spec.display().to_string();
@@ -189,18 +209,7 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     let t = Test::new();
     generation(&t, "crash", "0-5");
     let run_dir = t.path().join("results/crash");
-    let child = Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["apply", "--quiet", "crash.toml"])
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_apply(&t, "crash.toml");
     // Shard 1 runs on slot cpu1 as process 3 (after that slot's warmup, process 2). Kill it
     // once it has finished one prompt.
     let timings = run_dir.join("timings/003.jsonl");
@@ -211,12 +220,12 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
         let done = std::fs::read_to_string(&timings)
             .map(|t| t.lines().count())
             .unwrap_or(0);
-        if done >= 1 {
-            if let Some(pid) = worker_pid(&spec) {
-                // SAFETY: killing a process this test started (through the runner).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                break;
-            }
+        if done >= 1
+            && let Some(pid) = worker_pid(&spec)
+        {
+            // SAFETY: killing a process this test started (through the runner).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -277,21 +286,7 @@ fn a_second_probe_on_a_held_work_root_is_refused_at_once_and_separate_roots_both
     probe("first", "work");
     probe("second", "work");
     probe("third", "work3");
-    let spawn = |name: &str| {
-        Command::new(env!("CARGO_BIN_EXE_runner"))
-            .args(["apply", "--quiet", &format!("{name}.toml")])
-            .current_dir(t.path())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(
-                std::env::vars()
-                    .filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = |name: &str| spawn_apply(&t, &format!("{name}.toml"));
     let first = spawn("first");
     let lock = t.path().join("work/.unstep.lock");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -380,4 +375,139 @@ fn a_missing_bundle_is_an_apply_error_naming_the_export_command() {
     assert_eq!(out.code, 2, "{}", out.render());
     assert!(out.stderr.contains("unstep_export"), "{}", out.stderr);
     assert!(!t.path().join("results").exists());
+}
+
+#[test]
+fn shared_caches_skip_warmups_with_markers_and_are_labelled_warm_cache() {
+    let t = Test::new();
+    let shared = format!(
+        "[cache]\nmode = \"shared\"\nshared_state_dir = \"{}/shared\"\n",
+        t.path().display()
+    );
+    for name in ["warm1", "warm2"] {
+        let text = manifest(&t, "generation", &format!("{TWO_SLOTS}{shared}"))
+            .replace("[prompts]\n", "[prompts]\nindices = \"0-1\"\n")
+            .replace("[runtime]\n", "[runtime]\ncpu_slots = 2\n");
+        std::fs::write(t.path().join(format!("{name}.toml")), text).unwrap();
+    }
+    let first = t.cmd().args(["apply", "--quiet", "warm1.toml"]).run();
+    assert_eq!(first.code, 0, "{}", first.render());
+    let warmups = |run: &str| {
+        records(&t.path().join("results").join(run))
+            .iter()
+            .filter(|r| r["role"] == "warmup")
+            .count()
+    };
+    assert_eq!(warmups("warm1"), 2, "one warmup per shard, markers written");
+    assert!(t.path().join("shared/shard0/warmup.done").is_file());
+    let second = t.cmd().args(["apply", "--quiet", "warm2.toml"]).run();
+    assert_eq!(second.code, 0, "{}", second.render());
+    assert_eq!(warmups("warm2"), 0, "existing markers skip the warmups");
+    for run in ["warm1", "warm2"] {
+        let summary = read_json(&t.path().join("results").join(run).join("summary.json"));
+        assert_eq!(summary["cache_label"], "warm-cache", "{run}");
+    }
+}
+
+#[test]
+fn an_interrupted_run_stops_its_workers_and_resumes_on_the_next_apply() {
+    let t = Test::new();
+    generation(&t, "stop", "0-5");
+    let run_dir = t.path().join("results/stop");
+    let child = spawn_apply(&t, "stop.toml");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while std::fs::read_to_string(run_dir.join("timings/001.jsonl"))
+        .map_or(0, |t| t.lines().count())
+        == 0
+    {
+        assert!(Instant::now() < deadline, "shard 0 never finished a prompt");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: interrupting the runner this test started, as Ctrl-C would.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        read_json(&run_dir.join("run.json"))["status"],
+        "interrupted"
+    );
+    let partial = shard_prompts(&run_dir);
+    assert!(!partial.is_empty() && partial.len() < 6, "{partial:?}");
+    assert!(
+        worker_pid(&run_dir.join("specs/001.json")).is_none(),
+        "workers stopped"
+    );
+    assert!(
+        !t.path().join("work/stop").exists(),
+        "staging removed, lock released"
+    );
+
+    let again = t.cmd().args(["apply", "--quiet", "stop.toml"]).run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn probe_debug_videos_are_written_to_the_temporary_folder_and_deleted_after_each_process() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0-1\"\n");
+    std::fs::write(t.path().join("dbg.toml"), text).unwrap();
+    let tmp = t.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = t
+        .cmd()
+        .env("TMPDIR", tmp.to_str().unwrap())
+        .env("UNSTEP_EXTRA_ARGS", "--save-videos")
+        .args(["apply", "--quiet", "dbg.toml"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let debug = tmp.join("unstep_wrapper_generation_outputs/dbg/indexed_videos");
+    let measured: Vec<serde_json::Value> = records(&t.path().join("results/dbg"))
+        .into_iter()
+        .filter(|r| r["role"] == "measurement")
+        .collect();
+    assert_eq!(measured.len(), 2);
+    for r in &measured {
+        let video = r["video"].as_str().expect("a debug video was written");
+        assert!(Path::new(video).starts_with(&debug), "{video}");
+        assert!(video.ends_with(".mp4"));
+    }
+    assert!(
+        !debug.exists(),
+        "debug videos are deleted after the probe process"
+    );
+    assert!(
+        !t.path().join("results/dbg/videos").exists(),
+        "a probe keeps no videos"
+    );
+}
+
+#[test]
+fn re_applying_a_run_with_a_changed_configuration_is_refused() {
+    let t = Test::new();
+    let path = generation(&t, "chg", "0-1");
+    let out = t.cmd().args(["apply", "--quiet", "chg.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let before = std::fs::read(t.path().join("results/chg/run.json")).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("[method]\n", "[method]\nclean_sigma = 0.01\n"),
+    )
+    .unwrap();
+    let again = t.cmd().args(["apply", "--quiet", "chg.toml"]).run();
+    assert_eq!(again.code, 2, "{}", again.render());
+    assert!(
+        again.stderr.contains("different configuration"),
+        "{}",
+        again.stderr
+    );
+    assert!(again.stderr.contains("own run name"), "{}", again.stderr);
+    assert_eq!(
+        std::fs::read(t.path().join("results/chg/run.json")).unwrap(),
+        before,
+        "nothing lost"
+    );
 }

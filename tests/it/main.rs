@@ -1,6 +1,7 @@
 //! The one integration-test binary; each module covers one part of the product.
 
 mod apply;
+mod doctor;
 mod engine;
 mod manifest;
 mod report;
