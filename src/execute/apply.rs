@@ -327,9 +327,16 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     } else {
         RunStatus::Failed
     };
-    let (provider, ort) = worker_facts(&run_dir);
-    record.execution_provider = provider;
-    record.versions.onnxruntime = ort;
+    if let Some(WorkerEvent::Ready {
+        provider,
+        ort_version,
+        attention_backend,
+    }) = worker_facts(&run_dir)
+    {
+        record.execution_provider = Some(provider);
+        record.versions.onnxruntime = Some(ort_version);
+        record.attention_backend.resolved = Some(attention_backend);
+    }
     record.finish(
         status,
         (!failures.is_empty()).then(|| failures.join("\n\n")),
@@ -583,17 +590,11 @@ fn log_tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// The execution provider and ONNX Runtime version a worker reported.
-fn worker_facts(run_dir: &Path) -> (Option<String>, Option<String>) {
-    let text =
-        fs::read_to_string(run_dir.join("logs").join("worker_facts.json")).unwrap_or_default();
-    match serde_json::from_str::<WorkerEvent>(&text) {
-        Ok(WorkerEvent::Ready {
-            provider,
-            ort_version,
-        }) => (Some(provider), Some(ort_version)),
-        _ => (None, None),
-    }
+/// What a worker reported when its sessions were ready: provider, ONNX Runtime version and the
+/// resolved attention backend.
+fn worker_facts(run_dir: &Path) -> Option<WorkerEvent> {
+    let text = fs::read_to_string(run_dir.join("logs").join("worker_facts.json")).ok()?;
+    serde_json::from_str::<WorkerEvent>(&text).ok()
 }
 
 /// Purges user-level compiler caches (only on request: other jobs may be using them).

@@ -38,8 +38,17 @@ impl Progress {
     pub fn event(&self, process: usize, event: &WorkerEvent) {
         match (self, event) {
             (Progress::Quiet, _) => {}
-            (Progress::Lines, WorkerEvent::Ready { provider, .. }) => {
-                eprintln!("process {process}: sessions ready on {provider}")
+            (
+                Progress::Lines,
+                WorkerEvent::Ready {
+                    provider,
+                    attention_backend,
+                    ..
+                },
+            ) => {
+                eprintln!(
+                    "process {process}: sessions ready on {provider}, attention {attention_backend}"
+                )
             }
             (
                 Progress::Lines,

@@ -53,6 +53,8 @@ pub enum WorkerEvent {
     Ready {
         provider: String,
         ort_version: String,
+        /// The attention kernel choice `auto` (or the request) resolved to.
+        attention_backend: String,
     },
     /// One prompt is done (and its video written, when asked).
     Prompt { prompt: u32, timed_total_s: f64 },
@@ -195,17 +197,15 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
     let unpack = spec.cache_dir.join("bundle_unpacked");
     let runtime = runtime_options(m, &spec.cache_dir, spec.ort_library.clone());
     let mut generator = Generator::open(&spec.bundle, &unpack, &export_settings(m), &runtime)?;
-    // The Ready event has no field for it yet (runner apply reads that event); the log has it.
-    eprintln!(
-        "worker: attention backend {}",
-        crate::cli::worker::attention_name(
-            &runtime.provider,
-            generator.bundle().manifest.precision
-        )
-    );
+    let attention_backend = crate::cli::worker::attention_name(
+        &runtime.provider,
+        generator.bundle().manifest.precision,
+    )
+    .to_string();
     event(&WorkerEvent::Ready {
         provider: runtime.provider.name().into(),
         ort_version: ort.version.clone(),
+        attention_backend,
     });
     let options = GenerateOptions {
         method: method_settings(m),

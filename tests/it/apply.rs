@@ -95,6 +95,14 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     let run = read_json(&run_dir.join("run.json"));
     assert_eq!(run["status"], "succeeded");
     assert_eq!(run["cache"]["label"], "fresh");
+    assert_eq!(run["execution_provider"], "cpu");
+    assert!(
+        run["attention_backend"]["resolved"]
+            .as_str()
+            .unwrap()
+            .contains("cpu"),
+        "{run}"
+    );
     let summary = read_json(&run_dir.join("summary.json"));
     for stat in [
         "raw_mean",
