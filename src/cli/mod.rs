@@ -30,7 +30,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a manifest: warmups, measurement or shards, and its results under results/<name>/.
+    /// Run a manifest (warmups, then measurement or shards) into results/<name>/; applying again resumes.
     Apply(apply::ApplyArgs),
     /// Show what `apply` would do: processes, shards, GPUs, caches. Nothing is written.
     Plan(plan::PlanArgs),

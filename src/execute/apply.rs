@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use super::lock::{Lock, LockError};
-use super::progress::Progress;
+use super::progress::{Progress, SlotWork};
 use super::spec::{ProcessSpec, PromptSpec, WorkerEvent};
 use super::staging::{self, StageRequest, StagingError};
 use crate::manifest::diagnostic::display_path;
@@ -292,13 +292,24 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             )
         })
         .collect();
-    let remaining: usize = specs
+    let work: Vec<SlotWork> = plan
+        .slots
         .iter()
-        .flatten()
-        .filter(|s| s.role != ProcessRole::Warmup)
-        .map(|s| s.prompts.len())
-        .sum();
-    let progress = Progress::new(opts.quiet, remaining, done.len());
+        .enumerate()
+        .map(|(i, slot)| SlotWork {
+            label: slot.label.clone(),
+            prompts: plan
+                .processes
+                .iter()
+                .zip(&specs)
+                .filter(|(p, s)| {
+                    p.slot == i && s.as_ref().is_some_and(|s| s.role != ProcessRole::Warmup)
+                })
+                .map(|(_, s)| s.as_ref().map_or(0, |s| s.prompts.len()))
+                .sum(),
+        })
+        .collect();
+    let progress = Progress::new(opts.quiet, &work, done.len());
     let failures = run_slots(
         plan,
         &specs,
@@ -331,10 +342,14 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         provider,
         ort_version,
         attention_backend,
+        cuda_version,
+        cudnn_version,
     }) = worker_facts(&run_dir)
     {
         record.execution_provider = Some(provider);
         record.versions.onnxruntime = Some(ort_version);
+        record.versions.cuda = cuda_version;
+        record.versions.cudnn = cudnn_version;
         record.attention_backend.resolved = Some(attention_backend);
     }
     record.finish(
@@ -488,7 +503,11 @@ fn run_slots(
         // The main thread reports progress and forwards an interruption to the workers.
         loop {
             match rx.recv_timeout(std::time::Duration::from_millis(100)) {
-                Ok((process, event)) => progress.event(process, &event),
+                Ok((process, event)) => {
+                    let p = &plan.processes[process];
+                    let warmup = matches!(p.role, Role::Warmup { .. });
+                    progress.event(p.slot, &process_name(plan, p), warmup, &event)
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
@@ -514,11 +533,7 @@ fn run_process(
     tx: &mpsc::Sender<(usize, WorkerEvent)>,
     children: &Mutex<BTreeMap<usize, u32>>,
 ) -> Result<(), String> {
-    let describe = || match p.role {
-        Role::Warmup { repeat } => format!("warmup {repeat} on {}", plan.slots[p.slot].label),
-        Role::Measurement => "measurement".to_string(),
-        Role::Shard { shard } => format!("shard {shard} on {}", plan.slots[p.slot].label),
-    };
+    let describe = || process_name(plan, p);
     let spec_path = run_dir.join("specs").join(format!("{:03}.json", p.index));
     let text = serde_json::to_string_pretty(spec).expect("specs serialise");
     write_atomic(&spec_path, text.as_bytes()).map_err(|e| format!("{}: {e}", describe()))?;
@@ -581,6 +596,16 @@ fn run_process(
         describe(),
         display_path(&p.log)
     ))
+}
+
+/// A process as messages name it: `gpu0 warmup 1`, `cpu1 shard 3`.
+fn process_name(plan: &Plan, p: &Process) -> String {
+    let slot = &plan.slots[p.slot].label;
+    match p.role {
+        Role::Warmup { repeat } => format!("{slot} warmup {repeat}"),
+        Role::Measurement => format!("{slot} measurement"),
+        Role::Shard { shard } => format!("{slot} shard {shard}"),
+    }
 }
 
 /// The last `n` lines of a log, for failure reports.

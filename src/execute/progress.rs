@@ -1,41 +1,57 @@
-//! Progress of a run, drawn by the orchestrator (never inside a measured worker): an indicatif
-//! bar on a terminal, plain lines otherwise, nothing with `--quiet`.
+//! Progress of a run, drawn by the orchestrator (never inside a measured worker): one indicatif
+//! bar per worker slot on a terminal, plain lines otherwise, nothing with `--quiet`.
 
 use std::io::IsTerminal;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use super::spec::WorkerEvent;
+
+/// One slot's share of the work.
+pub struct SlotWork {
+    pub label: String,
+    /// Prompts the slot's measurement or shard processes will generate.
+    pub prompts: usize,
+}
 
 pub enum Progress {
     Quiet,
     Lines,
-    Bar(ProgressBar),
+    Bars(MultiProgress, Vec<ProgressBar>),
 }
 
 impl Progress {
-    /// `total` prompts are left to generate; `skipped` were complete already (resume).
-    pub fn new(quiet: bool, total: usize, skipped: usize) -> Progress {
+    /// `skipped` prompts were complete already (resume).
+    pub fn new(quiet: bool, slots: &[SlotWork], skipped: usize) -> Progress {
         if quiet {
             return Progress::Quiet;
         }
         if skipped > 0 {
-            eprintln!("resuming: {skipped} prompts already complete, {total} to go");
+            let left: usize = slots.iter().map(|s| s.prompts).sum();
+            eprintln!("resuming: {skipped} prompts already complete, {left} to go");
         }
         if !std::io::stderr().is_terminal() {
             return Progress::Lines;
         }
-        let bar = ProgressBar::new(total as u64);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} prompts {msg}",
-            )
-            .expect("a valid template"),
-        );
-        Progress::Bar(bar)
+        let multi = MultiProgress::new();
+        let style = ProgressStyle::with_template(
+            "{prefix:>6} [{elapsed_precise}] {bar:30} {pos}/{len} prompts {msg}",
+        )
+        .expect("a valid template");
+        let bars = slots
+            .iter()
+            .map(|s| {
+                let bar = multi.add(ProgressBar::new(s.prompts as u64));
+                bar.set_style(style.clone());
+                bar.set_prefix(s.label.clone());
+                bar
+            })
+            .collect();
+        Progress::Bars(multi, bars)
     }
 
-    pub fn event(&self, process: usize, event: &WorkerEvent) {
+    /// A worker's event; `what` names its process (`warmup 1`, `shard 3`).
+    pub fn event(&self, slot: usize, what: &str, warmup: bool, event: &WorkerEvent) {
         match (self, event) {
             (Progress::Quiet, _) => {}
             (
@@ -45,11 +61,7 @@ impl Progress {
                     attention_backend,
                     ..
                 },
-            ) => {
-                eprintln!(
-                    "process {process}: sessions ready on {provider}, attention {attention_backend}"
-                )
-            }
+            ) => eprintln!("{what}: sessions ready on {provider}, attention {attention_backend}"),
             (
                 Progress::Lines,
                 WorkerEvent::Prompt {
@@ -57,25 +69,36 @@ impl Progress {
                     timed_total_s,
                 },
             ) => {
-                eprintln!("process {process}: prompt {prompt} done in {timed_total_s:.3} s")
+                eprintln!("{what}: prompt {prompt} done in {timed_total_s:.3} s")
+            }
+            (Progress::Bars(_, bars), WorkerEvent::Ready { .. }) => {
+                if let Some(bar) = bars.get(slot) {
+                    bar.set_message(format!("{what}: starting"));
+                }
             }
             (
-                Progress::Bar(bar),
+                Progress::Bars(_, bars),
                 WorkerEvent::Prompt {
                     prompt,
                     timed_total_s,
                 },
             ) => {
-                bar.inc(1);
-                bar.set_message(format!("prompt {prompt}: {timed_total_s:.2} s"));
+                if let Some(bar) = bars.get(slot) {
+                    // Warmup prompts are not part of the run's count.
+                    if !warmup {
+                        bar.inc(1);
+                    }
+                    bar.set_message(format!("{what}: prompt {prompt} in {timed_total_s:.2} s"));
+                }
             }
-            (Progress::Bar(_), WorkerEvent::Ready { .. }) => {}
         }
     }
 
     pub fn finish(&self) {
-        if let Progress::Bar(bar) = self {
-            bar.finish_and_clear();
+        if let Progress::Bars(_, bars) = self {
+            for bar in bars {
+                bar.finish_and_clear();
+            }
         }
     }
 }

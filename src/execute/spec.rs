@@ -55,6 +55,11 @@ pub enum WorkerEvent {
         ort_version: String,
         /// The attention kernel choice `auto` (or the request) resolved to.
         attention_backend: String,
+        /// Versions of the CUDA runtime and cuDNN libraries the process loaded, if any.
+        #[serde(default)]
+        cuda_version: Option<String>,
+        #[serde(default)]
+        cudnn_version: Option<String>,
     },
     /// One prompt is done (and its video written, when asked).
     Prompt { prompt: u32, timed_total_s: f64 },
@@ -189,6 +194,16 @@ fn event(e: &WorkerEvent) {
     let _ = out.flush();
 }
 
+/// The version suffix of a shared library this process has mapped (`libcudnn.so.9.10.2` →
+/// `9.10.2`), read from `/proc/self/maps`: the libraries actually loaded, whatever their path.
+fn loaded_version(maps: &str, stem: &str) -> Option<String> {
+    maps.lines()
+        .filter_map(|l| l.rsplit('/').next())
+        .filter_map(|name| name.strip_prefix(stem))
+        .max_by_key(|v| v.len())
+        .map(str::to_string)
+}
+
 /// Runs a process spec: builds the sessions, generates every prompt in order, appends one
 /// timing record per prompt and writes videos when asked.
 pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
@@ -202,10 +217,13 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
         generator.bundle().manifest.precision,
     )
     .to_string();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     event(&WorkerEvent::Ready {
         provider: runtime.provider.name().into(),
         ort_version: ort.version.clone(),
         attention_backend,
+        cuda_version: loaded_version(&maps, "libcudart.so."),
+        cudnn_version: loaded_version(&maps, "libcudnn.so."),
     });
     let options = GenerateOptions {
         method: method_settings(m),
@@ -267,6 +285,22 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loaded_library_versions_come_from_the_mapped_file_names() {
+        let maps = "7f0-7f1 r-xp 0 08:01 1 /usr/lib/libcudnn.so.9\n\
+                    7f1-7f2 r-xp 0 08:01 2 /opt/nvidia/cudnn/lib/libcudnn.so.9.10.2\n\
+                    7f2-7f3 r-xp 0 08:01 3 /usr/local/cuda/lib/libcudart.so.13.0.48\n";
+        assert_eq!(
+            loaded_version(maps, "libcudnn.so.").as_deref(),
+            Some("9.10.2")
+        );
+        assert_eq!(
+            loaded_version(maps, "libcudart.so.").as_deref(),
+            Some("13.0.48")
+        );
+        assert_eq!(loaded_version(maps, "libnvinfer.so."), None);
+    }
 
     #[test]
     fn vbench_names_are_the_prompt_and_never_a_path() {
