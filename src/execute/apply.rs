@@ -133,6 +133,21 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
         ));
     }
     let m = &r.manifest;
+    use crate::manifest::AttentionBackend;
+    if m.runtime.provider == Provider::Cpu
+        && !matches!(
+            m.method.attention_backend,
+            AttentionBackend::Auto | AttentionBackend::Math
+        )
+    {
+        return Err(ApplyError::refused(
+            format!(
+                "attention backend `{}` is not available on the CPU provider",
+                crate::plan::render::word(&m.method.attention_backend)
+            ),
+            "use `auto` or `math` on the CPU, or runtime.provider = \"cuda\"",
+        ));
+    }
     if m.kind == Kind::Probe {
         let state = &p.run_state_root;
         let has_state = fs::read_dir(state)

@@ -386,6 +386,27 @@ fn a_missing_bundle_is_an_apply_error_naming_the_export_command() {
 }
 
 #[test]
+fn an_attention_backend_the_provider_lacks_is_refused_before_any_work() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
+        .replace(
+            "[method]\n",
+            "[method]\nattention_backend = \"cudnn_flash\"\n",
+        );
+    std::fs::write(t.path().join("m.toml"), text).unwrap();
+    let out = t.cmd().args(["apply", "--quiet", "m.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr
+            .contains("`cudnn_flash` is not available on the CPU"),
+        "{}",
+        out.stderr
+    );
+    assert!(!t.path().join("results").exists() && !t.path().join("work").exists());
+}
+
+#[test]
 fn shared_caches_skip_warmups_with_markers_and_are_labelled_warm_cache() {
     let t = Test::new();
     let shared = format!(
