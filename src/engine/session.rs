@@ -465,6 +465,16 @@ fn session_builder(
             .with_optimized_model_path(file)
             .map_err(|e| load(e.to_string()))?;
     }
+    // A diagnostic switch, not a setting: ONNX Runtime's per-node profile of every session,
+    // written as `<dir>/<graph>_<timestamp>.json` when the session ends.
+    if let Some(dir) = std::env::var_os("UNSTEP_ORT_PROFILE") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| load(format!("create {}: {e}", dir.display())))?;
+        builder = builder
+            .with_profiling(dir.join(graph_stem(graph)))
+            .map_err(|e| load(e.to_string()))?;
+    }
     let providers = execution_providers(&options.provider);
     if !providers.is_empty() {
         builder =
