@@ -194,6 +194,30 @@ pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, String> {
     }
 }
 
+/// Parses an override's text for `key` and sets it, or records why it is not a valid value.
+fn set_text(
+    layer: &mut Layer,
+    key: &str,
+    text: &str,
+    origin: Origin,
+    errors: &mut Vec<Diagnostic>,
+) {
+    match parse_text(key, text) {
+        Ok(value) => layer.set(
+            key,
+            Entry {
+                value,
+                origin,
+                excerpt: None,
+            },
+            errors,
+        ),
+        Err(msg) => {
+            errors.push(Diagnostic::new(format!("invalid value for `{key}`: {msg}")).at(origin))
+        }
+    }
+}
+
 /// Builds the environment layer from a snapshot of the environment.
 pub fn env_layer(
     env: &BTreeMap<String, String>,
@@ -266,20 +290,7 @@ pub fn env_layer(
             errors.push(d);
             continue;
         }
-        match parse_text(&key, text) {
-            Ok(value) => layer.set(
-                &key,
-                Entry {
-                    value,
-                    origin,
-                    excerpt: None,
-                },
-                errors,
-            ),
-            Err(msg) => {
-                errors.push(Diagnostic::new(format!("invalid value for `{key}`: {msg}")).at(origin))
-            }
-        }
+        set_text(&mut layer, &key, text, origin, errors);
     }
     if let Some(text) = env.get(EXTRA_ARGS_VAR) {
         let origin = |arg: &str| Origin::Env {
@@ -310,20 +321,7 @@ pub fn flag_layer(sets: &[String], extras: &[String], errors: &mut Vec<Diagnosti
             errors.push(unknown_key(key, origin, None));
             continue;
         }
-        match parse_text(key, text) {
-            Ok(value) => layer.set(
-                key,
-                Entry {
-                    value,
-                    origin,
-                    excerpt: None,
-                },
-                errors,
-            ),
-            Err(msg) => {
-                errors.push(Diagnostic::new(format!("invalid value for `{key}`: {msg}")).at(origin))
-            }
-        }
+        set_text(&mut layer, key, text, origin, errors);
     }
     for text in extras {
         let origin = |arg: &str| Origin::Flag {

@@ -199,6 +199,14 @@ fn shards_go_round_robin_over_visible_gpus_with_one_warmup_each() {
     );
 }
 
+/// The `--explain` line of a setting.
+fn setting_line<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(key))
+        .unwrap_or_else(|| panic!("no line for {key}:\n{stdout}"))
+}
+
 #[test]
 fn explain_shows_the_layer_of_each_setting() {
     let t = full946_checkout();
@@ -208,11 +216,7 @@ fn explain_shows_the_layer_of_each_setting() {
         .args(["plan", "--explain", "experiments/full946.toml"])
         .run();
     assert_eq!(out.code, 0, "{}", out.render());
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("cache.scope"))
-        .unwrap();
+    let line = setting_line(&out.stdout, "cache.scope");
     assert!(
         line.contains("\"shard\"") && line.contains("env UNSTEP_CACHE_SCOPE"),
         "{line}"
@@ -230,26 +234,14 @@ fn explain_shows_the_layer_of_each_setting() {
         ])
         .run();
     assert_eq!(out.code, 0, "{}", out.render());
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("cache.scope"))
-        .unwrap();
+    let line = setting_line(&out.stdout, "cache.scope");
     assert!(
         line.contains("\"run_gpu\"") && line.contains("flag --set cache.scope=run_gpu"),
         "{line}"
     );
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("shards.count"))
-        .unwrap();
+    let line = setting_line(&out.stdout, "shards.count");
     assert!(line.contains("experiments/full946.toml:13:9"), "{line}");
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("method.clean_sigma"))
-        .unwrap();
+    let line = setting_line(&out.stdout, "method.clean_sigma");
     assert!(line.contains("default"), "{line}");
 }
 
@@ -262,20 +254,12 @@ fn ablation_overrides_its_parent_and_extra_args_override_both() {
         .args(["plan", "--explain", "experiments/sigma001.toml"])
         .run();
     assert_eq!(out.code, 0, "{}", out.render());
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("method.clean_sigma"))
-        .unwrap();
+    let line = setting_line(&out.stdout, "method.clean_sigma");
     assert!(
         line.contains("0.03") && line.contains("UNSTEP_EXTRA_ARGS"),
         "{line}"
     );
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("prompts.expect_count"))
-        .unwrap();
+    let line = setting_line(&out.stdout, "prompts.expect_count");
     assert!(
         line.contains("full946.toml"),
         "inherited from the parent: {line}"
