@@ -150,6 +150,10 @@ pub fn runtime_options(m: &Manifest, cache_dir: &Path, ort: Option<PathBuf>) -> 
                 manifest::AttentionBackend::Math => engine::AttentionKernel::Math,
             },
             conv_algo_search: conv,
+            arena_extend: match rt.cuda_arena {
+                manifest::CudaArena::SameAsRequested => engine::ArenaExtend::SameAsRequested,
+                manifest::CudaArena::NextPowerOfTwo => engine::ArenaExtend::NextPowerOfTwo,
+            },
             cuda_graphs: rt.cuda_graphs,
             ..Default::default()
         }),
