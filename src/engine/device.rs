@@ -29,7 +29,9 @@ use ort::value::{
 };
 
 use super::bundle::Bundle;
-use super::generate::{GenerateError, GenerateOptions, PhaseTimes, TimedRegionEnd, byte_tokens};
+use super::generate::{
+    Dims, GenerateError, GenerateOptions, PhaseTimes, TimedRegionEnd, byte_tokens,
+};
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
 use super::session::{
@@ -259,42 +261,6 @@ fn plan(schedule: &Schedule) -> (Coefficients, Plan) {
     )
 }
 
-/// Shapes of the device loop.
-#[derive(Debug, Clone, Copy)]
-struct Dims {
-    channels: usize,
-    fpb: usize,
-    latent_frames: usize,
-    h: usize,
-    w: usize,
-    height: usize,
-    width: usize,
-    dim: usize,
-    tokens_per_frame: usize,
-    text_len: usize,
-    text_dim: usize,
-    frames_per_step: usize,
-    layers: usize,
-}
-
-impl Dims {
-    fn blocks(&self) -> usize {
-        self.latent_frames / self.fpb
-    }
-    fn block_elems(&self) -> usize {
-        self.channels * self.fpb * self.h * self.w
-    }
-    fn block_tokens(&self) -> usize {
-        self.fpb * self.tokens_per_frame
-    }
-    fn video_frames(&self) -> usize {
-        1 + self.frames_per_step * (self.latent_frames - 1)
-    }
-    fn frame_px(&self) -> usize {
-        self.height * self.width
-    }
-}
-
 /// The device-resident state of a generator.
 pub(crate) struct DeviceLoop {
     mem: MemoryInfo<'static>,
@@ -401,22 +367,7 @@ impl DeviceLoop {
         runtime: &RuntimeOptions,
     ) -> Result<Self, GenerateError> {
         let m = &bundle.manifest;
-        let (h, w) = bundle.latent_hw();
-        let d = Dims {
-            channels: m.architecture.latent_channels,
-            fpb: m.export.frames_per_block,
-            latent_frames: m.export.latent_frames,
-            h,
-            w,
-            height: m.export.height,
-            width: m.export.width,
-            dim: m.architecture.dim,
-            tokens_per_frame: m.architecture.tokens_per_frame,
-            text_len: m.architecture.text_len,
-            text_dim: m.architecture.text_dim,
-            frames_per_step: m.architecture.vae_stride[0],
-            layers: m.architecture.layers,
-        };
+        let d = Dims::of(bundle);
         let model = float_type(m.precision);
         let setup = run_err("device setup");
         let on_gpu = !matches!(runtime.provider, Provider::Cpu);
@@ -513,14 +464,14 @@ impl DeviceLoop {
             scratch: buf(model, block)?,
             noise: buf(f32_, d.blocks() * draws_per_block * block)?,
             coefficients: buf(f32_, 64)?,
-            timesteps: buf(f32_, 16 * d.fpb)?,
+            timesteps: buf(f32_, 16 * d.frames_per_block)?,
             offsets: buf(TensorElementType::Int64, d.blocks())?,
             vae: Some(VaeParts {
                 latent_frame: small("latent_frame", onnx_graph::latent_frame(model))?,
                 layout: small("layout", onnx_graph::layout(model))?,
                 bufs: VaeBufs {
                     latents: buf(f32_, d.blocks() * block)?,
-                    indices: buf(TensorElementType::Int64, d.fpb)?,
+                    indices: buf(TensorElementType::Int64, d.frames_per_block)?,
                     std: buf(f32_, d.channels)?,
                     mean: buf(f32_, d.channels)?,
                     z: buf(model, d.channels * d.h * d.w)?,
@@ -552,12 +503,14 @@ impl DeviceLoop {
             d,
         };
         // Constants of the bundle: offsets, frame indices, latent statistics.
-        let offsets: Vec<i64> = (0..d.blocks()).map(|b| (b * d.fpb) as i64).collect();
+        let offsets: Vec<i64> = (0..d.blocks())
+            .map(|b| (b * d.frames_per_block) as i64)
+            .collect();
         let g = &mut this.graphs;
         this.offsets
             .upload(&mut g.identity_i64, &this.mem, &offsets)
             .map_err(setup)?;
-        let indices: Vec<i64> = (0..d.fpb as i64).collect();
+        let indices: Vec<i64> = (0..d.frames_per_block as i64).collect();
         let vae = &this.vae.as_ref().expect("just built").bufs;
         vae.indices
             .upload(&mut g.identity_i64, &this.mem, &indices)
@@ -682,7 +635,12 @@ impl DeviceLoop {
             2 * (2 * steps + 3),
             &self.alloc,
         )?;
-        grow(&mut self.timesteps, f32_, (steps + 1) * d.fpb, &self.alloc)?;
+        grow(
+            &mut self.timesteps,
+            f32_,
+            (steps + 1) * d.frames_per_block,
+            &self.alloc,
+        )?;
         let mut host_noise = vec![0.0f32; total_draws * block];
         {
             use rayon::prelude::*;
@@ -703,9 +661,9 @@ impl DeviceLoop {
             )
             .map_err(setup)?;
         // Timesteps: per step level, then the clean level, `fpb` values each.
-        let mut ts = Vec::with_capacity((steps + 1) * d.fpb);
+        let mut ts = Vec::with_capacity((steps + 1) * d.frames_per_block);
         for level in schedule.steps.iter().chain([&schedule.clean]) {
-            ts.extend(std::iter::repeat_n(level.timestep, d.fpb));
+            ts.extend(std::iter::repeat_n(level.timestep, d.frames_per_block));
         }
         self.timesteps
             .upload(&mut self.graphs.identity_f32, &self.mem, &ts)
@@ -801,9 +759,10 @@ impl DeviceLoop {
         let mut latents = vec![0.0f32; blocks_f32.len()];
         for b in 0..d.blocks() {
             for c in 0..d.channels {
-                for f in 0..d.fpb {
-                    let src = &blocks_f32[b * block + (c * d.fpb + f) * plane..][..plane];
-                    let t = b * d.fpb + f;
+                for f in 0..d.frames_per_block {
+                    let src =
+                        &blocks_f32[b * block + (c * d.frames_per_block + f) * plane..][..plane];
+                    let t = b * d.frames_per_block + f;
                     latents[(c * d.latent_frames + t) * plane..][..plane].copy_from_slice(src);
                 }
             }
@@ -975,7 +934,13 @@ impl DeviceLoop {
         let e = run_err("dit");
         let d = self.d;
         let mut binding = dit.create_binding().map(Bound::new).map_err(e)?;
-        let x_shape = [1, d.channels as i64, d.fpb as i64, d.h as i64, d.w as i64];
+        let x_shape = [
+            1,
+            d.channels as i64,
+            d.frames_per_block as i64,
+            d.h as i64,
+            d.w as i64,
+        ];
         binding
             .input("x", self.view(&self.x_model, 0, &x_shape)?)
             .map_err(e)?;
@@ -1029,7 +994,7 @@ impl DeviceLoop {
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
         let e = run_err("dit");
-        let f = self.d.fpb;
+        let f = self.d.frames_per_block;
         binding
             .input(
                 "timestep",
@@ -1062,8 +1027,8 @@ fn decode_blocks(
     let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
     let mut run = std::time::Duration::ZERO;
     for b in blocks {
-        for f in 0..d.fpb {
-            let t = b * d.fpb + f;
+        for f in 0..d.frames_per_block {
+            let t = b * d.frames_per_block + f;
             // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
             let next_frame = if t == 0 {
                 0
@@ -1074,7 +1039,13 @@ fn decode_blocks(
             {
                 let e = run_err("latent_frame");
                 let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
-                let lat_shape = [1, d.channels as i64, d.fpb as i64, d.h as i64, d.w as i64];
+                let lat_shape = [
+                    1,
+                    d.channels as i64,
+                    d.frames_per_block as i64,
+                    d.h as i64,
+                    d.w as i64,
+                ];
                 let stat = [1, d.channels as i64, 1, 1, 1];
                 binding
                     .input("lat", view(&v.latents, b * block, &lat_shape)?)

@@ -119,24 +119,25 @@ pub enum GenerateError {
 
 /// Shapes derived from the bundle, in elements and tokens.
 #[derive(Debug, Clone, Copy)]
-struct Dims {
-    channels: usize,
-    frames_per_block: usize,
-    latent_frames: usize,
-    h: usize,
-    w: usize,
-    height: usize,
-    width: usize,
-    dim: usize,
-    tokens_per_frame: usize,
-    text_len: usize,
-    text_dim: usize,
+pub(crate) struct Dims {
+    pub(crate) channels: usize,
+    pub(crate) frames_per_block: usize,
+    pub(crate) latent_frames: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) height: usize,
+    pub(crate) width: usize,
+    pub(crate) dim: usize,
+    pub(crate) tokens_per_frame: usize,
+    pub(crate) text_len: usize,
+    pub(crate) text_dim: usize,
     /// Pixel frames per latent frame after the first (the VAE's temporal stride).
-    frames_per_step: usize,
+    pub(crate) frames_per_step: usize,
+    pub(crate) layers: usize,
 }
 
 impl Dims {
-    fn of(bundle: &Bundle) -> Self {
+    pub(crate) fn of(bundle: &Bundle) -> Self {
         let m = &bundle.manifest;
         let (h, w) = bundle.latent_hw();
         Self {
@@ -152,23 +153,28 @@ impl Dims {
             text_len: m.architecture.text_len,
             text_dim: m.architecture.text_dim,
             frames_per_step: m.architecture.vae_stride[0],
+            layers: m.architecture.layers,
         }
     }
 
-    fn blocks(&self) -> usize {
+    pub(crate) fn blocks(&self) -> usize {
         self.latent_frames / self.frames_per_block
     }
 
-    fn block_elems(&self) -> usize {
+    pub(crate) fn block_elems(&self) -> usize {
         self.channels * self.frames_per_block * self.h * self.w
     }
 
-    fn block_tokens(&self) -> usize {
+    pub(crate) fn block_tokens(&self) -> usize {
         self.frames_per_block * self.tokens_per_frame
     }
 
-    fn video_frames(&self) -> usize {
+    pub(crate) fn video_frames(&self) -> usize {
         1 + self.frames_per_step * (self.latent_frames - 1)
+    }
+
+    pub(crate) fn frame_px(&self) -> usize {
+        self.height * self.width
     }
 }
 

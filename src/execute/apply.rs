@@ -20,7 +20,9 @@ use super::staging::{self, StageRequest, StagingError};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, Kind, Provider, Resolved};
 use crate::plan::{Plan, Process, Role};
-use crate::results::files::{read_json, read_timings, write_atomic, write_json_atomic};
+use crate::results::files::{
+    RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_json, read_timings, write_atomic, write_json_atomic,
+};
 use crate::results::records::{
     CacheLabel, ProcessRole, RunRecord, RunStatus, Summary, TimingRecord,
 };
@@ -165,7 +167,7 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
 
 /// What a previous apply of the same run left: prompts already complete.
 fn completed(r: &Resolved, run_dir: &Path, config_hash: &str) -> Result<BTreeSet<u32>, ApplyError> {
-    let run_json = run_dir.join("run.json");
+    let run_json = run_dir.join(RUN_JSON);
     if !run_json.exists() {
         return Ok(BTreeSet::new());
     }
@@ -287,7 +289,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             record.device.driver_version = Some(g.driver.clone());
         }
     }
-    write_json_atomic(&run_dir.join("run.json"), &record)?;
+    write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
 
     let prompts = r.prompts.as_deref().unwrap_or_default();
     let specs: Vec<Option<ProcessSpec>> = plan
@@ -341,9 +343,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         .iter()
         .map(|rec| serde_json::to_string(rec).expect("records serialise") + "\n")
         .collect();
-    write_atomic(&run_dir.join("timings.jsonl"), jsonl.as_bytes())?;
+    write_atomic(&run_dir.join(TIMINGS_JSONL), jsonl.as_bytes())?;
     let summary = Summary::from_records(&records, m.kind, CacheLabel::of(m.cache.mode));
-    write_json_atomic(&run_dir.join("summary.json"), &summary)?;
+    write_json_atomic(&run_dir.join(SUMMARY_JSON), &summary)?;
     let _ = crate::report::write_latency_svg(&run_dir, &records);
 
     let status = if interrupted {
@@ -371,7 +373,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         status,
         (!failures.is_empty()).then(|| failures.join("\n\n")),
     );
-    write_json_atomic(&run_dir.join("run.json"), &record)?;
+    write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
 
     // Cleanup (SPEC §7): success and interruption remove the staging snapshot; a failed run keeps
     // it, with its isolated state, for diagnosis.
