@@ -93,14 +93,7 @@ impl Resolved {
         self.manifest.kind
     }
 
-    /// The origin of a setting (a default when nothing set it).
-    pub fn origin(&self, key: &str) -> Origin {
-        self.settings
-            .get(key)
-            .map_or(Origin::Default, |s| s.origin.clone())
-    }
-
-    /// Method settings that differ from the built-in defaults, for the record of a run.
+    /// Method settings set by any layer above the defaults, for the record of a run.
     pub fn method_overrides(&self) -> BTreeMap<String, (toml::Value, Origin)> {
         self.settings
             .iter()

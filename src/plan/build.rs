@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::manifest::{CacheMode, CacheScope, IndexList, Kind, Origin, Provider, Resolved};
+use crate::manifest::{CacheMode, CacheScope, IndexList, Kind, Provider, Resolved};
 
 /// A worker slot: one GPU, or with the CPU provider one stand-in worker.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -365,14 +365,6 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
         processes,
         warnings,
     })
-}
-
-/// The layer that set a key, for display next to a value.
-pub fn origin_label(r: &Resolved, key: &str) -> String {
-    match r.origin(key) {
-        Origin::Default => "default".into(),
-        o => o.to_string(),
-    }
 }
 
 #[cfg(test)]
