@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fused
 from .attention import attention
 from .config import Config
 
@@ -28,18 +29,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return y.type_as(x) * self.weight
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 class LayerNorm(nn.LayerNorm):
-    """WanLayerNorm: LayerNorm evaluated in float32."""
+    """WanLayerNorm: LayerNorm evaluated in float32.  Exported graphs apply LayerNormalization to
+    the half-precision input directly: ONNX Runtime accumulates in float32 (`stash_type` 1)."""
 
     def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = False):
         super().__init__(dim, eps=eps, elementwise_affine=elementwise_affine)
 
     def forward(self, x):
+        if fused.exporting():
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         w = self.weight.float() if self.weight is not None else None
         b = self.bias.float() if self.bias is not None else None
         return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).type_as(x)
@@ -64,14 +66,8 @@ def inv_freqs(axis_dim: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) like Wan's complex multiply; cos/sin are [T, hd/2]."""
-    b, t, d = x.shape
-    xf = x.float().view(b, t, heads, d // heads // 2, 2)
-    x0, x1 = xf[..., 0], xf[..., 1]
-    c = cos.unsqueeze(1)
-    s = sin.unsqueeze(1)
-    out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
-    return out.reshape(b, t, d).type_as(x)
+    """Wan's 3D RoPE on [B, T, D] with per-token angles cos/sin [T, hd/2] (see fused.rope)."""
+    return fused.rope(x, cos, sin, heads)
 
 
 class SelfAttention(nn.Module):
@@ -88,11 +84,12 @@ class SelfAttention(nn.Module):
     def forward(self, x, cos, sin, past_k, past_v):
         q = apply_rope(self.norm_q(self.q(x)), cos, sin, self.heads)
         k = apply_rope(self.norm_k(self.k(x)), cos, sin, self.heads)
-        v = self.v(x)
+        value, output = fused.value_and_output(self.v, self.o)
+        v = value(x)
         # No mask: the block sees every earlier block (past) and all of itself.
         kk = torch.cat([past_k, k], dim=1)
         vv = torch.cat([past_v, v], dim=1)
-        return self.o(attention(q, kk, vv, self.heads)), k, v
+        return output(attention(q, kk, vv, self.heads)), k, v
 
 
 class CrossAttention(nn.Module):
@@ -109,8 +106,8 @@ class CrossAttention(nn.Module):
     def forward(self, x, context):
         q = self.norm_q(self.q(x))
         k = self.norm_k(self.k(context))
-        v = self.v(context)
-        return self.o(attention(q, k, v, self.heads))
+        value, output = fused.value_and_output(self.v, self.o)
+        return output(attention(q, k, value(context), self.heads))
 
 
 class Block(nn.Module):
@@ -122,7 +119,7 @@ class Block(nn.Module):
         self.norm3 = LayerNorm(dim, cfg.eps, elementwise_affine=True)
         self.cross_attn = CrossAttention(dim, cfg.heads, cfg.eps)
         self.norm2 = LayerNorm(dim, cfg.eps)
-        self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, dim))
+        self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), fused.GeluTanh(), nn.Linear(cfg.ffn_dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(self, x, e0, context, cos, sin, past_k, past_v, frames: int):
@@ -132,11 +129,14 @@ class Block(nn.Module):
         def per_frame(y):
             return y.unflatten(1, (frames, -1))
 
-        y = (per_frame(self.norm1(x)) * (1 + e[1]) + e[0]).flatten(1, 2)
+        def modulated(norm, y, scale, shift):
+            return fused.modulated_layer_norm(per_frame(y), 1 + scale, shift, norm.eps, norm).flatten(1, 2)
+
+        y = modulated(self.norm1, x, e[1], e[0])
         y, k, v = self.self_attn(y, cos, sin, past_k, past_v)
         x = x + (per_frame(y) * e[2]).flatten(1, 2)
         x = x + self.cross_attn(self.norm3(x), context)
-        y = self.ffn((per_frame(self.norm2(x)) * (1 + e[4]) + e[3]).flatten(1, 2))
+        y = fused.ffn(self.ffn, modulated(self.norm2, x, e[4], e[3]))
         x = x + (per_frame(y) * e[5]).flatten(1, 2)
         return x, k, v
 
@@ -162,7 +162,7 @@ class CausalDiT(nn.Module):
         self.cfg = cfg
         dim = cfg.dim
         self.patch_embedding = nn.Conv3d(cfg.latent_channels, dim, kernel_size=cfg.patch, stride=cfg.patch)
-        self.text_embedding = nn.Sequential(nn.Linear(cfg.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim))
+        self.text_embedding = nn.Sequential(nn.Linear(cfg.text_dim, dim), fused.GeluTanh(), nn.Linear(dim, dim))
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.layers)])

@@ -70,6 +70,14 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(shape))
 
     def forward(self, x):
+        if torch.onnx.is_in_onnx_export():
+            # One reduction and two broadcasts in the graph's precision: ONNX Runtime's ReduceL2
+            # accumulates half inputs in float32, and dividing by the norm (not normalising a
+            # float32 copy and expanding it) moves the activation once.  The clamp is the
+            # smallest normal number of the type (F.normalize's 1e-12 is zero in fp16).
+            eps = max(1e-12, torch.finfo(x.dtype).tiny)
+            n = torch.linalg.vector_norm(x, 2, dim=1, keepdim=True).clamp_min(eps)
+            return x / n * (self.gamma * self.scale).to(x.dtype)
         # float32: a sum of C squares overflows fp16 easily.
         return F.normalize(x.float(), dim=1).type_as(x) * self.scale * self.gamma
 
@@ -138,8 +146,25 @@ class Resample(nn.Module):
                 x = torch.stack((y[:, 0], y[:, 1]), dim=3).reshape(b, c, t * 2, h, w)
                 t = t * 2
         y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        y = self.resample(y)
+        y = subpixel_upsample_conv(self.resample[1], y) if torch.onnx.is_in_onnx_export() else self.resample(y)
         return y.reshape(b, t, c // 2, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
+
+
+def subpixel_upsample_conv(conv: nn.Conv2d, y: torch.Tensor) -> torch.Tensor:
+    """conv(nearest_upsample_x2(y)) computed on the low-resolution input: output pixel
+    (2i + p, 2j + q) only ever reads input pixels i + (p + d) // 2 for taps d in -1..1, so each of
+    the four output phases (p, q) is a 3x3 convolution of y with the taps of `conv` summed into
+    the input pixel they land on, and DepthToSpace interleaves the phases.  Same result, no
+    upsampled copy of the input and a quarter of the pixels to pad and read."""
+    w = conv.weight  # [co, ci, 3, 3]
+    co = w.shape[0]
+    # fold[p][a][d] = 1 when tap d (0..2 = -1..1) of output phase p reads input offset a (0..2 = -1..1)
+    fold = [[[1.0 if (p + d - 1) // 2 + 1 == a else 0.0 for d in range(3)] for a in range(3)] for p in range(2)]
+    fold = torch.tensor(fold, dtype=w.dtype, device=w.device)
+    # k[o, p, q, i, a, b] = sum_{dy, dx} fold[p, a, dy] * fold[q, b, dx] * w[o, i, dy, dx]
+    k = torch.einsum("pay,qbx,oiyx->opqiab", fold, fold, w).reshape(co * 4, w.shape[1], 3, 3)
+    bias = None if conv.bias is None else conv.bias.repeat_interleave(4)
+    return F.pixel_shuffle(F.conv2d(y, k, bias, padding=1), 2)
 
 
 class Decoder3d(nn.Module):
