@@ -124,6 +124,9 @@ pub struct WorkerArgs {
     /// CUDA: grow the memory arena by what is asked for instead of to the next power of two.
     #[arg(long)]
     pub arena_same_as_requested: bool,
+    /// CUDA: cap cuDNN's convolution workspace at 32 MiB (cudnn_conv_use_max_workspace = 0).
+    #[arg(long)]
+    pub conv_workspace_cap: bool,
     /// Benchmark: generate the first prompt this many times unrecorded before one measured round
     /// (instead of a whole warmup round).
     #[arg(long, value_name = "N")]
@@ -398,6 +401,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             } else {
                 ArenaExtend::NextPowerOfTwo
             },
+            conv_max_workspace: !args.conv_workspace_cap,
             ..CudaOptions::default()
         }),
         ProviderArg::Tensorrt => Provider::TensorRt(TensorRtOptions {

@@ -521,6 +521,12 @@ impl DeviceLoop {
         vae.mean
             .upload(&mut g.identity_f32, &this.mem, &m.latent.mean)
             .map_err(setup)?;
+        if let Some(bytes) = this.memory.as_ref().and_then(|m| m.in_use()) {
+            eprintln!(
+                "device memory in use after loading the graphs and the loop's buffers: {:.2} GiB",
+                bytes as f64 / (1u64 << 30) as f64
+            );
+        }
         Ok(this)
     }
 
@@ -593,6 +599,23 @@ impl DeviceLoop {
         })?;
         let result = self.generate_with(&mut vae, sessions, prompt_text, noise, schedule, options);
         self.vae = Some(vae);
+        if self.memory.is_some() {
+            let arenas: Vec<String> = [
+                ("text encoder", &sessions.text_encoder),
+                ("dit", &sessions.dit),
+                ("vae_first", &sessions.vae_first),
+                ("vae_step", &sessions.vae_step),
+            ]
+            .into_iter()
+            .filter_map(|(name, s)| arena_summary(s, &self.mem).map(|a| format!("{name} {a}")))
+            .collect();
+            if !arenas.is_empty() {
+                eprintln!(
+                    "device arenas (in use / max in use / reserved): {}",
+                    arenas.join(", ")
+                );
+            }
+        }
         result
     }
 
@@ -1124,4 +1147,56 @@ fn layout_frames(
         next_frame += n;
     }
     Ok(())
+}
+
+/// ONNX Runtime's statistics of `session`'s device arena (`AllocatorGetStats`): bytes in use,
+/// the most ever in use, and what the arena holds from CUDA, as "in use / max / reserved" GiB.
+fn arena_summary(session: &Session, mem: &MemoryInfo<'static>) -> Option<String> {
+    use ort::AsPointer;
+    let arena = MemoryInfo::new(
+        AllocationDevice::CUDA,
+        mem.device_id(),
+        AllocatorType::Arena,
+        MemoryType::Default,
+    )
+    .ok()?;
+    let allocator = ort::memory::Allocator::new(session, arena).ok()?;
+    let mut kvps: *mut ort::sys::OrtKeyValuePairs = std::ptr::null_mut();
+    // SAFETY: the allocator is alive for the call; on success `kvps` is a new key/value list that
+    // is read and released below.
+    let status = unsafe { (ort::api().AllocatorGetStats)(allocator.ptr(), &mut kvps) };
+    status_result(status).ok()?;
+    if kvps.is_null() {
+        return None;
+    }
+    let mut stats = std::collections::HashMap::new();
+    // SAFETY: `kvps` is valid until released; keys and values are NUL-terminated strings it owns.
+    unsafe {
+        let (mut keys, mut values, mut n) = (std::ptr::null(), std::ptr::null(), 0usize);
+        (ort::api().GetKeyValuePairs)(kvps, &mut keys, &mut values, &mut n);
+        for i in 0..n {
+            let k = std::ffi::CStr::from_ptr(*keys.add(i))
+                .to_string_lossy()
+                .into_owned();
+            let v = std::ffi::CStr::from_ptr(*values.add(i))
+                .to_string_lossy()
+                .into_owned();
+            stats.insert(k, v);
+        }
+        (ort::api().ReleaseKeyValuePairs)(kvps);
+    }
+    let gib = |key: &str| {
+        stats
+            .get(key)
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or("?".to_string(), |b| {
+                format!("{:.2}", b / (1u64 << 30) as f64)
+            })
+    };
+    Some(format!(
+        "{} / {} / {} GiB",
+        gib("InUse"),
+        gib("MaxInUse"),
+        gib("TotalAllocated")
+    ))
 }

@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 pub const PINNED_ORT_VERSION: &str = "1.31.1";
 /// The oldest ONNX Runtime minor version (1.x) the engine accepts. `com.microsoft.MultiHeadAttention`
 /// with the cache layouts the exporter writes, and the provider options the engine sets, are all
-/// present from 1.22 on.
-pub const MIN_ORT_MINOR: u32 = 22;
+/// present from 1.22 on; the engine reads arena statistics (`AllocatorGetStats`, C API 23).
+pub const MIN_ORT_MINOR: u32 = 23;
 
 /// Where the library was found, in the order the search tries them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

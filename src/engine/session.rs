@@ -142,6 +142,9 @@ pub struct CudaOptions {
     pub memory_limit: Option<usize>,
     pub cuda_graphs: bool,
     pub prefer_nhwc: bool,
+    /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
+    /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
+    pub conv_max_workspace: bool,
 }
 
 impl Default for CudaOptions {
@@ -154,6 +157,7 @@ impl Default for CudaOptions {
             memory_limit: None,
             cuda_graphs: false,
             prefer_nhwc: false,
+            conv_max_workspace: true,
         }
     }
 }
@@ -543,7 +547,8 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_conv_algorithm_search(search)
         .with_arena_extend_strategy(arena)
         .with_cuda_graph(options.cuda_graphs)
-        .with_prefer_nhwc(options.prefer_nhwc);
+        .with_prefer_nhwc(options.prefer_nhwc)
+        .with_conv_max_workspace(options.conv_max_workspace);
     use ep::cuda::AttentionBackend as B;
     let kernel = match options.attention {
         AttentionKernel::Auto => None,
