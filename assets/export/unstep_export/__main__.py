@@ -33,6 +33,9 @@ def cmd_export(args):
     precision = args.precision or ("fp32" if args.preset == "tiny" else "fp16")
     dtype = ex.DTYPES[precision]
     dit, te, vae = _models(args, cfg)
+    from .vae import RMSNorm as VaeRmsNorm
+
+    VaeRmsNorm.export_mode = args.vae_norm
     svd = None
     if args.svd_rank:
         n = factorise(dit, args.svd_rank)
@@ -203,6 +206,8 @@ def main(argv=None):
     p.add_argument("--svd-rank", type=int, default=None)
     p.add_argument("--device", default="cpu",
                    help="device the export traces on; use cuda for wan-1.3b fp16 (fp16 on CPU is very slow)")
+    p.add_argument("--vae-norm", choices=["transpose", "reduce"], default="transpose",
+                   help="VAE RMS norms as channels-last SimplifiedLayerNormalization (default) or ReduceL2 + divide")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("golden", help="write golden reference outputs")

@@ -49,6 +49,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_reference(x, weight, eps)
 
 
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMS norm over the last axis as one SimplifiedLayerNormalization (export only)."""
+    return _RmsNorm.apply(x, weight, eps)
+
+
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
     """Rotate consecutive pairs (x[2i], x[2i+1]) like Wan's complex multiply; cos/sin are [T, hd/2]."""
     b, t, d = x.shape

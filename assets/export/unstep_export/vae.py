@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fused
 from .config import VaeConfig
 
 CACHE_T = 2
@@ -69,7 +70,18 @@ class RMSNorm(nn.Module):
         self.scale = dim**0.5
         self.gamma = nn.Parameter(torch.ones(shape))
 
+    # How exported graphs normalise (the exporter's --vae-norm): "transpose" puts channels last
+    # and uses ONNX Runtime's fused SimplifiedLayerNormalization (x / rms(x) * gamma, equal to
+    # F.normalize(x) * sqrt(C) * gamma, float32 inside); "reduce" keeps channels first with a
+    # ReduceL2, a division and a multiply.
+    export_mode = "transpose"
+
     def forward(self, x):
+        if torch.onnx.is_in_onnx_export() and self.export_mode == "transpose":
+            c = x.shape[1]
+            rows = x.reshape(c, -1).transpose(0, 1)  # batch 1: [pixels, C]
+            y = fused.rms_norm_op(rows, self.gamma.reshape(c).to(x.dtype), 1e-12)
+            return y.transpose(0, 1).reshape(x.shape)
         if torch.onnx.is_in_onnx_export():
             # One reduction and two broadcasts in the graph's precision: ONNX Runtime's ReduceL2
             # accumulates half inputs in float32, and dividing by the norm (not normalising a
