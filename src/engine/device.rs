@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use ort::AsPointer;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
-use ort::session::{IoBinding, Session};
+use ort::session::{IoBinding, RunOptions, Session};
 use ort::value::{
     DynTensor, DynTensorRefMut, DynTensorValueType, Tensor, TensorElementType, TensorRefMut,
 };
@@ -289,6 +289,8 @@ pub(crate) struct DeviceLoop {
     names: Names,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     memory: Option<super::cuda_memory::MemoryProbe>,
+    /// The CUDA device, or `None` on the CPU.
+    device: Option<i32>,
 }
 
 struct Names {
@@ -342,6 +344,18 @@ fn device_memory_info(device: Option<i32>) -> ort::Result<MemoryInfo<'static>> {
             MemoryType::Default,
         ),
     }
+}
+
+/// Run options that hand a session's free arena memory back to CUDA at the end of the run
+/// (`memory.enable_memory_arena_shrinkage`), for sessions run once per prompt (the text encoder,
+/// `vae_first`): their arenas would otherwise keep their peak for the whole process.
+fn shrink_arena_options(device: i32) -> ort::Result<RunOptions> {
+    let mut options = RunOptions::new()?;
+    options.set(
+        "memory.enable_memory_arena_shrinkage",
+        format!("gpu:{device}"),
+    )?;
+    Ok(options)
 }
 
 fn run_err(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
@@ -492,6 +506,7 @@ impl DeviceLoop {
                 new_k: names("new_k", d.layers),
                 new_v: names("new_v", d.layers),
             },
+            device: if on_gpu { device_id } else { None },
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
             } else {
@@ -939,10 +954,21 @@ impl DeviceLoop {
             &[1, self.d.text_len as i64, self.d.text_dim as i64],
         )?;
         binding.output("context", context).map_err(e)?;
-        sessions
-            .text_encoder
-            .run_binding(&binding.binding)
-            .map_err(e)?;
+        match self.device {
+            Some(device) => {
+                let shrink = shrink_arena_options(device).map_err(e)?;
+                sessions
+                    .text_encoder
+                    .run_binding_with_options(&binding.binding, &shrink)
+                    .map_err(e)?;
+            }
+            _ => {
+                sessions
+                    .text_encoder
+                    .run_binding(&binding.binding)
+                    .map_err(e)?;
+            }
+        }
         Ok(())
     }
 
@@ -1049,6 +1075,10 @@ fn decode_blocks(
     let block = d.block_elems();
     let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
     let mut run = std::time::Duration::ZERO;
+    let shrink = match v.device {
+        Some(device) => Some(shrink_arena_options(device).map_err(run_err("vae_first"))?),
+        None => None,
+    };
     for b in blocks {
         for f in 0..d.frames_per_block {
             let t = b * d.frames_per_block + f;
@@ -1112,7 +1142,11 @@ fn decode_blocks(
                 )
                 .map_err(e)?;
             let start = Instant::now();
-            session.run_binding(&binding.binding).map_err(e)?;
+            match (&shrink, t) {
+                (Some(shrink), 0) => session.run_binding_with_options(&binding.binding, shrink),
+                _ => session.run_binding(&binding.binding),
+            }
+            .map_err(e)?;
             run += start.elapsed();
         }
     }
