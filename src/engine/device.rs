@@ -269,6 +269,8 @@ pub(crate) struct DeviceLoop {
     graphs: SmallGraphs,
     kv_k: Vec<Buf>,
     kv_v: Vec<Buf>,
+    /// Where the last block's passes write their keys and values (`[keys, values]`).
+    kv_scratch: [Buf; 2],
     context: Buf,
     /// Latents of the block being denoised, float32, and the same in the bundle's type.
     x: Buf,
@@ -422,13 +424,21 @@ impl DeviceLoop {
 
         let f32_ = TensorElementType::Float32;
         let buf = |ty, len| Buf::new(&alloc, ty, len).map_err(setup);
-        let cache_len = d.latent_frames * d.tokens_per_frame * d.dim;
+        // No later block reads the last block's keys and values: the cache holds the blocks
+        // before it, and the last block's passes write theirs into two scratch buffers shared by
+        // all layers (a layer's new keys are read by its own attention before the next layer
+        // writes; keys and values have one scratch each).
+        let cache_len = (d.blocks() - 1) * d.block_tokens() * d.dim;
         let mut kv_k = Vec::with_capacity(d.layers);
         let mut kv_v = Vec::with_capacity(d.layers);
         for _ in 0..d.layers {
-            kv_k.push(buf(model, cache_len)?);
-            kv_v.push(buf(model, cache_len)?);
+            kv_k.push(buf(model, cache_len.max(1))?);
+            kv_v.push(buf(model, cache_len.max(1))?);
         }
+        let kv_scratch = [
+            buf(model, d.block_tokens() * d.dim)?,
+            buf(model, d.block_tokens() * d.dim)?,
+        ];
         let block = d.block_elems();
         // Sized for the default schedule (4 steps + the clean pass); `generate` grows them.
         let draws_per_block = 5;
@@ -470,6 +480,7 @@ impl DeviceLoop {
         let mut this = Self {
             kv_k,
             kv_v,
+            kv_scratch,
             context: buf(model, d.text_len * d.text_dim)?,
             x: buf(f32_, block)?,
             x_model: buf(model, block)?,
@@ -890,16 +901,21 @@ impl DeviceLoop {
                     )?;
                 }
             }
-            self.axpby(
-                false,
-                (x0, 0),
-                (nz, noise_at(steps)),
-                plan.clean,
-                (x, 0),
-                (xm, 0),
-                times,
-            )?;
-            self.dit_pass(dit, &mut binding, steps, times)?;
+            // The clean-cache pass fills the KV cache for later blocks; after the last block it
+            // only matters when its output is what the block emits.
+            let last = b + 1 == d.blocks();
+            if !last || method.emit == Emit::CachePass {
+                self.axpby(
+                    false,
+                    (x0, 0),
+                    (nz, noise_at(steps)),
+                    plan.clean,
+                    (x, 0),
+                    (xm, 0),
+                    times,
+                )?;
+                self.dit_pass(dit, &mut binding, steps, times)?;
+            }
             kv_len += d.block_tokens();
             match method.emit {
                 Emit::CachePass => self.axpby(
@@ -1004,15 +1020,18 @@ impl DeviceLoop {
             .map_err(e)?;
         let past = [1, (kv_len - past_start) as i64, d.dim as i64];
         let new = [1, d.block_tokens() as i64, d.dim as i64];
+        let last = block + 1 == d.blocks();
         for layer in 0..d.layers {
-            for (cache, past_name, new_name) in [
+            for (cache, scratch, past_name, new_name) in [
                 (
                     &self.kv_k[layer],
+                    &self.kv_scratch[0],
                     &self.names.past_k[layer],
                     &self.names.new_k[layer],
                 ),
                 (
                     &self.kv_v[layer],
+                    &self.kv_scratch[1],
                     &self.names.past_v[layer],
                     &self.names.new_v[layer],
                 ),
@@ -1023,9 +1042,12 @@ impl DeviceLoop {
                         self.view(cache, past_start * d.dim, &past)?,
                     )
                     .map_err(e)?;
-                binding
-                    .output(new_name.as_str(), self.view(cache, kv_len * d.dim, &new)?)
-                    .map_err(e)?;
+                let new_view = if last {
+                    self.view(scratch, 0, &new)?
+                } else {
+                    self.view(cache, kv_len * d.dim, &new)?
+                };
+                binding.output(new_name.as_str(), new_view).map_err(e)?;
             }
         }
         binding

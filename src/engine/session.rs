@@ -145,6 +145,8 @@ pub struct CudaOptions {
     /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
     /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
     pub conv_max_workspace: bool,
+    /// The decoder sessions' arena growth, when it differs from `arena_extend`.
+    pub decoder_arena_extend: Option<ArenaExtend>,
 }
 
 impl Default for CudaOptions {
@@ -158,6 +160,7 @@ impl Default for CudaOptions {
             cuda_graphs: false,
             prefer_nhwc: false,
             conv_max_workspace: true,
+            decoder_arena_extend: None,
         }
     }
 }
@@ -437,6 +440,17 @@ fn build_vae_session(
         graph: graph.to_string(),
         message: e.to_string(),
     };
+    let mut decoder_options;
+    let mut options = options;
+    if let Provider::Cuda(cuda) = &options.provider {
+        if let Some(arena) = cuda.decoder_arena_extend {
+            decoder_options = options.clone();
+            if let Provider::Cuda(c) = &mut decoder_options.provider {
+                c.arena_extend = arena;
+            }
+            options = &decoder_options;
+        }
+    }
     let mut builder = session_builder(runtime, graph, options)?;
     if !matches!(options.provider, Provider::Cpu) {
         builder = builder
