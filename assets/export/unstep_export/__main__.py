@@ -157,6 +157,12 @@ def cmd_parity(args):
     sys.exit(run_parity(args))
 
 
+def cmd_fused_check(args):
+    from .parity import run_fused_check
+
+    sys.exit(run_fused_check(args))
+
+
 def cmd_sample(args):
     from .sample import OrtBackend, TorchBackend, generate
 
@@ -248,6 +254,10 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--save", help="prefix for .npy frame dumps")
     p.set_defaults(fn=cmd_sample)
+
+    p = sub.add_parser("fused-check", help="exported fused ops vs eager PyTorch, every bias non-zero")
+    p.add_argument("--preset", default="tiny")
+    p.set_defaults(fn=cmd_fused_check, threads=None)
 
     p = sub.add_parser("selftest", help="Philox known-answer test")
     p.set_defaults(fn=cmd_selftest, threads=None)
