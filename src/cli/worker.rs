@@ -121,9 +121,10 @@ pub struct WorkerArgs {
     /// generates block b + 1).
     #[arg(long)]
     pub no_overlap_vae: bool,
-    /// CUDA: grow the memory arena by what is asked for instead of to the next power of two.
-    #[arg(long)]
-    pub arena_same_as_requested: bool,
+    /// CUDA: how the memory arena grows (same_as_requested, next_power_of_two), like
+    /// `runtime.cuda_arena`.
+    #[arg(long, value_name = "MODE", default_value = "same_as_requested", value_parser = parse_arena)]
+    pub cuda_arena: ArenaExtend,
     /// CUDA: cap cuDNN's convolution workspace at 32 MiB (cudnn_conv_use_max_workspace = 0).
     #[arg(long)]
     pub conv_workspace_cap: bool,
@@ -399,11 +400,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             prefer_nhwc: args.prefer_nhwc,
             attention: args.attention_backend,
             conv_algo_search: args.conv_algo_search,
-            arena_extend: if args.arena_same_as_requested {
-                ArenaExtend::SameAsRequested
-            } else {
-                ArenaExtend::NextPowerOfTwo
-            },
+            arena_extend: args.cuda_arena,
             conv_max_workspace: !args.conv_workspace_cap,
             decoder_arena_extend: args
                 .decoder_arena_power_of_two
@@ -424,6 +421,16 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         optimized_model_dir: args.optimized_model_dir.clone(),
         io_binding: args.io_binding,
         overlap_vae: !args.no_overlap_vae,
+    }
+}
+
+fn parse_arena(name: &str) -> Result<ArenaExtend, String> {
+    match name {
+        "same_as_requested" => Ok(ArenaExtend::SameAsRequested),
+        "next_power_of_two" => Ok(ArenaExtend::NextPowerOfTwo),
+        _ => Err(format!(
+            "unknown arena growth {name:?}; use same_as_requested or next_power_of_two"
+        )),
     }
 }
 

@@ -703,6 +703,18 @@ fn bad_prompt_indices_are_usage_errors() {
 }
 
 #[test]
+fn an_unknown_cuda_arena_growth_is_a_usage_error_naming_the_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = worker(dir.path(), &["--cuda-arena", "doubling"]);
+    assert_eq!(output.status.code(), Some(unstep::exit::USAGE));
+    let err = stderr(&output);
+    assert!(
+        err.contains("same_as_requested") && err.contains("next_power_of_two"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
     let checks = probe_environment(None);
     let ort = checks
