@@ -292,6 +292,13 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
 
     let prompts = r.prompts.as_deref().unwrap_or_default();
+    // The audit hashed every staged file; workers take the bundle's hashes from it.
+    let bundle_sha256: BTreeMap<String, String> = stage
+        .audit
+        .files
+        .iter()
+        .filter_map(|(path, hash)| Some((path.strip_prefix("bundle/")?.to_string(), hash.clone())))
+        .collect();
     let specs: Vec<Option<ProcessSpec>> = plan
         .processes
         .iter()
@@ -302,6 +309,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
                 p,
                 prompts,
                 &stage.bundle,
+                &bundle_sha256,
                 &run_dir,
                 &videos,
                 &config_hash,
@@ -400,6 +408,7 @@ fn process_spec(
     p: &Process,
     prompts: &[String],
     bundle: &Path,
+    bundle_sha256: &BTreeMap<String, String>,
     run_dir: &Path,
     videos: &Option<PathBuf>,
     config_hash: &str,
@@ -451,6 +460,7 @@ fn process_spec(
         shard,
         slot: plan.slots[p.slot].label.clone(),
         bundle: bundle.to_path_buf(),
+        bundle_sha256: bundle_sha256.clone(),
         prompts: todo,
         manifest,
         cache_dir: p.cache_dir.clone(),

@@ -2,6 +2,7 @@
 //! and read by `runner worker --spec`), the events it reports on stdout, and the worker side that
 //! turns a spec into generated prompts.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +31,10 @@ pub struct ProcessSpec {
     pub slot: String,
     /// The staged bundle.
     pub bundle: PathBuf,
+    /// sha256 of the staged bundle's files by their name in `bundle.toml`, from the staging
+    /// audit: the worker checks them against `bundle.toml` without reading the files again.
+    #[serde(default)]
+    pub bundle_sha256: BTreeMap<String, String>,
     pub prompts: Vec<PromptSpec>,
     /// The resolved manifest (method, noise, timing and runtime settings).
     pub manifest: Manifest,
@@ -215,7 +220,12 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
     let ort = engine::ort_lib::runtime(spec.ort_library.as_deref())?;
     let unpack = spec.cache_dir.join("bundle_unpacked");
     let runtime = runtime_options(m, &spec.cache_dir, spec.ort_library.clone());
-    let mut generator = Generator::open(&spec.bundle, &unpack, &export_settings(m), &runtime)?;
+    let bundle = engine::Bundle::open_with_known_hashes(&spec.bundle, &unpack, &spec.bundle_sha256)
+        .map_err(engine::GenerateError::from)?;
+    bundle
+        .check_export(&export_settings(m))
+        .map_err(engine::GenerateError::from)?;
+    let mut generator = Generator::new(bundle, &runtime)?;
     let attention_backend = crate::cli::worker::attention_name(
         &runtime.provider,
         generator.bundle().manifest.precision,

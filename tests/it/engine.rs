@@ -539,6 +539,40 @@ fn a_bundle_file_with_a_wrong_checksum_is_refused() {
     );
 }
 
+/// Hashes taken by the staging audit stand in for reading the files: a wrong one is refused like
+/// a damaged file, and files they name are not read again (a file damaged after the audit is not
+/// seen), while files they leave out still are.
+#[test]
+fn known_hashes_replace_reading_the_files_they_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    let unpack = dir.path().join("unpack");
+    let manifest = unstep::engine::Bundle::open(&bundle, &unpack)
+        .unwrap()
+        .manifest;
+    let mut known = manifest.files.clone();
+
+    let graph = bundle.join("text_encoder.onnx");
+    let mut bytes = std::fs::read(&graph).unwrap();
+    bytes.push(0);
+    std::fs::write(&graph, bytes).unwrap();
+    unstep::engine::Bundle::open_with_known_hashes(&bundle, &unpack, &known)
+        .expect("the audit's hashes stand for the files");
+
+    known.remove("text_encoder.onnx");
+    let err = unstep::engine::Bundle::open_with_known_hashes(&bundle, &unpack, &known)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("text_encoder.onnx has sha256"), "{err}");
+
+    let mut wrong = manifest.files.clone();
+    wrong.insert("dit.onnx".into(), "0".repeat(64));
+    let err = unstep::engine::Bundle::open_with_known_hashes(&bundle, &unpack, &wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dit.onnx has sha256 0000"), "{err}");
+}
+
 #[test]
 fn a_dit_graph_without_the_contract_inputs_is_refused() {
     let dir = tempfile::tempdir().unwrap();
