@@ -455,7 +455,10 @@ impl Bundle {
             }
             let actual = match known.get(name) {
                 Some(hash) => hash.clone(),
-                None => sha256_file(&path)?,
+                None => sha256_file(&path).map_err(|source| BundleError::Read {
+                    path: path.clone(),
+                    source,
+                })?,
             };
             if !actual.eq_ignore_ascii_case(expected) {
                 return Err(BundleError::Checksum {
@@ -529,16 +532,14 @@ fn is_safe_relative(name: &str) -> bool {
     !name.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
-pub fn sha256_file(path: &Path) -> Result<String, BundleError> {
-    let read_error = |source| BundleError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut file = std::fs::File::open(path).map_err(read_error)?;
+/// The sha256 of a file, lowercase hex, read in 1 MiB pieces (also used by `runner apply`'s
+/// staging audit).
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];
     loop {
-        let n = file.read(&mut buffer).map_err(read_error)?;
+        let n = file.read(&mut buffer)?;
         if n == 0 {
             break;
         }

@@ -5,11 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// The audit file of a staging folder.
 pub const AUDIT_FILE: &str = "audit.json";
@@ -328,21 +326,7 @@ pub fn audit(dir: &Path) -> Result<Audit, StagingError> {
 
 /// The sha256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String, StagingError> {
-    let mut file = fs::File::open(path).map_err(io(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    crate::engine::bundle::sha256_file(path).map_err(io(path))
 }
 
 #[cfg(test)]
