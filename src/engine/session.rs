@@ -440,17 +440,17 @@ fn build_vae_session(
         graph: graph.to_string(),
         message: e.to_string(),
     };
-    let mut decoder_options;
-    let mut options = options;
-    if let Provider::Cuda(cuda) = &options.provider {
-        if let Some(arena) = cuda.decoder_arena_extend {
-            decoder_options = options.clone();
-            if let Provider::Cuda(c) = &mut decoder_options.provider {
-                c.arena_extend = arena;
+    let options = match &options.provider {
+        Provider::Cuda(cuda) if cuda.decoder_arena_extend.is_some() => {
+            let mut own = options.clone();
+            if let Provider::Cuda(c) = &mut own.provider {
+                c.arena_extend = cuda.decoder_arena_extend.unwrap_or(c.arena_extend);
             }
-            options = &decoder_options;
+            std::borrow::Cow::Owned(own)
         }
-    }
+        _ => std::borrow::Cow::Borrowed(options),
+    };
+    let options = options.as_ref();
     let mut builder = session_builder(runtime, graph, options)?;
     if !matches!(options.provider, Provider::Cpu) {
         builder = builder

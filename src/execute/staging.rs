@@ -272,9 +272,9 @@ fn unzip(archive: &Path, dst: &Path) -> Result<(), StagingError> {
             .map(|c| PathBuf::from(c.as_os_str()))
             .filter(|top| names.iter().all(|n| n.starts_with(top)))
     };
-    for i in 0..zip.len() {
+    for (i, name) in names.iter().enumerate() {
         let mut entry = zip.by_index(i).map_err(|e| zip_err(e.to_string()))?;
-        let name = names[i].clone();
+        let name = name.clone();
         let rel = match &strip {
             Some(top) => name.strip_prefix(top).unwrap_or(&name).to_path_buf(),
             None => name,

@@ -261,10 +261,10 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             if FILE_KEYS.contains(&k.as_str()) {
                 continue;
             }
-            if let Some(old) = merged.insert(k.clone(), e.clone()) {
-                if old.origin != Origin::Default {
-                    replaced.entry(k.clone()).or_default().push(old.origin);
-                }
+            if let Some(old) = merged.insert(k.clone(), e.clone())
+                && old.origin != Origin::Default
+            {
+                replaced.entry(k.clone()).or_default().push(old.origin);
             }
         }
     }
