@@ -999,13 +999,7 @@ impl DeviceLoop {
         let e = run_err("dit");
         let d = self.d;
         let mut binding = dit.create_binding().map(Bound::new).map_err(e)?;
-        let x_shape = [
-            1,
-            d.channels as i64,
-            d.frames_per_block as i64,
-            d.h as i64,
-            d.w as i64,
-        ];
+        let x_shape = d.block_shape();
         binding
             .input("x", self.view(&self.x_model, 0, &x_shape)?)
             .map_err(e)?;
@@ -1114,13 +1108,7 @@ fn decode_blocks(
             {
                 let e = run_err("latent_frame");
                 let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
-                let lat_shape = [
-                    1,
-                    d.channels as i64,
-                    d.frames_per_block as i64,
-                    d.h as i64,
-                    d.w as i64,
-                ];
+                let lat_shape = d.block_shape();
                 let stat = [1, d.channels as i64, 1, 1, 1];
                 binding
                     .input("lat", view(&v.latents, b * block, &lat_shape)?)

@@ -165,6 +165,17 @@ impl Dims {
         self.channels * self.frames_per_block * self.h * self.w
     }
 
+    /// The shape of one block's latents, `[1, C, F, h, w]`.
+    pub(crate) fn block_shape(&self) -> [i64; 5] {
+        [
+            1,
+            self.channels as i64,
+            self.frames_per_block as i64,
+            self.h as i64,
+            self.w as i64,
+        ]
+    }
+
     pub(crate) fn block_tokens(&self) -> usize {
         self.frames_per_block * self.tokens_per_frame
     }

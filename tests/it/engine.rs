@@ -349,7 +349,11 @@ fn runner(args: &[&str]) -> Output {
 }
 
 fn worker(dir: &Path, extra: &[&str]) -> Output {
-    let bundle = tiny_bundle();
+    worker_on(&tiny_bundle(), dir, extra)
+}
+
+/// `runner worker` on `bundle` with the tiny prompt file, one thread, unpacking into `dir`.
+fn worker_on(bundle: &Path, dir: &Path, extra: &[&str]) -> Output {
     let prompts = prompt_file();
     let unpack = dir.join("unpack");
     let mut args = vec![
@@ -490,20 +494,9 @@ fn edit_toml(bundle: &Path, from: &str, to: &str) {
 /// Runs the worker on a broken bundle and checks it fails as a usage error, before generating.
 fn assert_refused(bundle: &Path, dir: &Path, extra: &[&str], fragments: &[&str]) {
     let timings = dir.join("refused.jsonl");
-    let prompts = prompt_file();
-    let mut args = vec![
-        "worker",
-        "--bundle",
-        bundle.to_str().unwrap(),
-        "--prompts",
-        prompts.to_str().unwrap(),
-        "--indices",
-        "0",
-        "--timings",
-        timings.to_str().unwrap(),
-    ];
+    let mut args = vec!["--indices", "0", "--timings", timings.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let output = runner(&args);
+    let output = worker_on(bundle, dir, &args);
     let err = stderr(&output);
     assert_eq!(output.status.code(), Some(unstep::exit::USAGE), "{err}");
     for fragment in fragments {

@@ -70,7 +70,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
     return fused.rope(x, cos, sin, heads)
 
 
-class SelfAttention(nn.Module):
+class AttentionProjections(nn.Module):
+    """q/k/v/o projections and the q/k RMS norms of one attention (Wan's parameter names)."""
+
     def __init__(self, dim: int, heads: int, eps: float):
         super().__init__()
         self.heads = heads
@@ -81,6 +83,8 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
 
+
+class SelfAttention(AttentionProjections):
     def forward(self, x, cos, sin, past_k, past_v):
         q = apply_rope(self.norm_q(self.q(x)), cos, sin, self.heads)
         k = apply_rope(self.norm_k(self.k(x)), cos, sin, self.heads)
@@ -92,17 +96,7 @@ class SelfAttention(nn.Module):
         return output(attention(q, kk, vv, self.heads)), k, v
 
 
-class CrossAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float):
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-
+class CrossAttention(AttentionProjections):
     def forward(self, x, context):
         q = self.norm_q(self.q(x))
         k = self.norm_k(self.k(context))
