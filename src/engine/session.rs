@@ -38,7 +38,7 @@ pub enum ArenaExtend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionKernel {
     /// ONNX Runtime's own choice (`sdpa_kernel` 0: flash, then memory-efficient, then unfused;
-    /// cuDNN flash only when asked for). `runner bench` measures the others and says which wins.
+    /// cuDNN flash only when asked for); [`AttentionKernel::resolve`] says what it stands for.
     #[default]
     Auto,
     Flash,
@@ -86,17 +86,6 @@ impl AttentionKernel {
                 AttentionKernel::CudnnFlash
             }
             (kernel, _) => kernel,
-        }
-    }
-
-    /// The `sdpa_kernel` bitmask (0 = ONNX Runtime's default order).
-    pub fn sdpa_bits(self) -> u32 {
-        match self {
-            AttentionKernel::Auto => 0,
-            AttentionKernel::Flash | AttentionKernel::Fa2 => 1 << 0,
-            AttentionKernel::Efficient => 1 << 1,
-            AttentionKernel::CudnnFlash => 1 << 3,
-            AttentionKernel::Math => 1 << 4,
         }
     }
 
