@@ -128,9 +128,6 @@ pub struct WorkerArgs {
     /// CUDA: cap cuDNN's convolution workspace at 32 MiB (cudnn_conv_use_max_workspace = 0).
     #[arg(long)]
     pub conv_workspace_cap: bool,
-    /// CUDA: grow the decoder sessions' arenas to the next power of two (memory experiments).
-    #[arg(long, hide = true)]
-    pub decoder_arena_power_of_two: bool,
     /// Benchmark: generate the first prompt this many times unrecorded before one measured round
     /// (instead of a whole warmup round).
     #[arg(long, value_name = "N")]
@@ -402,9 +399,6 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             conv_algo_search: args.conv_algo_search,
             arena_extend: args.cuda_arena,
             conv_max_workspace: !args.conv_workspace_cap,
-            decoder_arena_extend: args
-                .decoder_arena_power_of_two
-                .then_some(ArenaExtend::NextPowerOfTwo),
             ..CudaOptions::default()
         }),
         ProviderArg::Tensorrt => Provider::TensorRt(TensorRtOptions {

@@ -348,16 +348,29 @@ fn device_memory_info(device: Option<i32>) -> ort::Result<MemoryInfo<'static>> {
     }
 }
 
-/// Run options that hand a session's free arena memory back to CUDA at the end of the run
-/// (`memory.enable_memory_arena_shrinkage`), for sessions run once per prompt (the text encoder,
-/// `vae_first`): their arenas would otherwise keep their peak for the whole process.
-fn shrink_arena_options(device: i32) -> ort::Result<RunOptions> {
-    let mut options = RunOptions::new()?;
-    options.set(
-        "memory.enable_memory_arena_shrinkage",
-        format!("gpu:{device}"),
-    )?;
-    Ok(options)
+/// Runs a session that runs once per prompt (the text encoder, `vae_first`). On a GPU the run
+/// hands the session's free arena memory back to CUDA at its end
+/// (`memory.enable_memory_arena_shrinkage`): the arena would otherwise keep its peak for the whole
+/// process.
+fn run_once_per_prompt(
+    session: &mut Session,
+    binding: &IoBinding,
+    device: Option<i32>,
+) -> ort::Result<()> {
+    match device {
+        Some(device) => {
+            let mut shrink = RunOptions::new()?;
+            shrink.set(
+                "memory.enable_memory_arena_shrinkage",
+                format!("gpu:{device}"),
+            )?;
+            session.run_binding_with_options(binding, &shrink)?;
+        }
+        None => {
+            session.run_binding(binding)?;
+        }
+    }
+    Ok(())
 }
 
 fn run_err(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
@@ -970,22 +983,7 @@ impl DeviceLoop {
             &[1, self.d.text_len as i64, self.d.text_dim as i64],
         )?;
         binding.output("context", context).map_err(e)?;
-        match self.device {
-            Some(device) => {
-                let shrink = shrink_arena_options(device).map_err(e)?;
-                sessions
-                    .text_encoder
-                    .run_binding_with_options(&binding.binding, &shrink)
-                    .map_err(e)?;
-            }
-            _ => {
-                sessions
-                    .text_encoder
-                    .run_binding(&binding.binding)
-                    .map_err(e)?;
-            }
-        }
-        Ok(())
+        run_once_per_prompt(&mut sessions.text_encoder, &binding.binding, self.device).map_err(e)
     }
 
     /// The DiT binding of one block: everything but the timestep is the same for all its passes.
@@ -1091,10 +1089,6 @@ fn decode_blocks(
     let block = d.block_elems();
     let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
     let mut run = std::time::Duration::ZERO;
-    let shrink = match v.device {
-        Some(device) => Some(shrink_arena_options(device).map_err(run_err("vae_first"))?),
-        None => None,
-    };
     for b in blocks {
         for f in 0..d.frames_per_block {
             let t = b * d.frames_per_block + f;
@@ -1152,11 +1146,11 @@ fn decode_blocks(
                 )
                 .map_err(e)?;
             let start = Instant::now();
-            match (&shrink, t) {
-                (Some(shrink), 0) => session.run_binding_with_options(&binding.binding, shrink),
-                _ => session.run_binding(&binding.binding),
+            if t == 0 {
+                run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
+            } else {
+                session.run_binding(&binding.binding).map_err(e)?;
             }
-            .map_err(e)?;
             run += start.elapsed();
         }
     }

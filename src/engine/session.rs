@@ -134,8 +134,6 @@ pub struct CudaOptions {
     /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
     /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
     pub conv_max_workspace: bool,
-    /// The decoder sessions' arena growth, when it differs from `arena_extend`.
-    pub decoder_arena_extend: Option<ArenaExtend>,
 }
 
 impl Default for CudaOptions {
@@ -149,7 +147,6 @@ impl Default for CudaOptions {
             cuda_graphs: false,
             prefer_nhwc: false,
             conv_max_workspace: true,
-            decoder_arena_extend: None,
         }
     }
 }
@@ -253,10 +250,15 @@ impl GraphSessions {
         let options = &resolved;
         let graphs = &bundle.manifest.graphs;
         let sessions = Self {
-            text_encoder: build_session(runtime, bundle, &graphs.text_encoder, options)?,
-            dit: build_session(runtime, bundle, &graphs.dit, options)?,
-            vae_first: build_vae_session(runtime, bundle, &graphs.vae_first, options)?,
-            vae_step: build_vae_session(runtime, bundle, &graphs.vae_step, options)?,
+            text_encoder: build_session(runtime, bundle, &graphs.text_encoder, options, true)?,
+            dit: build_session(runtime, bundle, &graphs.dit, options, true)?,
+            // The decoder's sessions run without ONNX Runtime's memory pattern on GPUs: with it,
+            // the first run allocates tensor by tensor and later runs ask for one block of the
+            // planned peak, which the fragmented arena cannot serve, so it reserves the peak
+            // twice (measured on wan-1.3b: 11.0 GiB reserved for 5.4 GiB ever in use by
+            // `vae_step`). Without it, later runs reuse the first run's chunks.
+            vae_first: build_session(runtime, bundle, &graphs.vae_first, options, false)?,
+            vae_step: build_session(runtime, bundle, &graphs.vae_step, options, false)?,
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
@@ -400,48 +402,21 @@ fn check_outlet(outlet: &Outlet, ty: TensorElementType, rank: usize) -> Result<(
     Ok(())
 }
 
+/// A session of one of the bundle's graphs; `memory_pattern` false turns ONNX Runtime's memory
+/// pattern off on GPU providers (the CPU keeps its default).
 fn build_session(
     runtime: &OrtRuntime,
     bundle: &Bundle,
     graph: &str,
     options: &RuntimeOptions,
-) -> Result<Session, SessionError> {
-    session_builder(runtime, graph, options)?
-        .commit_from_file(bundle.graph_path(graph))
-        .map_err(|e| SessionError::Load {
-            graph: graph.to_string(),
-            message: e.to_string(),
-        })
-}
-
-/// The decoder's sessions. On GPUs without ONNX Runtime's memory pattern: with it, the first run
-/// allocates tensor by tensor and later runs ask for one block of the planned peak, which the
-/// fragmented arena cannot serve, so it reserves the peak twice (measured on wan-1.3b: 11.0 GiB
-/// reserved for 5.4 GiB ever in use by `vae_step`). Without it, later runs reuse the first run's
-/// chunks.
-fn build_vae_session(
-    runtime: &OrtRuntime,
-    bundle: &Bundle,
-    graph: &str,
-    options: &RuntimeOptions,
+    memory_pattern: bool,
 ) -> Result<Session, SessionError> {
     let load = |e: ort::Error| SessionError::Load {
         graph: graph.to_string(),
         message: e.to_string(),
     };
-    let options = match &options.provider {
-        Provider::Cuda(cuda) if cuda.decoder_arena_extend.is_some() => {
-            let mut own = options.clone();
-            if let Provider::Cuda(c) = &mut own.provider {
-                c.arena_extend = cuda.decoder_arena_extend.unwrap_or(c.arena_extend);
-            }
-            std::borrow::Cow::Owned(own)
-        }
-        _ => std::borrow::Cow::Borrowed(options),
-    };
-    let options = options.as_ref();
     let mut builder = session_builder(runtime, graph, options)?;
-    if !matches!(options.provider, Provider::Cpu) {
+    if !memory_pattern && !matches!(options.provider, Provider::Cpu) {
         builder = builder
             .with_memory_pattern(false)
             .map_err(|e| load(e.into()))?;
