@@ -65,11 +65,6 @@ def inv_freqs(axis_dim: int) -> torch.Tensor:
     return 1.0 / torch.pow(10000.0, torch.arange(0, axis_dim, 2, dtype=torch.float64) / axis_dim)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
-    """Wan's 3D RoPE on [B, T, D] with per-token angles cos/sin [T, hd/2] (see fused.rope)."""
-    return fused.rope(x, cos, sin, heads)
-
-
 class AttentionProjections(nn.Module):
     """q/k/v/o projections and the q/k RMS norms of one attention (Wan's parameter names)."""
 
@@ -86,8 +81,8 @@ class AttentionProjections(nn.Module):
 
 class SelfAttention(AttentionProjections):
     def forward(self, x, cos, sin, past_k, past_v):
-        q = apply_rope(self.norm_q(self.q(x)), cos, sin, self.heads)
-        k = apply_rope(self.norm_k(self.k(x)), cos, sin, self.heads)
+        q = fused.rope(self.norm_q(self.q(x)), cos, sin, self.heads)
+        k = fused.rope(self.norm_k(self.k(x)), cos, sin, self.heads)
         value, output = fused.value_and_output(self.v, self.o)
         v = value(x)
         # No mask: the block sees every earlier block (past) and all of itself.
