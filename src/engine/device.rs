@@ -639,21 +639,7 @@ impl DeviceLoop {
         let result = self.generate_with(&mut vae, sessions, prompt_text, noise, schedule, options);
         self.vae = Some(vae);
         if self.memory.is_some() {
-            let arenas: Vec<String> = [
-                ("text encoder", &sessions.text_encoder),
-                ("dit", &sessions.dit),
-                ("vae_first", &sessions.vae_first),
-                ("vae_step", &sessions.vae_step),
-            ]
-            .into_iter()
-            .filter_map(|(name, s)| arena_summary(s, &self.mem).map(|a| format!("{name} {a}")))
-            .collect();
-            if !arenas.is_empty() {
-                eprintln!(
-                    "device arenas (in use / max in use / reserved): {}",
-                    arenas.join(", ")
-                );
-            }
+            log_arenas(sessions, &self.mem);
         }
         result
     }
@@ -1185,6 +1171,25 @@ fn layout_frames(
         next_frame += n;
     }
     Ok(())
+}
+
+/// One log line with every bundle session's arena (on GPUs, after each prompt).
+fn log_arenas(sessions: &GraphSessions, mem: &MemoryInfo<'static>) {
+    let arenas: Vec<String> = [
+        ("text encoder", &sessions.text_encoder),
+        ("dit", &sessions.dit),
+        ("vae_first", &sessions.vae_first),
+        ("vae_step", &sessions.vae_step),
+    ]
+    .into_iter()
+    .filter_map(|(name, s)| arena_summary(s, mem).map(|a| format!("{name} {a}")))
+    .collect();
+    if !arenas.is_empty() {
+        eprintln!(
+            "device arenas (in use / max in use / reserved): {}",
+            arenas.join(", ")
+        );
+    }
 }
 
 /// ONNX Runtime's statistics of `session`'s device arena (`AllocatorGetStats`): bytes in use,
