@@ -101,7 +101,8 @@ pub struct WorkerArgs {
     /// TensorRT timing cache folder.
     #[arg(long, value_name = "DIR")]
     pub trt_timing_cache: Option<PathBuf>,
-    /// CUDA: let cuDNN prefer NHWC convolutions.
+    /// CUDA: NHWC convolutions in the text encoder and DiT sessions too (the decoder's sessions
+    /// always use them).
     #[arg(long)]
     pub prefer_nhwc: bool,
     /// CUDA: capture and replay CUDA graphs.

@@ -855,3 +855,43 @@ fn an_attention_backend_the_provider_cannot_run_is_refused_before_any_work() {
         assert_eq!(AttentionKernel::parse(kernel.name()), Some(kernel));
     }
 }
+
+/// `UNSTEP_ORT_DISABLE_OPTIMIZERS` reaches ONNX Runtime: the CPU provider keeps every optimizer by
+/// default, so the DiT's biased projections become `Gemm` nodes; naming `MatMulAddFusion` leaves
+/// them `MatMul` + `Add` (what the runner does on GPUs).
+#[test]
+fn named_optimizers_are_left_out_of_the_optimized_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    // NodeProto.op_type is field 4, a string: tag 0x22, length 4, "Gemm".
+    let gemm_nodes = |disabled: Option<&str>| {
+        let optimized = dir
+            .path()
+            .join(format!("opt_{}", disabled.unwrap_or("default")));
+        let prompts = prompt_file();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_runner"));
+        command.args([
+            "worker",
+            "--bundle",
+            tiny_bundle().to_str().unwrap(),
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--indices",
+            "0",
+            "--latents-only",
+            "--optimized-model-dir",
+            optimized.to_str().unwrap(),
+        ]);
+        command.env_remove("UNSTEP_ORT_DISABLE_OPTIMIZERS");
+        if let Some(names) = disabled {
+            command.env("UNSTEP_ORT_DISABLE_OPTIMIZERS", names);
+        }
+        let output = command.output().expect("start runner");
+        assert!(output.status.success(), "{}", stderr(&output));
+        let graph = std::fs::read(optimized.join("dit.optimized.onnx")).unwrap();
+        graph.windows(6).filter(|w| w == b"\x22\x04Gemm").count()
+    };
+    assert!(gemm_nodes(None) > 0, "the CPU provider fuses MatMul + Add");
+    assert_eq!(gemm_nodes(Some("MatMulAddFusion")), 0);
+}
