@@ -98,7 +98,8 @@ def vae_cache_shapes(vae, cfg: Config, dtype, device="cpu"):
     with torch.no_grad():
         z = torch.zeros(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
         _, caches = vae.decode_frame(z, None)
-    return [tuple(c.shape) for c in caches]
+    # Eager decoding keeps Wan's [1, C, T, H, W]; exported graphs keep caches channels-last.
+    return [(b, t, h, w, c) for b, c, t, h, w in (tuple(x.shape) for x in caches)]
 
 
 def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu"):

@@ -70,11 +70,14 @@ def run_parity(args) -> int:
         for i in range(3):
             z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=g) * 2
             rf, rc = vae.decode_frame(z, caches)
-            of, oc = ort_b.vae_frame(z, None if caches is None else [c.numpy() for c in caches])
+            # Exported graphs keep the caches channels-last ([1, T, H, W, C]); eager, [1, C, T, H, W].
+            last = [c.permute(0, 2, 3, 4, 1).contiguous() for c in rc]
+            feed = None if caches is None else [c.permute(0, 2, 3, 4, 1).contiguous().numpy() for c in caches]
+            of, oc = ort_b.vae_frame(z, feed)
             name = "vae_first" if i == 0 else f"vae_step #{i}"
             report(f"{name} frames", of.numpy(), rf.numpy(), args.graph_tol)
             report(f"{name} cache_out (all)", np.concatenate([c.reshape(-1) for c in oc]),
-                   torch.cat([c.reshape(-1) for c in rc]).numpy(), args.graph_tol)
+                   torch.cat([c.reshape(-1) for c in last]).numpy(), args.graph_tol)
             caches = rc
 
     # Whole loop

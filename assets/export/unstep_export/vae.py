@@ -33,14 +33,33 @@ class CacheCtx:
         return old
 
     def push(self, x, old):
-        """Cache for the next call: the last two frames of (old, x)."""
+        """Cache for the next call: the last two frames of (old, x), in the cache layout."""
+        t = cache_time_axis()
+        xc = to_cache_layout(x)
         if x.shape[2] >= CACHE_T:
-            new = x[:, :, -CACHE_T:]
+            new = xc.narrow(t, x.shape[2] - CACHE_T, CACHE_T)
+        elif old is None and torch.onnx.is_in_onnx_export():
+            # A zero frame in front by concatenation: ONNX Runtime's CUDA Pad is a slow generic
+            # kernel (3.5 ms a call at full resolution on an H200).
+            new = torch.cat([xc * 0.0, xc], dim=t)
         elif old is None:
             new = F.pad(x, (0, 0, 0, 0, 1, 0))
         else:
-            new = torch.cat([old[:, :, -1:], x], dim=2)
+            new = torch.cat([old.narrow(t, old.shape[t] - 1, 1), xc], dim=t)
         self.outputs.append(new)
+
+
+# The layout of the cache tensors. Exported graphs keep them channels-last, [1, T, H, W, C]: the
+# concatenation with a cache then happens channels-last, where ONNX Runtime's NHWC convolutions
+# (the runner's decoder sessions on CUDA) read their input, so its transpose optimizer can drop
+# the layout conversions around each cached convolution. Eager PyTorch keeps Wan's [1, C, T, H, W].
+# The runner treats the caches as opaque tensors of the shapes `vae_first` declares.
+def to_cache_layout(x):
+    return x.permute(0, 2, 3, 4, 1) if torch.onnx.is_in_onnx_export() else x
+
+
+def cache_time_axis() -> int:
+    return 1 if torch.onnx.is_in_onnx_export() else 2
 
 
 class CausalConv3d(nn.Conv3d):
@@ -51,7 +70,15 @@ class CausalConv3d(nn.Conv3d):
         self.tpad = 2 * padding[0]  # all temporal padding goes in front: causal
 
     def forward(self, x, cache=None):
-        if self.tpad:
+        if self.tpad and cache is None and x.shape[2] == 1 and torch.onnx.is_in_onnx_export():
+            # One frame after all-zero padding: only the last temporal tap sees data, so the
+            # exported graph convolves with that tap alone (no Pad, a third of the work).
+            t = self.kernel_size[0]
+            if self.tpad == t - 1:
+                return F.conv3d(x, self.weight[:, :, t - 1 :], self.bias, padding=self.padding)
+        if self.tpad and cache is not None and torch.onnx.is_in_onnx_export():
+            x = torch.cat([cache, to_cache_layout(x)], dim=cache_time_axis()).permute(0, 4, 1, 2, 3)
+        elif self.tpad:
             x = torch.cat([cache, x], dim=2) if cache is not None else F.pad(x, (0, 0, 0, 0, self.tpad, 0))
         return super().forward(x)
 
@@ -78,10 +105,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         if torch.onnx.is_in_onnx_export() and self.export_mode == "transpose":
-            c = x.shape[1]
-            rows = x.reshape(c, -1).transpose(0, 1)  # batch 1: [pixels, C]
-            y = fused.rms_norm_op(rows, self.gamma.reshape(c).to(x.dtype), 1e-12)
-            return y.transpose(0, 1).reshape(x.shape)
+            # A plain channels-last permutation (no reshape between it and the norm), so that
+            # with ONNX Runtime's NHWC convolutions (CUDA `prefer_nhwc`) its transpose optimizer
+            # cancels these permutations against the ones it wraps around every convolution.
+            last = (0,) + tuple(range(2, x.dim())) + (1,)
+            first = (0, x.dim() - 1) + tuple(range(1, x.dim() - 1))
+            y = fused.rms_norm_op(x.permute(last), self.gamma.reshape(-1).to(x.dtype), 1e-12)
+            return y.permute(first)
         if torch.onnx.is_in_onnx_export():
             # One reduction and two broadcasts in the graph's precision: ONNX Runtime's ReduceL2
             # accumulates half inputs in float32, and dividing by the norm (not normalising a
@@ -150,7 +180,8 @@ class Resample(nn.Module):
             if old is None:
                 # First latent frame: no time conv, and the next call sees an all-zero cache
                 # (Wan: 'Rep' then zero padding).  x * 0 keeps it a computed, not stored, tensor.
-                ctx.outputs.append(torch.cat([x, x], dim=2)[:, :, -CACHE_T:] * 0.0)
+                xc, ta = to_cache_layout(x), cache_time_axis()
+                ctx.outputs.append(torch.cat([xc, xc], dim=ta).narrow(ta, 2 * t - CACHE_T, CACHE_T) * 0.0)
             else:
                 ctx.push(x, old)
                 y = self.time_conv(x, old)  # [b, 2c, t, h, w]
