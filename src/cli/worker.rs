@@ -10,9 +10,9 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::engine::{
-    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, Emit, ExportSettings, GenerateError,
-    GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider, RuntimeOptions,
-    SessionError, SvdRank, TensorRtOptions,
+    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, Emit, ExportSettings,
+    GenerateError, GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider,
+    RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
 };
 use crate::exit;
 
@@ -246,11 +246,18 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
         .unwrap_or(Path::new("."));
     // Schedule errors are reported before the (slow) session build.
     crate::engine::Schedule::new(&options.method).map_err(GenerateError::from)?;
-    let mut generator = Generator::open(
+    // Every prompt's context first, with the text encoder alone on the device; then the DiT
+    // and the decoder (docs/generation.md).
+    let bundle = Bundle::open(
         args.bundle.as_deref().expect("clap requires --bundle"),
         unpack_dir,
-        &export,
+    )
+    .map_err(GenerateError::from)?;
+    bundle.check_export(&export).map_err(GenerateError::from)?;
+    let mut generator = Generator::with_prompts(
+        bundle,
         &runtime,
+        indices.iter().map(|&i| prompts[i as usize].as_str()),
     )?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(

@@ -30,7 +30,8 @@ use ort::value::{
 
 use super::bundle::Bundle;
 use super::generate::{
-    Dims, GenerateError, GenerateOptions, PhaseTimes, TimedRegionEnd, byte_tokens,
+    Dims, GenerateError, GenerateOptions, HostContext, PhaseTimes, Prompt, TimedRegionEnd,
+    byte_tokens, text_encoder_released,
 };
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
@@ -203,6 +204,8 @@ struct SmallGraphs {
     identity_f32: Session,
     identity_i64: Session,
     identity_u8: Session,
+    /// `Identity` in the bundle's float type (text contexts encoded ahead).
+    identity_model: Session,
 }
 
 /// Coefficient pairs (a, b) of [`onnx_graph::axpby`] used by one schedule, uploaded once per
@@ -433,6 +436,7 @@ impl DeviceLoop {
                 "identity_u8",
                 onnx_graph::identity(TensorElementType::Uint8),
             )?,
+            identity_model: small("identity_model", onnx_graph::identity(model))?,
         };
 
         let f32_ = TensorElementType::Float32;
@@ -627,7 +631,7 @@ impl DeviceLoop {
     pub(crate) fn generate(
         &mut self,
         sessions: &mut GraphSessions,
-        prompt_text: &str,
+        prompt: Prompt<'_>,
         noise: &(dyn Fn(u32, &mut [f32]) + Sync),
         schedule: &Schedule,
         options: &GenerateOptions,
@@ -636,7 +640,7 @@ impl DeviceLoop {
             graph: "device loop",
             message: "the decoder state was lost by an earlier panic".into(),
         })?;
-        let result = self.generate_with(&mut vae, sessions, prompt_text, noise, schedule, options);
+        let result = self.generate_with(&mut vae, sessions, prompt, noise, schedule, options);
         self.vae = Some(vae);
         if self.memory.is_some() {
             log_arenas(sessions, &self.mem);
@@ -648,7 +652,7 @@ impl DeviceLoop {
         &mut self,
         vae: &mut VaeParts,
         sessions: &mut GraphSessions,
-        prompt_text: &str,
+        prompt: Prompt<'_>,
         noise: &(dyn Fn(u32, &mut [f32]) + Sync),
         schedule: &Schedule,
         options: &GenerateOptions,
@@ -659,9 +663,17 @@ impl DeviceLoop {
         let setup = run_err("device upload");
 
         // --- Outside the timed region: text, noise, tables. ---
-        let started = Instant::now();
-        self.encode_text(sessions, prompt_text)?;
-        times.text_encoding = started.elapsed();
+        match prompt {
+            Prompt::Text(text) => {
+                let started = Instant::now();
+                self.encode_text(sessions, text)?;
+                times.text_encoding = started.elapsed();
+            }
+            Prompt::Encoded(context, encoding) => {
+                self.upload_context(context)?;
+                times.text_encoding = encoding;
+            }
+        }
 
         let steps = schedule.steps.len();
         let draws = schedule.draws_per_block() as usize;
@@ -953,11 +965,11 @@ impl DeviceLoop {
         let shape = [1usize, self.d.text_len];
         let ids = Tensor::from_array((shape, ids.into_boxed_slice())).map_err(e)?;
         let mask = Tensor::from_array((shape, mask.into_boxed_slice())).map_err(e)?;
-        let mut binding = sessions
+        let session = sessions
             .text_encoder
-            .create_binding()
-            .map(Bound::new)
-            .map_err(e)?;
+            .as_mut()
+            .ok_or_else(text_encoder_released)?;
+        let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
         binding.binding.bind_input("input_ids", &ids).map_err(e)?;
         binding
             .binding
@@ -969,7 +981,19 @@ impl DeviceLoop {
             &[1, self.d.text_len as i64, self.d.text_dim as i64],
         )?;
         binding.output("context", context).map_err(e)?;
-        run_once_per_prompt(&mut sessions.text_encoder, &binding.binding, self.device).map_err(e)
+        run_once_per_prompt(session, &binding.binding, self.device).map_err(e)
+    }
+
+    /// Copies a context encoded ahead into the loop's context buffer.
+    fn upload_context(&mut self, context: &HostContext) -> Result<(), GenerateError> {
+        let (identity, mem) = (&mut self.graphs.identity_model, &self.mem);
+        let e = run_err("context upload");
+        match context {
+            HostContext::F32(v) => self.context.upload(identity, mem, v),
+            HostContext::F16(v) => self.context.upload(identity, mem, v),
+            HostContext::Bf16(v) => self.context.upload(identity, mem, v),
+        }
+        .map_err(e)
     }
 
     /// The DiT binding of one block: everything but the timestep is the same for all its passes.
@@ -1176,13 +1200,13 @@ fn layout_frames(
 /// One log line with every bundle session's arena (on GPUs, after each prompt).
 fn log_arenas(sessions: &GraphSessions, mem: &MemoryInfo<'static>) {
     let arenas: Vec<String> = [
-        ("text encoder", &sessions.text_encoder),
-        ("dit", &sessions.dit),
-        ("vae_first", &sessions.vae_first),
-        ("vae_step", &sessions.vae_step),
+        ("text encoder", sessions.text_encoder.as_ref()),
+        ("dit", Some(&sessions.dit)),
+        ("vae_first", Some(&sessions.vae_first)),
+        ("vae_step", Some(&sessions.vae_step)),
     ]
     .into_iter()
-    .filter_map(|(name, s)| arena_summary(s, mem).map(|a| format!("{name} {a}")))
+    .filter_map(|(name, s)| arena_summary(s?, mem).map(|a| format!("{name} {a}")))
     .collect();
     if !arenas.is_empty() {
         eprintln!(
@@ -1242,4 +1266,33 @@ fn arena_summary(session: &Session, mem: &MemoryInfo<'static>) -> Option<String>
         gib("MaxInUse"),
         gib("TotalAllocated")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Contexts encoded ahead reach the loop through `Buf::upload` on the bundle's float type; in
+    /// half precision the values must come back bit for bit (CPU provider, real ONNX Runtime).
+    #[test]
+    fn a_half_precision_buffer_round_trips_through_the_identity_graph() {
+        let options = RuntimeOptions {
+            intra_op_threads: Some(1),
+            ..RuntimeOptions::default()
+        };
+        let graph = onnx_graph::identity(TensorElementType::Float16);
+        let mut identity = build_small_session("identity_f16", &graph, &options).unwrap();
+        let mem = device_memory_info(None).unwrap();
+        let alloc = Allocator::new(&identity, mem.clone()).unwrap();
+        let buf = Buf::new(&alloc, TensorElementType::Float16, 6).unwrap();
+        let data: Vec<half::f16> = [0.5, -1.25, 3.0, 65504.0, 1e-3, -0.0]
+            .map(half::f16::from_f32)
+            .to_vec();
+        buf.upload(&mut identity, &mem, &data).unwrap();
+        let back: Vec<half::f16> = buf.download(&mut identity, &mem, data.len()).unwrap();
+        assert_eq!(
+            back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            data.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
 }

@@ -224,9 +224,10 @@ pub enum SessionError {
     Load { graph: String, message: String },
 }
 
-/// The four sessions of a bundle.
+/// The sessions of a bundle. The text encoder's is `None` when the prompts were encoded before
+/// the others were built ([`super::Generator::with_prompts`]).
 pub struct GraphSessions {
-    pub text_encoder: Session,
+    pub text_encoder: Option<Session>,
     pub dit: Session,
     pub vae_first: Session,
     pub vae_step: Session,
@@ -239,20 +240,22 @@ impl std::fmt::Debug for GraphSessions {
 }
 
 impl GraphSessions {
-    /// Loads ONNX Runtime if needed, builds a session per graph and checks each graph's inputs
-    /// and outputs against the bundle contract.
-    pub fn build(bundle: &Bundle, options: &RuntimeOptions) -> Result<Self, SessionError> {
+    /// Loads ONNX Runtime if needed, builds a session per graph (the text encoder's only when
+    /// `text_encoder`) and checks each graph's inputs and outputs against the bundle contract.
+    pub fn build(
+        bundle: &Bundle,
+        options: &RuntimeOptions,
+        text_encoder: bool,
+    ) -> Result<Self, SessionError> {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
-        let mut resolved = options.clone();
-        if let Provider::Cuda(cuda) = &mut resolved.provider {
-            cuda.attention
-                .check(&options.provider, bundle.manifest.precision)?;
-            cuda.attention = cuda.attention.resolve(bundle.manifest.precision);
-        }
-        let options = &resolved;
+        let options = &resolve_attention(bundle, options)?;
         let graphs = &bundle.manifest.graphs;
         let sessions = Self {
-            text_encoder: build_session(runtime, bundle, &graphs.text_encoder, options, false)?,
+            text_encoder: if text_encoder {
+                Some(Self::build_text_encoder(bundle, options)?)
+            } else {
+                None
+            },
             dit: build_session(runtime, bundle, &graphs.dit, options, false)?,
             // The decoder's sessions run without ONNX Runtime's memory pattern on GPUs: with it,
             // the first run allocates tensor by tensor and later runs ask for one block of the
@@ -266,6 +269,24 @@ impl GraphSessions {
         Ok(sessions)
     }
 
+    /// The text encoder's session alone, its inputs and outputs checked.
+    pub fn build_text_encoder(
+        bundle: &Bundle,
+        options: &RuntimeOptions,
+    ) -> Result<Session, SessionError> {
+        let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
+        let options = &resolve_attention(bundle, options)?;
+        let graph = &bundle.manifest.graphs.text_encoder;
+        let session = build_session(runtime, bundle, graph, options, false)?;
+        let i64_ = TensorElementType::Int64;
+        let mut text = Contract::new("text_encoder", graph);
+        text.input("input_ids", i64_, 2)
+            .input("attention_mask", i64_, 2)
+            .output("context", float_type(bundle.manifest.precision), 3);
+        text.check(&session)?;
+        Ok(session)
+    }
+
     /// Checks names, element types and ranks of every graph's inputs and outputs, so that a graph
     /// exported for another layer count (or the wrong file) fails here and not mid-generation.
     fn check_contract(&self, bundle: &Bundle) -> Result<(), BundleError> {
@@ -275,12 +296,6 @@ impl GraphSessions {
         let f32_ = float_type(m.precision);
         let timestep_ty = TensorElementType::Float32;
         let i64_ = TensorElementType::Int64;
-
-        let mut text = Contract::new("text_encoder", &m.graphs.text_encoder);
-        text.input("input_ids", i64_, 2)
-            .input("attention_mask", i64_, 2)
-            .output("context", f32_, 3);
-        text.check(&self.text_encoder)?;
 
         let mut dit = Contract::new("dit", &m.graphs.dit);
         dit.input("x", f32_, 5)
@@ -313,6 +328,20 @@ impl GraphSessions {
         step.check(&self.vae_step)?;
         Ok(())
     }
+}
+
+/// The options with the attention kernel checked for the bundle and `auto` resolved.
+fn resolve_attention(
+    bundle: &Bundle,
+    options: &RuntimeOptions,
+) -> Result<RuntimeOptions, SessionError> {
+    let mut resolved = options.clone();
+    if let Provider::Cuda(cuda) = &mut resolved.provider {
+        cuda.attention
+            .check(&options.provider, bundle.manifest.precision)?;
+        cuda.attention = cuda.attention.resolve(bundle.manifest.precision);
+    }
+    Ok(resolved)
 }
 
 /// The element type of a bundle's float tensors.

@@ -225,7 +225,10 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
     bundle
         .check_export(&export_settings(m))
         .map_err(engine::GenerateError::from)?;
-    let mut generator = Generator::new(bundle, &runtime)?;
+    // Every prompt's context first, with the text encoder alone on the device; then the DiT
+    // and the decoder (docs/generation.md). The timed region starts from the ready context.
+    let prompts = spec.prompts.iter().map(|p| p.text.as_str());
+    let mut generator = Generator::with_prompts(bundle, &runtime, prompts)?;
     let attention_backend = crate::cli::worker::attention_name(
         &runtime.provider,
         generator.bundle().manifest.precision,

@@ -895,3 +895,42 @@ fn named_optimizers_are_left_out_of_the_optimized_graph() {
     assert!(gemm_nodes(None) > 0, "the CPU provider fuses MatMul + Add");
     assert_eq!(gemm_nodes(Some("MatMulAddFusion")), 0);
 }
+
+/// A generator built with its prompts encoded first (text encoder alone, then dropped) gives the
+/// same latents as one that encodes each prompt when it is generated, on the host loop and on the
+/// device loop; a prompt it was not built for is a clear error.
+#[test]
+fn prompts_encoded_before_the_dit_is_built_give_the_same_latents() {
+    let prompts = prompts();
+    let options = latents_only(MethodSettings::default());
+    for io_binding in [false, true] {
+        let unpack = tempfile::tempdir().unwrap();
+        let runtime = RuntimeOptions {
+            io_binding,
+            ..runtime()
+        };
+        let bundle = || Bundle::open(&tiny_bundle(), unpack.path()).unwrap();
+        let mut direct = Generator::new(bundle(), &runtime).unwrap();
+        let expected = direct.generate(3, &prompts[3], &options).unwrap();
+
+        let texts = [
+            prompts[3].as_str(),
+            prompts[5].as_str(),
+            prompts[3].as_str(),
+        ];
+        let mut ahead = Generator::with_prompts(bundle(), &runtime, texts).unwrap();
+        // Prompt 5 first: the context buffer then holds prompt 5's context when 3 comes.
+        ahead.generate(5, &prompts[5], &options).unwrap();
+        let got = ahead.generate(3, &prompts[3], &options).unwrap();
+        assert_eq!(got.latents, expected.latents, "io_binding {io_binding}");
+        assert!(got.times.text_encoding > std::time::Duration::ZERO);
+        let err = ahead
+            .generate(4, &prompts[4], &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no text encoder") && err.contains("not among them"),
+            "{err}"
+        );
+    }
+}
