@@ -248,12 +248,12 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     crate::engine::Schedule::new(&options.method).map_err(GenerateError::from)?;
     // Every prompt's context first, with the text encoder alone on the device; then the DiT
     // and the decoder (docs/generation.md).
-    let bundle = Bundle::open(
+    let bundle = Bundle::open_for(
         args.bundle.as_deref().expect("clap requires --bundle"),
         unpack_dir,
+        &export,
     )
     .map_err(GenerateError::from)?;
-    bundle.check_export(&export).map_err(GenerateError::from)?;
     let mut generator = Generator::with_prompts(
         bundle,
         &runtime,

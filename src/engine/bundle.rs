@@ -278,6 +278,17 @@ impl Bundle {
         Self::open_with_known_hashes(path, unpack_dir, &BTreeMap::new())
     }
 
+    /// [`Bundle::open`], then refuses export settings that differ from the bundle's.
+    pub fn open_for(
+        path: &Path,
+        unpack_dir: &Path,
+        export: &ExportSettings,
+    ) -> Result<Self, BundleError> {
+        let bundle = Self::open(path, unpack_dir)?;
+        bundle.check_export(export)?;
+        Ok(bundle)
+    }
+
     /// [`Bundle::open`], taking the sha256 of the files named in `known` (by their name in
     /// `bundle.toml`) as already read: `runner apply` hashes the staged bundle once for its audit,
     /// and its workers compare those hashes with `bundle.toml` instead of reading gigabytes again.

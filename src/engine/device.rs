@@ -19,7 +19,7 @@
 //! check it against the golden files.
 
 use std::ffi::c_void;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ort::AsPointer;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
@@ -30,8 +30,7 @@ use ort::value::{
 
 use super::bundle::Bundle;
 use super::generate::{
-    Dims, GenerateError, GenerateOptions, HostContext, PhaseTimes, Prompt, TimedRegionEnd,
-    byte_tokens, text_encoder_released,
+    Dims, GenerateError, GenerateOptions, HostContext, PhaseTimes, TimedRegionEnd,
 };
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
@@ -294,8 +293,6 @@ pub(crate) struct DeviceLoop {
     names: Names,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     memory: Option<super::cuda_memory::MemoryProbe>,
-    /// The CUDA device, or `None` on the CPU.
-    device: Option<i32>,
 }
 
 struct Names {
@@ -351,7 +348,7 @@ fn device_memory_info(device: Option<i32>) -> ort::Result<MemoryInfo<'static>> {
     }
 }
 
-/// Runs a session that runs once per prompt (the text encoder, `vae_first`). On a GPU the run
+/// Runs a session that runs once per prompt (`vae_first`). On a GPU the run
 /// hands the session's free arena memory back to CUDA at its end
 /// (`memory.enable_memory_arena_shrinkage`): the arena would otherwise keep its peak for the whole
 /// process.
@@ -534,7 +531,6 @@ impl DeviceLoop {
                 new_k: names("new_k", d.layers),
                 new_v: names("new_v", d.layers),
             },
-            device: if on_gpu { device_id } else { None },
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
             } else {
@@ -627,11 +623,12 @@ impl DeviceLoop {
         Ok(())
     }
 
-    /// Generates one prompt; `tokens` come from the bundle's tokenizer.
+    /// Generates one prompt from its text context (encoded on the host, in `encoding`).
     pub(crate) fn generate(
         &mut self,
         sessions: &mut GraphSessions,
-        prompt: Prompt<'_>,
+        context: &HostContext,
+        encoding: Duration,
         noise: &(dyn Fn(u32, &mut [f32]) + Sync),
         schedule: &Schedule,
         options: &GenerateOptions,
@@ -640,7 +637,14 @@ impl DeviceLoop {
             graph: "device loop",
             message: "the decoder state was lost by an earlier panic".into(),
         })?;
-        let result = self.generate_with(&mut vae, sessions, prompt, noise, schedule, options);
+        // Outside the timed region, like the noise and tables `generate_with` uploads.
+        self.upload_context(context)?;
+        let result = self
+            .generate_with(&mut vae, sessions, noise, schedule, options)
+            .map(|mut out| {
+                out.times.text_encoding = encoding;
+                out
+            });
         self.vae = Some(vae);
         if self.memory.is_some() {
             log_arenas(sessions, &self.mem);
@@ -652,7 +656,6 @@ impl DeviceLoop {
         &mut self,
         vae: &mut VaeParts,
         sessions: &mut GraphSessions,
-        prompt: Prompt<'_>,
         noise: &(dyn Fn(u32, &mut [f32]) + Sync),
         schedule: &Schedule,
         options: &GenerateOptions,
@@ -662,18 +665,7 @@ impl DeviceLoop {
         let mut times = PhaseTimes::default();
         let setup = run_err("device upload");
 
-        // --- Outside the timed region: text, noise, tables. ---
-        match prompt {
-            Prompt::Text(text) => {
-                let started = Instant::now();
-                self.encode_text(sessions, text)?;
-                times.text_encoding = started.elapsed();
-            }
-            Prompt::Encoded(context, encoding) => {
-                self.upload_context(context)?;
-                times.text_encoding = encoding;
-            }
-        }
+        // --- Outside the timed region: noise, tables. ---
 
         let steps = schedule.steps.len();
         let draws = schedule.draws_per_block() as usize;
@@ -955,36 +947,7 @@ impl DeviceLoop {
         Ok(())
     }
 
-    fn encode_text(
-        &mut self,
-        sessions: &mut GraphSessions,
-        prompt: &str,
-    ) -> Result<(), GenerateError> {
-        let e = run_err("text_encoder");
-        let (ids, mask) = byte_tokens(prompt, self.d.text_len);
-        let shape = [1usize, self.d.text_len];
-        let ids = Tensor::from_array((shape, ids.into_boxed_slice())).map_err(e)?;
-        let mask = Tensor::from_array((shape, mask.into_boxed_slice())).map_err(e)?;
-        let session = sessions
-            .text_encoder
-            .as_mut()
-            .ok_or_else(text_encoder_released)?;
-        let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
-        binding.binding.bind_input("input_ids", &ids).map_err(e)?;
-        binding
-            .binding
-            .bind_input("attention_mask", &mask)
-            .map_err(e)?;
-        let context = self.view(
-            &self.context,
-            0,
-            &[1, self.d.text_len as i64, self.d.text_dim as i64],
-        )?;
-        binding.output("context", context).map_err(e)?;
-        run_once_per_prompt(session, &binding.binding, self.device).map_err(e)
-    }
-
-    /// Copies a context encoded ahead into the loop's context buffer.
+    /// Copies a prompt's context into the loop's context buffer.
     fn upload_context(&mut self, context: &HostContext) -> Result<(), GenerateError> {
         let (identity, mem) = (&mut self.graphs.identity_model, &self.mem);
         let e = run_err("context upload");
@@ -1090,7 +1053,7 @@ fn decode_blocks(
     vae_first: &mut Session,
     vae_step: &mut Session,
     blocks: std::sync::mpsc::Receiver<usize>,
-) -> Result<std::time::Duration, GenerateError> {
+) -> Result<Duration, GenerateError> {
     let d = v.d;
     let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
     let view = |b: &Buf, offset: usize, shape: &[i64]| {

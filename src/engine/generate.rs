@@ -181,14 +181,6 @@ pub(crate) enum HostContext {
     Bf16(Vec<half::bf16>),
 }
 
-/// Where the device loop gets a prompt's context: the text encoder, or a context encoded ahead
-/// (with the time its encoding took).
-#[derive(Clone, Copy)]
-pub(crate) enum Prompt<'a> {
-    Text(&'a str),
-    Encoded(&'a HostContext, Duration),
-}
-
 /// Shapes derived from the bundle, in elements and tokens.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dims {
@@ -334,21 +326,21 @@ impl Generator {
         export: &ExportSettings,
         runtime: &RuntimeOptions,
     ) -> Result<Self, GenerateError> {
-        let bundle = Bundle::open(bundle_path, unpack_dir)?;
-        bundle.check_export(export)?;
-        Self::new(bundle, runtime)
+        Self::new(Bundle::open_for(bundle_path, unpack_dir, export)?, runtime)
     }
 
     /// Builds the sessions of an opened bundle; prompts are encoded as they are generated.
     pub fn new(bundle: Bundle, runtime: &RuntimeOptions) -> Result<Self, GenerateError> {
-        Self::build(bundle, runtime, HashMap::new())
+        check_provider_precision(&bundle, runtime)?;
+        Self::build(bundle, runtime, None)
     }
 
     /// Encodes every distinct prompt text of `prompts` with the bundle's text encoder alone,
     /// keeps the contexts on the host (`text_len × text_dim` values each, in the bundle's type:
     /// 4 MiB a prompt for wan-1.3b in fp16) and drops the encoder, then builds the DiT's and the
     /// decoder's sessions: the encoder's weights and arena (0.85 GiB for the wan-1.3b preset's
-    /// 2-layer encoder, about 11 GB for UMT5-XXL's 24 layers in fp16) are never on the device
+    /// 2-layer encoder; UMT5-XXL's 24 layers weigh about 11 GB in 16 bits, the size of Wan's
+    /// released encoder checkpoint, not measured here) are never on the device
     /// together with theirs. Only these prompts can be generated; each generation records the
     /// encoding time of its prompt measured here.
     pub fn with_prompts<'a>(
@@ -369,17 +361,17 @@ impl Generator {
             contexts.insert(text.to_string(), (context, started.elapsed()));
         }
         drop(encoder);
-        Self::build(bundle, runtime, contexts)
+        Self::build(bundle, runtime, Some(contexts))
     }
 
+    /// The sessions and buffers; with `ahead`, the prompts' contexts instead of a text encoder.
     fn build(
         bundle: Bundle,
         runtime: &RuntimeOptions,
-        ahead: HashMap<String, (HostContext, Duration)>,
+        ahead: Option<HashMap<String, (HostContext, Duration)>>,
     ) -> Result<Self, GenerateError> {
-        check_provider_precision(&bundle, runtime)?;
         let on_cpu = runtime.provider == Provider::Cpu;
-        let sessions = GraphSessions::build(&bundle, runtime, ahead.is_empty())?;
+        let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none())?;
         let device = if on_cpu && !runtime.io_binding {
             None
         } else {
@@ -429,7 +421,7 @@ impl Generator {
             vae_cache,
             buffers,
             device,
-            ahead,
+            ahead: ahead.unwrap_or_default(),
         })
     }
 
@@ -451,16 +443,34 @@ impl Generator {
         options: &GenerateOptions,
     ) -> Result<Generated, GenerateError> {
         let schedule = Schedule::new(&options.method)?;
+        // The prompt's context: encoded ahead ([`Generator::with_prompts`]) or now.
+        let encoded;
+        let (context, encoding) = match self.ahead.get(prompt_text) {
+            Some((context, encoding)) => (context, *encoding),
+            None => {
+                let started = Instant::now();
+                let encoder = self
+                    .sessions
+                    .text_encoder
+                    .as_mut()
+                    .ok_or_else(text_encoder_released)?;
+                encoded = encode_to_host(encoder, prompt_text, self.dims.text_len)?;
+                (&encoded, started.elapsed())
+            }
+        };
         if let Some(device) = &mut self.device {
             let seed = options.method.seed;
             let noise = |draw: u32, out: &mut [f32]| {
                 super::noise::fill_normal(seed, prompt_index, draw, out);
             };
-            let prompt = match self.ahead.get(prompt_text) {
-                Some((context, encoding)) => Prompt::Encoded(context, *encoding),
-                None => Prompt::Text(prompt_text),
-            };
-            let out = device.generate(&mut self.sessions, prompt, &noise, &schedule, options)?;
+            let out = device.generate(
+                &mut self.sessions,
+                context,
+                encoding,
+                &noise,
+                &schedule,
+                options,
+            )?;
             let d = &self.dims;
             let video_frames = if out.frames.is_empty() {
                 0
@@ -480,17 +490,11 @@ impl Generator {
         }
         let mut times = PhaseTimes::default();
 
-        match self.ahead.get(prompt_text) {
-            Some((HostContext::F32(context), encoding)) => {
-                self.buffers.context.copy_from_slice(context);
-                times.text_encoding = *encoding;
-            }
-            _ => {
-                let started = Instant::now();
-                self.encode_text(prompt_text)?;
-                times.text_encoding = started.elapsed();
-            }
-        }
+        let HostContext::F32(context) = context else {
+            unreachable!("the host loop runs fp32 bundles only");
+        };
+        self.buffers.context.copy_from_slice(context);
+        times.text_encoding = encoding;
 
         // The timed region: from the moment the context is ready.
         let timed_start = Instant::now();
@@ -532,34 +536,6 @@ impl Generator {
             timed_region_end,
             peak_device_memory: None,
         })
-    }
-
-    fn encode_text(&mut self, prompt: &str) -> Result<(), GenerateError> {
-        const GRAPH: &str = "text_encoder";
-        let (ids, mask) = byte_tokens(prompt, self.dims.text_len);
-        let shape = [1i64, self.dims.text_len as i64];
-        let run_error = run_error(GRAPH);
-        let inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = vec![
-            (
-                "input_ids".into(),
-                TensorRef::from_array_view((shape, ids.as_slice()))
-                    .map_err(run_error)?
-                    .into(),
-            ),
-            (
-                "attention_mask".into(),
-                TensorRef::from_array_view((shape, mask.as_slice()))
-                    .map_err(run_error)?
-                    .into(),
-            ),
-        ];
-        let session = self
-            .sessions
-            .text_encoder
-            .as_mut()
-            .ok_or_else(text_encoder_released)?;
-        let outputs = session.run(inputs).map_err(run_error)?;
-        copy_output(&outputs, GRAPH, "context", &mut self.buffers.context)
     }
 
     /// The block loop: denoising steps, then the clean-cache pass that writes the KV cache.
