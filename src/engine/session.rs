@@ -252,7 +252,7 @@ impl GraphSessions {
         let graphs = &bundle.manifest.graphs;
         let sessions = Self {
             text_encoder: if text_encoder {
-                Some(Self::build_text_encoder(bundle, options)?)
+                Some(text_encoder_session(runtime, bundle, options)?)
             } else {
                 None
             },
@@ -275,16 +275,7 @@ impl GraphSessions {
         options: &RuntimeOptions,
     ) -> Result<Session, SessionError> {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
-        let options = &resolve_attention(bundle, options)?;
-        let graph = &bundle.manifest.graphs.text_encoder;
-        let session = build_session(runtime, bundle, graph, options, false)?;
-        let i64_ = TensorElementType::Int64;
-        let mut text = Contract::new("text_encoder", graph);
-        text.input("input_ids", i64_, 2)
-            .input("attention_mask", i64_, 2)
-            .output("context", float_type(bundle.manifest.precision), 3);
-        text.check(&session)?;
-        Ok(session)
+        text_encoder_session(runtime, bundle, &resolve_attention(bundle, options)?)
     }
 
     /// Checks names, element types and ranks of every graph's inputs and outputs, so that a graph
@@ -328,6 +319,23 @@ impl GraphSessions {
         step.check(&self.vae_step)?;
         Ok(())
     }
+}
+
+/// The text encoder's session (options already resolved), its inputs and outputs checked.
+fn text_encoder_session(
+    runtime: &OrtRuntime,
+    bundle: &Bundle,
+    options: &RuntimeOptions,
+) -> Result<Session, SessionError> {
+    let graph = &bundle.manifest.graphs.text_encoder;
+    let session = build_session(runtime, bundle, graph, options, false)?;
+    let i64_ = TensorElementType::Int64;
+    let mut text = Contract::new("text_encoder", graph);
+    text.input("input_ids", i64_, 2)
+        .input("attention_mask", i64_, 2)
+        .output("context", float_type(bundle.manifest.precision), 3);
+    text.check(&session)?;
+    Ok(session)
 }
 
 /// The options with the attention kernel checked for the bundle and `auto` resolved.
