@@ -63,6 +63,13 @@ impl Msg {
     fn msg(&mut self, field: u64, m: Msg) -> &mut Self {
         self.bytes(field, &m.0)
     }
+
+    #[cfg(test)]
+    fn fixed32(&mut self, field: u64, v: u32) -> &mut Self {
+        self.key(field, 5);
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
 }
 
 /// A graph under construction: nodes, inputs and outputs of unknown shape, scalar initializers.
@@ -241,6 +248,62 @@ pub fn identity(ty: TensorElementType) -> Vec<u8> {
     g.input("x", ty).output("y", ty);
     g.node("Identity", &["x"], &["y"], vec![]);
     g.model()
+}
+
+/// An attribute of a [`custom_node`].
+#[cfg(test)]
+pub(crate) enum Attr<'a> {
+    Float(&'a str, f32),
+    Int(&'a str, i64),
+}
+
+/// A graph of one node `op` of the custom operator domain `domain` (opset 1), for the tests of the
+/// runner's own operators ([`super::kernels`]): graph inputs and outputs named as the node's, all
+/// of element type `ty` and unknown shape.
+#[cfg(test)]
+pub(crate) fn custom_node(
+    domain: &str,
+    op: &str,
+    ty: TensorElementType,
+    inputs: &[&str],
+    outputs: &[&str],
+    attrs: &[Attr],
+) -> Vec<u8> {
+    let mut g = Graph::new(&format!("unstep_{op}"));
+    for name in inputs {
+        g.input(name, ty);
+    }
+    for name in outputs {
+        g.output(name, ty);
+    }
+    let mut n = Msg::default();
+    for i in inputs {
+        n.str(1, i);
+    }
+    for o in outputs {
+        n.str(2, o);
+    }
+    n.str(3, op).str(4, op).str(7, domain);
+    for attr in attrs {
+        let mut a = Msg::default();
+        match *attr {
+            Attr::Float(name, v) => a.str(1, name).fixed32(2, v.to_bits()).int(20, 1),
+            Attr::Int(name, v) => a.str(1, name).int(3, v as u64).int(20, 2),
+        };
+        n.msg(5, a);
+    }
+    g.g.msg(1, n);
+    let mut onnx = Msg::default();
+    onnx.str(1, "").int(2, 17);
+    let mut custom = Msg::default();
+    custom.str(1, domain).int(2, 1);
+    let mut m = Msg::default();
+    m.int(1, 8)
+        .str(2, "unstep")
+        .msg(7, g.g)
+        .msg(8, onnx)
+        .msg(8, custom);
+    m.0
 }
 
 #[cfg(test)]

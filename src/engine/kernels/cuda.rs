@@ -1,0 +1,449 @@
+//! The CUDA kernels of the `ai.unstep` operators.
+//!
+//! - The CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are loaded at run time (cudarc's
+//!   dynamic loading): the runner builds and runs without CUDA, and a missing library is an error
+//!   when a session asks for these kernels.
+//! - `kernels.cu` is compiled by NVRTC once per device and process, when the first kernel is
+//!   created (session creation), to a cubin for the device's compute capability (`sm_XY`), and
+//!   loaded with `cuModuleLoadData` into the device's primary context, the context ONNX Runtime's
+//!   CUDA provider works in through the runtime API. A cubin rather than PTX, so that an NVRTC
+//!   newer than the driver (within one CUDA major version) still works: the driver does not JIT
+//!   PTX of a newer ISA.
+//! - Each compute reads the device pointers of its inputs and outputs (`Tensor::data_ptr`,
+//!   ONNX Runtime allocates them on the device, as the operators are registered for
+//!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
+//!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
+//!   that stream with `cuLaunchKernel`. Nothing synchronises: ONNX Runtime orders the stream.
+
+use std::ffi::{CStr, CString, c_void};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::{result as driver, sys};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use ort::memory::AllocationDevice;
+use ort::operator::ComputeContext;
+use ort::value::{DynTensorValueType, TensorElementType};
+
+use super::{Attrs, DOMAIN, Op, Plan, op_error, plan};
+
+/// The CUDA C source of the kernels.
+pub(crate) const SOURCE: &str = include_str!("kernels.cu");
+/// `ROWS_PER_BLOCK` and `THREADS` of `kernels.cu`: one warp per row.
+const ROWS_PER_BLOCK: usize = 4;
+const THREADS: u32 = 128;
+/// The largest D the kernels keep in registers (`64 * MAX_PAIRS_PER_LANE` of `kernels.cu`).
+pub(crate) const MAX_D: usize = 2048;
+
+const REMEDY: &str =
+    "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
+
+/// The kernel entry point of an operator and element type.
+pub(crate) fn entry_point(op: Op, ty: TensorElementType) -> Option<&'static str> {
+    Some(match (op, ty) {
+        (Op::BiasRmsNormRope, TensorElementType::Float32) => "unstep_bias_rms_norm_rope_f32",
+        (Op::BiasRmsNormRope, TensorElementType::Float16) => "unstep_bias_rms_norm_rope_f16",
+        (Op::BiasRmsNorm, TensorElementType::Float32) => "unstep_bias_rms_norm_f32",
+        (Op::BiasRmsNorm, TensorElementType::Float16) => "unstep_bias_rms_norm_f16",
+        (Op::GatedResidualLayerNorm, TensorElementType::Float32) => {
+            "unstep_gated_residual_layer_norm_f32"
+        }
+        (Op::GatedResidualLayerNorm, TensorElementType::Float16) => {
+            "unstep_gated_residual_layer_norm_f16"
+        }
+        _ => return None,
+    })
+}
+
+/// Loads the CUDA driver and NVRTC libraries and initialises the driver, once per process.
+pub(super) fn check_libraries() -> Result<(), String> {
+    static CHECK: OnceLock<Result<(), String>> = OnceLock::new();
+    CHECK
+        .get_or_init(|| {
+            // SAFETY: as in `check_nvrtc`.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(format!(
+                    "unstep CUDA kernels: could not load the CUDA driver library (libcuda.so.1): {}; \
+                     install the NVIDIA driver, {REMEDY}",
+                    open_error("libcuda.so.1")
+                ));
+            }
+            check_nvrtc()?;
+            driver::init()
+                .map_err(|e| format!("unstep CUDA kernels: cuInit failed: {e}; {REMEDY}"))
+        })
+        .clone()
+}
+
+/// Loads NVRTC (enough to compile; no GPU needed).
+pub(crate) fn check_nvrtc() -> Result<(), String> {
+    // SAFETY: only opens the library (its initialisers have no preconditions); cudarc keeps its
+    // own handle, opened by the same names, for the calls.
+    if unsafe { nvrtc_sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(format!(
+        "unstep CUDA kernels: could not load NVRTC (libnvrtc.so.13): {}; put CUDA 13's NVRTC on \
+         LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc==13.*` puts it in \
+         site-packages/nvidia/cu13/lib), {REMEDY}",
+        open_error("libnvrtc.so.13")
+    ))
+}
+
+/// Why `name` cannot be opened, in the dynamic loader's words.
+fn open_error(name: &str) -> String {
+    // SAFETY: as in `check_nvrtc`; the library, if it opens after all, is closed again.
+    match unsafe { libloading::Library::new(name) } {
+        Ok(_) => "found, but under none of the names cudarc tries".to_string(),
+        Err(e) => match std::error::Error::source(&e) {
+            Some(source) => source.to_string(),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// NVRTC's version, for messages.
+fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two plain out-parameters.
+    match unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }.result() {
+        Ok(()) => format!("{major}.{minor}"),
+        Err(_) => "unknown".to_string(),
+    }
+}
+
+/// Compiles `kernels.cu` with NVRTC for `arch` (`sm_90` gives a cubin, `compute_90` PTX) and
+/// returns the image. Needs NVRTC, not a GPU.
+pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, String> {
+    let fail = |what: &str, e: nvrtc::NvrtcError| {
+        format!(
+            "unstep CUDA kernels: NVRTC {} could not {what} for {arch}: {e}",
+            nvrtc_version()
+        )
+    };
+    let source = CString::new(SOURCE).expect("kernels.cu has no NUL byte");
+    let name = c"unstep_kernels.cu";
+    let program =
+        nvrtc::create_program(&source, Some(name)).map_err(|e| fail("create the program", e))?;
+    // `--fmad=false`: no contraction of a·b + c, so that the results are the CPU kernels' up to
+    // the order of the row sums.
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--fmad=false".to_string(),
+        "--std=c++17".to_string(),
+    ];
+    let cubin = arch.starts_with("sm_");
+    // SAFETY: `program` is valid until destroyed below; `source` and `name` outlive it.
+    let result = unsafe {
+        nvrtc::compile_program(program, &options)
+            .map_err(|e| {
+                let log = nvrtc::get_program_log(program)
+                    .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                format!("{}:\n{log}", fail("compile kernels.cu", e))
+            })
+            .and_then(|()| {
+                if cubin {
+                    let mut size = 0usize;
+                    nvrtc_sys::nvrtcGetCUBINSize(program, &mut size)
+                        .result()
+                        .map_err(|e| fail("get the cubin", e))?;
+                    let mut image = vec![0u8; size];
+                    nvrtc_sys::nvrtcGetCUBIN(program, image.as_mut_ptr().cast())
+                        .result()
+                        .map_err(|e| fail("get the cubin", e))?;
+                    Ok(image)
+                } else {
+                    let ptx = nvrtc::get_ptx(program).map_err(|e| fail("get the PTX", e))?;
+                    // PTX is NUL-terminated text; keep the NUL for cuModuleLoadData.
+                    Ok(ptx.iter().map(|&c| c as u8).collect())
+                }
+            })
+    };
+    // SAFETY: created above and not destroyed before.
+    let _ = unsafe { nvrtc::destroy_program(program) };
+    result
+}
+
+/// A raw CUDA handle, shared between threads: CUDA's handles may be used from any thread.
+#[derive(Clone, Copy)]
+struct Handle<T>(T);
+// SAFETY: contexts and functions are process-wide driver objects, valid on every thread.
+unsafe impl<T> Send for Handle<T> {}
+// SAFETY: as above; nothing mutates them through a shared reference.
+unsafe impl<T> Sync for Handle<T> {}
+
+/// The kernels loaded into one device's primary context. Never unloaded: the primary context is
+/// retained for the rest of the process.
+struct DeviceModule {
+    context: Handle<sys::CUcontext>,
+    functions: Vec<(&'static str, Handle<sys::CUfunction>)>,
+}
+
+/// The module of device `ordinal`, compiled and loaded on first use; a failure is kept too, so
+/// every session of the process reports the same error.
+fn device_module(ordinal: i32) -> Result<&'static DeviceModule, String> {
+    type Loaded = Vec<(i32, Result<&'static DeviceModule, String>)>;
+    static MODULES: Mutex<Loaded> = Mutex::new(Vec::new());
+    let mut modules = MODULES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, module)) = modules.iter().find(|(o, _)| *o == ordinal) {
+        return module.clone();
+    }
+    let module = load_module(ordinal).map(|m| &*Box::leak(Box::new(m)));
+    modules.push((ordinal, module.clone()));
+    module
+}
+
+fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
+    check_libraries()?;
+    let fail = |what: &str, e: driver::DriverError| {
+        format!("unstep CUDA kernels: {what} on CUDA device {ordinal}: {e}")
+    };
+    let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
+    let attribute = |a| {
+        // SAFETY: `device` came from cuDeviceGet.
+        unsafe { driver::device::get_attribute(device, a) }
+            .map_err(|e| fail("cuDeviceGetAttribute", e))
+    };
+    use sys::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+    };
+    let arch = format!("sm_{}{}", attribute(MAJOR)?, attribute(MINOR)?);
+    let image = compile(&arch).map_err(|e| format!("{e}; {REMEDY}"))?;
+    // SAFETY: `device` came from cuDeviceGet. The reference is never released.
+    let context = unsafe { driver::primary_ctx::retain(device) }
+        .map_err(|e| fail("cuDevicePrimaryCtxRetain", e))?;
+    let _current = CurrentContext::enter(context).map_err(|e| fail("cuCtxPushCurrent", e))?;
+    // SAFETY: `image` is a complete cubin; the context is current.
+    let module = unsafe { driver::module::load_data(image.as_ptr().cast()) }.map_err(|e| {
+        format!(
+            "{}; the driver may be older than NVRTC {} (use the NVRTC of the driver's CUDA version), {REMEDY}",
+            fail(&format!("cuModuleLoadData ({arch} cubin)"), e),
+            nvrtc_version()
+        )
+    })?;
+    let mut functions = Vec::new();
+    for op in Op::ALL {
+        for ty in [TensorElementType::Float32, TensorElementType::Float16] {
+            let name = entry_point(op, ty).expect("every operator has float32 and float16 kernels");
+            let c_name = CString::new(name).expect("entry point names have no NUL byte");
+            // SAFETY: `module` was just loaded and is never unloaded.
+            let function = unsafe { driver::module::get_function(module, c_name) }
+                .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
+            functions.push((name, Handle(function)));
+        }
+    }
+    Ok(DeviceModule {
+        context: Handle(context),
+        functions,
+    })
+}
+
+/// Makes a context current on this thread for the guard's life (the primary context of the
+/// device, where ONNX Runtime already made it current, the usual case, costs one query).
+struct CurrentContext {
+    pushed: bool,
+}
+
+impl CurrentContext {
+    fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
+        if driver::ctx::get_current()? == Some(context) {
+            return Ok(Self { pushed: false });
+        }
+        // SAFETY: `context` is a retained primary context, alive for the rest of the process.
+        unsafe { sys::cuCtxPushCurrent_v2(context) }.result()?;
+        Ok(Self { pushed: true })
+    }
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops the context `enter` pushed on this thread.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+}
+
+/// A node's CUDA kernel.
+pub(super) struct CudaKernel {
+    op: Op,
+    ty: TensorElementType,
+    ordinal: i32,
+    module: &'static DeviceModule,
+    function: Handle<sys::CUfunction>,
+}
+
+impl CudaKernel {
+    /// Compiles and loads the kernels for device `ordinal` if this process has not yet.
+    pub(super) fn new(op: Op, ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        let name = entry_point(op, ty).ok_or_else(|| {
+            format!(
+                "{DOMAIN} {}: element type {ty:?} is not supported (float32 and float16 are)",
+                op.name()
+            )
+        })?;
+        let module = device_module(ordinal)?;
+        let function = module
+            .functions
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, f)| *f)
+            .expect("the module has every entry point");
+        Ok(Self {
+            op,
+            ty,
+            ordinal,
+            module,
+            function,
+        })
+    }
+
+    /// Checks the call and launches the kernel on ONNX Runtime's stream.
+    pub(super) fn compute(&self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
+        let op = self.op;
+        let fail = |message: String| op_error(op, format!("(CUDA) {message}"));
+        let elem_bytes = match self.ty {
+            TensorElementType::Float16 => 2,
+            _ => 4,
+        };
+        let on_device = |what: &str, mem: &ort::memory::MemoryInfo<'_>| {
+            if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == self.ordinal
+            {
+                Ok(())
+            } else {
+                Err(fail(format!(
+                    "{what} is in {} memory of device {}; the kernel runs on CUDA device {}",
+                    mem.allocation_device().as_str(),
+                    mem.device_id(),
+                    self.ordinal
+                )))
+            }
+        };
+        let names = op.inputs();
+        let mut inputs = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            let tensor = ctx
+                .input(i)?
+                .ok_or_else(|| fail(format!("input {name} is missing")))?
+                .downcast::<DynTensorValueType>()?;
+            if *tensor.data_type() != self.ty {
+                return Err(fail(format!(
+                    "input {name} is {:?}, the node's type is {:?}",
+                    tensor.data_type(),
+                    self.ty
+                )));
+            }
+            on_device(&format!("input {name}"), tensor.memory_info())?;
+            inputs.push(tensor);
+        }
+        let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
+        let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
+        if plan.d % 2 != 0 || plan.d > MAX_D {
+            return Err(fail(format!(
+                "D = {} (the last axis of X {:?}): the CUDA kernels need an even D of at most {MAX_D}",
+                plan.d,
+                shapes[op.x_index()]
+            )));
+        }
+        let x_shape = shapes[op.x_index()].to_vec();
+        let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
+        let mut outputs = Vec::new();
+        for (idx, name) in op.outputs().iter().enumerate() {
+            let tensor = ctx
+                .output(idx, x_shape.clone())?
+                .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
+                .downcast::<DynTensorValueType>()?;
+            on_device(&format!("output {name}"), tensor.memory_info())?;
+            // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory.
+            pointers.push(tensor.data_ptr() as u64);
+            outputs.push(tensor);
+        }
+        if plan.rows == 0 {
+            return Ok(());
+        }
+        // Pairs of elements are loaded and stored as one word.
+        let all_names = names.iter().chain(op.outputs());
+        for (&pointer, name) in pointers.iter().zip(all_names) {
+            if pointer % (2 * elem_bytes) != 0 {
+                return Err(fail(format!(
+                    "{name} at {pointer:#x} is not aligned to {} bytes",
+                    2 * elem_bytes
+                )));
+            }
+        }
+        let stream = ctx
+            .stream()?
+            .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
+            .as_ptr() as sys::CUstream;
+        self.launch(&plan, attrs, &pointers, stream).map_err(fail)?;
+        // The outputs stay ONNX Runtime's; the kernel writes them on the stream.
+        drop(outputs);
+        Ok(())
+    }
+
+    /// Launches the kernel on `stream` over `pointers` (device addresses of the inputs, then the
+    /// outputs, in the operator's order) with the sizes of `plan`. Checks nothing but the launch.
+    pub(crate) fn launch(
+        &self,
+        plan: &Plan,
+        attrs: &Attrs,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        let op = self.op;
+        assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
+        if plan.rows == 0 {
+            return Ok(());
+        }
+        let blocks = u32::try_from(plan.rows.div_ceil(ROWS_PER_BLOCK))
+            .map_err(|_| format!("{} rows are too many for one launch", plan.rows))?;
+        // The kernel's arguments, in the order of its signature in kernels.cu: the input
+        // pointers, the output pointers, then the sizes.
+        let mut pointers = pointers.to_vec();
+        let mut rows = plan.rows as i64;
+        let mut d = plan.d as i32;
+        let mut epsilon = attrs.epsilon;
+        let mut half_hd = plan.half_hd as i32;
+        let mut table_rows = plan.table_rows as i64;
+        let mut divs = plan.divs.map(|div| div as i64);
+        let mut params: Vec<*mut c_void> = pointers
+            .iter_mut()
+            .map(|p| (p as *mut u64).cast::<c_void>())
+            .collect();
+        params.push((&mut rows as *mut i64).cast());
+        params.push((&mut d as *mut i32).cast());
+        params.push((&mut epsilon as *mut f32).cast());
+        match op {
+            Op::BiasRmsNormRope => {
+                params.push((&mut half_hd as *mut i32).cast());
+                params.push((&mut table_rows as *mut i64).cast());
+            }
+            Op::BiasRmsNorm => {}
+            Op::GatedResidualLayerNorm => {
+                for div in divs.iter_mut() {
+                    params.push((div as *mut i64).cast());
+                }
+            }
+        }
+        let _current = CurrentContext::enter(self.module.context.0)
+            .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        // SAFETY: the function was loaded from kernels.cu into the current context; `params`
+        // points at one value per kernel parameter, of the parameter's type (device pointers as
+        // u64, `long long` as i64, `int` as i32, `float` as f32), alive for the call, which copies
+        // them; the caller gives device memory of this device, sized by `plan` (checked against
+        // the contract) and aligned to element pairs, and a stream of the same (primary) context.
+        unsafe {
+            driver::launch_kernel(
+                self.function.0,
+                (blocks, 1, 1),
+                (THREADS, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| format!("cuLaunchKernel: {e}"))
+    }
+}

@@ -1,0 +1,435 @@
+//! The runner's own ONNX Runtime operators, domain `ai.unstep` (opset 1): each fuses the per-row
+//! elementwise work of a DiT block (bias add, RMS or layer norm, modulation, rotary embedding,
+//! gated residual add) into one pass over the row. The exporter writes them into `dit_fused.onnx`;
+//! [`operator_domain`] gives the session the kernels: CUDA kernels (our CUDA C in `kernels.cu`,
+//! compiled with NVRTC at session creation, launched on ONNX Runtime's compute stream) or CPU
+//! kernels (tests, the CPU provider).
+//!
+//! # The contract (shared with the exporter)
+//!
+//! Element type T is float32 or float16, the same for every input and output of a node. D is the
+//! size of the last axis of X and N = numel(X) / D its rows. All arithmetic is float32 and each
+//! output element is rounded to T once.
+//!
+//! A *row parameter* P has any shape of F·D elements with F ≥ 1 dividing N (`[D]`, `[1, F, 1, D]`
+//! and `[F, D]` are all valid): row r uses `P[(r / (N / F)) · D + c]`.
+//!
+//! 1. `BiasRmsNormRope(X, bias, weight, cos, sin) -> Y`, attributes `epsilon` (float) and
+//!    `num_heads` (int). bias and weight have D elements; hd = D / num_heads
+//!    (D % (2 · num_heads) == 0); cos and sin have Tc · hd/2 elements, Tc ≥ 1, and row r uses
+//!    table row t = r % Tc. `v = X + bias`, `u = v / sqrt(mean(v²) + epsilon) · weight`, and pair
+//!    i (columns 2i, 2i + 1) turns by column j = i mod hd/2 of the tables:
+//!    `Y[2i] = u[2i]·cos[t,j] − u[2i+1]·sin[t,j]`, `Y[2i+1] = u[2i]·sin[t,j] + u[2i+1]·cos[t,j]`.
+//! 2. `BiasRmsNorm(X, bias, weight) -> Y`, attribute `epsilon`:
+//!    `Y = (X + bias) / sqrt(mean((X + bias)²) + epsilon) · weight`.
+//! 3. `GatedResidualLayerNorm(R, X, bias, gate, scale, shift) -> (S, Y)`, attribute `epsilon`. R
+//!    has X's shape, bias D elements, gate, scale and shift are row parameters (each with its own
+//!    F). `S = round_T(R + (X + bias) · gate)`; with s = S as stored,
+//!    `Y = (s − mean(s)) / sqrt(mean((s − mean(s))²) + epsilon) · scale + shift`.
+//!
+//! Every output has X's shape. A shape that breaks the contract is an error naming the operator,
+//! the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
+//! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
+//! Runtime's allocations are); a call outside that is an error, not a slow path.
+//!
+//! Tests: `tests.rs` checks the CPU kernels against a float64 reference, directly and through
+//! ONNX Runtime; its ignored tests compile `kernels.cu` with NVRTC (no GPU needed) and check the
+//! CUDA kernels against the CPU kernels on a GPU (`cuda_kernels_match_the_cpu_kernels`).
+
+mod cpu;
+mod cuda;
+#[cfg(test)]
+mod tests;
+
+use std::ops::RangeInclusive;
+use std::sync::{Mutex, PoisonError};
+
+use ort::memory::{AllocationDevice, MemoryType};
+use ort::operator::{
+    ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
+    ShapeInferenceContext,
+};
+use ort::session::Session;
+use ort::value::{TensorElementType, ValueType};
+
+use super::{onnx_graph, ort_lib};
+
+pub(crate) const DOMAIN: &str = "ai.unstep";
+
+/// The `ai.unstep` operator domain for a session: CUDA kernels when `cuda` is true (inputs and
+/// outputs on the device, work on ONNX Runtime's compute stream), CPU kernels otherwise.
+///
+/// With `cuda`, a CUDA driver or NVRTC library that cannot be loaded is an error here; the kernels
+/// are compiled when the session creates them (a compile error fails the session's creation).
+pub(crate) fn operator_domain(cuda: bool) -> ort::Result<OperatorDomain> {
+    if cuda {
+        cuda::check_libraries().map_err(ort::Error::new)?;
+    }
+    register_domain_once()?;
+    new_domain(cuda)
+}
+
+fn new_domain(cuda: bool) -> ort::Result<OperatorDomain> {
+    let mut domain = OperatorDomain::new(DOMAIN)?;
+    for op in Op::ALL {
+        for ty in [TensorElementType::Float32, TensorElementType::Float16] {
+            domain = domain.add(FusedOp { op, ty, cuda })?;
+        }
+    }
+    Ok(domain)
+}
+
+/// ONNX Runtime enters a custom domain into a process-wide table when the first session with it
+/// is created, with a check-then-add that is not thread-safe: two sessions created at once, the
+/// first of the process with the domain, can fail with "Trying to add a domain to DomainToVersion
+/// map, but the domain is already exist". So the first call enters it, under a lock, with a
+/// throwaway session of a one-node graph that has no `ai.unstep` node (a few milliseconds, once).
+/// ONNX Runtime is loaded by then: a domain cannot be made without it.
+fn register_domain_once() -> ort::Result<()> {
+    static REGISTERED: Mutex<bool> = Mutex::new(false);
+    let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
+    if *registered {
+        return Ok(());
+    }
+    let runtime = ort_lib::runtime(None).map_err(|e| ort::Error::new(e.to_string()))?;
+    Session::builder(&runtime.environment)?
+        .with_intra_threads(1)?
+        .with_operators(new_domain(false)?)?
+        .commit_from_memory(&onnx_graph::identity(TensorElementType::Float32))?;
+    *registered = true;
+    Ok(())
+}
+
+/// The operators of the domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    BiasRmsNormRope,
+    BiasRmsNorm,
+    GatedResidualLayerNorm,
+}
+
+impl Op {
+    pub(crate) const ALL: [Op; 3] = [
+        Op::BiasRmsNormRope,
+        Op::BiasRmsNorm,
+        Op::GatedResidualLayerNorm,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::BiasRmsNormRope => "BiasRmsNormRope",
+            Op::BiasRmsNorm => "BiasRmsNorm",
+            Op::GatedResidualLayerNorm => "GatedResidualLayerNorm",
+        }
+    }
+
+    /// The inputs' names, in order.
+    pub(crate) fn inputs(self) -> &'static [&'static str] {
+        match self {
+            Op::BiasRmsNormRope => &["X", "bias", "weight", "cos", "sin"],
+            Op::BiasRmsNorm => &["X", "bias", "weight"],
+            Op::GatedResidualLayerNorm => &["R", "X", "bias", "gate", "scale", "shift"],
+        }
+    }
+
+    /// The outputs' names, in order.
+    pub(crate) fn outputs(self) -> &'static [&'static str] {
+        match self {
+            Op::BiasRmsNormRope | Op::BiasRmsNorm => &["Y"],
+            Op::GatedResidualLayerNorm => &["S", "Y"],
+        }
+    }
+
+    /// The index of X among the inputs.
+    pub(crate) fn x_index(self) -> usize {
+        match self {
+            Op::BiasRmsNormRope | Op::BiasRmsNorm => 0,
+            Op::GatedResidualLayerNorm => 1,
+        }
+    }
+}
+
+/// An error of one operator, naming it.
+fn op_error(op: Op, message: impl std::fmt::Display) -> ort::Error {
+    ort::Error::new(format!("{DOMAIN} {}: {message}", op.name()))
+}
+
+/// A node's attributes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Attrs {
+    pub(crate) epsilon: f32,
+    /// `BiasRmsNormRope` only; 0 for the other operators.
+    pub(crate) num_heads: usize,
+}
+
+impl Attrs {
+    fn read(op: Op, kctx: &KernelContext<'_>) -> ort::Result<Self> {
+        let node = kctx.node_name().unwrap_or_default();
+        let missing = |name: &str, ty: &str| {
+            op_error(
+                op,
+                format!("node '{node}' has no attribute {name} ({ty}); the exporter writes it"),
+            )
+        };
+        let epsilon = kctx
+            .get::<f32>("epsilon")
+            .ok_or_else(|| missing("epsilon", "float"))?;
+        let num_heads = if op == Op::BiasRmsNormRope {
+            let heads = kctx
+                .get::<i64>("num_heads")
+                .ok_or_else(|| missing("num_heads", "int"))?;
+            usize::try_from(heads)
+                .ok()
+                .filter(|&h| h > 0)
+                .ok_or_else(|| {
+                    op_error(
+                        op,
+                        format!("node '{node}' has num_heads = {heads}; it must be ≥ 1"),
+                    )
+                })?
+        } else {
+            0
+        };
+        Ok(Self { epsilon, num_heads })
+    }
+}
+
+/// The sizes of one call, checked against the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// N, the rows of X.
+    pub(crate) rows: usize,
+    /// D, the last axis of X.
+    pub(crate) d: usize,
+    /// `GatedResidualLayerNorm`: N / F of gate, scale and shift (row r uses block r / that);
+    /// 1 for the other operators.
+    pub(crate) divs: [usize; 3],
+    /// `BiasRmsNormRope`: hd / 2 and Tc, the columns and rows of the cos and sin tables;
+    /// 1 for the other operators.
+    pub(crate) half_hd: usize,
+    pub(crate) table_rows: usize,
+}
+
+fn numel(shape: &[i64]) -> usize {
+    shape.iter().map(|&n| n.max(0) as usize).product()
+}
+
+/// Checks the inputs' shapes (in the operator's input order) against the contract.
+pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, String> {
+    let names = op.inputs();
+    let fail = |message: String| format!("{DOMAIN} {}: {message}", op.name());
+    if shapes.len() != names.len() {
+        return Err(fail(format!(
+            "{} inputs, expected {} ({})",
+            shapes.len(),
+            names.len(),
+            names.join(", ")
+        )));
+    }
+    let x = shapes[op.x_index()];
+    let d = match x.last() {
+        Some(&d) if d > 0 => d as usize,
+        _ => {
+            return Err(fail(format!(
+                "X has shape {x:?}; it needs a last axis of at least one element"
+            )));
+        }
+    };
+    let rows = numel(x) / d;
+    let exactly_d = |i: usize| {
+        let n = numel(shapes[i]);
+        if n == d {
+            Ok(())
+        } else {
+            Err(fail(format!(
+                "input {} has shape {:?} ({n} elements); it must have D = {d} elements (the last axis of X {x:?})",
+                names[i], shapes[i]
+            )))
+        }
+    };
+    let row_parameter = |i: usize| {
+        let n = numel(shapes[i]);
+        if n == 0 || !n.is_multiple_of(d) {
+            return Err(fail(format!(
+                "row parameter {} has shape {:?} ({n} elements), which is not F·D elements with \
+                 F ≥ 1 and D = {d} (the last axis of X {x:?})",
+                names[i], shapes[i]
+            )));
+        }
+        let f = n / d;
+        if !rows.is_multiple_of(f) {
+            return Err(fail(format!(
+                "row parameter {} has shape {:?}: F = {f} rows of D = {d}, which does not divide \
+                 the N = {rows} rows of X {x:?}",
+                names[i], shapes[i]
+            )));
+        }
+        Ok((rows / f).max(1))
+    };
+    let mut plan = Plan {
+        rows,
+        d,
+        divs: [1; 3],
+        half_hd: 1,
+        table_rows: 1,
+    };
+    match op {
+        Op::BiasRmsNorm => {
+            exactly_d(1)?;
+            exactly_d(2)?;
+        }
+        Op::BiasRmsNormRope => {
+            exactly_d(1)?;
+            exactly_d(2)?;
+            let heads = attrs.num_heads;
+            if heads == 0 || d % (2 * heads) != 0 {
+                return Err(fail(format!(
+                    "D = {d} (the last axis of X {x:?}) is not a multiple of 2·num_heads = {}",
+                    2 * heads
+                )));
+            }
+            let half_hd = d / heads / 2;
+            let tables = numel(shapes[3]);
+            if tables == 0 || !tables.is_multiple_of(half_hd) {
+                return Err(fail(format!(
+                    "input cos has shape {:?} ({tables} elements), which is not Tc·hd/2 elements \
+                     with Tc ≥ 1 and hd/2 = {half_hd} (D = {d}, num_heads = {heads})",
+                    shapes[3]
+                )));
+            }
+            if numel(shapes[4]) != tables {
+                return Err(fail(format!(
+                    "input sin has shape {:?} and cos {:?}; they must have the same number of elements",
+                    shapes[4], shapes[3]
+                )));
+            }
+            plan.half_hd = half_hd;
+            plan.table_rows = tables / half_hd;
+        }
+        Op::GatedResidualLayerNorm => {
+            if shapes[0] != x {
+                return Err(fail(format!(
+                    "input R has shape {:?} and X {x:?}; they must be equal",
+                    shapes[0]
+                )));
+            }
+            exactly_d(2)?;
+            plan.divs = [row_parameter(3)?, row_parameter(4)?, row_parameter(5)?];
+        }
+    }
+    Ok(plan)
+}
+
+/// One operator of the domain for one element type, on the CPU or on CUDA.
+struct FusedOp {
+    op: Op,
+    ty: TensorElementType,
+    cuda: bool,
+}
+
+impl Operator for FusedOp {
+    type Kernel<'attr> = FusedKernel;
+
+    fn name(&self) -> &str {
+        self.op.name()
+    }
+
+    fn versions(&self) -> RangeInclusive<u32> {
+        1..=1
+    }
+
+    fn execution_provider_type(&self) -> Option<&str> {
+        self.cuda.then_some("CUDAExecutionProvider")
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        self.op
+            .inputs()
+            .iter()
+            .map(|_| OperatorInput::required(self.ty))
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        self.op
+            .outputs()
+            .iter()
+            .map(|_| OperatorOutput::required(self.ty))
+    }
+
+    fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<FusedKernel> {
+        let attrs = Attrs::read(self.op, kctx)?;
+        let cuda = if self.cuda {
+            // The device of the node's CUDA provider; compute checks that the tensors are there.
+            let ordinal = kctx
+                .allocator(MemoryType::Default)
+                .ok()
+                .and_then(|allocator| {
+                    let memory = allocator.memory_info();
+                    (memory.allocation_device() == AllocationDevice::CUDA)
+                        .then(|| memory.device_id())
+                })
+                .unwrap_or(0);
+            Some(cuda::CudaKernel::new(self.op, self.ty, ordinal).map_err(ort::Error::new)?)
+        } else {
+            None
+        };
+        Ok(FusedKernel {
+            op: self.op,
+            ty: self.ty,
+            attrs,
+            cuda,
+        })
+    }
+
+    /// Every output has X's type and shape. Left to ONNX Runtime when X's shape is not fully
+    /// known (no rank, or an unnamed unknown axis), which ONNX Runtime would otherwise read as a
+    /// scalar or an axis of -1.
+    fn infer_shape(&self, ctx: &mut ShapeInferenceContext) -> ort::Result<()> {
+        let inputs = ctx.inputs();
+        let Some(
+            x @ ValueType::Tensor {
+                shape,
+                dimension_symbols,
+                ..
+            },
+        ) = inputs.get(self.op.x_index())
+        else {
+            return Ok(());
+        };
+        let known = !shape.is_empty()
+            && shape
+                .iter()
+                .zip(dimension_symbols.iter())
+                .all(|(&n, symbol)| n >= 0 || !symbol.is_empty());
+        if known {
+            for idx in 0..self.op.outputs().len() {
+                ctx.set_output(idx, x)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A node's kernel.
+struct FusedKernel {
+    op: Op,
+    ty: TensorElementType,
+    attrs: Attrs,
+    cuda: Option<cuda::CudaKernel>,
+}
+
+impl Kernel for FusedKernel {
+    fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
+        if let Some(cuda) = &self.cuda {
+            return cuda.compute(&self.attrs, ctx);
+        }
+        match self.ty {
+            TensorElementType::Float32 => cpu::compute::<f32>(self.op, &self.attrs, ctx),
+            TensorElementType::Float16 => cpu::compute::<half::f16>(self.op, &self.attrs, ctx),
+            other => Err(op_error(
+                self.op,
+                format!("element type {other:?} is not supported (float32 and float16 are)"),
+            )),
+        }
+    }
+}

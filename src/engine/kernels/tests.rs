@@ -1,0 +1,1056 @@
+//! The kernels against a naive float64 reference written from the contract, directly and through
+//! ONNX Runtime (CPU provider); the contract's errors; the CUDA source through NVRTC (ignored:
+//! needs `libnvrtc.so.13` on LD_LIBRARY_PATH, not a GPU).
+
+use half::f16;
+use ort::session::Session;
+use ort::value::{Tensor, TensorElementType};
+
+use super::cpu::{self, Element};
+use super::*;
+use crate::engine::onnx_graph::{self, Attr};
+use crate::engine::ort_lib;
+
+/// splitmix64: a fixed-seed generator, so every run checks the same numbers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// `n` values uniform in [lo, hi), rounded to `T`.
+    fn vec<T: Element>(&mut self, n: usize, lo: f32, hi: f32) -> Vec<T> {
+        (0..n)
+            .map(|_| {
+                let unit = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+                T::from_f32(lo + (hi - lo) * unit)
+            })
+            .collect()
+    }
+}
+
+fn wide<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f32() as f64).collect()
+}
+
+/// Tolerances of a type: |got − want| ≤ atol + rtol·|want|. float16 outputs are rounded once
+/// (half an ulp, 2⁻¹¹ relative) from float32 work, which may land on the other side of a rounding
+/// boundary than float64 (one ulp).
+trait Tolerance: Element {
+    const ATOL: f64;
+    const RTOL: f64;
+}
+
+impl Tolerance for f32 {
+    const ATOL: f64 = 2e-5;
+    const RTOL: f64 = 2e-5;
+}
+
+impl Tolerance for f16 {
+    const ATOL: f64 = 3e-3;
+    const RTOL: f64 = 2e-3;
+}
+
+#[track_caller]
+fn assert_close<T: Tolerance>(got: &[T], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0f64);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = g.to_f32() as f64;
+        let excess = (g - w).abs() - (T::ATOL + T::RTOL * w.abs());
+        assert!(g.is_finite(), "{what}[{i}] = {g}");
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let (i, excess) = worst;
+    assert!(
+        excess <= 0.0,
+        "{what}[{i}]: got {}, want {} (outside the tolerance by {excess:e})",
+        got[i].to_f32(),
+        want[i]
+    );
+}
+
+/// Row r's block of a row parameter of `numel` elements: the contract's `r / (N / F)`.
+fn block(r: usize, rows: usize, numel: usize, d: usize) -> usize {
+    let f = numel / d;
+    r / (rows / f)
+}
+
+/// RMS norm of `(x + bias)` times weight, per row, in float64.
+fn reference_rms_norm(x: &[f64], bias: &[f64], weight: &[f64], d: usize, eps: f64) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(d) {
+        let v: Vec<f64> = row.iter().zip(bias).map(|(a, b)| a + b).collect();
+        let ms = v.iter().map(|a| a * a).sum::<f64>() / d as f64;
+        let norm = (ms + eps).sqrt();
+        y.extend(v.iter().zip(weight).map(|(a, w)| a / norm * w));
+    }
+    y
+}
+
+/// The rotary embedding of `u` per head: head h's column pair (h·hd + 2q, h·hd + 2q + 1) turns by
+/// angle column q of table row r % Tc.
+fn reference_rope(u: &[f64], cos: &[f64], sin: &[f64], d: usize, heads: usize) -> Vec<f64> {
+    let hd = d / heads;
+    let half = hd / 2;
+    let tc = cos.len() / half;
+    let mut y = u.to_vec();
+    for (r, row) in y.chunks_mut(d).enumerate() {
+        let t = r % tc;
+        for h in 0..heads {
+            for q in 0..half {
+                let (c, s) = (cos[t * half + q], sin[t * half + q]);
+                let (a, b) = (row[h * hd + 2 * q], row[h * hd + 2 * q + 1]);
+                row[h * hd + 2 * q] = a * c - b * s;
+                row[h * hd + 2 * q + 1] = a * s + b * c;
+            }
+        }
+    }
+    y
+}
+
+/// `(S, Y)` of GatedResidualLayerNorm in float64, S rounded by `store` (to the element type)
+/// before the norm reads it.
+#[allow(clippy::too_many_arguments)]
+fn reference_grln(
+    r: &[f64],
+    x: &[f64],
+    bias: &[f64],
+    gate: &[f64],
+    scale: &[f64],
+    shift: &[f64],
+    d: usize,
+    eps: f64,
+    store: impl Fn(f64) -> f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let rows = x.len() / d;
+    let (mut s_all, mut y_all) = (Vec::new(), Vec::new());
+    for row in 0..rows {
+        let g = block(row, rows, gate.len(), d) * d;
+        let sc = block(row, rows, scale.len(), d) * d;
+        let sh = block(row, rows, shift.len(), d) * d;
+        let s: Vec<f64> = (0..d)
+            .map(|c| store(r[row * d + c] + (x[row * d + c] + bias[c]) * gate[g + c]))
+            .collect();
+        let mean = s.iter().sum::<f64>() / d as f64;
+        let var = s.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / d as f64;
+        let norm = (var + eps).sqrt();
+        for c in 0..d {
+            y_all.push((s[c] - mean) / norm * scale[sc + c] + shift[sh + c]);
+        }
+        s_all.extend(s);
+    }
+    (s_all, y_all)
+}
+
+fn store_as<T: Element>(v: f64) -> f64 {
+    T::from_f32(v as f32).to_f32() as f64
+}
+
+/// The rotary tables of `tc` positions and `half` frequencies, as the model builds them.
+fn rope_tables<T: Element>(tc: usize, half: usize) -> (Vec<T>, Vec<T>) {
+    let mut cos = Vec::new();
+    let mut sin = Vec::new();
+    for t in 0..tc {
+        for j in 0..half {
+            let angle = (t as f64 + 0.5) * 10000f64.powf(-(j as f64) / half as f64);
+            cos.push(T::from_f32(angle.cos() as f32));
+            sin.push(T::from_f32(angle.sin() as f32));
+        }
+    }
+    (cos, sin)
+}
+
+fn shape_numel(shape: &[i64]) -> usize {
+    shape.iter().product::<i64>() as usize
+}
+
+/// One BiasRmsNormRope case: inputs, the plan and the reference output.
+struct RopeCase<T> {
+    x_shape: Vec<i64>,
+    table_shape: Vec<i64>,
+    heads: usize,
+    eps: f32,
+    x: Vec<T>,
+    bias: Vec<T>,
+    weight: Vec<T>,
+    cos: Vec<T>,
+    sin: Vec<T>,
+}
+
+impl<T: Element> RopeCase<T> {
+    fn new(rng: &mut Rng, x_shape: &[i64], heads: usize, tc: usize) -> Self {
+        let d = *x_shape.last().unwrap() as usize;
+        let half = d / heads / 2;
+        let (cos, sin) = rope_tables::<T>(tc, half);
+        Self {
+            x_shape: x_shape.to_vec(),
+            table_shape: vec![1, tc as i64, 1, half as i64],
+            heads,
+            eps: 1e-6,
+            x: rng.vec(shape_numel(x_shape), -2.0, 2.0),
+            bias: rng.vec(d, -0.5, 0.5),
+            weight: rng.vec(d, 0.5, 1.5),
+            cos,
+            sin,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let d = *self.x_shape.last().unwrap();
+        vec![
+            self.x_shape.clone(),
+            vec![d],
+            vec![d],
+            self.table_shape.clone(),
+            self.table_shape.clone(),
+        ]
+    }
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: self.heads,
+        }
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.bias, &self.weight, &self.cos, &self.sin]
+    }
+
+    fn reference(&self) -> Vec<f64> {
+        let d = *self.x_shape.last().unwrap() as usize;
+        let u = reference_rms_norm(
+            &wide(&self.x),
+            &wide(&self.bias),
+            &wide(&self.weight),
+            d,
+            self.eps as f64,
+        );
+        reference_rope(&u, &wide(&self.cos), &wide(&self.sin), d, self.heads)
+    }
+}
+
+struct GrlnCase<T> {
+    x_shape: Vec<i64>,
+    param_shapes: [Vec<i64>; 3],
+    eps: f32,
+    r: Vec<T>,
+    x: Vec<T>,
+    bias: Vec<T>,
+    gate: Vec<T>,
+    scale: Vec<T>,
+    shift: Vec<T>,
+}
+
+impl<T: Element> GrlnCase<T> {
+    fn new(rng: &mut Rng, x_shape: &[i64], param_shapes: [&[i64]; 3]) -> Self {
+        let d = *x_shape.last().unwrap() as usize;
+        let n = shape_numel(x_shape);
+        Self {
+            x_shape: x_shape.to_vec(),
+            param_shapes: param_shapes.map(|s| s.to_vec()),
+            eps: 1e-6,
+            r: rng.vec(n, -2.0, 2.0),
+            x: rng.vec(n, -2.0, 2.0),
+            bias: rng.vec(d, -0.5, 0.5),
+            gate: rng.vec(shape_numel(param_shapes[0]), -1.0, 1.0),
+            scale: rng.vec(shape_numel(param_shapes[1]), 0.5, 1.5),
+            shift: rng.vec(shape_numel(param_shapes[2]), -0.5, 0.5),
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let d = *self.x_shape.last().unwrap();
+        let [g, sc, sh] = self.param_shapes.clone();
+        vec![
+            self.x_shape.clone(),
+            self.x_shape.clone(),
+            vec![d],
+            g,
+            sc,
+            sh,
+        ]
+    }
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: 0,
+        }
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![
+            &self.r,
+            &self.x,
+            &self.bias,
+            &self.gate,
+            &self.scale,
+            &self.shift,
+        ]
+    }
+
+    fn reference(&self) -> (Vec<f64>, Vec<f64>) {
+        reference_grln(
+            &wide(&self.r),
+            &wide(&self.x),
+            &wide(&self.bias),
+            &wide(&self.gate),
+            &wide(&self.scale),
+            &wide(&self.shift),
+            *self.x_shape.last().unwrap() as usize,
+            self.eps as f64,
+            store_as::<T>,
+        )
+    }
+}
+
+fn plan_of(op: Op, attrs: &Attrs, shapes: &[Vec<i64>]) -> Plan {
+    let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
+    plan(op, attrs, &shapes).unwrap()
+}
+
+/// (X shape, num_heads, Tc): Tc = the rows, Tc dividing the rows (a batch of 2), Tc = 1.
+const ROPE_CASES: [(&[i64], usize, usize); 4] = [
+    (&[1, 6, 64], 4, 6),
+    (&[2, 5, 64], 2, 5),
+    (&[3, 32], 1, 1),
+    (&[1, 4, 1, 48], 3, 4),
+];
+
+/// (X shape, gate, scale, shift shapes): F = 1 and F = 3 in every position and layout.
+const GRLN_CASES: [(&[i64], [&[i64]; 3]); 4] = [
+    (&[1, 12, 64], [&[64], &[1, 3, 1, 64], &[3, 64]]),
+    (&[1, 12, 64], [&[3, 64], &[64], &[1, 1, 64]]),
+    (&[2, 3, 32], [&[6, 32], &[2, 1, 32], &[1, 3, 1, 32]]),
+    (&[5, 16], [&[16], &[16], &[16]]),
+];
+
+fn check_rope_cpu<T: Tolerance>() {
+    let mut rng = Rng(1);
+    // The test shapes, and wan-1.3b's (N = 4680 tokens, D = 1536, 12 heads).
+    for (x_shape, heads, tc) in ROPE_CASES
+        .into_iter()
+        .chain([(&[1, 4680, 1536][..], 12, 4680)])
+    {
+        let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
+        let plan = plan_of(Op::BiasRmsNormRope, &case.attrs(), &case.shapes());
+        assert_eq!(plan.table_rows, tc);
+        let mut y = vec![T::from_f32(0.0); case.x.len()];
+        let i = case.inputs();
+        cpu::bias_rms_norm(
+            &plan,
+            case.eps,
+            i[0],
+            i[1],
+            i[2],
+            Some((i[3], i[4])),
+            &mut y,
+        );
+        assert_close(&y, &case.reference(), &format!("Y of {x_shape:?}"));
+    }
+}
+
+fn check_rms_norm_cpu<T: Tolerance>() {
+    let mut rng = Rng(2);
+    for x_shape in [
+        &[7, 64][..],
+        &[3, 4, 32],
+        &[5, 15],
+        &[1, 1, 1, 8],
+        &[1, 4680, 1536],
+    ] {
+        let d = *x_shape.last().unwrap() as usize;
+        let x: Vec<T> = rng.vec(shape_numel(x_shape), -3.0, 3.0);
+        let bias: Vec<T> = rng.vec(d, -0.5, 0.5);
+        let weight: Vec<T> = rng.vec(d, 0.5, 1.5);
+        let attrs = Attrs {
+            epsilon: 1e-5,
+            num_heads: 0,
+        };
+        let plan = plan_of(
+            Op::BiasRmsNorm,
+            &attrs,
+            &[x_shape.to_vec(), vec![d as i64], vec![1, d as i64]],
+        );
+        let mut y = vec![T::from_f32(0.0); x.len()];
+        cpu::bias_rms_norm(&plan, attrs.epsilon, &x, &bias, &weight, None, &mut y);
+        let want = reference_rms_norm(&wide(&x), &wide(&bias), &wide(&weight), d, 1e-5);
+        assert_close(&y, &want, &format!("Y of {x_shape:?}"));
+    }
+}
+
+fn check_grln_cpu<T: Tolerance>() {
+    let mut rng = Rng(3);
+    let frame: &[i64] = &[1, 3, 1, 1536];
+    for (x_shape, params) in GRLN_CASES
+        .into_iter()
+        .chain([(&[1, 4680, 1536][..], [frame, frame, &[1536][..]])])
+    {
+        let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
+        let plan = plan_of(Op::GatedResidualLayerNorm, &case.attrs(), &case.shapes());
+        let mut s = vec![T::from_f32(0.0); case.x.len()];
+        let mut y = vec![T::from_f32(0.0); case.x.len()];
+        let i = case.inputs();
+        cpu::gated_residual_layer_norm(
+            &plan, case.eps, i[0], i[1], i[2], i[3], i[4], i[5], &mut s, &mut y,
+        );
+        let (want_s, want_y) = case.reference();
+        assert_close(&s, &want_s, &format!("S of {x_shape:?} {params:?}"));
+        assert_close(&y, &want_y, &format!("Y of {x_shape:?} {params:?}"));
+    }
+}
+
+#[test]
+fn bias_rms_norm_rope_matches_the_reference() {
+    check_rope_cpu::<f32>();
+    check_rope_cpu::<f16>();
+}
+
+#[test]
+fn bias_rms_norm_matches_the_reference() {
+    check_rms_norm_cpu::<f32>();
+    check_rms_norm_cpu::<f16>();
+}
+
+#[test]
+fn gated_residual_layer_norm_matches_the_reference() {
+    check_grln_cpu::<f32>();
+    check_grln_cpu::<f16>();
+}
+
+/// The float16 S output is the float32 value rounded once, and the norm reads S as stored:
+/// R + X = [1000.2, −1000, 0, 0] is stored as [1000, −1000, 0, 0] (float16 steps by 0.5 there), so
+/// the mean is 0 and Y[2] = Y[3] = 0 exactly; normalising the unrounded sum would give a mean of
+/// 0.05 and Y[2] ≈ −7e-5, which float16 represents.
+#[test]
+fn gated_residual_layer_norm_normalises_s_as_stored() {
+    let h = |v: [f32; 4]| v.map(f16::from_f32).to_vec();
+    let r = h([1000.0, -1000.0, 0.0, 0.0]);
+    let x = h([0.2, 0.0, 0.0, 0.0]);
+    let (ones, zeros) = (h([1.0; 4]), h([0.0; 4]));
+    let shapes = [vec![1, 4], vec![1, 4], vec![4], vec![4], vec![4], vec![4]];
+    let attrs = Attrs {
+        epsilon: 0.0,
+        num_heads: 0,
+    };
+    let plan = plan_of(Op::GatedResidualLayerNorm, &attrs, &shapes);
+    let (mut s, mut y) = (zeros.clone(), zeros.clone());
+    cpu::gated_residual_layer_norm(
+        &plan, 0.0, &r, &x, &zeros, &ones, &ones, &zeros, &mut s, &mut y,
+    );
+    assert_eq!(s, h([1000.0, -1000.0, 0.0, 0.0]));
+    assert_eq!(
+        y,
+        h([
+            std::f32::consts::SQRT_2,
+            -std::f32::consts::SQRT_2,
+            0.0,
+            0.0
+        ])
+    );
+}
+
+#[test]
+fn row_parameters_map_rows_to_blocks_in_order() {
+    // N = 6 rows, F = 3: rows 0-1 use block 0, 2-3 block 1, 4-5 block 2 (not r % F).
+    let attrs = Attrs {
+        epsilon: 0.0,
+        num_heads: 0,
+    };
+    let d = 2;
+    let shapes = [
+        vec![6, 2],
+        vec![6, 2],
+        vec![2],
+        vec![3, 2],
+        vec![2],
+        vec![2],
+    ];
+    let plan = plan_of(Op::GatedResidualLayerNorm, &attrs, &shapes);
+    assert_eq!(plan.divs, [2, 6, 6]);
+    let r = vec![0f32; 12];
+    let x: Vec<f32> = (0..6).flat_map(|_| [1.0, -1.0]).collect();
+    let gate: Vec<f32> = vec![1.0, 1.0, 2.0, 2.0, 3.0, 3.0];
+    let (ones, zeros) = (vec![1f32; d], vec![0f32; d]);
+    let (mut s, mut y) = (vec![0f32; 12], vec![0f32; 12]);
+    cpu::gated_residual_layer_norm(
+        &plan, 0.0, &r, &x, &zeros, &gate, &ones, &zeros, &mut s, &mut y,
+    );
+    assert_eq!(s, [1., -1., 1., -1., 2., -2., 2., -2., 3., -3., 3., -3.]);
+}
+
+fn plan_error(op: Op, attrs: Attrs, shapes: &[&[i64]]) -> String {
+    plan(op, &attrs, shapes).unwrap_err()
+}
+
+#[test]
+fn contract_violations_name_the_operator_the_input_and_the_shapes() {
+    let plain = Attrs {
+        epsilon: 1e-6,
+        num_heads: 0,
+    };
+    // A row parameter whose numel is not a multiple of D.
+    let e = plan_error(
+        Op::GatedResidualLayerNorm,
+        plain,
+        &[&[1, 6, 8], &[1, 6, 8], &[8], &[8], &[1, 2, 7], &[8]],
+    );
+    assert!(e.contains("ai.unstep GatedResidualLayerNorm"), "{e}");
+    assert!(
+        e.contains("row parameter scale has shape [1, 2, 7] (14 elements)"),
+        "{e}"
+    );
+    assert!(e.contains("D = 8") && e.contains("[1, 6, 8]"), "{e}");
+    // F that does not divide N.
+    let e = plan_error(
+        Op::GatedResidualLayerNorm,
+        plain,
+        &[&[1, 6, 8], &[1, 6, 8], &[8], &[4, 8], &[8], &[8]],
+    );
+    assert!(e.contains("row parameter gate has shape [4, 8]"), "{e}");
+    assert!(e.contains("F = 4") && e.contains("N = 6 rows"), "{e}");
+    // R's shape.
+    let e = plan_error(
+        Op::GatedResidualLayerNorm,
+        plain,
+        &[&[6, 8], &[1, 6, 8], &[8], &[8], &[8], &[8]],
+    );
+    assert!(
+        e.contains("input R has shape [6, 8] and X [1, 6, 8]"),
+        "{e}"
+    );
+    // bias of the wrong size.
+    let e = plan_error(Op::BiasRmsNorm, plain, &[&[3, 8], &[3, 8], &[8]]);
+    assert!(
+        e.contains("ai.unstep BiasRmsNorm: input bias has shape [3, 8] (24 elements)"),
+        "{e}"
+    );
+    // Rope: D not a multiple of 2·num_heads, and tables of the wrong size.
+    let rope = Attrs {
+        epsilon: 1e-6,
+        num_heads: 3,
+    };
+    let e = plan_error(
+        Op::BiasRmsNormRope,
+        rope,
+        &[&[2, 16], &[16], &[16], &[2, 2], &[2, 2]],
+    );
+    assert!(
+        e.contains("BiasRmsNormRope: D = 16") && e.contains("2·num_heads = 6"),
+        "{e}"
+    );
+    let rope = Attrs {
+        epsilon: 1e-6,
+        num_heads: 2,
+    };
+    let e = plan_error(
+        Op::BiasRmsNormRope,
+        rope,
+        &[&[2, 16], &[16], &[16], &[2, 3], &[2, 3]],
+    );
+    assert!(
+        e.contains("input cos has shape [2, 3] (6 elements)") && e.contains("hd/2 = 4"),
+        "{e}"
+    );
+    let e = plan_error(
+        Op::BiasRmsNormRope,
+        rope,
+        &[&[2, 16], &[16], &[16], &[2, 4], &[1, 4]],
+    );
+    assert!(
+        e.contains("input sin has shape [1, 4] and cos [2, 4]"),
+        "{e}"
+    );
+    // X without a last axis.
+    let e = plan_error(Op::BiasRmsNorm, plain, &[&[4, 0], &[0], &[0]]);
+    assert!(e.contains("X has shape [4, 0]"), "{e}");
+    // Valid shapes: every layout of a row parameter.
+    let ok = plan(
+        Op::GatedResidualLayerNorm,
+        &plain,
+        &[&[1, 6, 8], &[1, 6, 8], &[8], &[1, 3, 1, 8], &[6, 8], &[8]],
+    )
+    .unwrap();
+    assert_eq!((ok.rows, ok.d, ok.divs), (6, 8, [2, 1, 6]));
+}
+
+#[test]
+fn no_rows_is_no_work() {
+    let attrs = Attrs {
+        epsilon: 1e-6,
+        num_heads: 0,
+    };
+    let plan = plan(Op::BiasRmsNorm, &attrs, &[&[0, 8], &[8], &[8]]).unwrap();
+    assert_eq!((plan.rows, plan.d), (0, 8));
+    let mut y: Vec<f32> = Vec::new();
+    cpu::bias_rms_norm(&plan, 1e-6, &[], &[0.0; 8], &[1.0; 8], None, &mut y);
+}
+
+// --- Through ONNX Runtime (CPU provider) -------------------------------------------------------
+
+fn onnx_type<T: Element>() -> TensorElementType {
+    T::into_tensor_element_type()
+}
+
+/// A session of one node of `op` with the CPU kernels registered.
+fn session<T: Element>(op: Op, attrs: &[Attr]) -> ort::Result<Session> {
+    let runtime = ort_lib::runtime(None).expect(
+        "ONNX Runtime: run through scripts/test (or set UNSTEP_ORT_CACHE_DIR / ORT_DYLIB_PATH)",
+    );
+    let model = onnx_graph::custom_node(
+        DOMAIN,
+        op.name(),
+        onnx_type::<T>(),
+        op.inputs(),
+        op.outputs(),
+        attrs,
+    );
+    Session::builder(&runtime.environment)?
+        .with_intra_threads(1)?
+        .with_operators(operator_domain(false)?)?
+        .commit_from_memory(&model)
+}
+
+/// Runs `session` on `inputs` (in the operator's input order) and returns its outputs.
+fn run<T: Element>(
+    session: &mut Session,
+    op: Op,
+    shapes: &[Vec<i64>],
+    inputs: &[&[T]],
+) -> ort::Result<Vec<(Vec<i64>, Vec<T>)>> {
+    let values: Vec<(&str, Tensor<T>)> = op
+        .inputs()
+        .iter()
+        .zip(shapes.iter().zip(inputs))
+        .map(|(name, (shape, data))| {
+            Ok((*name, Tensor::from_array((shape.clone(), data.to_vec()))?))
+        })
+        .collect::<ort::Result<_>>()?;
+    let outputs = session.run(values)?;
+    op.outputs()
+        .iter()
+        .map(|name| {
+            let (shape, data) = outputs[*name].try_extract_tensor::<T>()?;
+            Ok((shape.to_vec(), data.to_vec()))
+        })
+        .collect()
+}
+
+fn check_through_onnx_runtime<T: Tolerance>() {
+    let mut rng = Rng(4);
+    let t = std::any::type_name::<T>();
+
+    let (x_shape, heads, tc) = ROPE_CASES[1];
+    let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
+    let attrs = [
+        Attr::Float("epsilon", case.eps),
+        Attr::Int("num_heads", heads as i64),
+    ];
+    let mut s = session::<T>(Op::BiasRmsNormRope, &attrs).unwrap();
+    let out = run(&mut s, Op::BiasRmsNormRope, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, x_shape);
+    assert_close(
+        &out[0].1,
+        &case.reference(),
+        &format!("{t} BiasRmsNormRope Y"),
+    );
+
+    let d = 48;
+    let x_shape = vec![2, 3, d as i64];
+    let x: Vec<T> = rng.vec(6 * d, -3.0, 3.0);
+    let bias: Vec<T> = rng.vec(d, -0.5, 0.5);
+    let weight: Vec<T> = rng.vec(d, 0.5, 1.5);
+    let mut s = session::<T>(Op::BiasRmsNorm, &[Attr::Float("epsilon", 1e-5)]).unwrap();
+    let shapes = [x_shape.clone(), vec![d as i64], vec![d as i64]];
+    let out = run(&mut s, Op::BiasRmsNorm, &shapes, &[&x, &bias, &weight]).unwrap();
+    assert_eq!(out[0].0, x_shape);
+    let want = reference_rms_norm(&wide(&x), &wide(&bias), &wide(&weight), d, 1e-5);
+    assert_close(&out[0].1, &want, &format!("{t} BiasRmsNorm Y"));
+
+    let (x_shape, params) = GRLN_CASES[0];
+    let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
+    let mut s = session::<T>(
+        Op::GatedResidualLayerNorm,
+        &[Attr::Float("epsilon", case.eps)],
+    )
+    .unwrap();
+    let out = run(
+        &mut s,
+        Op::GatedResidualLayerNorm,
+        &case.shapes(),
+        &case.inputs(),
+    )
+    .unwrap();
+    let (want_s, want_y) = case.reference();
+    assert_eq!((&out[0].0[..], &out[1].0[..]), (x_shape, x_shape));
+    assert_close(&out[0].1, &want_s, &format!("{t} GatedResidualLayerNorm S"));
+    assert_close(&out[1].1, &want_y, &format!("{t} GatedResidualLayerNorm Y"));
+}
+
+#[test]
+fn every_operator_runs_through_onnx_runtime() {
+    check_through_onnx_runtime::<f32>();
+    check_through_onnx_runtime::<f16>();
+}
+
+#[test]
+fn a_bad_row_parameter_fails_the_run_naming_the_operator_and_the_input() {
+    let mut rng = Rng(5);
+    let case = GrlnCase::<f32>::new(&mut rng, &[1, 6, 16], [&[16], &[16], &[16]]);
+    let mut shapes = case.shapes();
+    let mut inputs = case.inputs();
+    // shift of F = 4 blocks of D, which do not divide the 6 rows.
+    let bad: Vec<f32> = rng.vec(4 * 16, -1.0, 1.0);
+    shapes[5] = vec![4, 16];
+    inputs[5] = &bad;
+    let mut s =
+        session::<f32>(Op::GatedResidualLayerNorm, &[Attr::Float("epsilon", 1e-6)]).unwrap();
+    let e = run(&mut s, Op::GatedResidualLayerNorm, &shapes, &inputs)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ai.unstep GatedResidualLayerNorm"), "{e}");
+    assert!(e.contains("row parameter shift has shape [4, 16]"), "{e}");
+    // And a numel that is not a multiple of D.
+    let odd: Vec<f32> = rng.vec(24, -1.0, 1.0);
+    shapes[5] = vec![24];
+    inputs[5] = &odd;
+    let e = run(&mut s, Op::GatedResidualLayerNorm, &shapes, &inputs)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("row parameter shift has shape [24] (24 elements)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_attribute_fails_the_session() {
+    let Err(e) = session::<f32>(Op::BiasRmsNormRope, &[Attr::Float("epsilon", 1e-6)]) else {
+        panic!("a BiasRmsNormRope node without num_heads was accepted");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("ai.unstep BiasRmsNormRope") && e.contains("num_heads"),
+        "{e}"
+    );
+}
+
+/// Without the CUDA driver or NVRTC (this machine, CI), asking for the CUDA kernels is an error
+/// that says what is missing and what to do, not a panic; with both it is a domain.
+#[test]
+fn the_cuda_domain_without_cuda_says_what_is_missing() {
+    if let Err(e) = operator_domain(true) {
+        let e = e.to_string();
+        assert!(e.starts_with("unstep CUDA kernels: "), "{e}");
+        assert!(
+            e.contains("could not load") && e.contains("`--dit-kernels onnxruntime`"),
+            "{e}"
+        );
+    }
+}
+
+// --- The CUDA source ---------------------------------------------------------------------------
+
+/// kernels.cu compiles with NVRTC, to PTX for compute_90 and to an sm_90 cubin (what sessions
+/// load), with every entry point and without local memory (the rows stay in registers). Needs
+/// CUDA 13's NVRTC, not a GPU:
+/// `LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib cargo test --release --lib nvrtc -- --ignored`.
+#[test]
+#[ignore = "needs libnvrtc.so.13 on LD_LIBRARY_PATH"]
+fn nvrtc_compiles_the_kernels() {
+    cuda::check_nvrtc().unwrap();
+    let ptx = String::from_utf8(cuda::compile("compute_90").unwrap()).unwrap();
+    for op in Op::ALL {
+        for ty in [TensorElementType::Float32, TensorElementType::Float16] {
+            let name = cuda::entry_point(op, ty).unwrap();
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "no entry point {name} in the PTX"
+            );
+        }
+    }
+    assert!(
+        !ptx.contains(".local"),
+        "the kernels use local memory (a row spilled out of registers)"
+    );
+    let cubin = cuda::compile("sm_90").unwrap();
+    assert_eq!(
+        &cubin[..4],
+        b"\x7fELF",
+        "an sm_90 compile gives a cubin (ELF)"
+    );
+}
+
+// --- The CUDA kernels on a GPU -----------------------------------------------------------------
+
+mod gpu {
+    use cudarc::driver::{result as driver, sys};
+
+    use super::*;
+
+    /// Device memory of a test, freed on drop.
+    struct DeviceBuf(u64);
+
+    impl Drop for DeviceBuf {
+        fn drop(&mut self) {
+            // SAFETY: allocated by `upload`, freed once.
+            unsafe { driver::free_sync(self.0) }.unwrap();
+        }
+    }
+
+    fn upload<T: Element>(data: &[T]) -> DeviceBuf {
+        let bytes = std::mem::size_of_val(data).max(4);
+        // SAFETY: a plain allocation and a copy of `data` into it, in the current context.
+        unsafe {
+            let buf = DeviceBuf(driver::malloc_sync(bytes).unwrap());
+            driver::memcpy_htod_sync(buf.0, data).unwrap();
+            buf
+        }
+    }
+
+    fn download<T: Element>(buf: &DeviceBuf, n: usize) -> Vec<T> {
+        let mut out = vec![T::from_f32(0.0); n];
+        // SAFETY: `buf` holds at least `n` elements; the stream was synchronised.
+        unsafe { driver::memcpy_dtoh_sync(&mut out, buf.0) }.unwrap();
+        out
+    }
+
+    /// Runs `op` with the CUDA kernel on `stream` and returns its outputs and the mean time of
+    /// one launch over `repeats` launches (after one untimed launch), in microseconds.
+    fn run_cuda<T: Element>(
+        op: Op,
+        attrs: &Attrs,
+        shapes: &[Vec<i64>],
+        inputs: &[&[T]],
+        stream: sys::CUstream,
+        repeats: usize,
+    ) -> (Vec<Vec<T>>, f64) {
+        let plan = plan_of(op, attrs, shapes);
+        let kernel = cuda::CudaKernel::new(op, T::into_tensor_element_type(), 0).unwrap();
+        let n = plan.rows * plan.d;
+        let sentinel = vec![T::from_f32(f32::NAN); n];
+        let bufs: Vec<DeviceBuf> = inputs
+            .iter()
+            .map(|data| upload(data))
+            .chain(op.outputs().iter().map(|_| upload(&sentinel)))
+            .collect();
+        let pointers: Vec<u64> = bufs.iter().map(|b| b.0).collect();
+        kernel.launch(&plan, attrs, &pointers, stream).unwrap();
+        let mut micros = 0.0;
+        if repeats > 0 {
+            use sys::CUevent_flags::CU_EVENT_DEFAULT;
+            let (start, end) = (
+                driver::event::create(CU_EVENT_DEFAULT).unwrap(),
+                driver::event::create(CU_EVENT_DEFAULT).unwrap(),
+            );
+            // SAFETY: events and stream of the current context.
+            unsafe {
+                driver::event::record(start, stream).unwrap();
+                for _ in 0..repeats {
+                    kernel.launch(&plan, attrs, &pointers, stream).unwrap();
+                }
+                driver::event::record(end, stream).unwrap();
+                driver::event::synchronize(end).unwrap();
+                micros = driver::event::elapsed(start, end).unwrap() as f64 * 1e3 / repeats as f64;
+                driver::event::destroy(start).unwrap();
+                driver::event::destroy(end).unwrap();
+            }
+        }
+        // SAFETY: the test's stream.
+        unsafe { driver::stream::synchronize(stream) }.unwrap();
+        let outputs = bufs[inputs.len()..]
+            .iter()
+            .map(|b| download::<T>(b, n))
+            .collect();
+        (outputs, micros)
+    }
+
+    /// GPU against CPU kernel: float32 within 1e-5 (only the row sums' order differs: the CUDA
+    /// source is compiled without contraction), float16 within one unit in the last place.
+    #[track_caller]
+    fn assert_matches_cpu<T: Element>(gpu: &[T], cpu: &[T], what: &str) {
+        let ulp = if T::into_tensor_element_type() == TensorElementType::Float16 {
+            1.0 / 1024.0
+        } else {
+            1e-5
+        };
+        for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+            let (g, c) = (g.to_f32() as f64, c.to_f32() as f64);
+            assert!(
+                (g - c).abs() <= 1e-6 + ulp * g.abs().max(c.abs()),
+                "{what}[{i}]: GPU {g}, CPU {c}"
+            );
+        }
+    }
+
+    fn bandwidth(inputs: &[&[impl Element]], outputs: usize, n: usize, micros: f64) -> String {
+        let elem = std::mem::size_of_val(&inputs[0][0]);
+        let bytes: usize =
+            inputs.iter().map(|i| i.len() * elem).sum::<usize>() + outputs * n * elem;
+        format!(
+            "{micros:.2} µs per launch, {:.0} GB/s over {:.1} MB",
+            bytes as f64 / micros / 1e3,
+            bytes as f64 / 1e6
+        )
+    }
+
+    fn check<T: Tolerance>(stream: sys::CUstream) {
+        let t = std::any::type_name::<T>();
+        let mut rng = Rng(6);
+        let rope_cases: Vec<(&[i64], usize, usize)> = ROPE_CASES
+            .into_iter()
+            .chain([
+                (&[1, 4680, 1536][..], 12, 4680),
+                (&[7, 2048], 16, 7),
+                (&[1, 5, 1000], 5, 5),
+                (&[2, 3, 96], 12, 1),
+            ])
+            .collect();
+        for (x_shape, heads, tc) in rope_cases {
+            let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
+            let big = shape_numel(x_shape) > 1_000_000;
+            let (gpu, micros) = run_cuda(
+                Op::BiasRmsNormRope,
+                &case.attrs(),
+                &case.shapes(),
+                &case.inputs(),
+                stream,
+                if big { 50 } else { 0 },
+            );
+            let plan = plan_of(Op::BiasRmsNormRope, &case.attrs(), &case.shapes());
+            let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
+            let i = case.inputs();
+            cpu::bias_rms_norm(
+                &plan,
+                case.eps,
+                i[0],
+                i[1],
+                i[2],
+                Some((i[3], i[4])),
+                &mut cpu_y,
+            );
+            let what = format!("{t} BiasRmsNormRope {x_shape:?}");
+            assert_matches_cpu(&gpu[0], &cpu_y, &what);
+            assert_close(&gpu[0], &case.reference(), &what);
+            if big {
+                eprintln!(
+                    "{what}: {}",
+                    bandwidth(&case.inputs(), 1, case.x.len(), micros)
+                );
+            }
+        }
+
+        for x_shape in [
+            &[7, 64][..],
+            &[1, 4680, 1536],
+            &[3, 1000],
+            &[5, 2048],
+            &[9, 2],
+        ] {
+            let d = *x_shape.last().unwrap() as usize;
+            let x: Vec<T> = rng.vec(shape_numel(x_shape), -3.0, 3.0);
+            let bias: Vec<T> = rng.vec(d, -0.5, 0.5);
+            let weight: Vec<T> = rng.vec(d, 0.5, 1.5);
+            let attrs = Attrs {
+                epsilon: 1e-6,
+                num_heads: 0,
+            };
+            let shapes = [x_shape.to_vec(), vec![d as i64], vec![d as i64]];
+            let big = x.len() > 1_000_000;
+            let inputs = [&x[..], &bias, &weight];
+            let (gpu, micros) = run_cuda(
+                Op::BiasRmsNorm,
+                &attrs,
+                &shapes,
+                &inputs,
+                stream,
+                if big { 50 } else { 0 },
+            );
+            let plan = plan_of(Op::BiasRmsNorm, &attrs, &shapes);
+            let mut cpu_y = vec![T::from_f32(0.0); x.len()];
+            cpu::bias_rms_norm(&plan, 1e-6, &x, &bias, &weight, None, &mut cpu_y);
+            let what = format!("{t} BiasRmsNorm {x_shape:?}");
+            assert_matches_cpu(&gpu[0], &cpu_y, &what);
+            let want = reference_rms_norm(&wide(&x), &wide(&bias), &wide(&weight), d, 1e-6);
+            assert_close(&gpu[0], &want, &what);
+            if big {
+                eprintln!("{what}: {}", bandwidth(&inputs, 1, x.len(), micros));
+            }
+        }
+
+        let frame: &[i64] = &[1, 3, 1, 1536];
+        let grln_cases: Vec<(&[i64], [&[i64]; 3])> = GRLN_CASES
+            .into_iter()
+            .chain([
+                (&[1, 4680, 1536][..], [frame, frame, frame]),
+                (&[1, 4680, 1536], [&[1536][..], frame, &[3, 1536]]),
+                (&[7, 2048], [&[7, 2048][..], &[2048], &[1, 2048]]),
+                (&[5, 1000], [&[1000][..], &[5, 1000], &[1000]]),
+            ])
+            .collect();
+        for (x_shape, params) in grln_cases {
+            let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
+            let big = case.x.len() > 1_000_000;
+            let (gpu, micros) = run_cuda(
+                Op::GatedResidualLayerNorm,
+                &case.attrs(),
+                &case.shapes(),
+                &case.inputs(),
+                stream,
+                if big { 50 } else { 0 },
+            );
+            let plan = plan_of(Op::GatedResidualLayerNorm, &case.attrs(), &case.shapes());
+            let mut cpu_s = vec![T::from_f32(0.0); case.x.len()];
+            let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
+            let i = case.inputs();
+            cpu::gated_residual_layer_norm(
+                &plan, case.eps, i[0], i[1], i[2], i[3], i[4], i[5], &mut cpu_s, &mut cpu_y,
+            );
+            let what = format!("{t} GatedResidualLayerNorm {x_shape:?} {params:?}");
+            // S is elementwise: the same float32 operations in the same order on both.
+            assert!(gpu[0] == cpu_s, "{what}: S differs between GPU and CPU");
+            assert_matches_cpu(&gpu[1], &cpu_y, &format!("{what} Y"));
+            let (want_s, want_y) = case.reference();
+            assert_close(&gpu[0], &want_s, &format!("{what} S"));
+            assert_close(&gpu[1], &want_y, &format!("{what} Y"));
+            if big {
+                eprintln!(
+                    "{what}: {}",
+                    bandwidth(&case.inputs(), 2, case.x.len(), micros)
+                );
+            }
+        }
+    }
+
+    /// The CUDA kernels, compiled with NVRTC and launched as a session launches them
+    /// ([`cuda::CudaKernel::launch`]) on a non-blocking stream, against the CPU kernels and the
+    /// float64 reference, at the test shapes and at wan-1.3b's (N = 4680, D = 1536, 12 heads),
+    /// D = 2048 (the largest), D = 1000 (pairs not a multiple of 32) and row counts that are not
+    /// a multiple of 4; prints the time per launch of the large shapes. Needs a CUDA GPU and
+    /// NVRTC: `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernels -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "needs a CUDA GPU, its driver, and NVRTC on LD_LIBRARY_PATH"]
+    fn cuda_kernels_match_the_cpu_kernels() {
+        cuda::check_libraries().unwrap();
+        let device = driver::device::get(0).unwrap();
+        // SAFETY: device 0's primary context, kept for the test (the kernels' module lives in
+        // it too), current on this thread for the allocations.
+        let stream = unsafe {
+            let context = driver::primary_ctx::retain(device).unwrap();
+            driver::ctx::set_current(context).unwrap();
+            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
+        };
+        check::<f32>(stream);
+        check::<f16>(stream);
+    }
+}
