@@ -1,4 +1,4 @@
-"""CLI: python -m unstep_export {export,golden,parity,sample,selftest} (run with PYTHONPATH=assets/export)."""
+"""CLI: python -m unstep_export {export,golden,parity,fused-check,sample,selftest} (run with PYTHONPATH=assets/export)."""
 
 from __future__ import annotations
 
@@ -45,13 +45,21 @@ def cmd_export(args):
     dit, te, vae = dit.to(dev, dtype), te.to(dev, dtype), vae.to(dev, dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("dit.onnx", "dit.onnx.data", "vae_first.onnx", "vae_first.onnx.data", "vae_step.onnx",
-                  "vae_step.onnx.data", "text_encoder.onnx", "text_encoder.onnx.data", "bundle.toml"):
+    for stale in ("dit.onnx", "dit.onnx.data", "dit_fused.onnx", "dit_fused.onnx.data", "vae_first.onnx",
+                  "vae_first.onnx.data", "vae_step.onnx", "vae_step.onnx.data", "text_encoder.onnx",
+                  "text_encoder.onnx.data", "bundle.toml"):
         (out / stale).unlink(missing_ok=True)
     t = time.time()
     ex.export_text(te, cfg, out, dtype, dev)
     ex.export_dit(dit, cfg, out, dtype, dev)
     n = ex.export_vae(vae, cfg, out, dtype, dev)
+    # Last, so that the graphs above are traced exactly as before (same random trace inputs).
+    if args.no_fused_dit:
+        print("dit_fused.onnx: skipped (--no-fused-dit)")
+    elif precision not in ex.FUSED_PRECISIONS:
+        print(f"dit_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
+    else:
+        ex.export_dit(dit, cfg, out, dtype, dev, fused_ops=True)
     notes = []
     if not args.checkpoint:
         notes.append("Seeded random weights (no checkpoint given).")
@@ -214,6 +222,8 @@ def main(argv=None):
                    help="device the export traces on; use cuda for wan-1.3b fp16 (fp16 on CPU is very slow)")
     p.add_argument("--vae-norm", choices=["transpose", "reduce"], default="transpose",
                    help="VAE RMS norms as channels-last SimplifiedLayerNormalization (default) or ReduceL2 + divide")
+    p.add_argument("--no-fused-dit", action="store_true",
+                   help="do not write dit_fused.onnx (the DiT with the runner's ai.unstep operators; fp32/fp16 only)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("golden", help="write golden reference outputs")
@@ -255,8 +265,9 @@ def main(argv=None):
     p.add_argument("--save", help="prefix for .npy frame dumps")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("fused-check", help="exported fused ops vs eager PyTorch, every bias non-zero")
+    p = sub.add_parser("fused-check", help="exported fused ops vs eager PyTorch, every bias non-zero; dit_fused checks")
     p.add_argument("--preset", default="tiny")
+    p.add_argument("--bundle", help="also check this bundle's dit_fused.onnx structure (e.g. assets/tiny)")
     p.set_defaults(fn=cmd_fused_check, threads=None)
 
     p = sub.add_parser("selftest", help="Philox known-answer test")

@@ -1,4 +1,5 @@
-"""Write an asset bundle (docs/bundle.md): three ONNX graphs + text encoder + bundle.toml."""
+"""Write an asset bundle (docs/bundle.md): three ONNX graphs + text encoder + bundle.toml, and
+optionally `dit_fused.onnx` (the DiT with the runner's own `ai.unstep` operators)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ import torch
 import torch.nn as nn
 
 from . import EXPORTER_VERSION
+from . import fused
 from .config import Config
 
 OPSET = 17
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CUSTOM_OPSETS = {"com.microsoft": 1}
+# dit_fused.onnx also uses the runner's own operators (fused.py); their kernels do fp32 and fp16.
+FUSED_CUSTOM_OPSETS = {"com.microsoft": 1, fused.UNSTEP_DOMAIN: 1}
+FUSED_PRECISIONS = ("fp32", "fp16")
 
 
 class DitGraph(nn.Module):
@@ -58,7 +64,8 @@ class TextGraph(nn.Module):
         return self.te(input_ids, attention_mask).to(self.dtype)
 
 
-def _export(module, args, path: Path, input_names, output_names, output_shapes, dynamic_axes=None):
+def _export(module, args, path: Path, input_names, output_names, output_shapes, dynamic_axes=None,
+            custom_opsets=None):
     """TorchScript exporter (dynamo=False): it honours autograd.Function.symbolic, which is how
     attention becomes com.microsoft.MultiHeadAttention.  Saved through a temp dir so that graphs
     over 2 GB end up with one external data file `<name>.data` beside them."""
@@ -68,7 +75,7 @@ def _export(module, args, path: Path, input_names, output_names, output_shapes, 
             torch.onnx.export(
                 module, args, str(tmp_path), input_names=input_names, output_names=output_names,
                 dynamic_axes=dynamic_axes or {}, opset_version=OPSET, do_constant_folding=True,
-                custom_opsets={"com.microsoft": 1}, dynamo=False,
+                custom_opsets=custom_opsets or CUSTOM_OPSETS, dynamo=False,
             )
         model = onnx.load(str(tmp_path), load_external_data=True)
     # The TorchScript exporter's shape inference leaves some outputs with made-up symbolic dims
@@ -102,7 +109,9 @@ def vae_cache_shapes(vae, cfg: Config, dtype, device="cpu"):
     return [(b, t, h, w, c) for b, c, t, h, w in (tuple(x.shape) for x in caches)]
 
 
-def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu"):
+def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool = False):
+    """`dit.onnx`, or with fused_ops `dit_fused.onnx`: the same inputs and outputs, with the
+    per-row elementwise work in the runner's `ai.unstep` operators (fused.py)."""
     F, T, D, L = cfg.frames_per_block, cfg.frames_per_block * cfg.tokens_per_frame, cfg.dim, cfg.layers
     P = T  # trace with a non-empty past; the P axis is dynamic (0 works at run time)
     x = torch.randn(1, cfg.latent_channels, F, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
@@ -117,7 +126,12 @@ def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu"):
         dyn[f"past_k.{i}"] = {1: "P"}
         dyn[f"past_v.{i}"] = {1: "P"}
     shapes = [tuple(x.shape)] + [(1, T, D)] * (2 * L)
-    _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit.onnx", in_names, out_names, shapes, dyn)
+    if not fused_ops:
+        _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit.onnx", in_names, out_names, shapes, dyn)
+        return
+    with fused.fused_dit():
+        _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit_fused.onnx", in_names, out_names, shapes, dyn,
+                custom_opsets=FUSED_CUSTOM_OPSETS)
 
 
 def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu"):
@@ -195,6 +209,10 @@ def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""
         "[graphs]",
         'text_encoder = "text_encoder.onnx"',
         'dit = "dit.onnx"',
+    ]
+    if (out / "dit_fused.onnx").is_file():
+        lines.append('dit_fused = "dit_fused.onnx"')
+    lines += [
         'vae_first = "vae_first.onnx"',
         'vae_step = "vae_step.onnx"',
         "",

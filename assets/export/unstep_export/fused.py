@@ -12,9 +12,24 @@ so that the runner moves each activation once per step instead of five to ten ti
 
 Each function's eager forward is the reference arithmetic, so a model behaves the same whether
 or not it is being exported; only the graph differs.
+
+A second DiT graph, `dit_fused.onnx` (exporter 0.4.0), goes further with the runner's own
+operators of the domain `ai.unstep` (opset 1), implemented by the Rust runner and not by ONNX
+Runtime (docs/bundle.md, "Operators of `dit_fused`"):
+
+- `BiasRmsNormRope(X, bias, weight, cos, sin)`   q/k: linear bias + RMS norm + 3D RoPE;
+- `BiasRmsNorm(X, bias, weight)`                  cross-attention q: linear bias + RMS norm;
+- `GatedResidualLayerNorm(R, X, bias, gate, scale, shift) -> (S, Y)`
+                                                  residual + gated (biased) branch, and the next
+                                                  modulated LayerNorm of the new residual.
+
+That structure (model.py, `Block.forward_fused`) is only taken inside `with fused_dit():`;
+eager PyTorch and `dit.onnx` never see it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -160,3 +175,170 @@ def modulated_layer_norm(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tens
     if exporting() and norm.weight is None:
         return _ModulatedLayerNorm.apply(x, scale, shift, eps)
     return norm(x) * scale + shift
+
+
+# ---------------------------------------------------------------------------------------------
+# dit_fused.onnx: the runner's own operators (domain ai.unstep, opset 1)
+# ---------------------------------------------------------------------------------------------
+
+UNSTEP_DOMAIN = "ai.unstep"
+_FUSED_DIT = False
+
+
+def fused_dit_active() -> bool:
+    """True inside `with fused_dit():` - the DiT then takes the fused structure (model.py)."""
+    return _FUSED_DIT
+
+
+@contextlib.contextmanager
+def fused_dit(enabled: bool = True):
+    """Switch the DiT to the structure of `dit_fused.onnx` (exporting it, or running its eager
+    reference arithmetic for the checks)."""
+    global _FUSED_DIT
+    prev, _FUSED_DIT = _FUSED_DIT, enabled
+    try:
+        yield
+    finally:
+        _FUSED_DIT = prev
+
+
+def _row_param(p: torch.Tensor, n: int, d: int) -> torch.Tensor:
+    """A row parameter (numel F*D, N % F == 0) as float32 [N, D]: row r uses row r // (N/F)."""
+    f = p.numel() // d
+    if not torch.jit.is_tracing() and (f * d != p.numel() or f == 0 or n % f):
+        raise ValueError(f"row parameter of {p.numel()} elements for {n} rows of {d}")
+    return p.float().reshape(f, 1, d).expand(f, n // f, d).reshape(n, d)
+
+
+def _rms(v: torch.Tensor, eps: float) -> torch.Tensor:
+    return v / torch.sqrt(v.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def bias_rms_norm_rope_reference(x, bias, weight, cos, sin, eps: float, heads: int):
+    """ai.unstep::BiasRmsNormRope: u = rms_norm(x + bias) * weight, then rotate the interleaved
+    pairs (2i, 2i+1) by row (r % Tc), column (i mod hd/2) of the cos/sin tables [Tc, hd/2]."""
+    d = x.shape[-1]
+    n = x.numel() // d
+    hd = d // heads
+    u = _rms(x.float().reshape(n, d) + bias.float(), eps) * weight.float()
+    t = torch.arange(n, device=x.device) % cos.shape[0]
+    c = cos.float()[t].unsqueeze(1)  # [N, 1, hd/2], the same for every head
+    s = sin.float()[t].unsqueeze(1)
+    u = u.view(n, heads, hd // 2, 2)
+    u0, u1 = u[..., 0], u[..., 1]
+    y = torch.stack([u0 * c - u1 * s, u0 * s + u1 * c], dim=-1)
+    return y.reshape(x.shape).to(x.dtype)
+
+
+def bias_rms_norm_reference(x, bias, weight, eps: float):
+    """ai.unstep::BiasRmsNorm: rms_norm(x + bias) * weight."""
+    d = x.shape[-1]
+    y = _rms(x.float().reshape(-1, d) + bias.float(), eps) * weight.float()
+    return y.reshape(x.shape).to(x.dtype)
+
+
+def gated_residual_layer_norm_reference(r, x, bias, gate, scale, shift, eps: float):
+    """ai.unstep::GatedResidualLayerNorm: S = round_T(R + (X + bias) * gate);
+    Y = LayerNorm(S, no affine) * scale + shift, normalising the stored (rounded) S."""
+    d = x.shape[-1]
+    n = x.numel() // d
+    s = r.float().reshape(n, d) + (x.float().reshape(n, d) + bias.float()) * _row_param(gate, n, d)
+    s = s.to(r.dtype)
+    y = F.layer_norm(s.float(), (d,), eps=eps) * _row_param(scale, n, d) + _row_param(shift, n, d)
+    return s.reshape(r.shape), y.reshape(r.shape).to(r.dtype)
+
+
+class _BiasRmsNormRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias, weight, cos, sin, eps: float, heads: int):  # noqa: D401 - torch.autograd API
+        return bias_rms_norm_rope_reference(x, bias, weight, cos, sin, eps, heads)
+
+    @staticmethod
+    def symbolic(g, x, bias, weight, cos, sin, eps: float, heads: int):
+        out = g.op(f"{UNSTEP_DOMAIN}::BiasRmsNormRope", x, bias, weight, cos, sin,
+                   epsilon_f=float(eps), num_heads_i=int(heads))
+        out.setType(x.type())
+        return out
+
+
+class _BiasRmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias, weight, eps: float):  # noqa: D401 - torch.autograd API
+        return bias_rms_norm_reference(x, bias, weight, eps)
+
+    @staticmethod
+    def symbolic(g, x, bias, weight, eps: float):
+        out = g.op(f"{UNSTEP_DOMAIN}::BiasRmsNorm", x, bias, weight, epsilon_f=float(eps))
+        out.setType(x.type())
+        return out
+
+
+class _GatedResidualLayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, r, x, bias, gate, scale, shift, eps: float):  # noqa: D401 - torch.autograd API
+        return gated_residual_layer_norm_reference(r, x, bias, gate, scale, shift, eps)
+
+    @staticmethod
+    def symbolic(g, r, x, bias, gate, scale, shift, eps: float):
+        s, y = g.op(f"{UNSTEP_DOMAIN}::GatedResidualLayerNorm", r, x, bias, gate, scale, shift,
+                    epsilon_f=float(eps), outputs=2)
+        s.setType(r.type())
+        y.setType(r.type())
+        return s, y
+
+
+def bias_rms_norm_rope(x, bias, weight, cos, sin, eps: float, heads: int):
+    # The angle tables in the activations' precision, as the standard graph feeds RotaryEmbedding.
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if exporting():
+        return _BiasRmsNormRope.apply(x, bias, weight, cos, sin, eps, heads)
+    return bias_rms_norm_rope_reference(x, bias, weight, cos, sin, eps, heads)
+
+
+def bias_rms_norm(x, bias, weight, eps: float):
+    if exporting():
+        return _BiasRmsNorm.apply(x, bias, weight, eps)
+    return bias_rms_norm_reference(x, bias, weight, eps)
+
+
+def gated_residual_layer_norm(r, x, bias, gate, scale, shift, eps: float):
+    """(S, Y) = (R + (X + bias) * gate, LayerNorm(S) * scale + shift); gate/scale/shift are row
+    parameters ([D], or [1, F, 1, D] per frame of the [1, F*tokens, D] activations)."""
+    if exporting():
+        return _GatedResidualLayerNorm.apply(r, x, bias, gate, scale, shift, eps)
+    return gated_residual_layer_norm_reference(r, x, bias, gate, scale, shift, eps)
+
+
+def linear_parts(lin: nn.Module):
+    """A linear layer as (x -> x W^T without its bias, bias [out]): the fused graph exports the
+    product as a bare MatMul and adds the bias inside the next fused op.  A missing bias is zeros;
+    `--svd-rank` factors (model.LowRankLinear: b(a(x))) keep their bias on `b`."""
+    if isinstance(lin, nn.Linear):
+        weight, bias = lin.weight, lin.bias
+        fn = lambda x: F.linear(x, weight)  # noqa: E731
+    elif hasattr(lin, "a") and hasattr(lin, "b"):
+        weight, bias = lin.b.weight, lin.b.bias
+        fn = lambda x: F.linear(lin.a(x), weight)  # noqa: E731
+    else:
+        raise TypeError(f"not a linear layer: {type(lin).__name__}")
+    if bias is None:
+        bias = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    return fn, bias
+
+
+def value_and_output_parts(v: nn.Module, o: nn.Module):
+    """(value, output without bias, output bias) with the value bias folded into the output bias
+    exactly where `value_and_output` folds it, so `new_v` means the same in both DiT graphs."""
+    out, bias = linear_parts(o)
+    if isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and v.bias is not None:
+        return (lambda x: F.linear(x, v.weight)), out, out(v.bias) + bias
+    return v, out, bias
+
+
+def ffn_hidden(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """The FFN up to its second linear layer: GELU(tanh)(x W1^T + b1), with the bias inside
+    FastGelu when exporting (as `ffn`)."""
+    first, act, _ = seq
+    if exporting() and isinstance(first, nn.Linear) and first.bias is not None:
+        return _FastGeluBias.apply(F.linear(x, first.weight), first.bias)
+    return act(first(x))

@@ -81,6 +81,8 @@ class AttentionProjections(nn.Module):
 
 class SelfAttention(AttentionProjections):
     def forward(self, x, cos, sin, past_k, past_v):
+        if fused.fused_dit_active():
+            return self.forward_fused(x, cos, sin, past_k, past_v)
         q = fused.rope(self.norm_q(self.q(x)), cos, sin, self.heads)
         k = fused.rope(self.norm_k(self.k(x)), cos, sin, self.heads)
         value, output = fused.value_and_output(self.v, self.o)
@@ -90,13 +92,37 @@ class SelfAttention(AttentionProjections):
         vv = torch.cat([past_v, v], dim=1)
         return output(attention(q, kk, vv, self.heads)), k, v
 
+    def forward_fused(self, x, cos, sin, past_k, past_v):
+        """dit_fused: q/k as one BiasRmsNormRope each after a bias-free projection; returns the
+        bias-free output projection and its (folded) bias for the next GatedResidualLayerNorm."""
+        q_lin, q_bias = fused.linear_parts(self.q)
+        k_lin, k_bias = fused.linear_parts(self.k)
+        q = fused.bias_rms_norm_rope(q_lin(x), q_bias, self.norm_q.weight, cos, sin, self.norm_q.eps, self.heads)
+        k = fused.bias_rms_norm_rope(k_lin(x), k_bias, self.norm_k.weight, cos, sin, self.norm_k.eps, self.heads)
+        value, output, o_bias = fused.value_and_output_parts(self.v, self.o)
+        v = value(x)
+        kk = torch.cat([past_k, k], dim=1)
+        vv = torch.cat([past_v, v], dim=1)
+        return output(attention(q, kk, vv, self.heads)), o_bias, k, v
+
 
 class CrossAttention(AttentionProjections):
     def forward(self, x, context):
+        if fused.fused_dit_active():
+            return self.forward_fused(x, context)
         q = self.norm_q(self.q(x))
         k = self.norm_k(self.k(context))
         value, output = fused.value_and_output(self.v, self.o)
         return output(attention(q, k, value(context), self.heads))
+
+    def forward_fused(self, x, context):
+        """dit_fused: q as one BiasRmsNorm after a bias-free projection; the context side as in
+        `forward`.  Returns the bias-free output projection and its (folded) bias."""
+        q_lin, q_bias = fused.linear_parts(self.q)
+        q = fused.bias_rms_norm(q_lin(x), q_bias, self.norm_q.weight, self.norm_q.eps)
+        k = self.norm_k(self.k(context))
+        value, output, o_bias = fused.value_and_output_parts(self.v, self.o)
+        return output(attention(q, k, value(context), self.heads)), o_bias
 
 
 class Block(nn.Module):
@@ -111,7 +137,9 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), fused.GeluTanh(), nn.Linear(cfg.ffn_dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, x, e0, context, cos, sin, past_k, past_v, frames: int):
+    def forward(self, x, e0, context, cos, sin, past_k, past_v, frames: int, fused_args=None):
+        if fused_args is not None:  # dit_fused (CausalDiT._blocks_fused); e0 is then unused
+            return self.forward_fused(x, *fused_args, context, cos, sin, past_k, past_v, frames)
         # e0: [1, F, 6, D]; every token of frame f gets frame f's shift/scale/gate.
         e = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
 
@@ -129,6 +157,36 @@ class Block(nn.Module):
         x = x + (per_frame(y) * e[5]).flatten(1, 2)
         return x, k, v
 
+    def modulation_chunks(self, e0):
+        """(shift, scale, gate, shift, scale, gate) of norm1/self-attn and norm2/FFN, [1, F, 1, D] each."""
+        return (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
+
+    def input_norm(self, x, e, frames: int):
+        """norm1(x) * (1 + scale) + shift: one LayerNormalization (layer 0 of dit_fused only; every
+        later input norm is the second output of the previous layer's last GatedResidualLayerNorm)."""
+        y = fused.modulated_layer_norm(x.unflatten(1, (frames, -1)), 1 + e[1], e[0], self.norm1.eps, self.norm1)
+        return y.flatten(1, 2)
+
+    def forward_fused(self, x, y, e, next_scale, next_shift, next_eps: float, context, cos, sin, past_k, past_v,
+                      frames: int):
+        """The structure of dit_fused.onnx.  x: residual stream; y: this layer's modulated input
+        norm, computed by the previous layer's last op (None for layer 0: one LayerNormalization
+        here); e: this layer's modulation chunks; next_*: the scale, shift and eps of the norm that
+        follows this layer (the next layer's norm1, or the head's).
+        Returns (residual, the next modulated input norm, new k, new v)."""
+        if y is None:
+            y = self.input_norm(x, e, frames)
+        o, o_bias, k, v = self.self_attn(y, cos, sin, past_k, past_v)
+        # x + (o + b_o) * gate, and norm3 (affine) of that for the cross-attention
+        x, y = fused.gated_residual_layer_norm(x, o, o_bias, e[2], self.norm3.weight, self.norm3.bias, self.norm3.eps)
+        o, o_bias = self.cross_attn(y, context)
+        ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)  # the cross-attention is not gated
+        x, y = fused.gated_residual_layer_norm(x, o, o_bias, ones, 1 + e[4], e[3], self.norm2.eps)
+        second, b2 = fused.linear_parts(self.ffn[2])
+        f = second(fused.ffn_hidden(self.ffn, y))
+        x, y = fused.gated_residual_layer_norm(x, f, b2, e[5], next_scale, next_shift, next_eps)
+        return x, y, k, v
+
 
 class Head(nn.Module):
     def __init__(self, cfg: Config):
@@ -143,6 +201,10 @@ class Head(nn.Module):
         m = (self.modulation.unsqueeze(1) + e.unsqueeze(2)).chunk(2, dim=2)
         y = self.norm(x).unflatten(1, (frames, -1)) * (1 + m[1]) + m[0]
         return self.head(y.flatten(1, 2))
+
+    def modulation_chunks(self, e):
+        """(shift, scale) of the head's norm, [1, F, 1, D] each."""
+        return (self.modulation.unsqueeze(1) + e.unsqueeze(2)).chunk(2, dim=2)
 
 
 class CausalDiT(nn.Module):
@@ -211,17 +273,41 @@ class CausalDiT(nn.Module):
         cos, sin = self.rope(frame_offset, frames)
 
         new_k, new_v = [], []
-        for i, blk in enumerate(self.blocks):
-            h, k, v = blk(h, e0, ctx, cos, sin, past_k[i], past_v[i], frames)
-            new_k.append(k)
-            new_v.append(v)
+        if fused.fused_dit_active():
+            out, new_k, new_v = self._blocks_fused(h, e, e0, ctx, cos, sin, past_k, past_v, frames)
+        else:
+            for i, blk in enumerate(self.blocks):
+                h, k, v = blk(h, e0, ctx, cos, sin, past_k[i], past_v[i], frames)
+                new_k.append(k)
+                new_v.append(v)
 
-        out = self.head(h, e, frames)  # [1, F*hp*wp, 16*pt*ph*pw]
+            out = self.head(h, e, frames)  # [1, F*hp*wp, 16*pt*ph*pw]
         pt, ph, pw = cfg.patch
         c = cfg.latent_channels
         out = out.view(1, frames, hp, wp, pt, ph, pw, c)
         out = out.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(1, c, frames * pt, hp * ph, wp * pw)
         return out, new_k, new_v
+
+    def _blocks_fused(self, h, e, e0, ctx, cos, sin, past_k, past_v, frames: int):
+        """The blocks and head in the structure of dit_fused.onnx (fused.fused_dit): each norm
+        after layer 0's input norm is computed by the GatedResidualLayerNorm of the residual before
+        it, the last one with the head's modulation and eps."""
+        chunks = [blk.modulation_chunks(e0) for blk in self.blocks]
+        head = self.head.modulation_chunks(e)
+        y = None  # layer 0 computes its own input norm
+        new_k, new_v = [], []
+        for i, blk in enumerate(self.blocks):
+            if i + 1 < len(self.blocks):
+                nxt = chunks[i + 1]
+                scale, shift, eps = 1 + nxt[1], nxt[0], self.blocks[i + 1].norm1.eps
+            else:
+                scale, shift, eps = 1 + head[1], head[0], self.head.norm.eps
+            # Called as a module, so that the graph's node names keep the /dit/blocks.{i}/ scope.
+            h, y, k, v = blk(h, e0, ctx, cos, sin, past_k[i], past_v[i], frames,
+                             fused_args=(y, chunks[i], scale, shift, eps))
+            new_k.append(k)
+            new_v.append(v)
+        return self.head.head(y), new_k, new_v
 
 
 class LowRankLinear(nn.Module):

@@ -114,15 +114,249 @@ def run_parity(args) -> int:
     return 0 if not failures else 1
 
 
+# ---------------------------------------------------------------------------------------------
+# dit_fused.onnx (the runner's ai.unstep operators): structure, and a numpy run of the contract
+# ---------------------------------------------------------------------------------------------
+
+UNSTEP_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2)}
+
+
+def _io_signature(values):
+    return [(v.name, v.type.SerializeToString()) for v in values]
+
+
+# Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0.
+_SAME_AS_INPUT0 = {("ai.unstep", op) for op in UNSTEP_OPS} | {
+    ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
+    ("", "SimplifiedLayerNormalization")}
+
+
+def _value_types(model) -> dict:
+    """name -> (elem_type, dims or None per axis) of every tensor of the graph: ONNX shape
+    inference, with the outputs of the ops it does not know typed like their first input."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for _ in range(len(m.graph.node) + 1):
+        m = onnx.shape_inference.infer_shapes(m)
+        g = m.graph
+        types = {v.name: v.type for v in list(g.input) + list(g.output) + list(g.value_info)
+                 if v.type.tensor_type.elem_type}
+        added = 0
+        for n in g.node:
+            if (n.domain, n.op_type) in _SAME_AS_INPUT0 and n.input[0] in types:
+                for o in n.output:
+                    if o not in types:
+                        v = g.value_info.add()
+                        v.name = o
+                        v.type.CopyFrom(types[n.input[0]])
+                        types[o] = v.type
+                        added += 1
+        if not added:
+            break
+    info = {}
+    for name, t in types.items():
+        t = t.tensor_type
+        info[name] = (t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim])
+    for t in g.initializer:
+        info[t.name] = (t.data_type, list(t.dims))
+    return info
+
+
+def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list:
+    """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer two
+    BiasRmsNormRope, one BiasRmsNorm, three GatedResidualLayerNorm; no RotaryEmbedding and no
+    SimplifiedLayerNormalization on anything computed from `x` (the context-side key norms may
+    stay); exactly one LayerNormalization; every ai.unstep node's inputs and outputs of one float
+    type; the same inputs and outputs as dit.onnx.  Returns the problems (empty when it passes)
+    and prints the node counts."""
+    import collections
+    import re
+
+    import onnx
+
+    from .fused import UNSTEP_DOMAIN
+
+    problems = []
+    std = onnx.load(str(dit_path), load_external_data=False)
+    model = onnx.load(str(fused_path), load_external_data=False)
+    graph = model.graph
+    if _io_signature(graph.input) != _io_signature(std.graph.input):
+        problems.append("inputs differ from dit.onnx")
+    if _io_signature(graph.output) != _io_signature(std.graph.output):
+        problems.append("outputs differ from dit.onnx")
+    opsets = {o.domain: o.version for o in model.opset_import}
+    if opsets.get(UNSTEP_DOMAIN) != 1:
+        problems.append(f"opset_import {UNSTEP_DOMAIN} is {opsets.get(UNSTEP_DOMAIN)}, not 1")
+
+    counts = collections.Counter((n.domain or "ai.onnx", n.op_type) for n in graph.node)
+    print(f"{Path(fused_path).name} nodes: " + ", ".join(
+        f"{d}::{t} {c}" for (d, t), c in sorted(counts.items()) if t not in ("Constant", "Identity")))
+    for op, per_layer in (("BiasRmsNormRope", 2), ("BiasRmsNorm", 1), ("GatedResidualLayerNorm", 3)):
+        nodes = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == op]
+        if len(nodes) != per_layer * layers:
+            problems.append(f"{op}: {len(nodes)} nodes, expected {per_layer} per layer x {layers}")
+        by_layer = collections.Counter(m.group(1) for n in nodes if (m := re.search(r"/blocks\.(\d+)/", n.name)))
+        if by_layer and any(by_layer.get(str(i), 0) != per_layer for i in range(layers)):
+            problems.append(f"{op} per layer (by node scope): {dict(sorted(by_layer.items()))}, expected {per_layer}")
+    others = {n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(UNSTEP_OPS)
+    if others:
+        problems.append(f"unknown {UNSTEP_DOMAIN} ops: {sorted(others)}")
+    if counts[("com.microsoft", "RotaryEmbedding")]:
+        problems.append("com.microsoft.RotaryEmbedding left in the graph")
+    if counts[("ai.onnx", "LayerNormalization")] != 1:
+        problems.append(f"{counts[('ai.onnx', 'LayerNormalization')]} LayerNormalization nodes, expected 1 (layer 0)")
+
+    # Tensors computed from the token activations (anything downstream of the input x).
+    tainted = {"x"}
+    for n in graph.node:  # the exporter writes nodes in topological order
+        if any(i in tainted for i in n.input):
+            tainted.update(n.output)
+    for n in graph.node:
+        if n.op_type == "SimplifiedLayerNormalization" and n.input[0] in tainted:
+            problems.append(f"SimplifiedLayerNormalization on token activations: {n.name}")
+
+    # Element types and shapes of the ai.unstep nodes' operands.
+    info = _value_types(model)
+    float_type = info["flow"][0]
+    dim = info["new_k.0"][1][-1]
+    for n in graph.node:
+        if n.domain != UNSTEP_DOMAIN or n.op_type not in UNSTEP_OPS:
+            continue
+        n_in, n_out = UNSTEP_OPS[n.op_type]
+        if len(n.input) != n_in or len(n.output) != n_out:
+            problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected {n_in} / {n_out}")
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        want = {"epsilon"} | ({"num_heads"} if n.op_type == "BiasRmsNormRope" else set())
+        if set(attrs) != want or not isinstance(attrs.get("epsilon"), float):
+            problems.append(f"{n.name}: attributes {attrs}, expected {sorted(want)}")
+        if n.op_type == "BiasRmsNormRope" and attrs.get("num_heads") != heads:
+            problems.append(f"{n.name}: num_heads {attrs.get('num_heads')}, expected {heads}")
+        for name in list(n.input) + list(n.output):
+            elem = info.get(name, (None, None))[0]
+            if elem != float_type:
+                problems.append(f"{n.name}: {name} has element type {elem}, the graph's is {float_type}")
+        bias = n.input[2] if n.op_type == "GatedResidualLayerNorm" else n.input[1]
+        weights = [bias] + ([n.input[2]] if n.op_type != "GatedResidualLayerNorm" else [])
+        for name in weights:
+            shape = info.get(name, (None, None))[1]
+            if shape is not None and shape != [dim]:
+                problems.append(f"{n.name}: {name} has shape {shape}, expected [{dim}]")
+    return problems
+
+
+def _unstep_reference_ops():
+    """numpy implementations of docs/bundle.md's operators (ai.unstep and the ONNX Runtime ops the
+    DiT graphs use) for onnx.reference: float32 arithmetic, one rounding to T per output.  Written
+    from the contract, independently of fused.py."""
+    from onnx.reference.op_run import OpRun
+
+    def rows(p, n, d):
+        f = p.size // d
+        assert f * d == p.size and n % f == 0, (p.shape, n, d)
+        return np.repeat(p.astype(np.float32).reshape(f, d), n // f, axis=0)
+
+    def rms(v, eps):
+        return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + np.float32(eps))
+
+    class BiasRmsNormRope(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, x, bias, weight, cos, sin, epsilon=None, num_heads=None):
+            d = x.shape[-1]
+            n = x.size // d
+            half = d // num_heads // 2
+            u = rms(x.astype(np.float32).reshape(n, d) + bias.astype(np.float32), epsilon) * weight.astype(np.float32)
+            t = np.arange(n) % cos.shape[0]
+            j = np.arange(d // 2) % half
+            c = cos.astype(np.float32)[t][:, j]  # [N, D/2]: pair i of row r
+            s = sin.astype(np.float32)[t][:, j]
+            a, b = u[:, 0::2], u[:, 1::2]
+            y = np.empty_like(u)
+            y[:, 0::2] = a * c - b * s
+            y[:, 1::2] = a * s + b * c
+            return (y.reshape(x.shape).astype(x.dtype),)
+
+    class BiasRmsNorm(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, x, bias, weight, epsilon=None):
+            d = x.shape[-1]
+            y = rms(x.astype(np.float32).reshape(-1, d) + bias.astype(np.float32), epsilon) * weight.astype(np.float32)
+            return (y.reshape(x.shape).astype(x.dtype),)
+
+    class GatedResidualLayerNorm(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, r, x, bias, gate, scale, shift, epsilon=None):
+            d = x.shape[-1]
+            n = x.size // d
+            branch = x.astype(np.float32).reshape(n, d) + bias.astype(np.float32)
+            s = r.astype(np.float32).reshape(n, d) + branch * rows(gate, n, d)
+            s = s.astype(r.dtype)
+            sf = s.astype(np.float32)
+            mu = sf.mean(axis=-1, keepdims=True)
+            var = ((sf - mu) ** 2).mean(axis=-1, keepdims=True)
+            y = (sf - mu) / np.sqrt(var + np.float32(epsilon)) * rows(scale, n, d) + rows(shift, n, d)
+            return s.reshape(r.shape), y.reshape(r.shape).astype(r.dtype)
+
+    class MultiHeadAttention(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, q, k, v, num_heads=None):
+            b, sq, d = q.shape
+            hd = d // num_heads
+            qh = q.astype(np.float32).reshape(b, sq, num_heads, hd).transpose(0, 2, 1, 3)
+            kh = k.astype(np.float32).reshape(b, -1, num_heads, hd).transpose(0, 2, 1, 3)
+            vh = v.astype(np.float32).reshape(b, -1, num_heads, hd).transpose(0, 2, 1, 3)
+            a = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(np.float32(hd))
+            a = np.exp(a - a.max(axis=-1, keepdims=True))
+            a /= a.sum(axis=-1, keepdims=True)
+            return ((a @ vh).transpose(0, 2, 1, 3).reshape(b, sq, d).astype(q.dtype),)
+
+    class FastGelu(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, bias=None):
+            y = x.astype(np.float32) + (0 if bias is None else bias.astype(np.float32))
+            y = 0.5 * y * (1 + np.tanh(np.float32(0.7978845608028654) * (y + np.float32(0.044715) * y ** 3)))
+            return (y.astype(x.dtype),)
+
+    class SimplifiedLayerNormalization(OpRun):
+        op_domain = ""
+
+        def _run(self, x, scale, axis=None, epsilon=None, stash_type=None):
+            assert axis in (-1, x.ndim - 1)
+            return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
+
+    return [BiasRmsNormRope, BiasRmsNorm, GatedResidualLayerNorm, MultiHeadAttention, FastGelu,
+            SimplifiedLayerNormalization]
+
+
+def run_fused_reference(path, feed: dict):
+    """Run dit_fused.onnx in onnx.reference with the numpy operators above (no ONNX Runtime)."""
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(str(path), new_ops=_unstep_reference_ops()).run(None, feed)
+
+
 def run_fused_check(args) -> int:
     """The exported graphs' fused ops against eager PyTorch with every bias non-zero (seeded
     random weights leave biases at zero, which would hide a wrongly folded value bias or a
-    FastGelu bias), for both VAE norm forms.  Exits 1 when a graph differs by more than 1e-4."""
+    FastGelu bias), for both VAE norm forms.  Exits 1 when a graph differs by more than 1e-4.
+
+    dit_fused.onnx (the runner's ai.unstep operators, which ONNX Runtime cannot run): its eager
+    structure vs the standard eager forward, its exported graph's structure (fp32 and fp16), and
+    the exported graph run in onnx.reference with numpy operators written from the contract."""
+    import copy
     import tempfile
 
     import onnxruntime as ort
 
     from . import export as ex
+    from . import fused
     from .build import build
     from .vae import RMSNorm as VaeRmsNorm
 
@@ -136,12 +370,19 @@ def run_fused_check(args) -> int:
                     p.add_(torch.randn(p.shape, generator=g) * 0.3)
     failed = 0
 
-    def report(label, got, ref, tol=1e-4):
+    def report(label, got, ref, tol=1e-4, absolute=False):
         nonlocal failed
-        err = float(np.abs(got - ref).max())
-        ok = err <= tol * max(1.0, float(np.abs(ref).max()))
+        err = float(np.abs(np.asarray(got, np.float64) - np.asarray(ref, np.float64)).max())
+        ok = err <= tol * (1.0 if absolute else max(1.0, float(np.abs(ref).max())))
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {label:<34} max_abs {err:.3e}")
+
+    def structure(label, problems):
+        nonlocal failed
+        failed += bool(problems)
+        print(f"{'ok  ' if not problems else 'FAIL'} {label}")
+        for p in problems:
+            print(f"       {p}")
 
     def session(path):
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -169,6 +410,45 @@ def run_fused_check(args) -> int:
         report("dit new_k.0", res[1], nk[0].numpy())
         report("dit new_v.0 + value bias", res[2] + v_bias[0].numpy(), nv[0].numpy())
 
+        # dit_fused: the fused structure in eager PyTorch (the reference arithmetic of the ai.unstep
+        # functions) against the standard eager forward, absolute 1e-4.
+        with torch.no_grad(), fused.fused_dit():
+            f_flow, f_nk, f_nv = dit(x, ts, ctx, off, pk, pv)
+        report("dit_fused eager flow", f_flow.numpy(), flow.numpy(), absolute=True)
+        report("dit_fused eager new_k (all layers)", torch.cat(f_nk, 1).numpy(), torch.cat(nk, 1).numpy(),
+               absolute=True)
+        report("dit_fused eager new_v + value bias", torch.cat([v + b for v, b in zip(f_nv, v_bias)], 1).numpy(),
+               torch.cat(nv, 1).numpy(), absolute=True)
+
+        # dit_fused.onnx: structure, then the graph itself in onnx.reference with numpy operators.
+        ex.export_dit(dit, cfg, out, torch.float32, fused_ops=True)
+        structure("dit_fused.onnx structure (fp32)",
+                  check_fused_structure(out / "dit_fused.onnx", out / "dit.onnx", cfg.layers, cfg.heads))
+        res = run_fused_reference(out / "dit_fused.onnx", feed)
+        report("dit_fused.onnx (numpy ops) flow", res[0], flow.numpy())
+        report("dit_fused.onnx (numpy ops) new_k", np.concatenate(res[1::2], 1), torch.cat(nk, 1).numpy())
+        report("dit_fused.onnx (numpy ops) new_v+b",
+               np.concatenate([v + b.numpy() for v, b in zip(res[2::2], v_bias)], 1), torch.cat(nv, 1).numpy())
+        feed0 = dict(feed, frame_offset=np.array([0]))
+        for i in range(cfg.layers):
+            feed0[f"past_k.{i}"] = feed0[f"past_v.{i}"] = np.zeros((1, 0, cfg.dim), np.float32)
+        std0 = session(out / "dit.onnx").run(None, feed0)
+        res0 = run_fused_reference(out / "dit_fused.onnx", feed0)
+        report("dit_fused.onnx (numpy ops) P=0", np.concatenate([r.reshape(-1) for r in res0]),
+               np.concatenate([r.reshape(-1) for r in std0]))
+        half = copy.deepcopy(dit).half()
+        ex.export_dit(half, cfg, out, torch.float16)
+        ex.export_dit(half, cfg, out, torch.float16, fused_ops=True)
+        structure("dit_fused.onnx structure (fp16)",
+                  check_fused_structure(out / "dit_fused.onnx", out / "dit.onnx", cfg.layers, cfg.heads))
+        del half
+        # fp16 arithmetic (one rounding per op output) against the fp32 reference: a loose bound
+        # that catches overflow or a wrong cast, not rounding.
+        feed16 = {k: v.astype(np.float16) if v.dtype == np.float32 and k != "timestep" else v
+                  for k, v in feed.items()}
+        res = run_fused_reference(out / "dit_fused.onnx", feed16)
+        report("dit_fused.onnx fp16 (numpy ops) flow", res[0], flow.numpy(), tol=1e-2)
+
         z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=g)
         with torch.no_grad():
             f0, c0 = vae.decode_frame(z, None)
@@ -177,10 +457,29 @@ def run_fused_check(args) -> int:
             VaeRmsNorm.export_mode = mode
             ex.export_vae(vae, cfg, out, torch.float32)
             r0 = session(out / "vae_first.onnx").run(None, {"z": z.numpy()})
-            feed = {"z": (z * 0.5).numpy(), **{f"cache_in.{j}": c for j, c in enumerate(r0[1:])}}
-            r1 = session(out / "vae_step.onnx").run(None, feed)
+            vfeed = {"z": (z * 0.5).numpy(), **{f"cache_in.{j}": c for j, c in enumerate(r0[1:])}}
+            r1 = session(out / "vae_step.onnx").run(None, vfeed)
             report(f"vae_first frames ({mode} norm)", r0[0], f0.numpy())
             report(f"vae_step frames ({mode} norm)", r1[0], f1.numpy())
         VaeRmsNorm.export_mode = "transpose"
+    if getattr(args, "bundle", None):
+        bundle = Path(args.bundle)
+        if (bundle / "dit_fused.onnx").exists():
+            structure(f"{bundle}/dit_fused.onnx structure",
+                      check_fused_structure(bundle / "dit_fused.onnx", bundle / "dit.onnx", cfg.layers, cfg.heads))
+            listed = 'dit_fused = "dit_fused.onnx"' in (bundle / "bundle.toml").read_text()
+            structure(f"{bundle}/bundle.toml lists dit_fused", [] if listed else ["not in [graphs]"])
+            if 'precision = "fp32"' in (bundle / "bundle.toml").read_text():
+                # The bundle's own two DiT graphs on one random input: dit.onnx in onnxruntime,
+                # dit_fused.onnx in onnx.reference with the numpy operators.
+                for k, v in feed.items():
+                    if k.startswith("past_"):
+                        feed[k] = v[:, : cfg.frames_per_block * cfg.tokens_per_frame]
+                std = session(bundle / "dit.onnx").run(None, feed)
+                res = run_fused_reference(bundle / "dit_fused.onnx", feed)
+                report(f"{bundle}: dit_fused vs dit (all outputs)", np.concatenate([r.reshape(-1) for r in res]),
+                       np.concatenate([r.reshape(-1) for r in std]))
+        else:
+            print(f"note: {bundle} has no dit_fused.onnx")
     print("PASS" if not failed else f"FAIL ({failed})")
     return 1 if failed else 0
