@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::engine::{
-    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, Emit, ExportSettings,
+    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, DitKernels, Emit, ExportSettings,
     GenerateError, GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider,
     RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
 };
@@ -114,6 +114,10 @@ pub struct WorkerArgs {
     /// CUDA: cuDNN convolution algorithm search (exhaustive, heuristic, default).
     #[arg(long, value_name = "MODE", default_value = "exhaustive", value_parser = parse_conv_search)]
     pub conv_algo_search: ConvAlgoSearch,
+    /// Kernels for the DiT's elementwise work: auto, unstep (the runner's fused kernels on the
+    /// bundle's `dit_fused` graph), onnxruntime (stock kernels on `dit`).
+    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_dit_kernels)]
+    pub dit_kernels: DitKernels,
     /// Run the device loop (IoBinding, scheduler arithmetic as graphs) on the CPU provider too;
     /// GPU providers always use it.
     #[arg(long)]
@@ -261,12 +265,13 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     )?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(
-            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, {} loop",
+            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, {} loop",
             ort.version,
             ort.location.path.display(),
             ort.location.source,
             runtime.provider.name(),
             attention_name(&runtime.provider, generator.bundle().manifest.precision),
+            generator.dit_kernels().name(),
             if generator.uses_device_loop() {
                 "device (io binding)"
             } else {
@@ -423,6 +428,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         optimized_model_dir: args.optimized_model_dir.clone(),
         io_binding: args.io_binding,
         overlap_vae: !args.no_overlap_vae,
+        dit_kernels: args.dit_kernels,
     }
 }
 
@@ -443,6 +449,13 @@ fn parse_attention(name: &str) -> Result<AttentionKernel, String> {
             "unknown attention backend `{name}`; one of {}",
             names.join(", ")
         )
+    })
+}
+
+fn parse_dit_kernels(name: &str) -> Result<DitKernels, String> {
+    DitKernels::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = DitKernels::ALL.iter().map(|k| k.name()).collect();
+        format!("unknown DiT kernels `{name}`; one of {}", names.join(", "))
     })
 }
 

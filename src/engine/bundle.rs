@@ -166,6 +166,10 @@ pub struct TokenizerSection {
 pub struct Graphs {
     pub text_encoder: String,
     pub dit: String,
+    /// The DiT with the runner's own fused operators (`ai.unstep`, exporter 0.4.0 and later):
+    /// same inputs and outputs as `dit`, loadable only by the runner (docs/bundle.md).
+    #[serde(default)]
+    pub dit_fused: Option<String>,
     pub vae_first: String,
     pub vae_step: String,
 }
@@ -436,12 +440,13 @@ impl Bundle {
             return Err(BundleError::UnsupportedTokenizer("umt5".into()));
         }
         let graphs = [
-            ("text_encoder", &m.graphs.text_encoder),
-            ("dit", &m.graphs.dit),
-            ("vae_first", &m.graphs.vae_first),
-            ("vae_step", &m.graphs.vae_step),
+            ("text_encoder", Some(&m.graphs.text_encoder)),
+            ("dit", Some(&m.graphs.dit)),
+            ("dit_fused", m.graphs.dit_fused.as_ref()),
+            ("vae_first", Some(&m.graphs.vae_first)),
+            ("vae_step", Some(&m.graphs.vae_step)),
         ];
-        for (role, name) in graphs {
+        for (role, name) in graphs.into_iter().filter_map(|(r, n)| Some((r, n?))) {
             if !m.files.contains_key(name.as_str()) {
                 return Err(BundleError::GraphNotListed {
                     role,

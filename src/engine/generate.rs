@@ -430,6 +430,11 @@ impl Generator {
         self.device.is_some()
     }
 
+    /// The kernels the DiT runs with (never `Auto`).
+    pub fn dit_kernels(&self) -> super::DitKernels {
+        self.sessions.dit_kernels
+    }
+
     pub fn bundle(&self) -> &Bundle {
         &self.bundle
     }

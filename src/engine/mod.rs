@@ -31,6 +31,7 @@ pub mod bundle;
 mod cuda_memory;
 mod device;
 pub mod generate;
+pub(crate) mod kernels;
 pub mod noise;
 pub mod onnx_graph;
 pub mod ort_lib;
@@ -47,6 +48,6 @@ pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};
 pub use schedule::{Emit, MethodSettings, Schedule, ScheduleError};
 pub use session::{
-    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, Provider, RuntimeOptions,
+    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, DitKernels, Provider, RuntimeOptions,
     SessionError, TensorRtOptions,
 };

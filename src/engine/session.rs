@@ -180,6 +180,75 @@ impl Provider {
     }
 }
 
+/// Which kernels do the DiT's per-row elementwise work (`runtime.dit_kernels`, `--dit-kernels`):
+/// the bundle's `dit_fused` graph with the runner's own fused operators (`ai.unstep`, see
+/// [`super::kernels`]), or the standard `dit` graph with ONNX Runtime's stock kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DitKernels {
+    /// The runner's own on CUDA when the bundle has `dit_fused` (fp16 or fp32), ONNX Runtime's
+    /// otherwise.
+    #[default]
+    Auto,
+    /// The runner's own, on any provider but TensorRT (on the CPU, for tests and comparisons).
+    Unstep,
+    Onnxruntime,
+}
+
+impl DitKernels {
+    pub const ALL: [DitKernels; 3] = [DitKernels::Auto, DitKernels::Unstep, DitKernels::Onnxruntime];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DitKernels::Auto => "auto",
+            DitKernels::Unstep => "unstep",
+            DitKernels::Onnxruntime => "onnxruntime",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// What `self` stands for with this provider and bundle (never `Auto`), or why the runner's
+    /// kernels cannot be used when they were asked for by name.
+    pub fn resolve(self, provider: &Provider, bundle: &Bundle) -> Result<DitKernels, SessionError> {
+        let m = &bundle.manifest;
+        let supported = m.precision != Precision::Bf16;
+        let unavailable = |reason: String| {
+            Err(SessionError::KernelsUnavailable {
+                provider: provider.name(),
+                reason,
+            })
+        };
+        match self {
+            DitKernels::Onnxruntime => Ok(DitKernels::Onnxruntime),
+            DitKernels::Auto => Ok(
+                if matches!(provider, Provider::Cuda(_)) && m.graphs.dit_fused.is_some() && supported
+                {
+                    DitKernels::Unstep
+                } else {
+                    DitKernels::Onnxruntime
+                },
+            ),
+            DitKernels::Unstep => {
+                if matches!(provider, Provider::TensorRt(_)) {
+                    unavailable("TensorRT builds its own fused kernels".into())
+                } else if m.graphs.dit_fused.is_none() {
+                    unavailable(format!(
+                        "the bundle has no `dit_fused` graph (exporter {} wrote it; 0.4.0 and later \
+                         write one): export the bundle again",
+                        m.exporter_version
+                    ))
+                } else if !supported {
+                    unavailable("they exist for fp16 and fp32 bundles; this one is bf16".into())
+                } else {
+                    Ok(DitKernels::Unstep)
+                }
+            }
+        }
+    }
+}
+
 /// How sessions are built: where ONNX Runtime comes from, the provider and its options.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RuntimeOptions {
@@ -198,6 +267,8 @@ pub struct RuntimeOptions {
     /// Device loop: decode each finished block with the VAE on a second thread (its own CUDA
     /// stream) while the DiT generates the next block (SPEC §6).
     pub overlap_vae: bool,
+    /// The DiT's graph and elementwise kernels.
+    pub dit_kernels: DitKernels,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -220,6 +291,13 @@ pub enum SessionError {
         provider: &'static str,
         reason: String,
     },
+    #[error(
+        "the runner's fused DiT kernels are not available on {provider}: {reason}; use dit_kernels = \"onnxruntime\" (`--dit-kernels onnxruntime`)"
+    )]
+    KernelsUnavailable {
+        provider: &'static str,
+        reason: String,
+    },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
 }
@@ -229,6 +307,8 @@ pub enum SessionError {
 pub struct GraphSessions {
     pub text_encoder: Option<Session>,
     pub dit: Session,
+    /// The kernels the DiT session runs with (`Unstep` or `Onnxruntime`).
+    pub dit_kernels: DitKernels,
     pub vae_first: Session,
     pub vae_step: Session,
 }
@@ -250,13 +330,28 @@ impl GraphSessions {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
         let options = &resolve_attention(bundle, options)?;
         let graphs = &bundle.manifest.graphs;
+        let dit_kernels = options.dit_kernels.resolve(&options.provider, bundle)?;
+        let dit = match (dit_kernels, &graphs.dit_fused) {
+            (DitKernels::Unstep, Some(fused)) => {
+                let cuda = !matches!(options.provider, Provider::Cpu);
+                let domain = super::kernels::operator_domain(cuda).map_err(|e| {
+                    SessionError::KernelsUnavailable {
+                        provider: options.provider.name(),
+                        reason: e.to_string(),
+                    }
+                })?;
+                build_graph_session(runtime, bundle, fused, options, false, Some(domain))?
+            }
+            _ => build_session(runtime, bundle, &graphs.dit, options, false)?,
+        };
         let sessions = Self {
             text_encoder: if text_encoder {
                 Some(text_encoder_session(runtime, bundle, options)?)
             } else {
                 None
             },
-            dit: build_session(runtime, bundle, &graphs.dit, options, false)?,
+            dit,
+            dit_kernels,
             // The decoder's sessions run without ONNX Runtime's memory pattern on GPUs: with it,
             // the first run allocates tensor by tensor and later runs ask for one block of the
             // planned peak, which the fragmented arena cannot serve, so it reserves the peak
@@ -288,7 +383,11 @@ impl GraphSessions {
         let timestep_ty = TensorElementType::Float32;
         let i64_ = TensorElementType::Int64;
 
-        let mut dit = Contract::new("dit", &m.graphs.dit);
+        let dit_graph = match (self.dit_kernels, &m.graphs.dit_fused) {
+            (DitKernels::Unstep, Some(fused)) => fused,
+            _ => &m.graphs.dit,
+        };
+        let mut dit = Contract::new("dit", dit_graph);
         dit.input("x", f32_, 5)
             .input("timestep", timestep_ty, 2)
             .input("context", f32_, 3)
@@ -451,6 +550,18 @@ fn build_session(
     options: &RuntimeOptions,
     decoder: bool,
 ) -> Result<Session, SessionError> {
+    build_graph_session(runtime, bundle, graph, options, decoder, None)
+}
+
+/// [`build_session`], with an operator domain registered (the runner's, for `dit_fused`).
+fn build_graph_session(
+    runtime: &OrtRuntime,
+    bundle: &Bundle,
+    graph: &str,
+    options: &RuntimeOptions,
+    decoder: bool,
+    operators: Option<ort::operator::OperatorDomain>,
+) -> Result<Session, SessionError> {
     let load = |e: ort::Error| SessionError::Load {
         graph: graph.to_string(),
         message: e.to_string(),
@@ -464,6 +575,9 @@ fn build_session(
         builder = builder
             .with_memory_pattern(false)
             .map_err(|e| load(e.into()))?;
+    }
+    if let Some(domain) = operators {
+        builder = builder.with_operators(domain).map_err(|e| load(e.into()))?;
     }
     builder
         .commit_from_file(bundle.graph_path(graph))

@@ -367,6 +367,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         provider,
         ort_version,
         attention_backend,
+        dit_kernels,
         cuda_version,
         cudnn_version,
     }) = worker_facts(&run_dir)
@@ -376,6 +377,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         record.versions.cuda = cuda_version;
         record.versions.cudnn = cudnn_version;
         record.attention_backend.resolved = Some(attention_backend);
+        record.dit_kernels = dit_kernels;
     }
     record.finish(
         status,

@@ -59,9 +59,13 @@ impl Progress {
                 WorkerEvent::Ready {
                     provider,
                     attention_backend,
+                    dit_kernels,
                     ..
                 },
-            ) => eprintln!("{what}: sessions ready on {provider}, attention {attention_backend}"),
+            ) => eprintln!(
+                "{what}: sessions ready on {provider}, attention {attention_backend}, DiT kernels {}",
+                dit_kernels.as_deref().unwrap_or("n/a")
+            ),
             (
                 Progress::Lines,
                 WorkerEvent::Prompt {

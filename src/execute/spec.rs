@@ -60,6 +60,9 @@ pub enum WorkerEvent {
         ort_version: String,
         /// The attention kernel choice `auto` (or the request) resolved to.
         attention_backend: String,
+        /// The DiT's elementwise kernels: `unstep` (the runner's fused ones) or `onnxruntime`.
+        #[serde(default)]
+        dit_kernels: Option<String>,
         /// Versions of the CUDA runtime and cuDNN libraries the process loaded, if any.
         #[serde(default)]
         cuda_version: Option<String>,
@@ -176,6 +179,11 @@ pub fn runtime_options(m: &Manifest, cache_dir: &Path, ort: Option<PathBuf>) -> 
         optimized_model_dir: Some(cache_dir.join("ort_optimized")),
         io_binding: false,
         overlap_vae: true,
+        dit_kernels: match rt.dit_kernels {
+            manifest::DitKernels::Auto => engine::DitKernels::Auto,
+            manifest::DitKernels::Unstep => engine::DitKernels::Unstep,
+            manifest::DitKernels::Onnxruntime => engine::DitKernels::Onnxruntime,
+        },
     }
 }
 
@@ -239,6 +247,7 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
         provider: runtime.provider.name().into(),
         ort_version: ort.version.clone(),
         attention_backend,
+        dit_kernels: Some(generator.dit_kernels().name().into()),
         cuda_version: loaded_version(&maps, "libcudart.so."),
         cudnn_version: loaded_version(&maps, "libcudnn.so."),
     });

@@ -152,6 +152,19 @@ pub struct Runtime {
     /// How the CUDA memory arena grows: `same_as_requested` (measured on an H200: 36.5 GiB in
     /// use for wan-1.3b at the same speed) or `next_power_of_two` (40.6 GiB).
     pub cuda_arena: CudaArena,
+    /// Kernels for the DiT's norms, rotary embedding, bias and gated residual adds: `unstep`
+    /// (the runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime`
+    /// (the stock kernels, on `dit`), or `auto` (the runner's on CUDA when the bundle has
+    /// `dit_fused`).
+    pub dit_kernels: DitKernels,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DitKernels {
+    Auto,
+    Unstep,
+    Onnxruntime,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -381,6 +394,7 @@ impl Manifest {
                 cudnn_conv_algo_search: ConvAlgoSearch::Exhaustive,
                 cuda_graphs: false,
                 cuda_arena: CudaArena::SameAsRequested,
+                dit_kernels: DitKernels::Auto,
             },
             cache: Cache {
                 mode: CacheMode::Isolated,

@@ -64,6 +64,7 @@ pub struct Provenance {
     pub execution_provider: Option<String>,
     pub attention_requested: String,
     pub attention_resolved: Option<String>,
+    pub dit_kernels: Option<String>,
     pub precision: String,
     pub gpu_model: Option<String>,
     pub gpu_memory_bytes: Option<u64>,
@@ -99,6 +100,7 @@ impl Provenance {
             execution_provider: r.execution_provider.clone(),
             attention_requested: name_of(&r.attention_backend.requested),
             attention_resolved: r.attention_backend.resolved.clone(),
+            dit_kernels: r.dit_kernels.clone(),
             precision: name_of(&r.precision),
             gpu_model: r.device.gpu_model.clone(),
             gpu_memory_bytes: r.device.gpu_memory_bytes,
@@ -203,6 +205,9 @@ pub fn report_text(run: &LoadedRun) -> String {
             None => format!("{} (resolved n/a)", p.attention_requested),
         },
     );
+    if let Some(k) = &p.dit_kernels {
+        row("dit kernels", k.clone());
+    }
     row("precision", p.precision.clone());
     let mut gpu = opt(p.gpu_model.as_deref()).to_string();
     if let Some(b) = p.gpu_memory_bytes {

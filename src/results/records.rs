@@ -260,6 +260,10 @@ pub struct RunRecord {
     /// The execution provider ONNX Runtime registered (`CUDAExecutionProvider`).
     pub execution_provider: Option<String>,
     pub attention_backend: AttentionRecord,
+    /// The kernels of the DiT's elementwise work the workers ran with (`runtime.dit_kernels`
+    /// resolved): `unstep` or `onnxruntime`.
+    #[serde(default)]
+    pub dit_kernels: Option<String>,
     pub precision: Precision,
     pub device: DeviceRecord,
     pub versions: LibraryVersions,
@@ -345,6 +349,7 @@ impl RunRecord {
                 requested: m.method.attention_backend,
                 resolved: None,
             },
+            dit_kernels: None,
             precision: m.method.precision,
             device: DeviceRecord::default(),
             versions: LibraryVersions::default(),

@@ -934,3 +934,74 @@ fn prompts_encoded_before_the_dit_is_built_give_the_same_latents() {
         );
     }
 }
+
+fn generator_with_kernels(kernels: unstep::engine::DitKernels, io_binding: bool) -> Generator {
+    let unpack = tempfile::tempdir().unwrap();
+    Generator::open(
+        &tiny_bundle(),
+        unpack.path(),
+        &Default::default(),
+        &RuntimeOptions {
+            dit_kernels: kernels,
+            io_binding,
+            ..runtime()
+        },
+    )
+    .expect("open the tiny bundle")
+}
+
+/// The runner's fused operators (CPU kernels, real ONNX Runtime) on the bundle's `dit_fused`
+/// graph give the standard graph's video: the same arithmetic, reordered only inside each row.
+#[test]
+fn the_fused_dit_gives_the_video_of_the_standard_dit() {
+    use unstep::engine::DitKernels;
+    let prompts = prompts();
+    let mut stock = generator_with_kernels(DitKernels::Onnxruntime, false);
+    let mut fused = generator_with_kernels(DitKernels::Unstep, false);
+    let mut fused_device = generator_with_kernels(DitKernels::Unstep, true);
+    assert_eq!(stock.dit_kernels(), DitKernels::Onnxruntime);
+    assert_eq!(fused.dit_kernels(), DitKernels::Unstep);
+    // `auto` keeps ONNX Runtime's kernels on the CPU provider.
+    assert_eq!(generator().dit_kernels(), DitKernels::Onnxruntime);
+
+    let full = GenerateOptions::default();
+    let golden = Golden::load();
+    for p in GOLDEN_PROMPTS {
+        let expected = stock.generate(p, &prompts[p as usize], &full).unwrap();
+        for (name, generator) in [("host loop", &mut fused), ("device loop", &mut fused_device)] {
+            let got = generator.generate(p, &prompts[p as usize], &full).unwrap();
+            let error = max_abs_diff(&got.latents, &expected.latents);
+            eprintln!("prompt {p}, {name}: fused vs stock latents max abs error {error:e}");
+            assert!(error <= 1e-4, "prompt {p}, {name}: latents differ by {error}");
+            assert_ne!(error, 0.0, "prompt {p}, {name}: the fused graph did not run");
+            let (frame_shape, frames) = golden.u8(&format!("p{p}.frames"));
+            assert_frames_close(&got, &frame_shape, &frames, &format!("fused, prompt {p}"));
+        }
+    }
+}
+
+#[test]
+fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work() {
+    use unstep::engine::{CudaOptions, DitKernels, Provider, TensorRtOptions};
+    let unpack = tempfile::tempdir().unwrap();
+    let mut bundle = Bundle::open(&tiny_bundle(), unpack.path()).unwrap();
+    let cuda = Provider::Cuda(CudaOptions::default());
+    assert!(bundle.manifest.graphs.dit_fused.is_some(), "the tiny bundle has dit_fused");
+    assert_eq!(DitKernels::Auto.resolve(&cuda, &bundle).unwrap(), DitKernels::Unstep);
+    assert_eq!(
+        DitKernels::Auto.resolve(&Provider::Cpu, &bundle).unwrap(),
+        DitKernels::Onnxruntime
+    );
+    let trt = Provider::TensorRt(TensorRtOptions::default());
+    assert_eq!(DitKernels::Auto.resolve(&trt, &bundle).unwrap(), DitKernels::Onnxruntime);
+    let error = DitKernels::Unstep.resolve(&trt, &bundle).unwrap_err().to_string();
+    assert!(error.contains("tensorrt") && error.contains("--dit-kernels onnxruntime"), "{error}");
+
+    bundle.manifest.graphs.dit_fused = None;
+    assert_eq!(DitKernels::Auto.resolve(&cuda, &bundle).unwrap(), DitKernels::Onnxruntime);
+    let error = DitKernels::Unstep.resolve(&cuda, &bundle).unwrap_err().to_string();
+    assert!(error.contains("no `dit_fused` graph") && error.contains("export"), "{error}");
+    for kernels in DitKernels::ALL {
+        assert_eq!(DitKernels::parse(kernels.name()), Some(kernels));
+    }
+}
