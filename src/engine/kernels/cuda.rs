@@ -28,10 +28,10 @@ use super::{Attrs, DOMAIN, Op, Plan, op_error, plan};
 
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
-/// `ROWS_PER_BLOCK` and `THREADS` of `kernels.cu`: one warp per row.
-const ROWS_PER_BLOCK: usize = 4;
+/// `THREADS` of `kernels.cu`: one block of that many threads per row.
 const THREADS: u32 = 128;
-/// The largest D the kernels keep in registers (`64 * MAX_PAIRS_PER_LANE` of `kernels.cu`).
+/// The largest D the kernels keep in registers (`2 * THREADS * MAX_PAIRS_PER_THREAD` of
+/// `kernels.cu`).
 pub(crate) const MAX_D: usize = 2048;
 
 const REMEDY: &str =
@@ -397,7 +397,7 @@ impl CudaKernel {
         if plan.rows == 0 {
             return Ok(());
         }
-        let blocks = u32::try_from(plan.rows.div_ceil(ROWS_PER_BLOCK))
+        let blocks = u32::try_from(plan.rows)
             .map_err(|_| format!("{} rows are too many for one launch", plan.rows))?;
         // The kernel's arguments, in the order of its signature in kernels.cu: the input
         // pointers, the output pointers, then the sizes.
