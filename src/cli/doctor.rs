@@ -150,6 +150,7 @@ pub fn run(args: &DoctorArgs) -> i32 {
     let mut checks = engine::probe_environment(args.ort_library.as_deref());
     checks.extend(gpu_checks());
     checks.extend(cuda_library_checks());
+    checks.push(engine::probe::fused_kernels_check());
     checks.extend(bundle_checks(&args.bundles));
     let mut text = String::new();
     for c in &checks {

@@ -79,3 +79,25 @@ pub fn probe_environment(explicit: Option<&Path>) -> Vec<Check> {
     }
     checks
 }
+
+/// Whether the runner's fused CUDA kernels (`runtime.dit_kernels`) can be compiled: NVRTC must
+/// load. Not needed on the CPU provider, or with `dit_kernels = "onnxruntime"`.
+pub fn fused_kernels_check() -> Check {
+    let name = "nvrtc (fused dit kernels)".to_string();
+    match super::kernels::nvrtc_available() {
+        Ok(()) => Check {
+            name,
+            ok: true,
+            detail: "libnvrtc loads: the DiT's fused kernels compile on CUDA".into(),
+            fix: None,
+        },
+        Err(error) => Check {
+            name,
+            ok: false,
+            detail: error,
+            fix: Some(
+                "needed on CUDA with bundles that have dit_fused (or set runtime.dit_kernels = \"onnxruntime\")".into(),
+            ),
+        },
+    }
+}

@@ -56,6 +56,12 @@ use super::{onnx_graph, ort_lib};
 
 pub(crate) const DOMAIN: &str = "ai.unstep";
 
+/// Whether the CUDA kernels could be compiled here: NVRTC loads (no GPU needed). For
+/// `runner doctor`.
+pub(crate) fn nvrtc_available() -> Result<(), String> {
+    cuda::check_nvrtc()
+}
+
 /// The `ai.unstep` operator domain for a session: CUDA kernels when `cuda` is true (inputs and
 /// outputs on the device, work on ONNX Runtime's compute stream), CPU kernels otherwise.
 ///
