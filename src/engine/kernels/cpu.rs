@@ -37,14 +37,32 @@ impl Element for half::f16 {
 /// Rows per rayon task at the least: a row is a few microseconds of work at most.
 const MIN_ROWS_PER_TASK: usize = 16;
 
-/// `BiasRmsNorm`, and with `rope = Some((cos, sin))` `BiasRmsNormRope`, over `plan.rows` rows.
+/// What [`bias_rms_norm`] does with the normed row n before it stores it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Epilogue<'a, T> {
+    /// `BiasRmsNorm`: n.
+    Plain,
+    /// `BiasRmsNorm` with `silu = 1`: n · sigmoid(n).
+    Silu,
+    /// `BiasRmsNormRope`: n turned by the rotary tables `(cos, sin)`.
+    Rope(&'a [T], &'a [T]),
+}
+
+/// SiLU, as the contract writes it: `n · sigmoid(n) = n / (1 + exp(−n))` (−0 for n below about
+/// −88, where exp(−n) overflows to infinity).
+pub(crate) fn silu(n: f32) -> f32 {
+    n / (1.0 + (-n).exp())
+}
+
+/// `BiasRmsNorm` (epilogue `Plain` or `Silu`) or `BiasRmsNormRope` (`Rope`) over `plan.rows`
+/// rows.
 pub(crate) fn bias_rms_norm<T: Element>(
     plan: &Plan,
     epsilon: f32,
     x: &[T],
     bias: &[T],
     weight: &[T],
-    rope: Option<(&[T], &[T])>,
+    epilogue: Epilogue<'_, T>,
     y: &mut [T],
 ) {
     let d = plan.d;
@@ -65,13 +83,18 @@ pub(crate) fn bias_rms_norm<T: Element>(
                 for c in 0..d {
                     v[c] = v[c] * inv * weight[c].to_f32();
                 }
-                match rope {
-                    None => {
+                match epilogue {
+                    Epilogue::Plain => {
                         for c in 0..d {
                             y_row[c] = T::from_f32(v[c]);
                         }
                     }
-                    Some((cos, sin)) => {
+                    Epilogue::Silu => {
+                        for c in 0..d {
+                            y_row[c] = T::from_f32(silu(v[c]));
+                        }
+                    }
+                    Epilogue::Rope(cos, sin) => {
                         let table = (r % plan.table_rows) * half_hd;
                         for i in 0..d / 2 {
                             let j = table + i % half_hd;
@@ -165,8 +188,12 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
         Op::BiasRmsNormRope | Op::BiasRmsNorm => {
             let mut y = output(0)?;
             let (_, y) = y.try_extract_tensor_mut::<T>()?;
-            let rope = (op == Op::BiasRmsNormRope).then(|| (data[3], data[4]));
-            bias_rms_norm(&plan, attrs.epsilon, data[0], data[1], data[2], rope, y);
+            let epilogue = match op {
+                Op::BiasRmsNormRope => Epilogue::Rope(data[3], data[4]),
+                _ if attrs.silu => Epilogue::Silu,
+                _ => Epilogue::Plain,
+            };
+            bias_rms_norm(&plan, attrs.epsilon, data[0], data[1], data[2], epilogue, y);
         }
         Op::GatedResidualLayerNorm => {
             let mut s = output(0)?;

@@ -14,6 +14,10 @@
 //!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
 //!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
 //!   that stream with `cuLaunchKernel`. Nothing synchronises: ONNX Runtime orders the stream.
+//! - Each operator and element type has two kernels, one per row layout ([`Layout`]); the launch
+//!   picks one from D: one warp per row for D ≤ [`WARP_MAX_D`] (the VAE's channels-last rows,
+//!   D = 96 to 384, a million rows and more), one block of [`THREADS`] threads per row above (the
+//!   DiT's D = 1536).
 
 use std::ffi::{CStr, CString, c_void};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -28,30 +32,80 @@ use super::{Attrs, DOMAIN, Op, Plan, op_error, plan};
 
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
-/// `THREADS` of `kernels.cu`: one block of that many threads per row.
-const THREADS: u32 = 128;
-/// The largest D the kernels keep in registers (`2 * THREADS * MAX_PAIRS_PER_THREAD` of
-/// `kernels.cu`).
-pub(crate) const MAX_D: usize = 2048;
+/// `WARP` of `kernels.cu`.
+const WARP: u32 = 32;
+/// `THREADS` of `kernels.cu`: the block layout's threads per row (one block per row).
+pub(crate) const THREADS: u32 = 128;
+/// `ROWS_PER_BLOCK` of `kernels.cu`: the warp layout's rows (warps) per block.
+pub(crate) const ROWS_PER_BLOCK: u32 = 8;
+/// `MAX_PAIRS_PER_THREAD` of `kernels.cu`: the element pairs a thread holds at most.
+pub(crate) const MAX_PAIRS_PER_THREAD: usize = 8;
+/// The largest D the kernels keep in registers (the block layout's).
+pub(crate) const MAX_D: usize = 2 * THREADS as usize * MAX_PAIRS_PER_THREAD;
+/// The largest D of the warp layout, which takes every D up to it.
+pub(crate) const WARP_MAX_D: usize = 2 * WARP as usize * MAX_PAIRS_PER_THREAD;
+
+/// How a kernel lays a row on the threads (`BlockRow` and `WarpRow` of `kernels.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// One block of [`THREADS`] threads per row: D up to [`MAX_D`].
+    Block,
+    /// One warp per row, [`ROWS_PER_BLOCK`] rows per block: D up to [`WARP_MAX_D`]. A block of
+    /// 128 threads would leave most of them idle on a short row (48 pairs at D = 96).
+    Warp,
+}
+
+impl Layout {
+    pub(crate) const ALL: [Layout; 2] = [Layout::Block, Layout::Warp];
+
+    /// The layout of rows of D elements: the warp layout up to [`WARP_MAX_D`], the block layout
+    /// above.
+    pub(crate) fn for_d(d: usize) -> Layout {
+        if d <= WARP_MAX_D {
+            Layout::Warp
+        } else {
+            Layout::Block
+        }
+    }
+
+    /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
+    fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
+        let (blocks, threads) = match self {
+            Layout::Block => (rows, THREADS),
+            Layout::Warp => (
+                rows.div_ceil(ROWS_PER_BLOCK as usize),
+                WARP * ROWS_PER_BLOCK,
+            ),
+        };
+        // The largest grid x dimension CUDA allows.
+        match u32::try_from(blocks) {
+            Ok(blocks) if blocks <= i32::MAX as u32 => Ok((blocks, threads)),
+            _ => Err(format!("{rows} rows are too many for one launch")),
+        }
+    }
+}
 
 const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
 
-/// The kernel entry point of an operator and element type.
-pub(crate) fn entry_point(op: Op, ty: TensorElementType) -> Option<&'static str> {
-    Some(match (op, ty) {
-        (Op::BiasRmsNormRope, TensorElementType::Float32) => "unstep_bias_rms_norm_rope_f32",
-        (Op::BiasRmsNormRope, TensorElementType::Float16) => "unstep_bias_rms_norm_rope_f16",
-        (Op::BiasRmsNorm, TensorElementType::Float32) => "unstep_bias_rms_norm_f32",
-        (Op::BiasRmsNorm, TensorElementType::Float16) => "unstep_bias_rms_norm_f16",
-        (Op::GatedResidualLayerNorm, TensorElementType::Float32) => {
-            "unstep_gated_residual_layer_norm_f32"
-        }
-        (Op::GatedResidualLayerNorm, TensorElementType::Float16) => {
-            "unstep_gated_residual_layer_norm_f16"
-        }
+/// The kernel entry point of an operator, element type and row layout, e.g.
+/// `unstep_bias_rms_norm_f16` (block layout) and `unstep_bias_rms_norm_f16_w` (warp layout).
+pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Option<String> {
+    let op = match op {
+        Op::BiasRmsNormRope => "bias_rms_norm_rope",
+        Op::BiasRmsNorm => "bias_rms_norm",
+        Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
+    };
+    let ty = match ty {
+        TensorElementType::Float32 => "f32",
+        TensorElementType::Float16 => "f16",
         _ => return None,
-    })
+    };
+    let layout = match layout {
+        Layout::Block => "",
+        Layout::Warp => "_w",
+    };
+    Some(format!("unstep_{op}_{ty}{layout}"))
 }
 
 /// Loads the CUDA driver and NVRTC libraries and initialises the driver, once per process.
@@ -176,7 +230,7 @@ unsafe impl<T> Sync for Handle<T> {}
 /// retained for the rest of the process.
 struct DeviceModule {
     context: Handle<sys::CUcontext>,
-    functions: Vec<(&'static str, Handle<sys::CUfunction>)>,
+    functions: Vec<(String, Handle<sys::CUfunction>)>,
 }
 
 /// The module of device `ordinal`, compiled and loaded on first use; a failure is kept too, so
@@ -225,12 +279,16 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
     let mut functions = Vec::new();
     for op in Op::ALL {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
-            let name = entry_point(op, ty).expect("every operator has float32 and float16 kernels");
-            let c_name = CString::new(name).expect("entry point names have no NUL byte");
-            // SAFETY: `module` was just loaded and is never unloaded.
-            let function = unsafe { driver::module::get_function(module, c_name) }
-                .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
-            functions.push((name, Handle(function)));
+            for layout in Layout::ALL {
+                let name = entry_point(op, ty, layout)
+                    .expect("every operator has float32 and float16 kernels");
+                let c_name =
+                    CString::new(name.as_str()).expect("entry point names have no NUL byte");
+                // SAFETY: `module` was just loaded and is never unloaded.
+                let function = unsafe { driver::module::get_function(module, c_name) }
+                    .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
+                functions.push((name, Handle(function)));
+            }
         }
     }
     Ok(DeviceModule {
@@ -272,31 +330,37 @@ pub(super) struct CudaKernel {
     ty: TensorElementType,
     ordinal: i32,
     module: &'static DeviceModule,
-    function: Handle<sys::CUfunction>,
+    /// The kernels of the operator and type, block and warp layout.
+    block: Handle<sys::CUfunction>,
+    warp: Handle<sys::CUfunction>,
 }
 
 impl CudaKernel {
     /// Compiles and loads the kernels for device `ordinal` if this process has not yet.
     pub(super) fn new(op: Op, ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
-        let name = entry_point(op, ty).ok_or_else(|| {
-            format!(
+        let names = Layout::ALL.map(|layout| entry_point(op, ty, layout));
+        let [Some(block), Some(warp)] = names else {
+            return Err(format!(
                 "{DOMAIN} {}: element type {ty:?} is not supported (float32 and float16 are)",
                 op.name()
-            )
-        })?;
+            ));
+        };
         let module = device_module(ordinal)?;
-        let function = module
-            .functions
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, f)| *f)
-            .expect("the module has every entry point");
+        let function = |name: &str| {
+            module
+                .functions
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, f)| *f)
+                .expect("the module has every entry point")
+        };
         Ok(Self {
             op,
             ty,
             ordinal,
             module,
-            function,
+            block: function(&block),
+            warp: function(&warp),
         })
     }
 
@@ -383,8 +447,9 @@ impl CudaKernel {
         Ok(())
     }
 
-    /// Launches the kernel on `stream` over `pointers` (device addresses of the inputs, then the
-    /// outputs, in the operator's order) with the sizes of `plan`. Checks nothing but the launch.
+    /// Launches the kernel of `plan.d`'s layout ([`Layout::for_d`]) on `stream` over `pointers`
+    /// (device addresses of the inputs, then the outputs, in the operator's order) with the sizes
+    /// of `plan`. Checks nothing but the launch.
     pub(crate) fn launch(
         &self,
         plan: &Plan,
@@ -397,14 +462,19 @@ impl CudaKernel {
         if plan.rows == 0 {
             return Ok(());
         }
-        let blocks = u32::try_from(plan.rows)
-            .map_err(|_| format!("{} rows are too many for one launch", plan.rows))?;
+        let layout = Layout::for_d(plan.d);
+        let (blocks, threads) = layout.launch_dims(plan.rows)?;
+        let function = match layout {
+            Layout::Block => self.block,
+            Layout::Warp => self.warp,
+        };
         // The kernel's arguments, in the order of its signature in kernels.cu: the input
-        // pointers, the output pointers, then the sizes.
+        // pointers, the output pointers, then the sizes and attributes.
         let mut pointers = pointers.to_vec();
         let mut rows = plan.rows as i64;
         let mut d = plan.d as i32;
         let mut epsilon = attrs.epsilon;
+        let mut silu = i32::from(attrs.silu);
         let mut half_hd = plan.half_hd as i32;
         let mut table_rows = plan.table_rows as i64;
         let mut divs = plan.divs.map(|div| div as i64);
@@ -420,7 +490,7 @@ impl CudaKernel {
                 params.push((&mut half_hd as *mut i32).cast());
                 params.push((&mut table_rows as *mut i64).cast());
             }
-            Op::BiasRmsNorm => {}
+            Op::BiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {
                     params.push((div as *mut i64).cast());
@@ -436,9 +506,9 @@ impl CudaKernel {
         // the contract) and aligned to element pairs, and a stream of the same (primary) context.
         unsafe {
             driver::launch_kernel(
-                self.function.0,
+                function.0,
                 (blocks, 1, 1),
-                (THREADS, 1, 1),
+                (threads, 1, 1),
                 0,
                 stream,
                 &mut params,

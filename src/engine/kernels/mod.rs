@@ -20,8 +20,11 @@
 //!    table row t = r % Tc. `v = X + bias`, `u = v / sqrt(mean(v²) + epsilon) · weight`, and pair
 //!    i (columns 2i, 2i + 1) turns by column j = i mod hd/2 of the tables:
 //!    `Y[2i] = u[2i]·cos[t,j] − u[2i+1]·sin[t,j]`, `Y[2i+1] = u[2i]·sin[t,j] + u[2i+1]·cos[t,j]`.
-//! 2. `BiasRmsNorm(X, bias, weight) -> Y`, attribute `epsilon`:
-//!    `Y = (X + bias) / sqrt(mean((X + bias)²) + epsilon) · weight`.
+//! 2. `BiasRmsNorm(X, bias, weight) -> Y`, attributes `epsilon` and `silu` (int, optional, 0 or
+//!    1, default 0): `n = (X + bias) / sqrt(mean((X + bias)²) + epsilon) · weight`, and `Y = n`
+//!    with `silu = 0`, `Y = n · sigmoid(n)`, computed as `n / (1 + exp(−n))`, with `silu = 1` (RMS
+//!    norm and SiLU in one pass, rounded to T once). Another value of `silu` is an error when the
+//!    session creates the kernel.
 //! 3. `GatedResidualLayerNorm(R, X, bias, gate, scale, shift) -> (S, Y)`, attribute `epsilon`. R
 //!    has X's shape, bias D elements, gate, scale and shift are row parameters (each with its own
 //!    F). `S = round_T(R + (X + bias) · gate)`; with s = S as stored,
@@ -30,7 +33,9 @@
 //! Every output has X's shape. A shape that breaks the contract is an error naming the operator,
 //! the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
 //! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
-//! Runtime's allocations are); a call outside that is an error, not a slow path.
+//! Runtime's allocations are); a call outside that is an error, not a slow path. They work a row
+//! with one warp when D ≤ 512 (the VAE's channels-last rows, D = 96 to 384) and with one block of
+//! 128 threads otherwise (the DiT's D = 1536); see `cuda.rs`.
 //!
 //! Tests: `tests.rs` checks the CPU kernels against a float64 reference, directly and through
 //! ONNX Runtime; its ignored tests compile `kernels.cu` with NVRTC (no GPU needed) and check the
@@ -166,6 +171,9 @@ pub(crate) struct Attrs {
     pub(crate) epsilon: f32,
     /// `BiasRmsNormRope` only; 0 for the other operators.
     pub(crate) num_heads: usize,
+    /// `BiasRmsNorm` only (attribute `silu` = 1): SiLU after the norm; false for the other
+    /// operators.
+    pub(crate) silu: bool,
 }
 
 impl Attrs {
@@ -196,7 +204,25 @@ impl Attrs {
         } else {
             0
         };
-        Ok(Self { epsilon, num_heads })
+        let silu = if op == Op::BiasRmsNorm {
+            match kctx.get::<i64>("silu") {
+                None | Some(0) => false,
+                Some(1) => true,
+                Some(other) => {
+                    return Err(op_error(
+                        op,
+                        format!("node '{node}' has silu = {other}; it must be 0 or 1"),
+                    ));
+                }
+            }
+        } else {
+            false
+        };
+        Ok(Self {
+            epsilon,
+            num_heads,
+            silu,
+        })
     }
 }
 

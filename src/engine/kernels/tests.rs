@@ -6,7 +6,7 @@ use half::f16;
 use ort::session::Session;
 use ort::value::{Tensor, TensorElementType};
 
-use super::cpu::{self, Element};
+use super::cpu::{self, Element, Epilogue};
 use super::*;
 use crate::engine::onnx_graph::{self, Attr};
 use crate::engine::ort_lib;
@@ -93,6 +93,11 @@ fn reference_rms_norm(x: &[f64], bias: &[f64], weight: &[f64], d: usize, eps: f6
         y.extend(v.iter().zip(weight).map(|(a, w)| a / norm * w));
     }
     y
+}
+
+/// SiLU in float64: `n · sigmoid(n)`.
+fn reference_silu(n: f64) -> f64 {
+    n / (1.0 + (-n).exp())
 }
 
 /// The rotary embedding of `u` per head: head h's column pair (h·hd + 2q, h·hd + 2q + 1) turns by
@@ -218,6 +223,7 @@ impl<T: Element> RopeCase<T> {
         Attrs {
             epsilon: self.eps,
             num_heads: self.heads,
+            silu: false,
         }
     }
 
@@ -235,6 +241,94 @@ impl<T: Element> RopeCase<T> {
             self.eps as f64,
         );
         reference_rope(&u, &wide(&self.cos), &wide(&self.sin), d, self.heads)
+    }
+}
+
+/// One BiasRmsNorm case: inputs, attributes and the reference output.
+struct RmsCase<T> {
+    x_shape: Vec<i64>,
+    eps: f32,
+    silu: bool,
+    x: Vec<T>,
+    bias: Vec<T>,
+    weight: Vec<T>,
+}
+
+impl<T: Element> RmsCase<T> {
+    /// With `silu`, weights of both signs and up to 4, so that n reaches both tails of the
+    /// sigmoid.
+    fn new(rng: &mut Rng, x_shape: &[i64], silu: bool) -> Self {
+        let d = *x_shape.last().unwrap() as usize;
+        let (w_lo, w_hi) = if silu { (-4.0, 4.0) } else { (0.5, 1.5) };
+        Self {
+            x_shape: x_shape.to_vec(),
+            eps: 1e-5,
+            silu,
+            x: rng.vec(shape_numel(x_shape), -3.0, 3.0),
+            bias: rng.vec(d, -0.5, 0.5),
+            weight: rng.vec(d, w_lo, w_hi),
+        }
+    }
+
+    fn d(&self) -> usize {
+        *self.x_shape.last().unwrap() as usize
+    }
+
+    /// bias as `[D]`, weight as `[1, D]`: both are D elements.
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let d = self.d() as i64;
+        vec![self.x_shape.clone(), vec![d], vec![1, d]]
+    }
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: 0,
+            silu: self.silu,
+        }
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.bias, &self.weight]
+    }
+
+    fn epilogue(&self) -> Epilogue<'static, T> {
+        if self.silu {
+            Epilogue::Silu
+        } else {
+            Epilogue::Plain
+        }
+    }
+
+    /// The CPU kernel's output.
+    fn cpu(&self) -> Vec<T> {
+        let plan = plan_of(Op::BiasRmsNorm, &self.attrs(), &self.shapes());
+        let mut y = vec![T::from_f32(0.0); self.x.len()];
+        cpu::bias_rms_norm(
+            &plan,
+            self.eps,
+            &self.x,
+            &self.bias,
+            &self.weight,
+            self.epilogue(),
+            &mut y,
+        );
+        y
+    }
+
+    fn reference(&self) -> Vec<f64> {
+        let n = reference_rms_norm(
+            &wide(&self.x),
+            &wide(&self.bias),
+            &wide(&self.weight),
+            self.d(),
+            self.eps as f64,
+        );
+        if self.silu {
+            n.into_iter().map(reference_silu).collect()
+        } else {
+            n
+        }
     }
 }
 
@@ -284,6 +378,7 @@ impl<T: Element> GrlnCase<T> {
         Attrs {
             epsilon: self.eps,
             num_heads: 0,
+            silu: false,
         }
     }
 
@@ -352,39 +447,35 @@ fn check_rope_cpu<T: Tolerance>() {
             i[0],
             i[1],
             i[2],
-            Some((i[3], i[4])),
+            Epilogue::Rope(i[3], i[4]),
             &mut y,
         );
         assert_close(&y, &case.reference(), &format!("Y of {x_shape:?}"));
     }
 }
 
+/// BiasRmsNorm shapes: odd D, D = 64 and 96 (the VAE's channels-last rows), wan-1.3b's 1536.
+const RMS_SHAPES: [&[i64]; 7] = [
+    &[7, 64],
+    &[3, 4, 32],
+    &[5, 15],
+    &[1, 1, 1, 8],
+    &[2, 3, 5, 64],
+    &[1, 4, 30, 52, 96],
+    &[1, 4680, 1536],
+];
+
 fn check_rms_norm_cpu<T: Tolerance>() {
     let mut rng = Rng(2);
-    for x_shape in [
-        &[7, 64][..],
-        &[3, 4, 32],
-        &[5, 15],
-        &[1, 1, 1, 8],
-        &[1, 4680, 1536],
-    ] {
-        let d = *x_shape.last().unwrap() as usize;
-        let x: Vec<T> = rng.vec(shape_numel(x_shape), -3.0, 3.0);
-        let bias: Vec<T> = rng.vec(d, -0.5, 0.5);
-        let weight: Vec<T> = rng.vec(d, 0.5, 1.5);
-        let attrs = Attrs {
-            epsilon: 1e-5,
-            num_heads: 0,
-        };
-        let plan = plan_of(
-            Op::BiasRmsNorm,
-            &attrs,
-            &[x_shape.to_vec(), vec![d as i64], vec![1, d as i64]],
-        );
-        let mut y = vec![T::from_f32(0.0); x.len()];
-        cpu::bias_rms_norm(&plan, attrs.epsilon, &x, &bias, &weight, None, &mut y);
-        let want = reference_rms_norm(&wide(&x), &wide(&bias), &wide(&weight), d, 1e-5);
-        assert_close(&y, &want, &format!("Y of {x_shape:?}"));
+    for silu in [false, true] {
+        for x_shape in RMS_SHAPES {
+            let case = RmsCase::<T>::new(&mut rng, x_shape, silu);
+            assert_close(
+                &case.cpu(),
+                &case.reference(),
+                &format!("Y of {x_shape:?}, silu = {silu}"),
+            );
+        }
     }
 }
 
@@ -421,6 +512,29 @@ fn bias_rms_norm_matches_the_reference() {
     check_rms_norm_cpu::<f16>();
 }
 
+/// SiLU's tails in float32: n = 100 gives 100 (exp(−100) vanishes next to 1), n = −100 gives −0
+/// (exp(100) overflows to infinity), not NaN; n = ±1 gives the sigmoid's values.
+#[test]
+fn silu_saturates_at_both_ends() {
+    // Rows of [1, −1, 1, −1] have an RMS of 1: n = weight · [1, −1, 1, −1] (epsilon 0).
+    let x = [1f32, -1.0, 1.0, -1.0];
+    let weight = [1f32, 1.0, 100.0, 100.0];
+    let attrs = Attrs {
+        epsilon: 0.0,
+        num_heads: 0,
+        silu: true,
+    };
+    let plan = plan_of(Op::BiasRmsNorm, &attrs, &[vec![1, 4], vec![4], vec![4]]);
+    let mut y = [0f32; 4];
+    cpu::bias_rms_norm(&plan, 0.0, &x, &[0.0; 4], &weight, Epilogue::Silu, &mut y);
+    assert_eq!(y[2], 100.0);
+    assert_eq!(y[3], 0.0);
+    assert!(y[3].is_sign_negative());
+    let sigmoid_1 = 1.0 / (1.0 + (-1f64).exp());
+    assert!((y[0] as f64 - sigmoid_1).abs() < 1e-7, "{}", y[0]);
+    assert!((y[1] as f64 + (1.0 - sigmoid_1)).abs() < 1e-7, "{}", y[1]);
+}
+
 #[test]
 fn gated_residual_layer_norm_matches_the_reference() {
     check_grln_cpu::<f32>();
@@ -441,6 +555,7 @@ fn gated_residual_layer_norm_normalises_s_as_stored() {
     let attrs = Attrs {
         epsilon: 0.0,
         num_heads: 0,
+        silu: false,
     };
     let plan = plan_of(Op::GatedResidualLayerNorm, &attrs, &shapes);
     let (mut s, mut y) = (zeros.clone(), zeros.clone());
@@ -465,6 +580,7 @@ fn row_parameters_map_rows_to_blocks_in_order() {
     let attrs = Attrs {
         epsilon: 0.0,
         num_heads: 0,
+        silu: false,
     };
     let d = 2;
     let shapes = [
@@ -497,6 +613,7 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     let plain = Attrs {
         epsilon: 1e-6,
         num_heads: 0,
+        silu: false,
     };
     // A row parameter whose numel is not a multiple of D.
     let e = plan_error(
@@ -538,6 +655,7 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     let rope = Attrs {
         epsilon: 1e-6,
         num_heads: 3,
+        silu: false,
     };
     let e = plan_error(
         Op::BiasRmsNormRope,
@@ -551,6 +669,7 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     let rope = Attrs {
         epsilon: 1e-6,
         num_heads: 2,
+        silu: false,
     };
     let e = plan_error(
         Op::BiasRmsNormRope,
@@ -588,11 +707,20 @@ fn no_rows_is_no_work() {
     let attrs = Attrs {
         epsilon: 1e-6,
         num_heads: 0,
+        silu: false,
     };
     let plan = plan(Op::BiasRmsNorm, &attrs, &[&[0, 8], &[8], &[8]]).unwrap();
     assert_eq!((plan.rows, plan.d), (0, 8));
     let mut y: Vec<f32> = Vec::new();
-    cpu::bias_rms_norm(&plan, 1e-6, &[], &[0.0; 8], &[1.0; 8], None, &mut y);
+    cpu::bias_rms_norm(
+        &plan,
+        1e-6,
+        &[],
+        &[0.0; 8],
+        &[1.0; 8],
+        Epilogue::Plain,
+        &mut y,
+    );
 }
 
 // --- Through ONNX Runtime (CPU provider) -------------------------------------------------------
@@ -664,17 +792,24 @@ fn check_through_onnx_runtime<T: Tolerance>() {
         &format!("{t} BiasRmsNormRope Y"),
     );
 
-    let d = 48;
-    let x_shape = vec![2, 3, d as i64];
-    let x: Vec<T> = rng.vec(6 * d, -3.0, 3.0);
-    let bias: Vec<T> = rng.vec(d, -0.5, 0.5);
-    let weight: Vec<T> = rng.vec(d, 0.5, 1.5);
-    let mut s = session::<T>(Op::BiasRmsNorm, &[Attr::Float("epsilon", 1e-5)]).unwrap();
-    let shapes = [x_shape.clone(), vec![d as i64], vec![d as i64]];
-    let out = run(&mut s, Op::BiasRmsNorm, &shapes, &[&x, &bias, &weight]).unwrap();
-    assert_eq!(out[0].0, x_shape);
-    let want = reference_rms_norm(&wide(&x), &wide(&bias), &wide(&weight), d, 1e-5);
-    assert_close(&out[0].1, &want, &format!("{t} BiasRmsNorm Y"));
+    // No silu attribute (plain), silu = 0 (plain) and silu = 1 (SiLU after the norm).
+    for (x_shape, silu) in [
+        (&[2, 3, 48][..], None),
+        (&[1, 2, 3, 96], Some(0)),
+        (&[1, 2, 3, 5, 96], Some(1)),
+    ] {
+        let case = RmsCase::<T>::new(&mut rng, x_shape, silu == Some(1));
+        let mut attrs = vec![Attr::Float("epsilon", case.eps)];
+        attrs.extend(silu.map(|v| Attr::Int("silu", v)));
+        let mut s = session::<T>(Op::BiasRmsNorm, &attrs).unwrap();
+        let out = run(&mut s, Op::BiasRmsNorm, &case.shapes(), &case.inputs()).unwrap();
+        assert_eq!(out[0].0, x_shape);
+        assert_close(
+            &out[0].1,
+            &case.reference(),
+            &format!("{t} BiasRmsNorm Y, silu {silu:?}"),
+        );
+    }
 
     let (x_shape, params) = GRLN_CASES[0];
     let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
@@ -744,6 +879,19 @@ fn a_missing_attribute_fails_the_session() {
     );
 }
 
+#[test]
+fn a_silu_other_than_0_or_1_fails_the_session() {
+    let attrs = [Attr::Float("epsilon", 1e-6), Attr::Int("silu", 2)];
+    let Err(e) = session::<f16>(Op::BiasRmsNorm, &attrs) else {
+        panic!("a BiasRmsNorm node with silu = 2 was accepted");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains("ai.unstep BiasRmsNorm") && e.contains("silu = 2; it must be 0 or 1"),
+        "{e}"
+    );
+}
+
 /// Without the CUDA driver or NVRTC (this machine, CI), asking for the CUDA kernels is an error
 /// that says what is missing and what to do, not a panic; with both it is a domain.
 #[test]
@@ -760,8 +908,54 @@ fn the_cuda_domain_without_cuda_says_what_is_missing() {
 
 // --- The CUDA source ---------------------------------------------------------------------------
 
+/// The host's launch sizes are the source's: `#define NAME value` of kernels.cu.
+#[test]
+fn the_launch_constants_are_the_sources() {
+    let define = |name: &str| -> usize {
+        let prefix = format!("#define {name} ");
+        let line = cuda::SOURCE
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("kernels.cu has no #define {name}"));
+        line[prefix.len()..].trim().parse().unwrap()
+    };
+    assert_eq!(define("WARP"), 32);
+    assert_eq!(define("THREADS"), cuda::THREADS as usize);
+    assert_eq!(define("ROWS_PER_BLOCK"), cuda::ROWS_PER_BLOCK as usize);
+    assert_eq!(define("MAX_PAIRS_PER_THREAD"), cuda::MAX_PAIRS_PER_THREAD);
+    assert_eq!((cuda::MAX_D, cuda::WARP_MAX_D), (2048, 512));
+}
+
+/// One warp per row up to D = 512 (the VAE's 96 to 384, the tiny model's 16 to 64), one block per
+/// row above (wan-1.3b's 1536); the entry points' names.
+#[test]
+fn small_rows_take_the_warp_layout() {
+    use cuda::Layout;
+    for d in [2, 16, 64, 96, 192, 384, 512] {
+        assert_eq!(Layout::for_d(d), Layout::Warp, "D = {d}");
+    }
+    for d in [514, 1000, 1536, 2048] {
+        assert_eq!(Layout::for_d(d), Layout::Block, "D = {d}");
+    }
+    let name = |op, ty, layout| cuda::entry_point(op, ty, layout).unwrap();
+    assert_eq!(
+        name(Op::BiasRmsNorm, TensorElementType::Float16, Layout::Warp),
+        "unstep_bias_rms_norm_f16_w"
+    );
+    assert_eq!(
+        name(
+            Op::GatedResidualLayerNorm,
+            TensorElementType::Float32,
+            Layout::Block
+        ),
+        "unstep_gated_residual_layer_norm_f32"
+    );
+    assert!(cuda::entry_point(Op::BiasRmsNorm, TensorElementType::Int8, Layout::Warp).is_none());
+}
+
 /// kernels.cu compiles with NVRTC, to PTX for compute_90 and to an sm_90 cubin (what sessions
-/// load), with every entry point and without local memory (the rows stay in registers). Needs
+/// load), with every entry point (both layouts) and without local memory (the rows stay in
+/// registers). Needs
 /// CUDA 13's NVRTC, not a GPU:
 /// `LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib cargo test --release --lib nvrtc -- --ignored`.
 #[test]
@@ -771,11 +965,13 @@ fn nvrtc_compiles_the_kernels() {
     let ptx = String::from_utf8(cuda::compile("compute_90").unwrap()).unwrap();
     for op in Op::ALL {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
-            let name = cuda::entry_point(op, ty).unwrap();
-            assert!(
-                ptx.contains(&format!(".entry {name}(")),
-                "no entry point {name} in the PTX"
-            );
+            for layout in cuda::Layout::ALL {
+                let name = cuda::entry_point(op, ty, layout).unwrap();
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "no entry point {name} in the PTX"
+                );
+            }
         }
     }
     assert!(
@@ -913,6 +1109,11 @@ mod gpu {
                 (&[7, 2048], 16, 7),
                 (&[1, 5, 1000], 5, 5),
                 (&[2, 3, 96], 12, 1),
+                // Warp layout: rows not a multiple of ROWS_PER_BLOCK, the largest D; the
+                // smallest D of the block layout.
+                (&[3, 1001, 96], 4, 1001),
+                (&[37, 512], 4, 37),
+                (&[11, 514], 1, 11),
             ])
             .collect();
         for (x_shape, heads, tc) in rope_cases {
@@ -935,7 +1136,7 @@ mod gpu {
                 i[0],
                 i[1],
                 i[2],
-                Some((i[3], i[4])),
+                Epilogue::Rope(i[3], i[4]),
                 &mut cpu_y,
             );
             let what = format!("{t} BiasRmsNormRope {x_shape:?}");
@@ -949,41 +1150,47 @@ mod gpu {
             }
         }
 
-        for x_shape in [
-            &[7, 64][..],
-            &[1, 4680, 1536],
-            &[3, 1000],
-            &[5, 2048],
+        // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layout's D (1000: pairs
+        // not a multiple of 32; 2048, the largest; 514, the smallest); the warp layout's, with
+        // row counts that are not a multiple of ROWS_PER_BLOCK (D = 96 and 384, the VAE's
+        // channels; 16 and 64, the tiny model's; 512, the largest; 2). And the VAE decoder's
+        // largest: 4 frames of 480 × 832 rows of 96 channels.
+        let block_shapes = [&[3, 1000][..], &[5, 2048], &[11, 514]];
+        let warp_shapes = [
+            &[3, 1001, 96][..],
+            &[13, 384],
+            &[5, 7, 16],
+            &[37, 512],
             &[9, 2],
-        ] {
-            let d = *x_shape.last().unwrap() as usize;
-            let x: Vec<T> = rng.vec(shape_numel(x_shape), -3.0, 3.0);
-            let bias: Vec<T> = rng.vec(d, -0.5, 0.5);
-            let weight: Vec<T> = rng.vec(d, 0.5, 1.5);
-            let attrs = Attrs {
-                epsilon: 1e-6,
-                num_heads: 0,
-            };
-            let shapes = [x_shape.to_vec(), vec![d as i64], vec![d as i64]];
-            let big = x.len() > 1_000_000;
-            let inputs = [&x[..], &bias, &weight];
+        ];
+        let shapes: Vec<&[i64]> = RMS_SHAPES
+            .into_iter()
+            .chain(block_shapes)
+            .chain(warp_shapes)
+            .collect();
+        let rms_cases = [false, true]
+            .into_iter()
+            .flat_map(|silu| shapes.iter().map(move |&shape| (shape, silu)))
+            .chain([(&[4, 480, 832, 96][..], true)]);
+        for (x_shape, silu) in rms_cases {
+            let case = RmsCase::<T>::new(&mut rng, x_shape, silu);
+            let big = case.x.len() > 1_000_000;
             let (gpu, micros) = run_cuda(
                 Op::BiasRmsNorm,
-                &attrs,
-                &shapes,
-                &inputs,
+                &case.attrs(),
+                &case.shapes(),
+                &case.inputs(),
                 stream,
                 if big { 50 } else { 0 },
             );
-            let plan = plan_of(Op::BiasRmsNorm, &attrs, &shapes);
-            let mut cpu_y = vec![T::from_f32(0.0); x.len()];
-            cpu::bias_rms_norm(&plan, 1e-6, &x, &bias, &weight, None, &mut cpu_y);
-            let what = format!("{t} BiasRmsNorm {x_shape:?}");
-            assert_matches_cpu(&gpu[0], &cpu_y, &what);
-            let want = reference_rms_norm(&wide(&x), &wide(&bias), &wide(&weight), d, 1e-6);
-            assert_close(&gpu[0], &want, &what);
+            let what = format!("{t} BiasRmsNorm {x_shape:?} silu = {silu}");
+            assert_matches_cpu(&gpu[0], &case.cpu(), &what);
+            assert_close(&gpu[0], &case.reference(), &what);
             if big {
-                eprintln!("{what}: {}", bandwidth(&inputs, 1, x.len(), micros));
+                eprintln!(
+                    "{what}: {}",
+                    bandwidth(&case.inputs(), 1, case.x.len(), micros)
+                );
             }
         }
 
@@ -995,6 +1202,12 @@ mod gpu {
                 (&[1, 4680, 1536], [&[1536][..], frame, &[3, 1536]]),
                 (&[7, 2048], [&[7, 2048][..], &[2048], &[1, 2048]]),
                 (&[5, 1000], [&[1000][..], &[5, 1000], &[1000]]),
+                // Warp layout, rows not a multiple of ROWS_PER_BLOCK; the block layout's
+                // smallest D.
+                (&[3, 1001, 96], [&[96][..], &[3, 1, 96], &[7, 96]]),
+                (&[3, 333, 384], [&[3, 1, 384][..], &[384], &[9, 384]]),
+                (&[37, 512], [&[37, 512][..], &[512], &[512]]),
+                (&[11, 514], [&[514][..], &[11, 514], &[514]]),
             ])
             .collect();
         for (x_shape, params) in grln_cases {
@@ -1033,9 +1246,11 @@ mod gpu {
 
     /// The CUDA kernels, compiled with NVRTC and launched as a session launches them
     /// ([`cuda::CudaKernel::launch`]) on a non-blocking stream, against the CPU kernels and the
-    /// float64 reference, at the test shapes and at wan-1.3b's (N = 4680, D = 1536, 12 heads),
-    /// D = 2048 (the largest), D = 1000 (pairs not a multiple of 32) and row counts that are not
-    /// a multiple of 4; prints the time per launch of the large shapes. Needs a CUDA GPU and
+    /// float64 reference, at the test shapes and at wan-1.3b's (N = 4680, D = 1536, 12 heads);
+    /// the block layout at D = 2048 (the largest), D = 1000 (pairs not a multiple of 32) and
+    /// D = 514 (the smallest); the warp layout at D = 2 to 512 with row counts that are not a
+    /// multiple of ROWS_PER_BLOCK; BiasRmsNorm with and without SiLU, up to the VAE decoder's
+    /// 4 · 480 · 832 rows of 96. Prints the time per launch of the large shapes. Needs a CUDA GPU and
     /// NVRTC: `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernels -- --ignored
     /// --nocapture`.
     #[test]
