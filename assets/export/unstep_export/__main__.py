@@ -45,10 +45,10 @@ def cmd_export(args):
     dit, te, vae = dit.to(dev, dtype), te.to(dev, dtype), vae.to(dev, dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("dit.onnx", "dit.onnx.data", "dit_fused.onnx", "dit_fused.onnx.data", "vae_first.onnx",
-                  "vae_first.onnx.data", "vae_step.onnx", "vae_step.onnx.data", "text_encoder.onnx",
-                  "text_encoder.onnx.data", "bundle.toml"):
-        (out / stale).unlink(missing_ok=True)
+    for graph in ("dit", "dit_fused", "vae_first", "vae_step", "vae_first_fused", "vae_step_fused", "text_encoder"):
+        for stale in (f"{graph}.onnx", f"{graph}.onnx.data"):
+            (out / stale).unlink(missing_ok=True)
+    (out / "bundle.toml").unlink(missing_ok=True)
     t = time.time()
     ex.export_text(te, cfg, out, dtype, dev)
     ex.export_dit(dit, cfg, out, dtype, dev)
@@ -60,6 +60,14 @@ def cmd_export(args):
         print(f"dit_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
     else:
         ex.export_dit(dit, cfg, out, dtype, dev, fused_ops=True)
+    if args.no_fused_vae:
+        print("vae_first_fused.onnx, vae_step_fused.onnx: skipped (--no-fused-vae)")
+    elif precision not in ex.FUSED_PRECISIONS:
+        print(f"vae_*_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
+    elif args.vae_norm != "transpose":
+        print(f"vae_*_fused.onnx: skipped (--vae-norm {args.vae_norm}: they fuse the channels-last norm)")
+    else:
+        ex.export_vae(vae, cfg, out, dtype, dev, fused_ops=True)
     notes = []
     if not args.checkpoint:
         notes.append("Seeded random weights (no checkpoint given).")
@@ -224,6 +232,9 @@ def main(argv=None):
                    help="VAE RMS norms as channels-last SimplifiedLayerNormalization (default) or ReduceL2 + divide")
     p.add_argument("--no-fused-dit", action="store_true",
                    help="do not write dit_fused.onnx (the DiT with the runner's ai.unstep operators; fp32/fp16 only)")
+    p.add_argument("--no-fused-vae", action="store_true",
+                   help="do not write vae_first_fused.onnx / vae_step_fused.onnx (the VAE decoder with the runner's "
+                        "BiasRmsNorm + SiLU op; fp32/fp16 with --vae-norm transpose only)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("golden", help="write golden reference outputs")
@@ -265,9 +276,10 @@ def main(argv=None):
     p.add_argument("--save", help="prefix for .npy frame dumps")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("fused-check", help="exported fused ops vs eager PyTorch, every bias non-zero; dit_fused checks")
+    p = sub.add_parser("fused-check",
+                       help="exported fused ops vs eager PyTorch, every bias non-zero; dit_fused and vae_*_fused checks")
     p.add_argument("--preset", default="tiny")
-    p.add_argument("--bundle", help="also check this bundle's dit_fused.onnx structure (e.g. assets/tiny)")
+    p.add_argument("--bundle", help="also check this bundle's dit_fused.onnx and vae_*_fused.onnx (e.g. assets/tiny)")
     p.set_defaults(fn=cmd_fused_check, threads=None)
 
     p = sub.add_parser("selftest", help="Philox known-answer test")

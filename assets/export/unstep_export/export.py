@@ -1,8 +1,10 @@
 """Write an asset bundle (docs/bundle.md): three ONNX graphs + text encoder + bundle.toml, and
-optionally `dit_fused.onnx` (the DiT with the runner's own `ai.unstep` operators)."""
+optionally `dit_fused.onnx`, `vae_first_fused.onnx` and `vae_step_fused.onnx` (the DiT and the
+VAE decoder with the runner's own `ai.unstep` operators)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -22,6 +24,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CUSTOM_OPSETS = {"com.microsoft": 1}
 # dit_fused.onnx also uses the runner's own operators (fused.py); their kernels do fp32 and fp16.
 FUSED_CUSTOM_OPSETS = {"com.microsoft": 1, fused.UNSTEP_DOMAIN: 1}
+# The VAE graphs use no com.microsoft op.
+FUSED_VAE_CUSTOM_OPSETS = {fused.UNSTEP_DOMAIN: 1}
 FUSED_PRECISIONS = ("fp32", "fp16")
 
 
@@ -134,16 +138,28 @@ def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool
                 custom_opsets=FUSED_CUSTOM_OPSETS)
 
 
-def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu"):
+def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool = False):
+    """`vae_first.onnx` and `vae_step.onnx`, or with fused_ops `vae_first_fused.onnx` and
+    `vae_step_fused.onnx`: the same inputs and outputs, each RMS norm + SiLU as one
+    `ai.unstep::BiasRmsNorm` (silu = 1; vae.py, fused.py).  The fused form needs the channels-last
+    norm (vae.RMSNorm.export_mode "transpose")."""
+    from .vae import RMSNorm
+
+    if fused_ops and RMSNorm.export_mode != "transpose":
+        raise ValueError("the fused VAE graphs need --vae-norm transpose")
+    suffix = "_fused" if fused_ops else ""
+    opsets = FUSED_VAE_CUSTOM_OPSETS if fused_ops else None
     z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
     shapes = vae_cache_shapes(vae, cfg, dtype, device)
     n = len(shapes)
     outs = ["frames"] + [f"cache_out.{j}" for j in range(n)]
     frames = lambda k: (1, 3, k, cfg.height, cfg.width)  # noqa: E731
-    _export(VaeGraph(vae, True), (z,), out / "vae_first.onnx", ["z"], outs, [frames(1)] + shapes)
-    caches = [torch.randn(s, dtype=dtype, device=device) for s in shapes]
-    _export(VaeGraph(vae, False), (z, *caches), out / "vae_step.onnx", ["z"] + [f"cache_in.{j}" for j in range(n)],
-            outs, [frames(4)] + shapes)
+    with fused.fused_vae() if fused_ops else contextlib.nullcontext():
+        _export(VaeGraph(vae, True), (z,), out / f"vae_first{suffix}.onnx", ["z"], outs, [frames(1)] + shapes,
+                custom_opsets=opsets)
+        caches = [torch.randn(s, dtype=dtype, device=device) for s in shapes]
+        _export(VaeGraph(vae, False), (z, *caches), out / f"vae_step{suffix}.onnx",
+                ["z"] + [f"cache_in.{j}" for j in range(n)], outs, [frames(4)] + shapes, custom_opsets=opsets)
     return n
 
 
@@ -215,6 +231,11 @@ def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""
     lines += [
         'vae_first = "vae_first.onnx"',
         'vae_step = "vae_step.onnx"',
+    ]
+    for role in ("vae_first_fused", "vae_step_fused"):
+        if (out / f"{role}.onnx").is_file():
+            lines.append(f'{role} = "{role}.onnx"')
+    lines += [
         "",
         "[files]",
     ]

@@ -15,7 +15,7 @@ or not it is being exported; only the graph differs.
 
 A second DiT graph, `dit_fused.onnx` (exporter 0.4.0), goes further with the runner's own
 operators of the domain `ai.unstep` (opset 1), implemented by the Rust runner and not by ONNX
-Runtime (docs/bundle.md, "Operators of `dit_fused`"):
+Runtime (docs/bundle.md, "Operators of the fused graphs"):
 
 - `BiasRmsNormRope(X, bias, weight, cos, sin)`   q/k: linear bias + RMS norm + 3D RoPE;
 - `BiasRmsNorm(X, bias, weight)`                  cross-attention q: linear bias + RMS norm;
@@ -25,6 +25,11 @@ Runtime (docs/bundle.md, "Operators of `dit_fused`"):
 
 That structure (model.py, `Block.forward_fused`) is only taken inside `with fused_dit():`;
 eager PyTorch and `dit.onnx` never see it.
+
+Two VAE graphs, `vae_first_fused.onnx` and `vae_step_fused.onnx` (exporter 0.5.0), use
+`BiasRmsNorm` with the attribute `silu = 1` for every VAE RMS norm that is followed by SiLU
+(vae.py, `ResidualBlock.forward_fused` and the head), with the bias of a causal convolution that
+feeds the norm directly moved into the op.  Only taken inside `with fused_vae():`.
 """
 
 from __future__ import annotations
@@ -202,6 +207,28 @@ def fused_dit(enabled: bool = True):
         _FUSED_DIT = prev
 
 
+_FUSED_VAE = False
+
+
+def fused_vae_active() -> bool:
+    """True inside `with fused_vae():` - the VAE decoder then takes the structure of
+    `vae_first_fused.onnx` / `vae_step_fused.onnx` (vae.py)."""
+    return _FUSED_VAE
+
+
+@contextlib.contextmanager
+def fused_vae(enabled: bool = True):
+    """Switch the VAE decoder to the fused structure: each RMS norm followed by SiLU as one
+    `BiasRmsNorm` (silu = 1), with the bias of a causal convolution that feeds it moved into the
+    op (exporting it, or running its eager reference arithmetic for the checks)."""
+    global _FUSED_VAE
+    prev, _FUSED_VAE = _FUSED_VAE, enabled
+    try:
+        yield
+    finally:
+        _FUSED_VAE = prev
+
+
 def _row_param(p: torch.Tensor, n: int, d: int) -> torch.Tensor:
     """A row parameter (numel F*D, N % F == 0) as float32 [N, D]: row r uses row r // (N/F)."""
     f = p.numel() // d
@@ -230,10 +257,12 @@ def bias_rms_norm_rope_reference(x, bias, weight, cos, sin, eps: float, heads: i
     return y.reshape(x.shape).to(x.dtype)
 
 
-def bias_rms_norm_reference(x, bias, weight, eps: float):
-    """ai.unstep::BiasRmsNorm: rms_norm(x + bias) * weight."""
+def bias_rms_norm_reference(x, bias, weight, eps: float, silu: bool = False):
+    """ai.unstep::BiasRmsNorm: n = rms_norm(x + bias) * weight; with silu, n * sigmoid(n)."""
     d = x.shape[-1]
     y = _rms(x.float().reshape(-1, d) + bias.float(), eps) * weight.float()
+    if silu:
+        y = y * torch.sigmoid(y)
     return y.reshape(x.shape).to(x.dtype)
 
 
@@ -263,12 +292,14 @@ class _BiasRmsNormRope(torch.autograd.Function):
 
 class _BiasRmsNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, bias, weight, eps: float):  # noqa: D401 - torch.autograd API
-        return bias_rms_norm_reference(x, bias, weight, eps)
+    def forward(ctx, x, bias, weight, eps: float, silu: bool = False):  # noqa: D401 - torch.autograd API
+        return bias_rms_norm_reference(x, bias, weight, eps, silu)
 
     @staticmethod
-    def symbolic(g, x, bias, weight, eps: float):
-        out = g.op(f"{UNSTEP_DOMAIN}::BiasRmsNorm", x, bias, weight, epsilon_f=float(eps))
+    def symbolic(g, x, bias, weight, eps: float, silu: bool = False):
+        # `silu` is written only when set (the VAE graphs): dit_fused's nodes keep `epsilon` alone.
+        extra = {"silu_i": 1} if silu else {}
+        out = g.op(f"{UNSTEP_DOMAIN}::BiasRmsNorm", x, bias, weight, epsilon_f=float(eps), **extra)
         out.setType(x.type())
         return out
 
@@ -299,6 +330,14 @@ def bias_rms_norm(x, bias, weight, eps: float):
     if exporting():
         return _BiasRmsNorm.apply(x, bias, weight, eps)
     return bias_rms_norm_reference(x, bias, weight, eps)
+
+
+def bias_rms_norm_silu(x, bias, weight, eps: float):
+    """SiLU(rms_norm(x + bias) * weight) over the last axis: one `BiasRmsNorm` with `silu = 1`
+    when exporting (the fused VAE graphs), the reference arithmetic otherwise."""
+    if exporting():
+        return _BiasRmsNorm.apply(x, bias, weight, eps, True)
+    return bias_rms_norm_reference(x, bias, weight, eps, silu=True)
 
 
 def gated_residual_layer_norm(r, x, bias, gate, scale, shift, eps: float):

@@ -282,9 +282,11 @@ def _unstep_reference_ops():
     class BiasRmsNorm(OpRun):
         op_domain = "ai.unstep"
 
-        def _run(self, x, bias, weight, epsilon=None):
+        def _run(self, x, bias, weight, epsilon=None, silu=None):
             d = x.shape[-1]
             y = rms(x.astype(np.float32).reshape(-1, d) + bias.astype(np.float32), epsilon) * weight.astype(np.float32)
+            if silu:  # n * sigmoid(n), still float32, before the one rounding
+                y = y / (np.float32(1) + np.exp(-y))
             return (y.reshape(x.shape).astype(x.dtype),)
 
     class GatedResidualLayerNorm(OpRun):
@@ -335,11 +337,161 @@ def _unstep_reference_ops():
             SimplifiedLayerNormalization]
 
 
+def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int) -> list:
+    """vae_first_fused / vae_step_fused against the standard graph of the same role and the
+    contract of docs/bundle.md (no ONNX Runtime): `pairs` RMS norm + SiLU pairs (vae.py
+    `norm_silu_pairs`), each one `ai.unstep::BiasRmsNorm` with silu = 1 and epsilon 1e-12 on a
+    channels-last Transpose, and no SimplifiedLayerNormalization, Sigmoid or Sigmoid-Mul (SiLU)
+    left for them; `conv_fed` of them take their input straight from a causal convolution that has
+    no bias input (the op adds it), the others a zeros[C] bias; every other op as in the standard
+    graph; inputs and outputs identical.  Returns the problems and prints the node counts."""
+    import collections
+
+    import onnx
+    from onnx import numpy_helper
+
+    from .fused import UNSTEP_DOMAIN
+
+    problems = []
+    std = onnx.load(str(std_path), load_external_data=False)
+    model = onnx.load(str(fused_path), load_external_data=True)
+    graph = model.graph
+    name = Path(fused_path).name
+    if _io_signature(graph.input) != _io_signature(std.graph.input):
+        problems.append(f"inputs differ from {Path(std_path).name}")
+    if _io_signature(graph.output) != _io_signature(std.graph.output):
+        problems.append(f"outputs differ from {Path(std_path).name}")
+    opsets = {o.domain: o.version for o in model.opset_import}
+    if opsets.get(UNSTEP_DOMAIN) != 1:
+        problems.append(f"opset_import {UNSTEP_DOMAIN} is {opsets.get(UNSTEP_DOMAIN)}, not 1")
+
+    def count(g):
+        return collections.Counter((n.domain or "ai.onnx", n.op_type) for n in g.node)
+
+    def silu_patterns(g):  # Sigmoid(a) feeding a Mul that also reads a
+        sig = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Sigmoid"}
+        return sum(1 for n in g.node if n.op_type == "Mul" and len(n.input) == 2
+                   and any(sig.get(a) == b for a, b in (n.input, n.input[::-1])))
+
+    def no_bias_convs(g):
+        return sum(1 for n in g.node if n.op_type == "Conv" and (len(n.input) < 3 or not n.input[2]))
+
+    counts, std_counts = count(graph), count(std.graph)
+    print(f"{name} nodes: " + ", ".join(
+        f"{d}::{t} {c}" for (d, t), c in sorted(counts.items()) if t not in ("Constant", "Identity")))
+    norms = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == "BiasRmsNorm"]
+    others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - {"BiasRmsNorm"})
+    if others:
+        problems.append(f"{UNSTEP_DOMAIN} ops other than BiasRmsNorm: {others}")
+    if len(norms) != pairs:
+        problems.append(f"BiasRmsNorm: {len(norms)} nodes, expected {pairs} (one per norm + SiLU pair)")
+    if silu_patterns(std.graph) != pairs:
+        problems.append(f"the standard graph has {silu_patterns(std.graph)} SiLU patterns, the model {pairs} pairs")
+    if silu_patterns(graph):
+        problems.append(f"{silu_patterns(graph)} Sigmoid-Mul (SiLU) patterns left")
+    for op, fewer in (("SimplifiedLayerNormalization", pairs), ("Sigmoid", pairs), ("Conv", 0)):
+        want = std_counts[("ai.onnx", op)] - fewer
+        if counts[("ai.onnx", op)] != want:
+            problems.append(f"{op}: {counts[('ai.onnx', op)]} nodes, expected {want} (the standard graph's "
+                            f"{std_counts[('ai.onnx', op)]} less {fewer})")
+    if no_bias_convs(graph) != no_bias_convs(std.graph) + conv_fed:
+        problems.append(f"{no_bias_convs(graph)} convolutions without bias, expected "
+                        f"{no_bias_convs(std.graph)} + {conv_fed}")
+
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = collections.defaultdict(list)
+    for n in graph.node:
+        for i in n.input:
+            consumers[i].append(n)
+    inits = {t.name: t for t in graph.initializer}
+
+    def source(v):  # look through Identity (the exporter shares equal initializers that way)
+        while v in producer and producer[v].op_type == "Identity":
+            v = producer[v].input[0]
+        return v
+
+    def constant(v):
+        v = source(v)
+        if v in inits:
+            return numpy_helper.to_array(inits[v])
+        n = producer.get(v)
+        if n is not None and n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+        return None
+
+    info = _value_types(model)
+    float_type = info["frames"][0]
+    eps = float(np.float32(1e-12))
+    fed = 0
+    for n in norms:
+        if len(n.input) != 3 or len(n.output) != 1:
+            problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected 3 / 1")
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if attrs != {"epsilon": eps, "silu": 1}:
+            problems.append(f"{n.name}: attributes {attrs}, expected epsilon 1e-12 (as float32) and silu 1")
+        for v in list(n.input) + list(n.output):
+            elem = info.get(v, (None, None))[0]
+            if elem != float_type:
+                problems.append(f"{n.name}: {v} has element type {elem}, the graph's is {float_type}")
+        c = info.get(n.input[0], (None, None))[1]
+        c = c[-1] if c else None
+        for v in n.input[1:]:
+            shape = info.get(v, (None, None))[1]
+            if shape is not None and c is not None and shape != [c]:
+                problems.append(f"{n.name}: {v} has shape {shape}, expected [{c}]")
+        perm = producer.get(n.input[0])
+        if perm is None or perm.op_type != "Transpose":
+            problems.append(f"{n.name}: X does not come from a (channels-last) Transpose")
+            continue
+        conv = producer.get(perm.input[0])
+        only = len(consumers[perm.input[0]]) == 1 and len(consumers[n.input[0]]) == 1
+        if conv is not None and conv.op_type == "Conv" and only:
+            # The convolution's output feeds this norm alone: its bias belongs in the op.
+            if len(conv.input) >= 3 and conv.input[2]:
+                problems.append(f"{n.name}: the convolution {conv.name} before it keeps its bias")
+            else:
+                fed += 1
+        else:
+            bias = constant(n.input[1])
+            if bias is None or np.any(bias != 0):
+                problems.append(f"{n.name}: bias is not a zeros constant (its input is not a convolution's)")
+    if fed != conv_fed:
+        problems.append(f"{fed} BiasRmsNorm take a bias-free convolution's output, expected {conv_fed}")
+    return problems
+
+
 def run_fused_reference(path, feed: dict):
-    """Run dit_fused.onnx in onnx.reference with the numpy operators above (no ONNX Runtime)."""
+    """Run a fused graph (dit_fused.onnx, vae_*_fused.onnx) in onnx.reference with the numpy
+    operators above (no ONNX Runtime)."""
     from onnx.reference import ReferenceEvaluator
 
     return ReferenceEvaluator(str(path), new_ops=_unstep_reference_ops()).run(None, feed)
+
+
+def report_vae_graphs(label, bundle: Path, z, report):
+    """vae_first_fused then vae_step_fused of `bundle` in onnx.reference (numpy operators) against
+    vae_first / vae_step in onnxruntime (CPU), fp32, all outputs; the step is fed the caches of
+    onnxruntime's vae_first."""
+    import onnxruntime as ort
+
+    def ort_run(path, feed):
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+
+    def flat(rs):
+        return np.concatenate([np.asarray(r, np.float64).reshape(-1) for r in rs])
+
+    std0 = ort_run(bundle / "vae_first.onnx", {"z": z})
+    res0 = run_fused_reference(bundle / "vae_first_fused.onnx", {"z": z})
+    report(f"{label} first frames", res0[0], std0[0])
+    report(f"{label} first caches", flat(res0[1:]), flat(std0[1:]))
+    feed = {"z": z * 0.5, **{f"cache_in.{j}": c for j, c in enumerate(std0[1:])}}
+    std1 = ort_run(bundle / "vae_step.onnx", feed)
+    res1 = run_fused_reference(bundle / "vae_step_fused.onnx", feed)
+    report(f"{label} step frames", res1[0], std1[0])
+    report(f"{label} step caches", flat(res1[1:]), flat(std1[1:]))
 
 
 def run_fused_check(args) -> int:
@@ -347,9 +499,10 @@ def run_fused_check(args) -> int:
     random weights leave biases at zero, which would hide a wrongly folded value bias or a
     FastGelu bias), for both VAE norm forms.  Exits 1 when a graph differs by more than 1e-4.
 
-    dit_fused.onnx (the runner's ai.unstep operators, which ONNX Runtime cannot run): its eager
-    structure vs the standard eager forward, its exported graph's structure (fp32 and fp16), and
-    the exported graph run in onnx.reference with numpy operators written from the contract."""
+    dit_fused.onnx and vae_first_fused / vae_step_fused.onnx (the runner's ai.unstep operators,
+    which ONNX Runtime cannot run): their eager structure vs the standard eager forward, their
+    exported graphs' structure (fp32 and fp16), and the exported graphs run in onnx.reference with
+    numpy operators written from the contract.  With --bundle, that bundle's fused graphs too."""
     import copy
     import tempfile
 
@@ -359,6 +512,7 @@ def run_fused_check(args) -> int:
     from . import fused
     from .build import build
     from .vae import RMSNorm as VaeRmsNorm
+    from .vae import norm_silu_pairs
 
     cfg = preset(args.preset)
     dit, _, vae = build(cfg)
@@ -462,6 +616,49 @@ def run_fused_check(args) -> int:
             report(f"vae_first frames ({mode} norm)", r0[0], f0.numpy())
             report(f"vae_step frames ({mode} norm)", r1[0], f1.numpy())
         VaeRmsNorm.export_mode = "transpose"
+
+        # vae_first_fused / vae_step_fused: every RMS norm + SiLU as one BiasRmsNorm (silu = 1).
+        # A copy of the VAE with its norm scales (gamma) away from 1 as well as non-zero biases.
+        fvae = copy.deepcopy(vae)
+        gv = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, p in fvae.named_parameters():
+                if name.endswith("gamma"):
+                    p.mul_(1.0 + 0.2 * torch.randn(p.shape, generator=gv))
+        pairs, conv_fed = norm_silu_pairs(fvae)
+        zv = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=gv) * 2
+        # (1) the fused structure in eager PyTorch vs the standard eager decoder, absolute 1e-4;
+        # the step is fed the standard first call's caches in both.
+        with torch.no_grad():
+            s0, sc0 = fvae.decode_frame(zv, None)
+            s1, sc1 = fvae.decode_frame(zv * 0.5, sc0)
+            with fused.fused_vae():
+                q0, qc0 = fvae.decode_frame(zv, None)
+                q1, qc1 = fvae.decode_frame(zv * 0.5, sc0)
+        flat = lambda ts: np.concatenate([t.reshape(-1).numpy() for t in ts])  # noqa: E731
+        report("vae_first_fused eager frames", q0.numpy(), s0.numpy(), absolute=True)
+        report("vae_first_fused eager caches", flat(qc0), flat(sc0), absolute=True)
+        report("vae_step_fused eager frames", q1.numpy(), s1.numpy(), absolute=True)
+        report("vae_step_fused eager caches", flat(qc1), flat(sc1), absolute=True)
+        # (2) structure of the exported graphs, fp32 and fp16
+        ex.export_vae(fvae, cfg, out, torch.float32)
+        ex.export_vae(fvae, cfg, out, torch.float32, fused_ops=True)
+        for role in ("vae_first", "vae_step"):
+            structure(f"{role}_fused.onnx structure (fp32)",
+                      check_fused_vae_structure(out / f"{role}_fused.onnx", out / f"{role}.onnx", pairs, conv_fed))
+        # (3) the fused graphs in onnx.reference (numpy BiasRmsNorm) vs the standard graphs in
+        # onnxruntime, fp32, every output.
+        report_vae_graphs("vae_*_fused.onnx (numpy ops)", out, zv.numpy(), report)
+        half = copy.deepcopy(fvae).half()
+        with tempfile.TemporaryDirectory() as tmp16:
+            out16 = Path(tmp16)
+            ex.export_vae(half, cfg, out16, torch.float16)
+            ex.export_vae(half, cfg, out16, torch.float16, fused_ops=True)
+            for role in ("vae_first", "vae_step"):
+                structure(f"{role}_fused.onnx structure (fp16)",
+                          check_fused_vae_structure(out16 / f"{role}_fused.onnx", out16 / f"{role}.onnx",
+                                                    pairs, conv_fed))
+        del half, fvae
     if getattr(args, "bundle", None):
         bundle = Path(args.bundle)
         if (bundle / "dit_fused.onnx").exists():
@@ -481,5 +678,22 @@ def run_fused_check(args) -> int:
                        np.concatenate([r.reshape(-1) for r in std]))
         else:
             print(f"note: {bundle} has no dit_fused.onnx")
+        toml = (bundle / "bundle.toml").read_text()
+        roles = [r for r in ("vae_first", "vae_step") if (bundle / f"{r}_fused.onnx").exists()]
+        pairs, conv_fed = norm_silu_pairs(vae)
+        for role in roles:
+            structure(f"{bundle}/{role}_fused.onnx structure",
+                      check_fused_vae_structure(bundle / f"{role}_fused.onnx", bundle / f"{role}.onnx", pairs,
+                                                conv_fed))
+            listed = f'{role}_fused = "{role}_fused.onnx"' in toml
+            structure(f"{bundle}/bundle.toml lists {role}_fused", [] if listed else ["not in [graphs]"])
+        if len(roles) == 1:
+            structure(f"{bundle}: fused VAE graphs", [f"only {roles[0]}_fused.onnx: they come in pairs"])
+        elif roles and 'precision = "fp32"' in toml:
+            # The bundle's own VAE graphs: standard in onnxruntime, fused in onnx.reference.
+            zb = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=g).numpy() * 2
+            report_vae_graphs(f"{bundle}: vae_*_fused vs vae_*", bundle, zb, report)
+        elif not roles:
+            print(f"note: {bundle} has no vae_first_fused.onnx / vae_step_fused.onnx")
     print("PASS" if not failed else f"FAIL ({failed})")
     return 1 if failed else 0

@@ -5,6 +5,11 @@ causal convolution, the last two input frames (`feat_cache`); the first call pad
 instead.  Here that cache is a list of tensors, always two frames long (zeros stand for frames
 that do not exist yet, which is exactly what Wan's zero padding computes), so the decoder can be
 exported as two graphs: `vae_first` (no cache in) and `vae_step` (cache in -> cache out).
+
+Inside `with fused.fused_vae():` the decoder takes the structure of `vae_first_fused` /
+`vae_step_fused` (exporter 0.5.0): every RMS norm followed by SiLU is one `ai.unstep::BiasRmsNorm`
+with `silu = 1`, and in each ResidualBlock the bias of `conv1` goes into the next such op
+(`ResidualBlock.forward_fused`).  Outside it, nothing changes.
 """
 
 from __future__ import annotations
@@ -73,23 +78,27 @@ class CausalConv3d(nn.Conv3d):
         super().__init__(cin, cout, kernel, padding=(0, padding[1], padding[2]))
         self.tpad = 2 * padding[0]  # all temporal padding goes in front: causal
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, bias: bool = True):
+        """bias=False leaves the bias out (the fused VAE graphs add it in the next op)."""
+        b = self.bias if bias else None
         if self.tpad and cache is None and x.shape[2] == 1 and torch.onnx.is_in_onnx_export():
             # One frame after all-zero padding: only the last temporal tap sees data, so the
             # exported graph convolves with that tap alone (no Pad, a third of the work).
             t = self.kernel_size[0]
             if self.tpad == t - 1:
-                return F.conv3d(x, self.weight[:, :, t - 1 :], self.bias, padding=self.padding)
+                return F.conv3d(x, self.weight[:, :, t - 1 :], b, padding=self.padding)
         if self.tpad and cache is not None:
             x = from_cache_layout(torch.cat([cache, to_cache_layout(x)], dim=cache_time_axis()))
         elif self.tpad:
             x = F.pad(x, (0, 0, 0, 0, self.tpad, 0))
+        if not bias:
+            return self._conv_forward(x, self.weight, None)
         return super().forward(x)
 
-    def cached(self, x, ctx: CacheCtx):
+    def cached(self, x, ctx: CacheCtx, bias: bool = True):
         old = ctx.take()
         ctx.push(x, old)
-        return self(x, old)
+        return self(x, old, bias=bias)
 
 
 class RMSNorm(nn.Module):
@@ -106,15 +115,19 @@ class RMSNorm(nn.Module):
     # F.normalize(x) * sqrt(C) * gamma, float32 inside); "reduce" keeps channels first with a
     # ReduceL2, a division and a multiply.
     export_mode = "transpose"
+    # The epsilon of the channels-last forms (SimplifiedLayerNormalization, fused BiasRmsNorm).
+    eps = 1e-12
 
-    def forward(self, x):
+    def forward(self, x, bias=None, silu: bool = False):
+        if silu:
+            return self.forward_silu(x, bias)
         if torch.onnx.is_in_onnx_export() and self.export_mode == "transpose":
             # A plain channels-last permutation (no reshape between it and the norm), so that
             # with ONNX Runtime's NHWC convolutions (CUDA `prefer_nhwc`) its transpose optimizer
             # cancels these permutations against the ones it wraps around every convolution.
             last = (0,) + tuple(range(2, x.dim())) + (1,)
             first = (0, x.dim() - 1) + tuple(range(1, x.dim() - 1))
-            y = fused.rms_norm_op(x.permute(last), self.gamma.reshape(-1).to(x.dtype), 1e-12)
+            y = fused.rms_norm_op(x.permute(last), self.gamma.reshape(-1).to(x.dtype), self.eps)
             return y.permute(first)
         if torch.onnx.is_in_onnx_export():
             # One reduction and two broadcasts in the graph's precision: ONNX Runtime's ReduceL2
@@ -127,6 +140,21 @@ class RMSNorm(nn.Module):
         # float32: a sum of C squares overflows fp16 easily.
         return F.normalize(x.float(), dim=1).type_as(x) * self.scale * self.gamma
 
+    def forward_silu(self, x, bias=None):
+        """SiLU(norm(x + bias)) over channels (the fused VAE graphs): one `BiasRmsNorm` with
+        `silu = 1` on the channels-last permutation, exactly where the "transpose" form puts its
+        SimplifiedLayerNormalization, so the same permutations surround it; `bias` [C] (the bias
+        of the convolution before, left out of it) or zeros.  Eager: the op's reference arithmetic."""
+        if torch.onnx.is_in_onnx_export() and self.export_mode != "transpose":
+            raise ValueError("the fused VAE graphs need the channels-last norm (--vae-norm transpose)")
+        c = self.gamma.numel()
+        if bias is None:
+            bias = torch.zeros(c, dtype=x.dtype, device=x.device)
+        last = (0,) + tuple(range(2, x.dim())) + (1,)
+        first = (0, x.dim() - 1) + tuple(range(1, x.dim() - 1))
+        y = fused.bias_rms_norm_silu(x.permute(last), bias.to(x.dtype), self.gamma.reshape(-1).to(x.dtype), self.eps)
+        return y.permute(first)
+
 
 class ResidualBlock(nn.Module):
     def __init__(self, cin, cout):
@@ -138,9 +166,22 @@ class ResidualBlock(nn.Module):
         self.shortcut = CausalConv3d(cin, cout, 1) if cin != cout else nn.Identity()
 
     def forward(self, x, ctx):
+        if fused.fused_vae_active():
+            return self.forward_fused(x, ctx)
         h = self.shortcut(x)
         for layer in self.residual:
             x = layer.cached(x, ctx) if isinstance(layer, CausalConv3d) else layer(x)
+        return x + h
+
+    def forward_fused(self, x, ctx):
+        """The same function with both norm + SiLU pairs as one op each; conv1's output only feeds
+        norm2, so conv1 goes without its bias and norm2's op adds it."""
+        norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
+        h = self.shortcut(x)
+        x = norm1(x, silu=True)
+        x = conv1.cached(x, ctx, bias=False)
+        x = norm2(x, bias=conv1.bias, silu=True)
+        x = conv2.cached(dropout(x), ctx)
         return x + h
 
 
@@ -238,8 +279,26 @@ class Decoder3d(nn.Module):
             x = layer(x, ctx)
         for layer in self.upsamples:
             x = layer(x, ctx)
-        x = self.head[1](self.head[0](x))
+        if fused.fused_vae_active():
+            x = self.head[0](x, silu=True)  # its input is a residual sum: zero bias
+        else:
+            x = self.head[1](self.head[0](x))
         return self.head[2].cached(x, ctx)
+
+
+def norm_silu_pairs(vae: nn.Module):
+    """(pairs, conv_fed): how many RMS norms are followed by SiLU (each one fused op in the fused
+    graphs), and how many of those take their input straight from a causal convolution (whose
+    bias the op then adds)."""
+    pairs = conv_fed = 0
+    for seq in vae.modules():
+        if isinstance(seq, nn.Sequential):
+            layers = list(seq)
+            for i in range(len(layers) - 1):
+                if isinstance(layers[i], RMSNorm) and isinstance(layers[i + 1], nn.SiLU):
+                    pairs += 1
+                    conv_fed += i > 0 and isinstance(layers[i - 1], CausalConv3d)
+    return pairs, conv_fed
 
 
 class VaeDecoder(nn.Module):
