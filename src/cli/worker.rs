@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::engine::{
-    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, DitKernels, Emit, ExportSettings,
+    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, FusedKernels, Emit, ExportSettings,
     GenerateError, GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider,
     RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
 };
@@ -116,8 +116,12 @@ pub struct WorkerArgs {
     pub conv_algo_search: ConvAlgoSearch,
     /// Kernels for the DiT's elementwise work: auto, unstep (the runner's fused kernels on the
     /// bundle's `dit_fused` graph), onnxruntime (stock kernels on `dit`).
-    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_dit_kernels)]
-    pub dit_kernels: DitKernels,
+    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_fused_kernels)]
+    pub dit_kernels: FusedKernels,
+    /// Kernels for the VAE decoder's norms and SiLU: auto, unstep (the runner's fused kernels on
+    /// the bundle's `vae_first_fused` / `vae_step_fused`), onnxruntime.
+    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_fused_kernels)]
+    pub vae_kernels: FusedKernels,
     /// Run the device loop (IoBinding, scheduler arithmetic as graphs) on the CPU provider too;
     /// GPU providers always use it.
     #[arg(long)]
@@ -265,13 +269,14 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     )?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(
-            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, {} loop",
+            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}, {} loop",
             ort.version,
             ort.location.path.display(),
             ort.location.source,
             runtime.provider.name(),
             attention_name(&runtime.provider, generator.bundle().manifest.precision),
             generator.dit_kernels().name(),
+            generator.vae_kernels().name(),
             if generator.uses_device_loop() {
                 "device (io binding)"
             } else {
@@ -429,6 +434,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         io_binding: args.io_binding,
         overlap_vae: !args.no_overlap_vae,
         dit_kernels: args.dit_kernels,
+        vae_kernels: args.vae_kernels,
     }
 }
 
@@ -452,10 +458,10 @@ fn parse_attention(name: &str) -> Result<AttentionKernel, String> {
     })
 }
 
-fn parse_dit_kernels(name: &str) -> Result<DitKernels, String> {
-    DitKernels::parse(name).ok_or_else(|| {
-        let names: Vec<&str> = DitKernels::ALL.iter().map(|k| k.name()).collect();
-        format!("unknown DiT kernels `{name}`; one of {}", names.join(", "))
+fn parse_fused_kernels(name: &str) -> Result<FusedKernels, String> {
+    FusedKernels::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = FusedKernels::ALL.iter().map(|k| k.name()).collect();
+        format!("unknown kernels `{name}`; one of {}", names.join(", "))
     })
 }
 

@@ -172,6 +172,12 @@ pub struct Graphs {
     pub dit_fused: Option<String>,
     pub vae_first: String,
     pub vae_step: String,
+    /// The VAE decoder's graphs with the runner's fused operators (exporter 0.5.0 and later):
+    /// same inputs and outputs as `vae_first` and `vae_step`.
+    #[serde(default)]
+    pub vae_first_fused: Option<String>,
+    #[serde(default)]
+    pub vae_step_fused: Option<String>,
 }
 
 /// `bundle.toml`, as written by the exporter.
@@ -445,6 +451,8 @@ impl Bundle {
             ("dit_fused", m.graphs.dit_fused.as_ref()),
             ("vae_first", Some(&m.graphs.vae_first)),
             ("vae_step", Some(&m.graphs.vae_step)),
+            ("vae_first_fused", m.graphs.vae_first_fused.as_ref()),
+            ("vae_step_fused", m.graphs.vae_step_fused.as_ref()),
         ];
         for (role, name) in graphs.into_iter().filter_map(|(r, n)| Some((r, n?))) {
             if !m.files.contains_key(name.as_str()) {

@@ -431,8 +431,13 @@ impl Generator {
     }
 
     /// The kernels the DiT runs with (never `Auto`).
-    pub fn dit_kernels(&self) -> super::DitKernels {
+    pub fn dit_kernels(&self) -> super::FusedKernels {
         self.sessions.dit_kernels
+    }
+
+    /// The kernels the VAE decoder runs with (never `Auto`).
+    pub fn vae_kernels(&self) -> super::FusedKernels {
+        self.sessions.vae_kernels
     }
 
     pub fn bundle(&self) -> &Bundle {

@@ -80,15 +80,15 @@ pub fn probe_environment(explicit: Option<&Path>) -> Vec<Check> {
     checks
 }
 
-/// Whether the runner's fused CUDA kernels (`runtime.dit_kernels`) can be compiled: NVRTC must
-/// load. Not needed on the CPU provider, or with `dit_kernels = "onnxruntime"`.
+/// Whether the runner's fused CUDA kernels (`runtime.dit_kernels`, `runtime.vae_kernels`) can be
+/// compiled: NVRTC must load. Not needed on the CPU provider, or with both set to `onnxruntime`.
 pub fn fused_kernels_check() -> Check {
-    let name = "nvrtc (fused dit kernels)".to_string();
+    let name = "nvrtc (fused kernels)".to_string();
     match super::kernels::nvrtc_available() {
         Ok(()) => Check {
             name,
             ok: true,
-            detail: "libnvrtc loads: the DiT's fused kernels compile on CUDA".into(),
+            detail: "libnvrtc loads: the fused kernels compile on CUDA".into(),
             fix: None,
         },
         Err(error) => Check {
@@ -96,7 +96,7 @@ pub fn fused_kernels_check() -> Check {
             ok: false,
             detail: error,
             fix: Some(
-                "needed on CUDA with bundles that have dit_fused (or set runtime.dit_kernels = \"onnxruntime\")".into(),
+                "needed on CUDA with bundles that have fused graphs (or set runtime.dit_kernels and runtime.vae_kernels to \"onnxruntime\")".into(),
             ),
         },
     }

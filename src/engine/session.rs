@@ -180,13 +180,14 @@ impl Provider {
     }
 }
 
-/// Which kernels do the DiT's per-row elementwise work (`runtime.dit_kernels`, `--dit-kernels`):
-/// the bundle's `dit_fused` graph with the runner's own fused operators (`ai.unstep`, see
-/// [`super::kernels`]), or the standard `dit` graph with ONNX Runtime's stock kernels.
+/// Which kernels do the per-row elementwise work of the DiT (`runtime.dit_kernels`,
+/// `--dit-kernels`) or of the VAE decoder (`runtime.vae_kernels`, `--vae-kernels`): the bundle's
+/// fused graphs with the runner's own operators (`ai.unstep`, see [`super::kernels`]), or the
+/// standard graphs with ONNX Runtime's stock kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DitKernels {
-    /// The runner's own on CUDA when the bundle has `dit_fused` (fp16 or fp32), ONNX Runtime's
-    /// otherwise.
+pub enum FusedKernels {
+    /// The runner's own on CUDA when the bundle has the fused graphs (fp16 or fp32), ONNX
+    /// Runtime's otherwise.
     #[default]
     Auto,
     /// The runner's own, on any provider but TensorRT (on the CPU, for tests and comparisons).
@@ -194,14 +195,53 @@ pub enum DitKernels {
     Onnxruntime,
 }
 
-impl DitKernels {
-    pub const ALL: [DitKernels; 3] = [DitKernels::Auto, DitKernels::Unstep, DitKernels::Onnxruntime];
+/// The graphs a [`FusedKernels`] setting is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedPart {
+    /// `dit_fused` instead of `dit`.
+    Dit,
+    /// `vae_first_fused` and `vae_step_fused` instead of `vae_first` and `vae_step`.
+    Vae,
+}
+
+impl FusedPart {
+    fn setting(self) -> &'static str {
+        match self {
+            FusedPart::Dit => "dit_kernels",
+            FusedPart::Vae => "vae_kernels",
+        }
+    }
+
+    /// The fused graphs of the bundle, when it has all of them.
+    fn present(self, graphs: &super::bundle::Graphs) -> bool {
+        match self {
+            FusedPart::Dit => graphs.dit_fused.is_some(),
+            FusedPart::Vae => graphs.vae_first_fused.is_some() && graphs.vae_step_fused.is_some(),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            FusedPart::Dit => "no `dit_fused` graph (exporter 0.4.0 and later write one)",
+            FusedPart::Vae => {
+                "no `vae_first_fused` and `vae_step_fused` graphs (exporter 0.5.0 and later write them)"
+            }
+        }
+    }
+}
+
+impl FusedKernels {
+    pub const ALL: [FusedKernels; 3] = [
+        FusedKernels::Auto,
+        FusedKernels::Unstep,
+        FusedKernels::Onnxruntime,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
-            DitKernels::Auto => "auto",
-            DitKernels::Unstep => "unstep",
-            DitKernels::Onnxruntime => "onnxruntime",
+            FusedKernels::Auto => "auto",
+            FusedKernels::Unstep => "unstep",
+            FusedKernels::Onnxruntime => "onnxruntime",
         }
     }
 
@@ -209,40 +249,47 @@ impl DitKernels {
         Self::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// What `self` stands for with this provider and bundle (never `Auto`), or why the runner's
-    /// kernels cannot be used when they were asked for by name.
-    pub fn resolve(self, provider: &Provider, bundle: &Bundle) -> Result<DitKernels, SessionError> {
+    /// What `self` stands for with this provider and bundle for `part`'s graphs (never `Auto`),
+    /// or why the runner's kernels cannot be used when they were asked for by name.
+    pub fn resolve(
+        self,
+        part: FusedPart,
+        provider: &Provider,
+        bundle: &Bundle,
+    ) -> Result<FusedKernels, SessionError> {
         let m = &bundle.manifest;
         let supported = m.precision != Precision::Bf16;
+        let present = part.present(&m.graphs);
         let unavailable = |reason: String| {
             Err(SessionError::KernelsUnavailable {
+                setting: part.setting(),
+                flag: part.setting().replace('_', "-"),
                 provider: provider.name(),
                 reason,
             })
         };
         match self {
-            DitKernels::Onnxruntime => Ok(DitKernels::Onnxruntime),
-            DitKernels::Auto => Ok(
-                if matches!(provider, Provider::Cuda(_)) && m.graphs.dit_fused.is_some() && supported
-                {
-                    DitKernels::Unstep
+            FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
+            FusedKernels::Auto => Ok(
+                if matches!(provider, Provider::Cuda(_)) && present && supported {
+                    FusedKernels::Unstep
                 } else {
-                    DitKernels::Onnxruntime
+                    FusedKernels::Onnxruntime
                 },
             ),
-            DitKernels::Unstep => {
+            FusedKernels::Unstep => {
                 if matches!(provider, Provider::TensorRt(_)) {
                     unavailable("TensorRT builds its own fused kernels".into())
-                } else if m.graphs.dit_fused.is_none() {
+                } else if !present {
                     unavailable(format!(
-                        "the bundle has no `dit_fused` graph (exporter {} wrote it; 0.4.0 and later \
-                         write one): export the bundle again",
-                        m.exporter_version
+                        "the bundle (exporter {}) has {}: export the bundle again",
+                        m.exporter_version,
+                        part.describe()
                     ))
                 } else if !supported {
                     unavailable("they exist for fp16 and fp32 bundles; this one is bf16".into())
                 } else {
-                    Ok(DitKernels::Unstep)
+                    Ok(FusedKernels::Unstep)
                 }
             }
         }
@@ -268,7 +315,9 @@ pub struct RuntimeOptions {
     /// stream) while the DiT generates the next block (SPEC §6).
     pub overlap_vae: bool,
     /// The DiT's graph and elementwise kernels.
-    pub dit_kernels: DitKernels,
+    pub dit_kernels: FusedKernels,
+    /// The VAE decoder's graphs and elementwise kernels.
+    pub vae_kernels: FusedKernels,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,9 +341,11 @@ pub enum SessionError {
         reason: String,
     },
     #[error(
-        "the runner's fused DiT kernels are not available on {provider}: {reason}; use dit_kernels = \"onnxruntime\" (`--dit-kernels onnxruntime`)"
+        "the runner's fused kernels ({setting}) are not available on {provider}: {reason}; use {setting} = \"onnxruntime\" (`--{flag} onnxruntime`)"
     )]
     KernelsUnavailable {
+        setting: &'static str,
+        flag: String,
         provider: &'static str,
         reason: String,
     },
@@ -308,9 +359,35 @@ pub struct GraphSessions {
     pub text_encoder: Option<Session>,
     pub dit: Session,
     /// The kernels the DiT session runs with (`Unstep` or `Onnxruntime`).
-    pub dit_kernels: DitKernels,
+    pub dit_kernels: FusedKernels,
     pub vae_first: Session,
     pub vae_step: Session,
+    /// The kernels the decoder's sessions run with (`Unstep` or `Onnxruntime`).
+    pub vae_kernels: FusedKernels,
+}
+
+/// The bundle's graphs the sessions are built from, by role.
+struct GraphNames<'a> {
+    dit: &'a str,
+    vae_first: &'a str,
+    vae_step: &'a str,
+}
+
+impl<'a> GraphNames<'a> {
+    fn of(bundle: &'a Bundle, dit: FusedKernels, vae: FusedKernels) -> Self {
+        let g = &bundle.manifest.graphs;
+        let pick = |kernels: FusedKernels, fused: &'a Option<String>, stock: &'a String| {
+            match (kernels, fused) {
+                (FusedKernels::Unstep, Some(fused)) => fused.as_str(),
+                _ => stock.as_str(),
+            }
+        };
+        Self {
+            dit: pick(dit, &g.dit_fused, &g.dit),
+            vae_first: pick(vae, &g.vae_first_fused, &g.vae_first),
+            vae_step: pick(vae, &g.vae_step_fused, &g.vae_step),
+        }
+    }
 }
 
 impl std::fmt::Debug for GraphSessions {
@@ -329,21 +406,30 @@ impl GraphSessions {
     ) -> Result<Self, SessionError> {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
         let options = &resolve_attention(bundle, options)?;
-        let graphs = &bundle.manifest.graphs;
-        let dit_kernels = options.dit_kernels.resolve(&options.provider, bundle)?;
-        let dit = match (dit_kernels, &graphs.dit_fused) {
-            (DitKernels::Unstep, Some(fused)) => {
-                let cuda = !matches!(options.provider, Provider::Cpu);
-                let domain = super::kernels::operator_domain(cuda).map_err(|e| {
-                    SessionError::KernelsUnavailable {
-                        provider: options.provider.name(),
-                        reason: e.to_string(),
-                    }
-                })?;
-                build_graph_session(runtime, bundle, fused, options, false, Some(domain))?
+        let dit_kernels = options
+            .dit_kernels
+            .resolve(FusedPart::Dit, &options.provider, bundle)?;
+        let vae_kernels = options
+            .vae_kernels
+            .resolve(FusedPart::Vae, &options.provider, bundle)?;
+        let names = GraphNames::of(bundle, dit_kernels, vae_kernels);
+        // The runner's operators, for the sessions of fused graphs.
+        let operators = |kernels: FusedKernels, part: FusedPart| {
+            if kernels != FusedKernels::Unstep {
+                return Ok(None);
             }
-            _ => build_session(runtime, bundle, &graphs.dit, options, false)?,
+            let cuda = !matches!(options.provider, Provider::Cpu);
+            super::kernels::operator_domain(cuda)
+                .map(Some)
+                .map_err(|e| SessionError::KernelsUnavailable {
+                    setting: part.setting(),
+                    flag: part.setting().replace('_', "-"),
+                    provider: options.provider.name(),
+                    reason: e.to_string(),
+                })
         };
+        let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
+        let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
         let sessions = Self {
             text_encoder: if text_encoder {
                 Some(text_encoder_session(runtime, bundle, options)?)
@@ -357,8 +443,23 @@ impl GraphSessions {
             // planned peak, which the fragmented arena cannot serve, so it reserves the peak
             // twice (measured on wan-1.3b: 11.0 GiB reserved for 5.4 GiB ever in use by
             // `vae_step`). Without it, later runs reuse the first run's chunks.
-            vae_first: build_session(runtime, bundle, &graphs.vae_first, options, true)?,
-            vae_step: build_session(runtime, bundle, &graphs.vae_step, options, true)?,
+            vae_first: build_graph_session(
+                runtime,
+                bundle,
+                names.vae_first,
+                options,
+                true,
+                operators(vae_kernels, FusedPart::Vae)?,
+            )?,
+            vae_step: build_graph_session(
+                runtime,
+                bundle,
+                names.vae_step,
+                options,
+                true,
+                operators(vae_kernels, FusedPart::Vae)?,
+            )?,
+            vae_kernels,
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
@@ -383,11 +484,8 @@ impl GraphSessions {
         let timestep_ty = TensorElementType::Float32;
         let i64_ = TensorElementType::Int64;
 
-        let dit_graph = match (self.dit_kernels, &m.graphs.dit_fused) {
-            (DitKernels::Unstep, Some(fused)) => fused,
-            _ => &m.graphs.dit,
-        };
-        let mut dit = Contract::new("dit", dit_graph);
+        let names = GraphNames::of(bundle, self.dit_kernels, self.vae_kernels);
+        let mut dit = Contract::new("dit", names.dit);
         dit.input("x", f32_, 5)
             .input("timestep", timestep_ty, 2)
             .input("context", f32_, 3)
@@ -402,9 +500,9 @@ impl GraphSessions {
         dit.check(&self.dit)?;
 
         let caches = vae_cache_count(&self.vae_first);
-        let mut first = Contract::new("vae_first", &m.graphs.vae_first);
+        let mut first = Contract::new("vae_first", names.vae_first);
         first.input("z", f32_, 5).output("frames", f32_, 5);
-        let mut step = Contract::new("vae_step", &m.graphs.vae_step);
+        let mut step = Contract::new("vae_step", names.vae_step);
         step.input("z", f32_, 5).output("frames", f32_, 5);
         for j in 0..caches {
             first.output(&format!("cache_out.{j}"), f32_, 0);

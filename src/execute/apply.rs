@@ -368,6 +368,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         ort_version,
         attention_backend,
         dit_kernels,
+        vae_kernels,
         cuda_version,
         cudnn_version,
     }) = worker_facts(&run_dir)
@@ -378,6 +379,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         record.versions.cudnn = cudnn_version;
         record.attention_backend.resolved = Some(attention_backend);
         record.dit_kernels = dit_kernels;
+        record.vae_kernels = vae_kernels;
     }
     record.finish(
         status,

@@ -60,11 +60,13 @@ impl Progress {
                     provider,
                     attention_backend,
                     dit_kernels,
+                    vae_kernels,
                     ..
                 },
             ) => eprintln!(
-                "{what}: sessions ready on {provider}, attention {attention_backend}, DiT kernels {}",
-                dit_kernels.as_deref().unwrap_or("n/a")
+                "{what}: sessions ready on {provider}, attention {attention_backend}, kernels dit {}, vae {}",
+                dit_kernels.as_deref().unwrap_or("n/a"),
+                vae_kernels.as_deref().unwrap_or("n/a")
             ),
             (
                 Progress::Lines,

@@ -63,6 +63,9 @@ pub enum WorkerEvent {
         /// The DiT's elementwise kernels: `unstep` (the runner's fused ones) or `onnxruntime`.
         #[serde(default)]
         dit_kernels: Option<String>,
+        /// The VAE decoder's: `unstep` or `onnxruntime`.
+        #[serde(default)]
+        vae_kernels: Option<String>,
         /// Versions of the CUDA runtime and cuDNN libraries the process loaded, if any.
         #[serde(default)]
         cuda_version: Option<String>,
@@ -179,11 +182,16 @@ pub fn runtime_options(m: &Manifest, cache_dir: &Path, ort: Option<PathBuf>) -> 
         optimized_model_dir: Some(cache_dir.join("ort_optimized")),
         io_binding: false,
         overlap_vae: true,
-        dit_kernels: match rt.dit_kernels {
-            manifest::DitKernels::Auto => engine::DitKernels::Auto,
-            manifest::DitKernels::Unstep => engine::DitKernels::Unstep,
-            manifest::DitKernels::Onnxruntime => engine::DitKernels::Onnxruntime,
-        },
+        dit_kernels: fused_kernels(rt.dit_kernels),
+        vae_kernels: fused_kernels(rt.vae_kernels),
+    }
+}
+
+fn fused_kernels(k: manifest::FusedKernels) -> engine::FusedKernels {
+    match k {
+        manifest::FusedKernels::Auto => engine::FusedKernels::Auto,
+        manifest::FusedKernels::Unstep => engine::FusedKernels::Unstep,
+        manifest::FusedKernels::Onnxruntime => engine::FusedKernels::Onnxruntime,
     }
 }
 
@@ -248,6 +256,7 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
         ort_version: ort.version.clone(),
         attention_backend,
         dit_kernels: Some(generator.dit_kernels().name().into()),
+        vae_kernels: Some(generator.vae_kernels().name().into()),
         cuda_version: loaded_version(&maps, "libcudart.so."),
         cudnn_version: loaded_version(&maps, "libcudnn.so."),
     });

@@ -156,12 +156,16 @@ pub struct Runtime {
     /// (the runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime`
     /// (the stock kernels, on `dit`), or `auto` (the runner's on CUDA when the bundle has
     /// `dit_fused`).
-    pub dit_kernels: DitKernels,
+    pub dit_kernels: FusedKernels,
+    /// Kernels for the VAE decoder's norms and SiLU: `unstep` (the runner's own fused kernels,
+    /// on the bundle's `vae_first_fused` / `vae_step_fused` graphs), `onnxruntime`, or `auto`
+    /// (the runner's on CUDA when the bundle has those graphs).
+    pub vae_kernels: FusedKernels,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum DitKernels {
+pub enum FusedKernels {
     Auto,
     Unstep,
     Onnxruntime,
@@ -394,7 +398,8 @@ impl Manifest {
                 cudnn_conv_algo_search: ConvAlgoSearch::Exhaustive,
                 cuda_graphs: false,
                 cuda_arena: CudaArena::SameAsRequested,
-                dit_kernels: DitKernels::Auto,
+                dit_kernels: FusedKernels::Auto,
+                vae_kernels: FusedKernels::Auto,
             },
             cache: Cache {
                 mode: CacheMode::Isolated,

@@ -65,6 +65,7 @@ pub struct Provenance {
     pub attention_requested: String,
     pub attention_resolved: Option<String>,
     pub dit_kernels: Option<String>,
+    pub vae_kernels: Option<String>,
     pub precision: String,
     pub gpu_model: Option<String>,
     pub gpu_memory_bytes: Option<u64>,
@@ -101,6 +102,7 @@ impl Provenance {
             attention_requested: name_of(&r.attention_backend.requested),
             attention_resolved: r.attention_backend.resolved.clone(),
             dit_kernels: r.dit_kernels.clone(),
+            vae_kernels: r.vae_kernels.clone(),
             precision: name_of(&r.precision),
             gpu_model: r.device.gpu_model.clone(),
             gpu_memory_bytes: r.device.gpu_memory_bytes,
@@ -205,8 +207,15 @@ pub fn report_text(run: &LoadedRun) -> String {
             None => format!("{} (resolved n/a)", p.attention_requested),
         },
     );
-    if let Some(k) = &p.dit_kernels {
-        row("dit kernels", k.clone());
+    if p.dit_kernels.is_some() || p.vae_kernels.is_some() {
+        row(
+            "kernels",
+            format!(
+                "dit {}, vae {}",
+                opt(p.dit_kernels.as_deref()),
+                opt(p.vae_kernels.as_deref())
+            ),
+        );
     }
     row("precision", p.precision.clone());
     let mut gpu = opt(p.gpu_model.as_deref()).to_string();

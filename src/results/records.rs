@@ -264,6 +264,9 @@ pub struct RunRecord {
     /// resolved): `unstep` or `onnxruntime`.
     #[serde(default)]
     pub dit_kernels: Option<String>,
+    /// The same for the VAE decoder (`runtime.vae_kernels` resolved).
+    #[serde(default)]
+    pub vae_kernels: Option<String>,
     pub precision: Precision,
     pub device: DeviceRecord,
     pub versions: LibraryVersions,
@@ -350,6 +353,7 @@ impl RunRecord {
                 resolved: None,
             },
             dit_kernels: None,
+            vae_kernels: None,
             precision: m.method.precision,
             device: DeviceRecord::default(),
             versions: LibraryVersions::default(),

@@ -935,14 +935,19 @@ fn prompts_encoded_before_the_dit_is_built_give_the_same_latents() {
     }
 }
 
-fn generator_with_kernels(kernels: unstep::engine::DitKernels, io_binding: bool) -> Generator {
+fn generator_with_kernels(
+    dit: unstep::engine::FusedKernels,
+    vae: unstep::engine::FusedKernels,
+    io_binding: bool,
+) -> Generator {
     let unpack = tempfile::tempdir().unwrap();
     Generator::open(
         &tiny_bundle(),
         unpack.path(),
         &Default::default(),
         &RuntimeOptions {
-            dit_kernels: kernels,
+            dit_kernels: dit,
+            vae_kernels: vae,
             io_binding,
             ..runtime()
         },
@@ -950,19 +955,21 @@ fn generator_with_kernels(kernels: unstep::engine::DitKernels, io_binding: bool)
     .expect("open the tiny bundle")
 }
 
-/// The runner's fused operators (CPU kernels, real ONNX Runtime) on the bundle's `dit_fused`
-/// graph give the standard graph's video: the same arithmetic, reordered only inside each row.
+/// The runner's fused operators (CPU kernels, real ONNX Runtime) on the bundle's fused graphs give
+/// the standard graphs' video: the same arithmetic, reordered only inside each row.
 #[test]
-fn the_fused_dit_gives_the_video_of_the_standard_dit() {
-    use unstep::engine::DitKernels;
+fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
+    use unstep::engine::FusedKernels::{Onnxruntime, Unstep};
     let prompts = prompts();
-    let mut stock = generator_with_kernels(DitKernels::Onnxruntime, false);
-    let mut fused = generator_with_kernels(DitKernels::Unstep, false);
-    let mut fused_device = generator_with_kernels(DitKernels::Unstep, true);
-    assert_eq!(stock.dit_kernels(), DitKernels::Onnxruntime);
-    assert_eq!(fused.dit_kernels(), DitKernels::Unstep);
+    let mut stock = generator_with_kernels(Onnxruntime, Onnxruntime, false);
+    let mut fused = generator_with_kernels(Unstep, Unstep, false);
+    let mut fused_device = generator_with_kernels(Unstep, Unstep, true);
+    let mut fused_vae = generator_with_kernels(Onnxruntime, Unstep, true);
+    assert_eq!((stock.dit_kernels(), stock.vae_kernels()), (Onnxruntime, Onnxruntime));
+    assert_eq!((fused.dit_kernels(), fused.vae_kernels()), (Unstep, Unstep));
     // `auto` keeps ONNX Runtime's kernels on the CPU provider.
-    assert_eq!(generator().dit_kernels(), DitKernels::Onnxruntime);
+    let auto = generator();
+    assert_eq!((auto.dit_kernels(), auto.vae_kernels()), (Onnxruntime, Onnxruntime));
 
     let full = GenerateOptions::default();
     let golden = Golden::load();
@@ -973,35 +980,53 @@ fn the_fused_dit_gives_the_video_of_the_standard_dit() {
             let error = max_abs_diff(&got.latents, &expected.latents);
             eprintln!("prompt {p}, {name}: fused vs stock latents max abs error {error:e}");
             assert!(error <= 1e-4, "prompt {p}, {name}: latents differ by {error}");
-            assert_ne!(error, 0.0, "prompt {p}, {name}: the fused graph did not run");
+            assert_ne!(error, 0.0, "prompt {p}, {name}: the fused DiT did not run");
             let (frame_shape, frames) = golden.u8(&format!("p{p}.frames"));
             assert_frames_close(&got, &frame_shape, &frames, &format!("fused, prompt {p}"));
         }
+        // The fused decoder alone: the DiT's latents bit for bit, frames within a level.
+        let got = fused_vae.generate(p, &prompts[p as usize], &full).unwrap();
+        assert_eq!(got.latents, expected.latents, "prompt {p}: the DiT is the same");
+        let (frame_shape, frames) = golden.u8(&format!("p{p}.frames"));
+        assert_frames_close(&got, &frame_shape, &frames, &format!("fused VAE, prompt {p}"));
     }
 }
 
 #[test]
 fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work() {
-    use unstep::engine::{CudaOptions, DitKernels, Provider, TensorRtOptions};
+    use unstep::engine::{CudaOptions, FusedKernels, FusedPart, Provider, TensorRtOptions};
     let unpack = tempfile::tempdir().unwrap();
     let mut bundle = Bundle::open(&tiny_bundle(), unpack.path()).unwrap();
     let cuda = Provider::Cuda(CudaOptions::default());
     assert!(bundle.manifest.graphs.dit_fused.is_some(), "the tiny bundle has dit_fused");
-    assert_eq!(DitKernels::Auto.resolve(&cuda, &bundle).unwrap(), DitKernels::Unstep);
+    assert_eq!(FusedKernels::Auto.resolve(FusedPart::Dit, &cuda, &bundle).unwrap(), FusedKernels::Unstep);
     assert_eq!(
-        DitKernels::Auto.resolve(&Provider::Cpu, &bundle).unwrap(),
-        DitKernels::Onnxruntime
+        FusedKernels::Auto.resolve(FusedPart::Dit, &Provider::Cpu, &bundle).unwrap(),
+        FusedKernels::Onnxruntime
     );
     let trt = Provider::TensorRt(TensorRtOptions::default());
-    assert_eq!(DitKernels::Auto.resolve(&trt, &bundle).unwrap(), DitKernels::Onnxruntime);
-    let error = DitKernels::Unstep.resolve(&trt, &bundle).unwrap_err().to_string();
+    assert_eq!(FusedKernels::Auto.resolve(FusedPart::Dit, &trt, &bundle).unwrap(), FusedKernels::Onnxruntime);
+    let error = FusedKernels::Unstep.resolve(FusedPart::Dit, &trt, &bundle).unwrap_err().to_string();
     assert!(error.contains("tensorrt") && error.contains("--dit-kernels onnxruntime"), "{error}");
+    let error = FusedKernels::Unstep.resolve(FusedPart::Vae, &trt, &bundle).unwrap_err().to_string();
+    assert!(error.contains("--vae-kernels onnxruntime"), "{error}");
 
+    assert_eq!(
+        FusedKernels::Auto.resolve(FusedPart::Vae, &cuda, &bundle).unwrap(),
+        FusedKernels::Unstep
+    );
     bundle.manifest.graphs.dit_fused = None;
-    assert_eq!(DitKernels::Auto.resolve(&cuda, &bundle).unwrap(), DitKernels::Onnxruntime);
-    let error = DitKernels::Unstep.resolve(&cuda, &bundle).unwrap_err().to_string();
+    assert_eq!(FusedKernels::Auto.resolve(FusedPart::Dit, &cuda, &bundle).unwrap(), FusedKernels::Onnxruntime);
+    let error = FusedKernels::Unstep.resolve(FusedPart::Dit, &cuda, &bundle).unwrap_err().to_string();
     assert!(error.contains("no `dit_fused` graph") && error.contains("export"), "{error}");
-    for kernels in DitKernels::ALL {
-        assert_eq!(DitKernels::parse(kernels.name()), Some(kernels));
+    bundle.manifest.graphs.vae_step_fused = None;
+    assert_eq!(
+        FusedKernels::Auto.resolve(FusedPart::Vae, &cuda, &bundle).unwrap(),
+        FusedKernels::Onnxruntime
+    );
+    let error = FusedKernels::Unstep.resolve(FusedPart::Vae, &cuda, &bundle).unwrap_err().to_string();
+    assert!(error.contains("vae_step_fused") && error.contains("vae_kernels"), "{error}");
+    for kernels in FusedKernels::ALL {
+        assert_eq!(FusedKernels::parse(kernels.name()), Some(kernels));
     }
 }

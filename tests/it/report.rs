@@ -62,6 +62,7 @@ fn fake_run(
     record.execution_provider = Some("CUDAExecutionProvider".into());
     record.attention_backend.resolved = Some("flash".into());
     record.dit_kernels = Some("unstep".into());
+    record.vae_kernels = Some("onnxruntime".into());
     record.device = DeviceRecord {
         gpu_model: Some("NVIDIA H200".into()),
         gpu_memory_bytes: Some(150_754_820_096),
