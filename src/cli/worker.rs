@@ -10,9 +10,9 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::engine::{
-    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, FusedKernels, Emit, ExportSettings,
-    GenerateError, GenerateOptions, Generated, Generator, MethodSettings, Precision, Provider,
-    RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
+    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, Emit, ExportSettings,
+    FusedKernels, GenerateError, GenerateOptions, Generated, Generator, MethodSettings, Precision,
+    Provider, RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
 };
 use crate::exit;
 

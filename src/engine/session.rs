@@ -376,11 +376,11 @@ struct GraphNames<'a> {
 impl<'a> GraphNames<'a> {
     fn of(bundle: &'a Bundle, dit: FusedKernels, vae: FusedKernels) -> Self {
         let g = &bundle.manifest.graphs;
-        let pick = |kernels: FusedKernels, fused: &'a Option<String>, stock: &'a String| {
-            match (kernels, fused) {
-                (FusedKernels::Unstep, Some(fused)) => fused.as_str(),
-                _ => stock.as_str(),
-            }
+        let pick = |kernels: FusedKernels, fused: &'a Option<String>, stock: &'a String| match (
+            kernels, fused,
+        ) {
+            (FusedKernels::Unstep, Some(fused)) => fused.as_str(),
+            _ => stock.as_str(),
         };
         Self {
             dit: pick(dit, &g.dit_fused, &g.dit),

@@ -965,30 +965,50 @@ fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
     let mut fused = generator_with_kernels(Unstep, Unstep, false);
     let mut fused_device = generator_with_kernels(Unstep, Unstep, true);
     let mut fused_vae = generator_with_kernels(Onnxruntime, Unstep, true);
-    assert_eq!((stock.dit_kernels(), stock.vae_kernels()), (Onnxruntime, Onnxruntime));
+    assert_eq!(
+        (stock.dit_kernels(), stock.vae_kernels()),
+        (Onnxruntime, Onnxruntime)
+    );
     assert_eq!((fused.dit_kernels(), fused.vae_kernels()), (Unstep, Unstep));
     // `auto` keeps ONNX Runtime's kernels on the CPU provider.
     let auto = generator();
-    assert_eq!((auto.dit_kernels(), auto.vae_kernels()), (Onnxruntime, Onnxruntime));
+    assert_eq!(
+        (auto.dit_kernels(), auto.vae_kernels()),
+        (Onnxruntime, Onnxruntime)
+    );
 
     let full = GenerateOptions::default();
     let golden = Golden::load();
     for p in GOLDEN_PROMPTS {
         let expected = stock.generate(p, &prompts[p as usize], &full).unwrap();
-        for (name, generator) in [("host loop", &mut fused), ("device loop", &mut fused_device)] {
+        for (name, generator) in [
+            ("host loop", &mut fused),
+            ("device loop", &mut fused_device),
+        ] {
             let got = generator.generate(p, &prompts[p as usize], &full).unwrap();
             let error = max_abs_diff(&got.latents, &expected.latents);
             eprintln!("prompt {p}, {name}: fused vs stock latents max abs error {error:e}");
-            assert!(error <= 1e-4, "prompt {p}, {name}: latents differ by {error}");
+            assert!(
+                error <= 1e-4,
+                "prompt {p}, {name}: latents differ by {error}"
+            );
             assert_ne!(error, 0.0, "prompt {p}, {name}: the fused DiT did not run");
             let (frame_shape, frames) = golden.u8(&format!("p{p}.frames"));
             assert_frames_close(&got, &frame_shape, &frames, &format!("fused, prompt {p}"));
         }
         // The fused decoder alone: the DiT's latents bit for bit, frames within a level.
         let got = fused_vae.generate(p, &prompts[p as usize], &full).unwrap();
-        assert_eq!(got.latents, expected.latents, "prompt {p}: the DiT is the same");
+        assert_eq!(
+            got.latents, expected.latents,
+            "prompt {p}: the DiT is the same"
+        );
         let (frame_shape, frames) = golden.u8(&format!("p{p}.frames"));
-        assert_frames_close(&got, &frame_shape, &frames, &format!("fused VAE, prompt {p}"));
+        assert_frames_close(
+            &got,
+            &frame_shape,
+            &frames,
+            &format!("fused VAE, prompt {p}"),
+        );
     }
 }
 
@@ -998,34 +1018,79 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
     let unpack = tempfile::tempdir().unwrap();
     let mut bundle = Bundle::open(&tiny_bundle(), unpack.path()).unwrap();
     let cuda = Provider::Cuda(CudaOptions::default());
-    assert!(bundle.manifest.graphs.dit_fused.is_some(), "the tiny bundle has dit_fused");
-    assert_eq!(FusedKernels::Auto.resolve(FusedPart::Dit, &cuda, &bundle).unwrap(), FusedKernels::Unstep);
+    assert!(
+        bundle.manifest.graphs.dit_fused.is_some(),
+        "the tiny bundle has dit_fused"
+    );
     assert_eq!(
-        FusedKernels::Auto.resolve(FusedPart::Dit, &Provider::Cpu, &bundle).unwrap(),
+        FusedKernels::Auto
+            .resolve(FusedPart::Dit, &cuda, &bundle)
+            .unwrap(),
+        FusedKernels::Unstep
+    );
+    assert_eq!(
+        FusedKernels::Auto
+            .resolve(FusedPart::Dit, &Provider::Cpu, &bundle)
+            .unwrap(),
         FusedKernels::Onnxruntime
     );
     let trt = Provider::TensorRt(TensorRtOptions::default());
-    assert_eq!(FusedKernels::Auto.resolve(FusedPart::Dit, &trt, &bundle).unwrap(), FusedKernels::Onnxruntime);
-    let error = FusedKernels::Unstep.resolve(FusedPart::Dit, &trt, &bundle).unwrap_err().to_string();
-    assert!(error.contains("tensorrt") && error.contains("--dit-kernels onnxruntime"), "{error}");
-    let error = FusedKernels::Unstep.resolve(FusedPart::Vae, &trt, &bundle).unwrap_err().to_string();
+    assert_eq!(
+        FusedKernels::Auto
+            .resolve(FusedPart::Dit, &trt, &bundle)
+            .unwrap(),
+        FusedKernels::Onnxruntime
+    );
+    let error = FusedKernels::Unstep
+        .resolve(FusedPart::Dit, &trt, &bundle)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tensorrt") && error.contains("--dit-kernels onnxruntime"),
+        "{error}"
+    );
+    let error = FusedKernels::Unstep
+        .resolve(FusedPart::Vae, &trt, &bundle)
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("--vae-kernels onnxruntime"), "{error}");
 
     assert_eq!(
-        FusedKernels::Auto.resolve(FusedPart::Vae, &cuda, &bundle).unwrap(),
+        FusedKernels::Auto
+            .resolve(FusedPart::Vae, &cuda, &bundle)
+            .unwrap(),
         FusedKernels::Unstep
     );
     bundle.manifest.graphs.dit_fused = None;
-    assert_eq!(FusedKernels::Auto.resolve(FusedPart::Dit, &cuda, &bundle).unwrap(), FusedKernels::Onnxruntime);
-    let error = FusedKernels::Unstep.resolve(FusedPart::Dit, &cuda, &bundle).unwrap_err().to_string();
-    assert!(error.contains("no `dit_fused` graph") && error.contains("export"), "{error}");
-    bundle.manifest.graphs.vae_step_fused = None;
     assert_eq!(
-        FusedKernels::Auto.resolve(FusedPart::Vae, &cuda, &bundle).unwrap(),
+        FusedKernels::Auto
+            .resolve(FusedPart::Dit, &cuda, &bundle)
+            .unwrap(),
         FusedKernels::Onnxruntime
     );
-    let error = FusedKernels::Unstep.resolve(FusedPart::Vae, &cuda, &bundle).unwrap_err().to_string();
-    assert!(error.contains("vae_step_fused") && error.contains("vae_kernels"), "{error}");
+    let error = FusedKernels::Unstep
+        .resolve(FusedPart::Dit, &cuda, &bundle)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("no `dit_fused` graph") && error.contains("export"),
+        "{error}"
+    );
+    bundle.manifest.graphs.vae_step_fused = None;
+    assert_eq!(
+        FusedKernels::Auto
+            .resolve(FusedPart::Vae, &cuda, &bundle)
+            .unwrap(),
+        FusedKernels::Onnxruntime
+    );
+    let error = FusedKernels::Unstep
+        .resolve(FusedPart::Vae, &cuda, &bundle)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("vae_step_fused") && error.contains("vae_kernels"),
+        "{error}"
+    );
     for kernels in FusedKernels::ALL {
         assert_eq!(FusedKernels::parse(kernels.name()), Some(kernels));
     }

@@ -88,6 +88,17 @@ impl Layout {
 const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
 
+/// Refuses a row length the kernels cannot take: they load element pairs (D even) and keep a
+/// row in registers (D at most [`MAX_D`]).
+pub(crate) fn check_d(d: usize) -> Result<(), String> {
+    if d % 2 != 0 || d > MAX_D {
+        return Err(format!(
+            "D = {d}: the CUDA kernels need an even D of at most {MAX_D}"
+        ));
+    }
+    Ok(())
+}
+
 /// The kernel entry point of an operator, element type and row layout, e.g.
 /// `unstep_bias_rms_norm_f16` (block layout) and `unstep_bias_rms_norm_f16_w` (warp layout).
 pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Option<String> {
@@ -404,13 +415,12 @@ impl CudaKernel {
         }
         let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
         let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-        if plan.d % 2 != 0 || plan.d > MAX_D {
-            return Err(fail(format!(
-                "D = {} (the last axis of X {:?}): the CUDA kernels need an even D of at most {MAX_D}",
-                plan.d,
+        check_d(plan.d).map_err(|e| {
+            fail(format!(
+                "{e} (the last axis of X {:?})",
                 shapes[op.x_index()]
-            )));
-        }
+            ))
+        })?;
         let x_shape = shapes[op.x_index()].to_vec();
         let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
         let mut outputs = Vec::new();
@@ -459,6 +469,8 @@ impl CudaKernel {
     ) -> Result<(), String> {
         let op = self.op;
         assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
+        // The kernels load element pairs: an odd D would read misaligned pairs.
+        check_d(plan.d)?;
         if plan.rows == 0 {
             return Ok(());
         }

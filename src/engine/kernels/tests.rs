@@ -928,6 +928,22 @@ fn the_launch_constants_are_the_sources() {
 
 /// One warp per row up to D = 512 (the VAE's 96 to 384, the tiny model's 16 to 64), one block per
 /// row above (wan-1.3b's 1536); the entry points' names.
+/// The CUDA kernels load element pairs and keep a row in registers: an odd D (a misaligned pair
+/// load on the device) or one past `MAX_D` is refused before any launch.
+#[test]
+fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
+    for d in [2, 96, 1536, cuda::MAX_D] {
+        assert!(cuda::check_d(d).is_ok(), "D = {d}");
+    }
+    for d in [1, 15, 1535, cuda::MAX_D + 2] {
+        let error = cuda::check_d(d).unwrap_err();
+        assert!(
+            error.contains(&format!("D = {d}")) && error.contains("even"),
+            "{error}"
+        );
+    }
+}
+
 #[test]
 fn small_rows_take_the_warp_layout() {
     use cuda::Layout;
@@ -1163,8 +1179,10 @@ mod gpu {
             &[37, 512],
             &[9, 2],
         ];
+        // RMS_SHAPES has an odd D for the CPU kernels, which the CUDA kernels refuse.
         let shapes: Vec<&[i64]> = RMS_SHAPES
             .into_iter()
+            .filter(|shape| cuda::check_d(*shape.last().unwrap() as usize).is_ok())
             .chain(block_shapes)
             .chain(warp_shapes)
             .collect();
