@@ -186,8 +186,8 @@ impl Provider {
 /// standard graphs with ONNX Runtime's stock kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedKernels {
-    /// The runner's own on CUDA when the bundle has the fused graphs (fp16 or fp32), ONNX
-    /// Runtime's otherwise.
+    /// The runner's own on CUDA when the bundle has the fused graphs (fp16 or fp32) and NVRTC
+    /// loads, ONNX Runtime's otherwise.
     #[default]
     Auto,
     /// The runner's own, on any provider but TensorRT (on the CPU, for tests and comparisons).
@@ -270,8 +270,14 @@ impl FusedKernels {
         };
         match self {
             FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
+            // Without NVRTC the kernels cannot be compiled: `auto` keeps ONNX Runtime's (and the
+            // records say so); asking for `unstep` by name is an error at session build.
             FusedKernels::Auto => Ok(
-                if matches!(provider, Provider::Cuda(_)) && present && supported {
+                if matches!(provider, Provider::Cuda(_))
+                    && present
+                    && supported
+                    && super::kernels::nvrtc_available().is_ok()
+                {
                     FusedKernels::Unstep
                 } else {
                     FusedKernels::Onnxruntime

@@ -155,11 +155,11 @@ pub struct Runtime {
     /// Kernels for the DiT's norms, rotary embedding, bias and gated residual adds: `unstep`
     /// (the runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime`
     /// (the stock kernels, on `dit`), or `auto` (the runner's on CUDA when the bundle has
-    /// `dit_fused`).
+    /// `dit_fused` and NVRTC loads).
     pub dit_kernels: FusedKernels,
     /// Kernels for the VAE decoder's norms and SiLU: `unstep` (the runner's own fused kernels,
     /// on the bundle's `vae_first_fused` / `vae_step_fused` graphs), `onnxruntime`, or `auto`
-    /// (the runner's on CUDA when the bundle has those graphs).
+    /// (the runner's on CUDA when the bundle has those graphs and NVRTC loads).
     pub vae_kernels: FusedKernels,
 }
 

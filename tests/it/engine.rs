@@ -1022,8 +1022,24 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         bundle.manifest.graphs.dit_fused.is_some(),
         "the tiny bundle has dit_fused"
     );
+    // `auto` on CUDA: the runner's kernels where NVRTC loads (they are compiled with it),
+    // ONNX Runtime's where it does not (this machine may have either).
+    let compiles = unstep::engine::probe::fused_kernels_check().ok;
+    let auto_on_cuda = if compiles {
+        FusedKernels::Unstep
+    } else {
+        FusedKernels::Onnxruntime
+    };
     assert_eq!(
         FusedKernels::Auto
+            .resolve(FusedPart::Dit, &cuda, &bundle)
+            .unwrap(),
+        auto_on_cuda
+    );
+    // Asked for by name, they are the runner's whatever NVRTC does (a missing NVRTC is an error
+    // when the session is built).
+    assert_eq!(
+        FusedKernels::Unstep
             .resolve(FusedPart::Dit, &cuda, &bundle)
             .unwrap(),
         FusedKernels::Unstep
@@ -1059,7 +1075,7 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         FusedKernels::Auto
             .resolve(FusedPart::Vae, &cuda, &bundle)
             .unwrap(),
-        FusedKernels::Unstep
+        auto_on_cuda
     );
     bundle.manifest.graphs.dit_fused = None;
     assert_eq!(
