@@ -742,6 +742,20 @@ fn an_unknown_cuda_arena_growth_is_a_usage_error_naming_the_choices() {
 }
 
 #[test]
+fn unknown_fused_kernels_are_usage_errors_naming_the_choices() {
+    let dir = tempfile::tempdir().unwrap();
+    for flag in ["--dit-kernels", "--vae-kernels"] {
+        let output = worker(dir.path(), &[flag, "fast"]);
+        assert_eq!(output.status.code(), Some(unstep::exit::USAGE), "{flag}");
+        let err = stderr(&output);
+        assert!(
+            err.contains(flag) && err.contains("one of auto, unstep, onnxruntime"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
     let checks = probe_environment(None);
     let ort = checks
