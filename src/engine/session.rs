@@ -212,6 +212,19 @@ impl FusedPart {
         }
     }
 
+    /// The error for kernels of this part that cannot be used.
+    fn unavailable(self, provider: &Provider, reason: String) -> SessionError {
+        SessionError::KernelsUnavailable {
+            setting: self.setting(),
+            flag: match self {
+                FusedPart::Dit => "dit-kernels",
+                FusedPart::Vae => "vae-kernels",
+            },
+            provider: provider.name(),
+            reason,
+        }
+    }
+
     /// The fused graphs of the bundle, when it has all of them.
     fn present(self, graphs: &super::bundle::Graphs) -> bool {
         match self {
@@ -260,14 +273,7 @@ impl FusedKernels {
         let m = &bundle.manifest;
         let supported = m.precision != Precision::Bf16;
         let present = part.present(&m.graphs);
-        let unavailable = |reason: String| {
-            Err(SessionError::KernelsUnavailable {
-                setting: part.setting(),
-                flag: part.setting().replace('_', "-"),
-                provider: provider.name(),
-                reason,
-            })
-        };
+        let unavailable = |reason: String| Err(part.unavailable(provider, reason));
         match self {
             FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
             // Without NVRTC the kernels cannot be compiled: `auto` keeps ONNX Runtime's (and the
@@ -351,7 +357,7 @@ pub enum SessionError {
     )]
     KernelsUnavailable {
         setting: &'static str,
-        flag: String,
+        flag: &'static str,
         provider: &'static str,
         reason: String,
     },
@@ -427,12 +433,7 @@ impl GraphSessions {
             let cuda = !matches!(options.provider, Provider::Cpu);
             super::kernels::operator_domain(cuda)
                 .map(Some)
-                .map_err(|e| SessionError::KernelsUnavailable {
-                    setting: part.setting(),
-                    flag: part.setting().replace('_', "-"),
-                    provider: options.provider.name(),
-                    reason: e.to_string(),
-                })
+                .map_err(|e| part.unavailable(&options.provider, e.to_string()))
         };
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;

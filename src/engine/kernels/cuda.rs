@@ -91,7 +91,7 @@ const REMEDY: &str =
 /// Refuses a row length the kernels cannot take: they load element pairs (D even) and keep a
 /// row in registers (D at most [`MAX_D`]).
 pub(crate) fn check_d(d: usize) -> Result<(), String> {
-    if d % 2 != 0 || d > MAX_D {
+    if !d.is_multiple_of(2) || d > MAX_D {
         return Err(format!(
             "D = {d}: the CUDA kernels need an even D of at most {MAX_D}"
         ));
