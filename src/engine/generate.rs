@@ -119,7 +119,7 @@ pub enum GenerateError {
 }
 
 /// The error for a prompt that needs the text encoder when the generator was built without it.
-pub(crate) fn text_encoder_released() -> GenerateError {
+fn text_encoder_released() -> GenerateError {
     GenerateError::Run {
         graph: "text_encoder",
         message: "this generator encoded its prompts before loading the DiT and has no text \

@@ -113,6 +113,18 @@ impl Graph {
     }
 
     fn node(&mut self, op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<Msg>) -> &mut Self {
+        self.node_in("", op, inputs, outputs, attrs)
+    }
+
+    /// A node of the operator `op` of `domain` (`""`: the default ONNX domain).
+    fn node_in(
+        &mut self,
+        domain: &str,
+        op: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<Msg>,
+    ) -> &mut Self {
         let mut n = Msg::default();
         for i in inputs {
             n.str(1, i);
@@ -121,6 +133,9 @@ impl Graph {
             n.str(2, o);
         }
         n.str(3, &format!("{op}_{}", outputs[0])).str(4, op);
+        if !domain.is_empty() {
+            n.str(7, domain);
+        }
         for a in attrs {
             n.msg(5, a);
         }
@@ -143,10 +158,21 @@ impl Graph {
     }
 
     fn model(self) -> Vec<u8> {
+        self.model_with(&[])
+    }
+
+    /// The model, importing opset 17 of the default domain and version 1 of each of `domains`.
+    fn model_with(self, domains: &[&str]) -> Vec<u8> {
+        let mut m = Msg::default();
+        m.int(1, 8).str(2, "unstep").msg(7, self.g);
         let mut opset = Msg::default();
         opset.str(1, "").int(2, 17);
-        let mut m = Msg::default();
-        m.int(1, 8).str(2, "unstep").msg(7, self.g).msg(8, opset);
+        m.msg(8, opset);
+        for domain in domains {
+            let mut opset = Msg::default();
+            opset.str(1, domain).int(2, 1);
+            m.msg(8, opset);
+        }
         m.0
     }
 }
@@ -154,6 +180,13 @@ impl Graph {
 fn attr_int(name: &str, v: u64) -> Msg {
     let mut a = Msg::default();
     a.str(1, name).int(3, v).int(20, 2);
+    a
+}
+
+#[cfg(test)]
+fn attr_float(name: &str, v: f32) -> Msg {
+    let mut a = Msg::default();
+    a.str(1, name).fixed32(2, v.to_bits()).int(20, 1);
     a
 }
 
@@ -276,34 +309,15 @@ pub(crate) fn custom_node(
     for name in outputs {
         g.output(name, ty);
     }
-    let mut n = Msg::default();
-    for i in inputs {
-        n.str(1, i);
-    }
-    for o in outputs {
-        n.str(2, o);
-    }
-    n.str(3, op).str(4, op).str(7, domain);
-    for attr in attrs {
-        let mut a = Msg::default();
-        match *attr {
-            Attr::Float(name, v) => a.str(1, name).fixed32(2, v.to_bits()).int(20, 1),
-            Attr::Int(name, v) => a.str(1, name).int(3, v as u64).int(20, 2),
-        };
-        n.msg(5, a);
-    }
-    g.g.msg(1, n);
-    let mut onnx = Msg::default();
-    onnx.str(1, "").int(2, 17);
-    let mut custom = Msg::default();
-    custom.str(1, domain).int(2, 1);
-    let mut m = Msg::default();
-    m.int(1, 8)
-        .str(2, "unstep")
-        .msg(7, g.g)
-        .msg(8, onnx)
-        .msg(8, custom);
-    m.0
+    let attrs = attrs
+        .iter()
+        .map(|attr| match *attr {
+            Attr::Float(name, v) => attr_float(name, v),
+            Attr::Int(name, v) => attr_int(name, v as u64),
+        })
+        .collect();
+    g.node_in(domain, op, inputs, outputs, attrs);
+    g.model_with(&[domain])
 }
 
 #[cfg(test)]

@@ -984,6 +984,10 @@ fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
         (Onnxruntime, Onnxruntime)
     );
     assert_eq!((fused.dit_kernels(), fused.vae_kernels()), (Unstep, Unstep));
+    assert_eq!(
+        (fused_vae.dit_kernels(), fused_vae.vae_kernels()),
+        (Onnxruntime, Unstep)
+    );
     // `auto` keeps ONNX Runtime's kernels on the CPU provider.
     let auto = generator();
     assert_eq!(

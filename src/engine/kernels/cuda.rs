@@ -383,13 +383,14 @@ impl CudaKernel {
             TensorElementType::Float16 => 2,
             _ => 4,
         };
-        let on_device = |what: &str, mem: &ort::memory::MemoryInfo<'_>| {
+        // `kind` and `name` are formatted only when the check fails: this runs on every call.
+        let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
             if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == self.ordinal
             {
                 Ok(())
             } else {
                 Err(fail(format!(
-                    "{what} is in {} memory of device {}; the kernel runs on CUDA device {}",
+                    "{kind} {name} is in {} memory of device {}; the kernel runs on CUDA device {}",
                     mem.allocation_device().as_str(),
                     mem.device_id(),
                     self.ordinal
@@ -410,29 +411,22 @@ impl CudaKernel {
                     self.ty
                 )));
             }
-            on_device(&format!("input {name}"), tensor.memory_info())?;
+            on_device("input", name, tensor.memory_info())?;
             inputs.push(tensor);
         }
         let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
         let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-        check_d(plan.d).map_err(|e| {
-            fail(format!(
-                "{e} (the last axis of X {:?})",
-                shapes[op.x_index()]
-            ))
-        })?;
         let x_shape = shapes[op.x_index()].to_vec();
         let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
-        let mut outputs = Vec::new();
         for (idx, name) in op.outputs().iter().enumerate() {
             let tensor = ctx
                 .output(idx, x_shape.clone())?
                 .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
                 .downcast::<DynTensorValueType>()?;
-            on_device(&format!("output {name}"), tensor.memory_info())?;
-            // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory.
+            on_device("output", name, tensor.memory_info())?;
+            // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory,
+            // which stays ONNX Runtime's; the kernel writes it on the stream.
             pointers.push(tensor.data_ptr() as u64);
-            outputs.push(tensor);
         }
         if plan.rows == 0 {
             return Ok(());
@@ -451,10 +445,8 @@ impl CudaKernel {
             .stream()?
             .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
             .as_ptr() as sys::CUstream;
-        self.launch(&plan, attrs, &pointers, stream).map_err(fail)?;
-        // The outputs stay ONNX Runtime's; the kernel writes them on the stream.
-        drop(outputs);
-        Ok(())
+        // The launch refuses a D the kernels cannot take (odd, or past MAX_D).
+        self.launch(&plan, attrs, &pointers, stream).map_err(fail)
     }
 
     /// Launches the kernel of `plan.d`'s layout ([`Layout::for_d`]) on `stream` over `pointers`

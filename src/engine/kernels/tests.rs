@@ -926,8 +926,6 @@ fn the_launch_constants_are_the_sources() {
     assert_eq!((cuda::MAX_D, cuda::WARP_MAX_D), (2048, 512));
 }
 
-/// One warp per row up to D = 512 (the VAE's 96 to 384, the tiny model's 16 to 64), one block per
-/// row above (wan-1.3b's 1536); the entry points' names.
 /// The CUDA kernels load element pairs and keep a row in registers: an odd D (a misaligned pair
 /// load on the device) or one past `MAX_D` is refused before any launch.
 #[test]
@@ -944,6 +942,8 @@ fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
     }
 }
 
+/// One warp per row up to D = 512 (the VAE's 96 to 384, the tiny model's 16 to 64), one block per
+/// row above (wan-1.3b's 1536); the entry points' names.
 #[test]
 fn small_rows_take_the_warp_layout() {
     use cuda::Layout;
