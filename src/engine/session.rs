@@ -4,7 +4,6 @@
 //! CPU would turn a GPU speed probe into a meaningless number.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use ort::ep::{self, ArenaExtendStrategy, ExecutionProvider};
 use ort::session::Session;
@@ -433,13 +432,11 @@ impl GraphSessions {
             }
             let cuda = !matches!(options.provider, Provider::Cpu);
             super::kernels::operator_domain(cuda)
-                .map(|domain| Some(Arc::new(domain)))
+                .map(Some)
                 .map_err(|e| part.unavailable(&options.provider, e.to_string()))
         };
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
-        // One domain for both decoder sessions.
-        let vae_ops = operators(vae_kernels, FusedPart::Vae)?;
         let sessions = Self {
             text_encoder: if text_encoder {
                 Some(text_encoder_session(runtime, bundle, options)?)
@@ -459,9 +456,16 @@ impl GraphSessions {
                 names.vae_first,
                 options,
                 true,
-                vae_ops.clone(),
+                operators(vae_kernels, FusedPart::Vae)?,
             )?,
-            vae_step: build_graph_session(runtime, bundle, names.vae_step, options, true, vae_ops)?,
+            vae_step: build_graph_session(
+                runtime,
+                bundle,
+                names.vae_step,
+                options,
+                true,
+                operators(vae_kernels, FusedPart::Vae)?,
+            )?,
             vae_kernels,
         };
         sessions.check_contract(bundle)?;
@@ -661,7 +665,7 @@ fn build_graph_session(
     graph: &str,
     options: &RuntimeOptions,
     decoder: bool,
-    operators: Option<Arc<ort::operator::OperatorDomain>>,
+    operators: Option<ort::operator::OperatorDomain>,
 ) -> Result<Session, SessionError> {
     let load = |e: ort::Error| SessionError::Load {
         graph: graph.to_string(),
