@@ -130,12 +130,10 @@ def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool
         dyn[f"past_k.{i}"] = {1: "P"}
         dyn[f"past_v.{i}"] = {1: "P"}
     shapes = [tuple(x.shape)] + [(1, T, D)] * (2 * L)
-    if not fused_ops:
-        _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit.onnx", in_names, out_names, shapes, dyn)
-        return
-    with fused.fused_dit():
-        _export(DitGraph(dit), (x, ts, ctx, off, *past), out / "dit_fused.onnx", in_names, out_names, shapes, dyn,
-                custom_opsets=FUSED_CUSTOM_OPSETS)
+    name, opsets = ("dit_fused.onnx", FUSED_CUSTOM_OPSETS) if fused_ops else ("dit.onnx", None)
+    with fused.fused_dit() if fused_ops else contextlib.nullcontext():
+        _export(DitGraph(dit), (x, ts, ctx, off, *past), out / name, in_names, out_names, shapes, dyn,
+                custom_opsets=opsets)
 
 
 def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool = False):

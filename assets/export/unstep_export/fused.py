@@ -196,11 +196,11 @@ def fused_dit_active() -> bool:
 
 
 @contextlib.contextmanager
-def fused_dit(enabled: bool = True):
+def fused_dit():
     """Switch the DiT to the structure of `dit_fused.onnx` (exporting it, or running its eager
     reference arithmetic for the checks)."""
     global _FUSED_DIT
-    prev, _FUSED_DIT = _FUSED_DIT, enabled
+    prev, _FUSED_DIT = _FUSED_DIT, True
     try:
         yield
     finally:
@@ -217,12 +217,12 @@ def fused_vae_active() -> bool:
 
 
 @contextlib.contextmanager
-def fused_vae(enabled: bool = True):
+def fused_vae():
     """Switch the VAE decoder to the fused structure: each RMS norm followed by SiLU as one
     `BiasRmsNorm` (silu = 1), with the bias of a causal convolution that feeds it moved into the
     op (exporting it, or running its eager reference arithmetic for the checks)."""
     global _FUSED_VAE
-    prev, _FUSED_VAE = _FUSED_VAE, enabled
+    prev, _FUSED_VAE = _FUSED_VAE, True
     try:
         yield
     finally:

@@ -660,13 +660,22 @@ def run_fused_check(args) -> int:
                                                     pairs, conv_fed))
         del half, fvae
     if getattr(args, "bundle", None):
+        import tomllib
+
         bundle = Path(args.bundle)
+        meta = tomllib.loads((bundle / "bundle.toml").read_text())
+        listed_graphs = meta.get("graphs", {})
+        fp32 = meta.get("precision") == "fp32"
+        if meta.get("preset") != cfg.preset:
+            # The structure checks count layers, heads and norm/SiLU pairs of --preset's model.
+            structure(f"{bundle}: preset", [f"the bundle is {meta.get('preset')!r}; run with --preset "
+                                            f"{meta.get('preset')}"])
         if (bundle / "dit_fused.onnx").exists():
             structure(f"{bundle}/dit_fused.onnx structure",
                       check_fused_structure(bundle / "dit_fused.onnx", bundle / "dit.onnx", cfg.layers, cfg.heads))
-            listed = 'dit_fused = "dit_fused.onnx"' in (bundle / "bundle.toml").read_text()
+            listed = listed_graphs.get("dit_fused") == "dit_fused.onnx"
             structure(f"{bundle}/bundle.toml lists dit_fused", [] if listed else ["not in [graphs]"])
-            if 'precision = "fp32"' in (bundle / "bundle.toml").read_text():
+            if fp32:
                 # The bundle's own two DiT graphs on one random input: dit.onnx in onnxruntime,
                 # dit_fused.onnx in onnx.reference with the numpy operators.
                 for k, v in feed.items():
@@ -678,18 +687,17 @@ def run_fused_check(args) -> int:
                        np.concatenate([r.reshape(-1) for r in std]))
         else:
             print(f"note: {bundle} has no dit_fused.onnx")
-        toml = (bundle / "bundle.toml").read_text()
         roles = [r for r in ("vae_first", "vae_step") if (bundle / f"{r}_fused.onnx").exists()]
         pairs, conv_fed = norm_silu_pairs(vae)
         for role in roles:
             structure(f"{bundle}/{role}_fused.onnx structure",
                       check_fused_vae_structure(bundle / f"{role}_fused.onnx", bundle / f"{role}.onnx", pairs,
                                                 conv_fed))
-            listed = f'{role}_fused = "{role}_fused.onnx"' in toml
+            listed = listed_graphs.get(f"{role}_fused") == f"{role}_fused.onnx"
             structure(f"{bundle}/bundle.toml lists {role}_fused", [] if listed else ["not in [graphs]"])
         if len(roles) == 1:
             structure(f"{bundle}: fused VAE graphs", [f"only {roles[0]}_fused.onnx: they come in pairs"])
-        elif roles and 'precision = "fp32"' in toml:
+        elif roles and fp32:
             # The bundle's own VAE graphs: standard in onnxruntime, fused in onnx.reference.
             zb = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=g).numpy() * 2
             report_vae_graphs(f"{bundle}: vae_*_fused vs vae_*", bundle, zb, report)
