@@ -142,10 +142,7 @@ class _FastGeluBias(torch.autograd.Function):
 def ffn(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """Linear -> GELU(tanh) -> Linear; exported graphs add the first bias inside FastGelu instead
     of as a separate pass over the [tokens, ffn_dim] activation."""
-    first, _, last = seq
-    if exporting() and isinstance(first, nn.Linear) and first.bias is not None:
-        return last(_FastGeluBias.apply(F.linear(x, first.weight), first.bias))
-    return seq(x)
+    return seq[2](ffn_hidden(seq, x))
 
 
 def value_and_output(v: nn.Module, o: nn.Module):

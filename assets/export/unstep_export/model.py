@@ -141,7 +141,7 @@ class Block(nn.Module):
         if fused_args is not None:  # dit_fused (CausalDiT._blocks_fused); e0 is then unused
             return self.forward_fused(x, *fused_args, context, cos, sin, past_k, past_v, frames)
         # e0: [1, F, 6, D]; every token of frame f gets frame f's shift/scale/gate.
-        e = (self.modulation.unsqueeze(1) + e0).chunk(6, dim=2)
+        e = self.modulation_chunks(e0)
 
         def per_frame(y):
             return y.unflatten(1, (frames, -1))
@@ -149,7 +149,7 @@ class Block(nn.Module):
         def modulated(norm, y, scale, shift):
             return fused.modulated_layer_norm(per_frame(y), 1 + scale, shift, norm.eps, norm).flatten(1, 2)
 
-        y = modulated(self.norm1, x, e[1], e[0])
+        y = self.input_norm(x, e, frames)
         y, k, v = self.self_attn(y, cos, sin, past_k, past_v)
         x = x + (per_frame(y) * e[2]).flatten(1, 2)
         x = x + self.cross_attn(self.norm3(x), context)
@@ -198,7 +198,7 @@ class Head(nn.Module):
 
     def forward(self, x, e, frames: int):
         # e: [1, F, D] -> [1, F, 2, D]
-        m = (self.modulation.unsqueeze(1) + e.unsqueeze(2)).chunk(2, dim=2)
+        m = self.modulation_chunks(e)
         y = self.norm(x).unflatten(1, (frames, -1)) * (1 + m[1]) + m[0]
         return self.head(y.flatten(1, 2))
 
