@@ -14,10 +14,11 @@
 //!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
 //!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
 //!   that stream with `cuLaunchKernel`. Nothing synchronises: ONNX Runtime orders the stream.
-//! - Each operator and element type has two kernels, one per row layout ([`Layout`]); the launch
-//!   picks one from D: one warp per row for D ≤ [`WARP_MAX_D`] (the VAE's channels-last rows,
-//!   D = 96 to 384, a million rows and more), one block of [`THREADS`] threads per row above (the
-//!   DiT's D = 1536).
+//! - Each operator and element type has two kernels, one per row layout ([`Layout`]); each launch
+//!   picks one from D and the tensors' alignment: a group of up to 32 threads per row, with
+//!   16-byte accesses, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last rows, D = 96 to 384, a
+//!   million rows and more), one block of [`THREADS`] threads per row otherwise (the DiT's
+//!   D = 1536).
 
 use std::ffi::{CStr, CString, c_void};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -36,33 +37,43 @@ pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 const WARP: u32 = 32;
 /// `THREADS` of `kernels.cu`: the block layout's threads per row (one block per row).
 pub(crate) const THREADS: u32 = 128;
-/// `ROWS_PER_BLOCK` of `kernels.cu`: the warp layout's rows (warps) per block.
-pub(crate) const ROWS_PER_BLOCK: u32 = 8;
-/// `MAX_PAIRS_PER_THREAD` of `kernels.cu`: the element pairs a thread holds at most.
-pub(crate) const MAX_PAIRS_PER_THREAD: usize = 8;
+/// `GROUP_THREADS` of `kernels.cu`: the group layout's threads per block.
+pub(crate) const GROUP_THREADS: u32 = 256;
+/// `ROW_FLOATS` of `kernels.cu`: the floats of its row a thread holds at most.
+pub(crate) const ROW_FLOATS: usize = 16;
 /// The largest D the kernels keep in registers (the block layout's).
-pub(crate) const MAX_D: usize = 2 * THREADS as usize * MAX_PAIRS_PER_THREAD;
-/// The largest D of the warp layout, which takes every D up to it.
-pub(crate) const WARP_MAX_D: usize = 2 * WARP as usize * MAX_PAIRS_PER_THREAD;
+pub(crate) const MAX_D: usize = THREADS as usize * ROW_FLOATS;
+/// The largest D of the group layout (a group is at most one warp).
+pub(crate) const GROUP_MAX_D: usize = WARP as usize * ROW_FLOATS;
+/// The group layout's unit: the bytes one thread loads or stores in one access.
+pub(crate) const UNIT_BYTES: usize = 16;
 
-/// How a kernel lays a row on the threads (`BlockRow` and `WarpRow` of `kernels.cu`).
+/// How a kernel lays a row on the threads (`BlockRow` and `GroupRow` of `kernels.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Layout {
-    /// One block of [`THREADS`] threads per row: D up to [`MAX_D`].
+    /// One block of [`THREADS`] threads per row, pairs of elements: D even, up to [`MAX_D`].
     Block,
-    /// One warp per row, [`ROWS_PER_BLOCK`] rows per block: D up to [`WARP_MAX_D`]. A block of
-    /// 128 threads would leave most of them idle on a short row (48 pairs at D = 96).
-    Warp,
+    /// `lanes` threads of a warp per row (a power of two up to 32), [`UNIT_BYTES`] per access:
+    /// D a multiple of a unit, up to [`GROUP_MAX_D`], and every tensor aligned to a unit. Against
+    /// a block of 128 threads, which would leave most of them idle on a short row, and one warp
+    /// of pairs, which keeps few bytes in flight.
+    Group { lanes: u32 },
 }
 
 impl Layout {
-    pub(crate) const ALL: [Layout; 2] = [Layout::Block, Layout::Warp];
+    /// The entry point kinds, one per layout.
+    pub(crate) const KINDS: [Layout; 2] = [Layout::Block, Layout::Group { lanes: WARP }];
 
-    /// The layout of rows of D elements: the warp layout up to [`WARP_MAX_D`], the block layout
-    /// above.
-    pub(crate) fn for_d(d: usize) -> Layout {
-        if d <= WARP_MAX_D {
-            Layout::Warp
+    /// The layout of rows of D elements of `elem_bytes` bytes whose tensors are all aligned to
+    /// a unit (`aligned`): the group layout where it can take the row, with the fewest lanes
+    /// that hold at most one unit each (up to a warp); the block layout otherwise.
+    pub(crate) fn choose(d: usize, elem_bytes: usize, aligned: bool) -> Layout {
+        let unit = UNIT_BYTES / elem_bytes;
+        if aligned && d.is_multiple_of(unit) && d <= GROUP_MAX_D {
+            let lanes = (d / unit).next_power_of_two().min(WARP as usize);
+            Layout::Group {
+                lanes: lanes as u32,
+            }
         } else {
             Layout::Block
         }
@@ -72,9 +83,9 @@ impl Layout {
     fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
         let (blocks, threads) = match self {
             Layout::Block => (rows, THREADS),
-            Layout::Warp => (
-                rows.div_ceil(ROWS_PER_BLOCK as usize),
-                WARP * ROWS_PER_BLOCK,
+            Layout::Group { lanes } => (
+                rows.div_ceil((GROUP_THREADS / lanes) as usize),
+                GROUP_THREADS,
             ),
         };
         // The largest grid x dimension CUDA allows.
@@ -100,7 +111,7 @@ pub(crate) fn check_d(d: usize) -> Result<(), String> {
 }
 
 /// The kernel entry point of an operator, element type and row layout, e.g.
-/// `unstep_bias_rms_norm_f16` (block layout) and `unstep_bias_rms_norm_f16_w` (warp layout).
+/// `unstep_bias_rms_norm_f16` (block layout) and `unstep_bias_rms_norm_f16_g` (group layout).
 pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Option<String> {
     let op = match op {
         Op::BiasRmsNormRope => "bias_rms_norm_rope",
@@ -114,7 +125,7 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
     };
     let layout = match layout {
         Layout::Block => "",
-        Layout::Warp => "_w",
+        Layout::Group { .. } => "_g",
     };
     Some(format!("unstep_{op}_{ty}{layout}"))
 }
@@ -290,7 +301,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
     let mut functions = Vec::new();
     for op in Op::ALL {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
-            for layout in Layout::ALL {
+            for layout in Layout::KINDS {
                 let name = entry_point(op, ty, layout)
                     .expect("every operator has float32 and float16 kernels");
                 let c_name =
@@ -341,16 +352,16 @@ pub(super) struct CudaKernel {
     ty: TensorElementType,
     ordinal: i32,
     module: &'static DeviceModule,
-    /// The kernels of the operator and type, block and warp layout.
+    /// The kernels of the operator and type, block and group layout.
     block: Handle<sys::CUfunction>,
-    warp: Handle<sys::CUfunction>,
+    group: Handle<sys::CUfunction>,
 }
 
 impl CudaKernel {
     /// Compiles and loads the kernels for device `ordinal` if this process has not yet.
     pub(super) fn new(op: Op, ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
-        let names = Layout::ALL.map(|layout| entry_point(op, ty, layout));
-        let [Some(block), Some(warp)] = names else {
+        let names = Layout::KINDS.map(|layout| entry_point(op, ty, layout));
+        let [Some(block), Some(group)] = names else {
             return Err(format!(
                 "{DOMAIN} {}: element type {ty:?} is not supported (float32 and float16 are)",
                 op.name()
@@ -371,18 +382,23 @@ impl CudaKernel {
             ordinal,
             module,
             block: function(&block),
-            warp: function(&warp),
+            group: function(&group),
         })
+    }
+
+    /// The bytes of one element of the kernel's type.
+    fn elem_bytes(&self) -> usize {
+        match self.ty {
+            TensorElementType::Float16 => 2,
+            _ => 4,
+        }
     }
 
     /// Checks the call and launches the kernel on ONNX Runtime's stream.
     pub(super) fn compute(&self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
         let op = self.op;
         let fail = |message: String| op_error(op, format!("(CUDA) {message}"));
-        let elem_bytes = match self.ty {
-            TensorElementType::Float16 => 2,
-            _ => 4,
-        };
+        let elem_bytes = self.elem_bytes();
         // `kind` and `name` are formatted only when the check fails: this runs on every call.
         let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
             if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == self.ordinal
@@ -431,10 +447,11 @@ impl CudaKernel {
         if plan.rows == 0 {
             return Ok(());
         }
-        // Pairs of elements are loaded and stored as one word.
+        // Every layout loads and stores at least a pair of elements in one access (the block
+        // layout's unit; the group layout's is checked in the launch, which falls back to blocks).
         let all_names = names.iter().chain(op.outputs());
         for (&pointer, name) in pointers.iter().zip(all_names) {
-            if pointer % (2 * elem_bytes) != 0 {
+            if pointer % (2 * elem_bytes as u64) != 0 {
                 return Err(fail(format!(
                     "{name} at {pointer:#x} is not aligned to {} bytes",
                     2 * elem_bytes
@@ -449,7 +466,7 @@ impl CudaKernel {
         self.launch(&plan, attrs, &pointers, stream).map_err(fail)
     }
 
-    /// Launches the kernel of `plan.d`'s layout ([`Layout::for_d`]) on `stream` over `pointers`
+    /// Launches the kernel of the call's layout ([`Layout::choose`]) on `stream` over `pointers`
     /// (device addresses of the inputs, then the outputs, in the operator's order) with the sizes
     /// of `plan`. Checks nothing but the launch.
     pub(crate) fn launch(
@@ -466,11 +483,13 @@ impl CudaKernel {
         if plan.rows == 0 {
             return Ok(());
         }
-        let layout = Layout::for_d(plan.d);
+        let elem_bytes = self.elem_bytes();
+        let aligned = pointers.iter().all(|p| p % UNIT_BYTES as u64 == 0);
+        let layout = Layout::choose(plan.d, elem_bytes, aligned);
         let (blocks, threads) = layout.launch_dims(plan.rows)?;
-        let function = match layout {
-            Layout::Block => self.block,
-            Layout::Warp => self.warp,
+        let (function, mut lanes) = match layout {
+            Layout::Block => (self.block, 0i32),
+            Layout::Group { lanes } => (self.group, lanes as i32),
         };
         // The kernel's arguments, in the order of its signature in kernels.cu: the input
         // pointers, the output pointers, then the sizes and attributes.
@@ -501,6 +520,7 @@ impl CudaKernel {
                 }
             }
         }
+        params.push((&mut lanes as *mut i32).cast());
         let _current = CurrentContext::enter(self.module.context.0)
             .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
         // SAFETY: the function was loaded from kernels.cu into the current context; `params`

@@ -5,33 +5,33 @@
 // is converted with the PTX `cvt` instructions, all arithmetic is float32, and every output element
 // is rounded to its type once.
 //
-// Two layouts of a row on the threads (`BlockRow` and `WarpRow` below), each with its own entry
-// points (suffix `_w` for the warp layout); the host picks one from D (cuda.rs: D <= WARP_MAX_D
-// takes the warp layout). In both, the `WIDTH` threads of a row hold its element pairs
-// p = t, t + WIDTH, t + 2 * WIDTH, ... (thread t of the row; pair p = elements 2p and 2p + 1), so
-// each load instruction of a warp reads one contiguous stretch of the row (128 bytes for float16,
-// 256 for float32), and the row stays in registers between the passes: at most
-// MAX_PAIRS_PER_THREAD pairs per thread, so D <= 2 * WIDTH * MAX_PAIRS_PER_THREAD (the host checks
-// D, that D is even and that every pointer is aligned to a pair).
+// Two layouts of a row on the threads (`BlockRow` and `GroupRow` below), each with its own entry
+// points (suffix `_g` for the group layout); the host picks one per call (cuda.rs). In both, a row
+// is cut into *units* of V consecutive elements, loaded and stored as one access, and the WIDTH
+// threads of a row hold units u = t, t + WIDTH, t + 2 * WIDTH, ... (thread t of the row), so each
+// load instruction of a warp reads contiguous memory, and the row stays in registers between the
+// passes: ROW_FLOATS floats per thread (the host checks D against it, that D is a multiple of V
+// and that every pointer is aligned to a unit).
 //
 // - BlockRow, for large D (the DiT's 1536): one block of THREADS threads per row, grid = rows,
-//   D <= 2048. Sums over the row: warp shuffles, then the warps' partial sums through shared
-//   memory. A few registers per thread and many threads per row keep enough loads in flight: on an
-//   H200 (wan-1.3b, D = 1536, 4680 rows, float16, kernel trace) a GatedResidualLayerNorm takes
-//   21.6 us and a BiasRmsNormRope 16.4 us, against 46.9 and 28.4 us with one warp per row (24
-//   pairs per lane held in 127 registers).
-// - WarpRow, for small D (the VAE's channels-last rows, D = 96 to 384, up to ~1.6 M rows): one
-//   warp per row, ROWS_PER_BLOCK rows per block, grid = ceil(rows / ROWS_PER_BLOCK), D <= 512.
-//   Sums are warp shuffles only (no shared memory, no barrier). A warp whose row is past the end
-//   returns as a whole, so the full-mask shuffles always have all 32 lanes. (A block of 128
-//   threads would leave most of them idle at D = 96: 48 pairs.)
+//   units of a pair (V = 2), D <= 2048. Sums over the row: warp shuffles, then the warps' partial
+//   sums through shared memory. A few registers per thread and many threads per row keep enough
+//   loads in flight: on an H200 (wan-1.3b, D = 1536, 4680 rows, float16, kernel trace) a
+//   GatedResidualLayerNorm takes 21.6 us and a BiasRmsNormRope 16.4 us, against 46.9 and 28.4 us
+//   with one warp per row (24 pairs per lane held in 127 registers).
+// - GroupRow, for small D (the VAE's channels-last rows, D = 96 to 384, up to ~1.6 M rows): a
+//   group of `lanes` threads of one warp per row (a power of two up to 32, passed by the host:
+//   enough for one unit per thread where it can), GROUP_THREADS / lanes rows per block, units of
+//   16 bytes (V = 8 float16 or 4 float32), D <= 512. Sums are shuffles within the group (no shared
+//   memory, no barrier). A row past the end keeps its threads in the shuffles but loads and stores
+//   nothing. Against one warp per row with pair units, 4x the bytes per load instruction: the
+//   VAE's float16 BiasRmsNorm over 4 · 480 · 832 rows of 96 ran at about 0.75 TB/s that way.
 
 #define WARP 32
 #define THREADS 128
 #define WARPS (THREADS / WARP)
-#define ROWS_PER_BLOCK 8
-#define WARP_ROW_THREADS (WARP * ROWS_PER_BLOCK)
-#define MAX_PAIRS_PER_THREAD 8
+#define GROUP_THREADS 256
+#define ROW_FLOATS 16
 
 typedef long long i64;
 
@@ -47,43 +47,67 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     return h;
 }
 
-struct alignas(8) FloatPair {
-    float a, b;
+// V consecutive float32 / float16 values, loaded and stored as one access (V * 4 or V * 2 bytes).
+template <int V>
+struct alignas(V * 4) F32Unit {
+    float f[V];
+};
+template <int V>
+struct alignas(V * 2) F16Unit {
+    unsigned int w[V / 2];
 };
 
 // Element type float32.
 struct F32 {
     typedef float T;
-    static __device__ __forceinline__ void load2(const T* p, i64 i, float& a, float& b) {
-        const FloatPair v = *reinterpret_cast<const FloatPair*>(p + i);
-        a = v.a;
-        b = v.b;
+    // Elements in 16 bytes: the group layout's unit.
+    static constexpr int VEC = 4;
+    template <int V>
+    static __device__ __forceinline__ void load(const T* p, i64 i, float* out) {
+        const F32Unit<V> v = *reinterpret_cast<const F32Unit<V>*>(p + i);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            out[e] = v.f[e];
+        }
     }
-    static __device__ __forceinline__ void store2(T* p, i64 i, float a, float b) {
-        FloatPair v;
-        v.a = a;
-        v.b = b;
-        *reinterpret_cast<FloatPair*>(p + i) = v;
+    template <int V>
+    static __device__ __forceinline__ void store(T* p, i64 i, const float* in) {
+        F32Unit<V> v;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            v.f[e] = in[e];
+        }
+        *reinterpret_cast<F32Unit<V>*>(p + i) = v;
     }
-    static __device__ __forceinline__ float load(const T* p, i64 i) { return p[i]; }
+    static __device__ __forceinline__ float load1(const T* p, i64 i) { return p[i]; }
     // The value as it is stored.
     static __device__ __forceinline__ float stored(float v) { return v; }
 };
 
-// Element type float16 (IEEE half, as ONNX Runtime stores it), two per 32-bit word, element 2p in
-// the low half (little-endian).
+// Element type float16 (IEEE half, as ONNX Runtime stores it), two per 32-bit word, the element
+// of the lower index in the low half (little-endian).
 struct F16 {
     typedef unsigned short T;
-    static __device__ __forceinline__ void load2(const T* p, i64 i, float& a, float& b) {
-        const unsigned int v = *reinterpret_cast<const unsigned int*>(p + i);
-        a = h2f((unsigned short)(v & 0xffffu));
-        b = h2f((unsigned short)(v >> 16));
+    static constexpr int VEC = 8;
+    template <int V>
+    static __device__ __forceinline__ void load(const T* p, i64 i, float* out) {
+        const F16Unit<V> v = *reinterpret_cast<const F16Unit<V>*>(p + i);
+#pragma unroll
+        for (int w = 0; w < V / 2; ++w) {
+            out[2 * w] = h2f((unsigned short)(v.w[w] & 0xffffu));
+            out[2 * w + 1] = h2f((unsigned short)(v.w[w] >> 16));
+        }
     }
-    static __device__ __forceinline__ void store2(T* p, i64 i, float a, float b) {
-        *reinterpret_cast<unsigned int*>(p + i) =
-            (unsigned int)f2h(a) | ((unsigned int)f2h(b) << 16);
+    template <int V>
+    static __device__ __forceinline__ void store(T* p, i64 i, const float* in) {
+        F16Unit<V> v;
+#pragma unroll
+        for (int w = 0; w < V / 2; ++w) {
+            v.w[w] = (unsigned int)f2h(in[2 * w]) | ((unsigned int)f2h(in[2 * w + 1]) << 16);
+        }
+        *reinterpret_cast<F16Unit<V>*>(p + i) = v;
     }
-    static __device__ __forceinline__ float load(const T* p, i64 i) { return h2f(p[i]); }
+    static __device__ __forceinline__ float load1(const T* p, i64 i) { return h2f(p[i]); }
     static __device__ __forceinline__ float stored(float v) { return h2f(f2h(v)); }
 };
 
@@ -111,25 +135,41 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
     return total;
 }
 
-// One block of THREADS threads per row.
+// One block of THREADS threads per row, units of a pair.
+template <class E>
 struct BlockRow {
-    static constexpr int WIDTH = THREADS;
-    static __device__ __forceinline__ i64 row() { return blockIdx.x; }
-    static __device__ __forceinline__ int thread() { return threadIdx.x; }
+    static constexpr int V = 2;
+    static constexpr int MAX_UNITS = ROW_FLOATS / V;
+    int width;
+    __device__ __forceinline__ explicit BlockRow(int) : width(THREADS) {}
+    __device__ __forceinline__ i64 row() const { return blockIdx.x; }
+    __device__ __forceinline__ int thread() const { return threadIdx.x; }
     // The sum over the row's threads, in every thread; `shared` holds WARPS floats.
-    static __device__ __forceinline__ float sum(float v, float* shared) {
+    __device__ __forceinline__ float sum(float v, float* shared) const {
         return block_sum(v, shared);
     }
 };
 
-// One warp per row, ROWS_PER_BLOCK rows per block.
-struct WarpRow {
-    static constexpr int WIDTH = WARP;
-    static __device__ __forceinline__ i64 row() {
-        return (i64)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+// A group of `lanes` threads (a power of two up to WARP) per row, GROUP_THREADS / lanes rows per
+// block, units of 16 bytes.
+template <class E>
+struct GroupRow {
+    static constexpr int V = E::VEC;
+    static constexpr int MAX_UNITS = ROW_FLOATS / V;
+    int width;
+    __device__ __forceinline__ explicit GroupRow(int lanes) : width(lanes) {}
+    __device__ __forceinline__ i64 row() const {
+        return (i64)blockIdx.x * (GROUP_THREADS / width) + threadIdx.x / width;
     }
-    static __device__ __forceinline__ int thread() { return threadIdx.x % WARP; }
-    static __device__ __forceinline__ float sum(float v, float*) { return warp_sum(v); }
+    __device__ __forceinline__ int thread() const { return threadIdx.x % width; }
+    // Shuffles within the group: every thread of the warp takes part (the groups of a warp sum
+    // at the same time, each over its own lanes).
+    __device__ __forceinline__ float sum(float v, float*) const {
+        for (int offset = width / 2; offset > 0; offset /= 2) {
+            v += __shfl_xor_sync(0xffffffffu, v, offset);
+        }
+        return v;
+    }
 };
 
 // SiLU as the contract writes it: n * sigmoid(n) = n / (1 + exp(-n)).
@@ -148,66 +188,73 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
                                               const typename E::T* __restrict__ sin_table,
                                               typename E::T* __restrict__ y, i64 rows, int d,
                                               float eps, int act_silu, int half_hd,
-                                              i64 table_rows) {
+                                              i64 table_rows, int lanes) {
+    constexpr int V = L::V;
+    constexpr int U = L::MAX_UNITS;
     __shared__ float partial[WARPS];
-    const i64 row = L::row();
-    // Uniform over the row's threads (a whole block for BlockRow, a whole warp for WarpRow).
-    if (row >= rows) {
-        return;
-    }
-    const int t = L::thread();
-    const int pairs = d / 2;
+    const L lay(lanes);
+    const i64 row = lay.row();
+    // False only for the group layout's rows past the end, whose threads still shuffle.
+    const bool valid = row < rows;
+    const int t = lay.thread();
+    const int units = d / V;
     const i64 base = row * d;
-    float a[MAX_PAIRS_PER_THREAD];
-    float b[MAX_PAIRS_PER_THREAD];
+    float a[U][V];
     float squares = 0.0f;
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        a[k] = 0.0f;
-        b[k] = 0.0f;
-        if (p < pairs) {
-            float x0, x1, b0, b1;
-            E::load2(x, base + 2 * p, x0, x1);
-            E::load2(bias, 2 * p, b0, b1);
-            a[k] = x0 + b0;
-            b[k] = x1 + b1;
-            squares += a[k] * a[k] + b[k] * b[k];
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            a[k][e] = 0.0f;
+        }
+        if (valid && u < units) {
+            float bv[V];
+            E::template load<V>(x, base + u * V, a[k]);
+            E::template load<V>(bias, u * V, bv);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                a[k][e] += bv[e];
+                squares += a[k][e] * a[k][e];
+            }
         }
     }
-    squares = L::sum(squares, partial);
+    squares = lay.sum(squares, partial);
     const float inv = 1.0f / sqrtf(squares / (float)d + eps);
     const i64 table_row = ROPE ? (row % table_rows) * half_hd : 0;
-    // The outputs into a, b first, then the stores: a load after a store in the same loop would
-    // wait for the memory round trip once per pair instead of once per row.
+    // The outputs into `a` first, then the stores: a load after a store in the same loop would
+    // wait for the memory round trip once per unit instead of once per row.
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        if (p < pairs) {
-            float w0, w1;
-            E::load2(weight, 2 * p, w0, w1);
-            const float u0 = a[k] * inv * w0;
-            const float u1 = b[k] * inv * w1;
-            if (ROPE) {
-                const i64 j = table_row + p % half_hd;
-                const float c = E::load(cos_table, j);
-                const float s = E::load(sin_table, j);
-                a[k] = u0 * c - u1 * s;
-                b[k] = u0 * s + u1 * c;
-            } else if (act_silu) {
-                a[k] = silu(u0);
-                b[k] = silu(u1);
-            } else {
-                a[k] = u0;
-                b[k] = u1;
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (valid && u < units) {
+            float wv[V];
+            E::template load<V>(weight, u * V, wv);
+#pragma unroll
+            for (int e = 0; e < V; e += 2) {
+                const float u0 = a[k][e] * inv * wv[e];
+                const float u1 = a[k][e + 1] * inv * wv[e + 1];
+                if (ROPE) {
+                    const i64 j = table_row + ((u * V + e) / 2) % half_hd;
+                    const float c = E::load1(cos_table, j);
+                    const float s = E::load1(sin_table, j);
+                    a[k][e] = u0 * c - u1 * s;
+                    a[k][e + 1] = u0 * s + u1 * c;
+                } else if (act_silu) {
+                    a[k][e] = silu(u0);
+                    a[k][e + 1] = silu(u1);
+                } else {
+                    a[k][e] = u0;
+                    a[k][e + 1] = u1;
+                }
             }
         }
     }
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        if (p < pairs) {
-            E::store2(y, base + 2 * p, a[k], b[k]);
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (valid && u < units) {
+            E::template store<V>(y, base + u * V, a[k]);
         }
     }
 }
@@ -221,101 +268,110 @@ __device__ __forceinline__ void gated_residual_layer_norm(
     const typename E::T* __restrict__ bias, const typename E::T* __restrict__ gate,
     const typename E::T* __restrict__ scale, const typename E::T* __restrict__ shift,
     typename E::T* __restrict__ out_s, typename E::T* __restrict__ y, i64 rows, int d, float eps,
-    i64 gate_div, i64 scale_div, i64 shift_div) {
+    i64 gate_div, i64 scale_div, i64 shift_div, int lanes) {
+    constexpr int V = L::V;
+    constexpr int U = L::MAX_UNITS;
     // One array per sum: consecutive block sums need no barrier between them.
     __shared__ float partial_sum[WARPS];
     __shared__ float partial_squares[WARPS];
-    const i64 row = L::row();
-    // Uniform over the row's threads, as in bias_rms_norm.
-    if (row >= rows) {
-        return;
-    }
-    const int t = L::thread();
-    const int pairs = d / 2;
+    const L lay(lanes);
+    const i64 row = lay.row();
+    const bool valid = row < rows;
+    const int t = lay.thread();
+    const int units = d / V;
     const i64 base = row * d;
     const i64 gate_base = (row / gate_div) * d;
     const i64 scale_base = (row / scale_div) * d;
     const i64 shift_base = (row / shift_div) * d;
-    float a[MAX_PAIRS_PER_THREAD];
-    float b[MAX_PAIRS_PER_THREAD];
+    float a[U][V];
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        a[k] = 0.0f;
-        b[k] = 0.0f;
-        if (p < pairs) {
-            float r0, r1, x0, x1, b0, b1, g0, g1;
-            E::load2(r, base + 2 * p, r0, r1);
-            E::load2(x, base + 2 * p, x0, x1);
-            E::load2(bias, 2 * p, b0, b1);
-            E::load2(gate, gate_base + 2 * p, g0, g1);
-            a[k] = E::stored(r0 + (x0 + b0) * g0);
-            b[k] = E::stored(r1 + (x1 + b1) * g1);
-            sum += a[k] + b[k];
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            a[k][e] = 0.0f;
+        }
+        if (valid && u < units) {
+            float xv[V], bv[V], gv[V];
+            E::template load<V>(r, base + u * V, a[k]);
+            E::template load<V>(x, base + u * V, xv);
+            E::template load<V>(bias, u * V, bv);
+            E::template load<V>(gate, gate_base + u * V, gv);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                a[k][e] = E::stored(a[k][e] + (xv[e] + bv[e]) * gv[e]);
+                sum += a[k][e];
+            }
         }
     }
-    const float mean = L::sum(sum, partial_sum) / (float)d;
+    const float mean = lay.sum(sum, partial_sum) / (float)d;
     // S is stored here, after the loads of the row: see bias_rms_norm.
     float squares = 0.0f;
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        if (p < pairs) {
-            E::store2(out_s, base + 2 * p, a[k], b[k]);
-            const float da = a[k] - mean;
-            const float db = b[k] - mean;
-            squares += da * da + db * db;
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (valid && u < units) {
+            E::template store<V>(out_s, base + u * V, a[k]);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float dv = a[k][e] - mean;
+                squares += dv * dv;
+            }
         }
     }
-    const float inv = 1.0f / sqrtf(L::sum(squares, partial_squares) / (float)d + eps);
+    const float inv = 1.0f / sqrtf(lay.sum(squares, partial_squares) / (float)d + eps);
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        if (p < pairs) {
-            float sc0, sc1, sh0, sh1;
-            E::load2(scale, scale_base + 2 * p, sc0, sc1);
-            E::load2(shift, shift_base + 2 * p, sh0, sh1);
-            a[k] = (a[k] - mean) * inv * sc0 + sh0;
-            b[k] = (b[k] - mean) * inv * sc1 + sh1;
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (valid && u < units) {
+            float sc[V], sh[V];
+            E::template load<V>(scale, scale_base + u * V, sc);
+            E::template load<V>(shift, shift_base + u * V, sh);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                a[k][e] = (a[k][e] - mean) * inv * sc[e] + sh[e];
+            }
         }
     }
 #pragma unroll
-    for (int k = 0; k < MAX_PAIRS_PER_THREAD; ++k) {
-        const int p = k * L::WIDTH + t;
-        if (p < pairs) {
-            E::store2(y, base + 2 * p, a[k], b[k]);
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (valid && u < units) {
+            E::template store<V>(y, base + u * V, a[k]);
         }
     }
 }
 
-// Entry points, one per operator, element type and row layout, no dynamic shared memory.
-// BlockRow (SUFFIX f32, f16): blocks of THREADS threads, one per row. WarpRow (SUFFIX f32_w,
-// f16_w): blocks of WARP_ROW_THREADS threads, ceil(rows / ROWS_PER_BLOCK) of them.
+// Entry points, one per operator, element type and row layout, no dynamic shared memory; `lanes`
+// is the group layout's threads per row (the block layout ignores it). BlockRow (SUFFIX f32,
+// f16): blocks of THREADS threads, one per row. GroupRow (SUFFIX f32_g, f16_g): blocks of
+// GROUP_THREADS threads, ceil(rows / (GROUP_THREADS / lanes)) of them.
 #define ENTRY_POINTS(E, L, BLOCK, SUFFIX, T)                                                   \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
         unstep_bias_rms_norm_rope_##SUFFIX(const T* x, const T* bias, const T* weight,         \
                                            const T* cos_table, const T* sin_table, T* y,       \
                                            i64 rows, int d, float eps, int half_hd,            \
-                                           i64 table_rows) {                                   \
-        bias_rms_norm<E, L, true>(x, bias, weight, cos_table, sin_table, y, rows, d, eps, 0,   \
-                                  half_hd, table_rows);                                        \
+                                           i64 table_rows, int lanes) {                        \
+        bias_rms_norm<E, L<E>, true>(x, bias, weight, cos_table, sin_table, y, rows, d, eps,   \
+                                     0, half_hd, table_rows, lanes);                           \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
         unstep_bias_rms_norm_##SUFFIX(const T* x, const T* bias, const T* weight, T* y,        \
-                                      i64 rows, int d, float eps, int act_silu) {              \
-        bias_rms_norm<E, L, false>(x, bias, weight, 0, 0, y, rows, d, eps, act_silu, 1, 1);    \
+                                      i64 rows, int d, float eps, int act_silu, int lanes) {   \
+        bias_rms_norm<E, L<E>, false>(x, bias, weight, 0, 0, y, rows, d, eps, act_silu, 1, 1,  \
+                                      lanes);                                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
         unstep_gated_residual_layer_norm_##SUFFIX(                                             \
             const T* r, const T* x, const T* bias, const T* gate, const T* scale,              \
             const T* shift, T* out_s, T* y, i64 rows, int d, float eps, i64 gate_div,          \
-            i64 scale_div, i64 shift_div) {                                                    \
-        gated_residual_layer_norm<E, L>(r, x, bias, gate, scale, shift, out_s, y, rows, d,     \
-                                        eps, gate_div, scale_div, shift_div);                  \
+            i64 scale_div, i64 shift_div, int lanes) {                                         \
+        gated_residual_layer_norm<E, L<E>>(r, x, bias, gate, scale, shift, out_s, y, rows, d,  \
+                                           eps, gate_div, scale_div, shift_div, lanes);        \
     }
 
 ENTRY_POINTS(F32, BlockRow, THREADS, f32, float)
 ENTRY_POINTS(F16, BlockRow, THREADS, f16, unsigned short)
-ENTRY_POINTS(F32, WarpRow, WARP_ROW_THREADS, f32_w, float)
-ENTRY_POINTS(F16, WarpRow, WARP_ROW_THREADS, f16_w, unsigned short)
+ENTRY_POINTS(F32, GroupRow, GROUP_THREADS, f32_g, float)
+ENTRY_POINTS(F16, GroupRow, GROUP_THREADS, f16_g, unsigned short)

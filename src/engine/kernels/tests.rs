@@ -921,9 +921,9 @@ fn the_launch_constants_are_the_sources() {
     };
     assert_eq!(define("WARP"), 32);
     assert_eq!(define("THREADS"), cuda::THREADS as usize);
-    assert_eq!(define("ROWS_PER_BLOCK"), cuda::ROWS_PER_BLOCK as usize);
-    assert_eq!(define("MAX_PAIRS_PER_THREAD"), cuda::MAX_PAIRS_PER_THREAD);
-    assert_eq!((cuda::MAX_D, cuda::WARP_MAX_D), (2048, 512));
+    assert_eq!(define("GROUP_THREADS"), cuda::GROUP_THREADS as usize);
+    assert_eq!(define("ROW_FLOATS"), cuda::ROW_FLOATS);
+    assert_eq!((cuda::MAX_D, cuda::GROUP_MAX_D), (2048, 512));
 }
 
 /// The CUDA kernels load element pairs and keep a row in registers: an odd D (a misaligned pair
@@ -942,21 +942,39 @@ fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
     }
 }
 
-/// One warp per row up to D = 512 (the VAE's 96 to 384, the tiny model's 16 to 64), one block per
-/// row above (wan-1.3b's 1536); the entry points' names.
+/// A group of threads per row, 16 bytes per access, up to D = 512 (the VAE's 96 to 384, the tiny
+/// model's 16 to 64) where D is a multiple of 16 bytes and the tensors are aligned to it, with
+/// the fewest lanes (a power of two) that take one access each; one block per row otherwise
+/// (wan-1.3b's 1536, or a D or tensor the group layout cannot take); the entry points' names.
 #[test]
-fn small_rows_take_the_warp_layout() {
+fn short_aligned_rows_take_the_group_layout() {
     use cuda::Layout;
-    for d in [2, 16, 64, 96, 192, 384, 512] {
-        assert_eq!(Layout::for_d(d), Layout::Warp, "D = {d}");
+    let group = |lanes| Layout::Group { lanes };
+    // float16: 8 elements per access; float32: 4.
+    for (d, elem, lanes) in [
+        (8, 2, 1),
+        (16, 2, 2),
+        (64, 2, 8),
+        (96, 2, 16),
+        (192, 2, 32),
+        (384, 2, 32),
+        (512, 2, 32),
+        (4, 4, 1),
+        (16, 4, 4),
+        (64, 4, 16),
+        (96, 4, 32),
+        (512, 4, 32),
+    ] {
+        assert_eq!(Layout::choose(d, elem, true), group(lanes), "D = {d}, {elem} bytes");
+        assert_eq!(Layout::choose(d, elem, false), Layout::Block, "D = {d}, unaligned");
     }
-    for d in [514, 1000, 1536, 2048] {
-        assert_eq!(Layout::for_d(d), Layout::Block, "D = {d}");
+    for (d, elem) in [(2, 2), (100, 2), (2, 4), (514, 4), (520, 2), (1536, 2), (2048, 4)] {
+        assert_eq!(Layout::choose(d, elem, true), Layout::Block, "D = {d}, {elem} bytes");
     }
     let name = |op, ty, layout| cuda::entry_point(op, ty, layout).unwrap();
     assert_eq!(
-        name(Op::BiasRmsNorm, TensorElementType::Float16, Layout::Warp),
-        "unstep_bias_rms_norm_f16_w"
+        name(Op::BiasRmsNorm, TensorElementType::Float16, group(16)),
+        "unstep_bias_rms_norm_f16_g"
     );
     assert_eq!(
         name(
@@ -966,7 +984,7 @@ fn small_rows_take_the_warp_layout() {
         ),
         "unstep_gated_residual_layer_norm_f32"
     );
-    assert!(cuda::entry_point(Op::BiasRmsNorm, TensorElementType::Int8, Layout::Warp).is_none());
+    assert!(cuda::entry_point(Op::BiasRmsNorm, TensorElementType::Int8, group(1)).is_none());
 }
 
 /// kernels.cu compiles with NVRTC, to PTX for compute_90 and to an sm_90 cubin (what sessions
@@ -981,7 +999,7 @@ fn nvrtc_compiles_the_kernels() {
     let ptx = String::from_utf8(cuda::compile("compute_90").unwrap()).unwrap();
     for op in Op::ALL {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
-            for layout in cuda::Layout::ALL {
+            for layout in cuda::Layout::KINDS {
                 let name = cuda::entry_point(op, ty, layout).unwrap();
                 assert!(
                     ptx.contains(&format!(".entry {name}(")),
@@ -1056,6 +1074,10 @@ mod gpu {
             .chain(op.outputs().iter().map(|_| upload(&sentinel)))
             .collect();
         let pointers: Vec<u64> = bufs.iter().map(|b| b.0).collect();
+        // The uploads are synchronous copies from pageable memory, which may return before the
+        // copy reaches the device, and the test's stream does not wait for the legacy stream
+        // (it is non-blocking): without this, a kernel could read a buffer still being written.
+        driver::ctx::synchronize().unwrap();
         kernel.launch(&plan, attrs, &pointers, stream).unwrap();
         let mut micros = 0.0;
         if repeats > 0 {
@@ -1125,10 +1147,13 @@ mod gpu {
                 (&[7, 2048], 16, 7),
                 (&[1, 5, 1000], 5, 5),
                 (&[2, 3, 96], 12, 1),
-                // Warp layout: rows not a multiple of ROWS_PER_BLOCK, the largest D; the
-                // smallest D of the block layout.
+                // Group layout: rows not a multiple of a block's rows, the largest D, one lane
+                // per row; D = 100, a group for float32 and blocks for float16; the smallest D
+                // of the block layout.
                 (&[3, 1001, 96], 4, 1001),
                 (&[37, 512], 4, 37),
+                (&[9, 8], 1, 9),
+                (&[5, 100], 5, 5),
                 (&[11, 514], 1, 11),
             ])
             .collect();
@@ -1167,24 +1192,25 @@ mod gpu {
         }
 
         // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layout's D (1000: pairs
-        // not a multiple of 32; 2048, the largest; 514, the smallest); the warp layout's, with
-        // row counts that are not a multiple of ROWS_PER_BLOCK (D = 96 and 384, the VAE's
-        // channels; 16 and 64, the tiny model's; 512, the largest; 2). And the VAE decoder's
+        // not a multiple of 32; 2048, the largest; 514, the smallest; 2 and 100 for float16,
+        // which the group layout cannot take); the group layout's, with row counts that are not a
+        // multiple of a block's rows (D = 96 and 384, the VAE's channels; 16 and 64, the tiny
+        // model's; 512, the largest; 8, one lane per row for float16). And the VAE decoder's
         // largest: 4 frames of 480 × 832 rows of 96 channels.
-        let block_shapes = [&[3, 1000][..], &[5, 2048], &[11, 514]];
-        let warp_shapes = [
+        let block_shapes = [&[3, 1000][..], &[5, 2048], &[11, 514], &[9, 2], &[7, 100]];
+        let group_shapes = [
             &[3, 1001, 96][..],
             &[13, 384],
             &[5, 7, 16],
             &[37, 512],
-            &[9, 2],
+            &[9, 8],
         ];
         // RMS_SHAPES has an odd D for the CPU kernels, which the CUDA kernels refuse.
         let shapes: Vec<&[i64]> = RMS_SHAPES
             .into_iter()
             .filter(|shape| cuda::check_d(*shape.last().unwrap() as usize).is_ok())
             .chain(block_shapes)
-            .chain(warp_shapes)
+            .chain(group_shapes)
             .collect();
         let rms_cases = [false, true]
             .into_iter()
@@ -1220,11 +1246,12 @@ mod gpu {
                 (&[1, 4680, 1536], [&[1536][..], frame, &[3, 1536]]),
                 (&[7, 2048], [&[7, 2048][..], &[2048], &[1, 2048]]),
                 (&[5, 1000], [&[1000][..], &[5, 1000], &[1000]]),
-                // Warp layout, rows not a multiple of ROWS_PER_BLOCK; the block layout's
-                // smallest D.
+                // Group layout, rows not a multiple of a block's rows; D = 100 (a group for
+                // float32, blocks for float16); the block layout's smallest D.
                 (&[3, 1001, 96], [&[96][..], &[3, 1, 96], &[7, 96]]),
                 (&[3, 333, 384], [&[3, 1, 384][..], &[384], &[9, 384]]),
                 (&[37, 512], [&[37, 512][..], &[512], &[512]]),
+                (&[7, 100], [&[100][..], &[7, 100], &[100]]),
                 (&[11, 514], [&[514][..], &[11, 514], &[514]]),
             ])
             .collect();
@@ -1266,8 +1293,8 @@ mod gpu {
     /// ([`cuda::CudaKernel::launch`]) on a non-blocking stream, against the CPU kernels and the
     /// float64 reference, at the test shapes and at wan-1.3b's (N = 4680, D = 1536, 12 heads);
     /// the block layout at D = 2048 (the largest), D = 1000 (pairs not a multiple of 32) and
-    /// D = 514 (the smallest); the warp layout at D = 2 to 512 with row counts that are not a
-    /// multiple of ROWS_PER_BLOCK; BiasRmsNorm with and without SiLU, up to the VAE decoder's
+    /// D = 514 (the smallest); the group layout at D = 8 to 512 with row counts that are not a
+    /// multiple of a block's rows; BiasRmsNorm with and without SiLU, up to the VAE decoder's
     /// 4 · 480 · 832 rows of 96. Prints the time per launch of the large shapes. Needs a CUDA GPU and
     /// NVRTC: `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernels -- --ignored
     /// --nocapture`.
