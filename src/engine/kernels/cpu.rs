@@ -2,7 +2,7 @@
 //! arithmetic, each output element rounded to its type once.
 
 use ort::operator::ComputeContext;
-use ort::value::PrimitiveTensorElementType;
+use ort::value::{DynTensorValueType, PrimitiveTensorElementType};
 use rayon::prelude::*;
 
 use super::{Attrs, Op, Plan, op_error, plan};
@@ -65,6 +65,36 @@ pub(crate) fn bias_rms_norm<T: Element>(
     epilogue: Epilogue<'_, T>,
     y: &mut [T],
 ) {
+    let rows = Rows {
+        stride: plan.d,
+        offset: 0,
+        first: 0,
+    };
+    norm_rows(plan, epsilon, x, rows, bias, weight, epilogue, y);
+}
+
+/// Where the rows of a [`norm_rows`] call are in its input: row i (of the call) is
+/// `x[(first + i) · stride + offset ..][..D]`, and `first + i` is its row number for the rotary
+/// tables.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    stride: usize,
+    offset: usize,
+    first: usize,
+}
+
+/// The RMS norm with its epilogue over the rows `rows` of `x`, one row of `y` each.
+#[allow(clippy::too_many_arguments)]
+fn norm_rows<T: Element>(
+    plan: &Plan,
+    epsilon: f32,
+    x: &[T],
+    rows: Rows,
+    bias: &[T],
+    weight: &[T],
+    epilogue: Epilogue<'_, T>,
+    y: &mut [T],
+) {
     let d = plan.d;
     let half_hd = plan.half_hd;
     y.par_chunks_mut(d)
@@ -72,8 +102,9 @@ pub(crate) fn bias_rms_norm<T: Element>(
         .enumerate()
         .for_each_init(
             || vec![0f32; d],
-            |v, (r, y_row)| {
-                let x_row = &x[r * d..(r + 1) * d];
+            |v, (i, y_row)| {
+                let r = rows.first + i;
+                let x_row = &x[r * rows.stride + rows.offset..][..d];
                 let mut squares = 0f32;
                 for c in 0..d {
                     v[c] = x_row[c].to_f32() + bias[c].to_f32();
@@ -158,19 +189,70 @@ pub(crate) fn gated_residual_layer_norm<T: Element>(
         );
 }
 
+/// `QkvNormRopeCache` over `plan.rows` rows of `qkv`: Q into `q`, the keys and values into the
+/// last `plan.block_rows` rows of each batch entry of `k` and `v` (`plan.cache_rows` rows each).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qkv_norm_rope_cache<T: Element>(
+    plan: &Plan,
+    epsilon: f32,
+    qkv: &[T],
+    [q_bias, k_bias, q_weight, k_weight]: [&[T]; 4],
+    (cos, sin): (&[T], &[T]),
+    q: &mut [T],
+    k: &mut [T],
+    v: &mut [T],
+) {
+    let d = plan.d;
+    let (t, l) = (plan.block_rows, plan.cache_rows);
+    let rope = Epilogue::Rope(cos, sin);
+    let rows = |offset, first| Rows {
+        stride: 3 * d,
+        offset,
+        first,
+    };
+    norm_rows(plan, epsilon, qkv, rows(0, 0), q_bias, q_weight, rope, q);
+    let block = (l - t) * d..l * d;
+    for (b, (k, v)) in k.chunks_mut(l * d).zip(v.chunks_mut(l * d)).enumerate() {
+        let (k, v) = (&mut k[block.clone()], &mut v[block.clone()]);
+        norm_rows(plan, epsilon, qkv, rows(d, b * t), k_bias, k_weight, rope, k);
+        v.par_chunks_mut(d)
+            .with_min_len(MIN_ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(i, v_row)| {
+                v_row.copy_from_slice(&qkv[(b * t + i) * 3 * d + 2 * d..][..d]);
+            });
+    }
+}
+
 /// One call of `op` on the CPU provider: reads the inputs, checks them against the contract,
-/// allocates the outputs with X's shape and runs the kernel.
+/// allocates the outputs ([`Op::output_shape`]) and runs the kernel.
 pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
     let names = op.inputs();
+    let input = |i: usize| {
+        ctx.input(i)?
+            .ok_or_else(|| op_error(op, format!("input {} is missing", names[i])))
+    };
+    // The inputs the operator writes (K and V of QkvNormRopeCache) are not borrowed as slices:
+    // they are written through ONNX Runtime's pointer below.
+    let in_place = op.in_place_inputs();
     let mut values = Vec::with_capacity(names.len());
-    for (i, name) in names.iter().enumerate() {
-        let value = ctx
-            .input(i)?
-            .ok_or_else(|| op_error(op, format!("input {name} is missing")))?;
-        values.push(value);
+    let mut written = Vec::with_capacity(in_place.len());
+    for i in 0..names.len() {
+        if in_place.contains(&i) {
+            written.push(input(i)?.downcast::<DynTensorValueType>()?);
+        } else {
+            values.push((i, input(i)?));
+        }
     }
     let mut inputs: Vec<(&[i64], &[T])> = Vec::with_capacity(names.len());
-    for (value, name) in values.iter().zip(names) {
+    let mut written_shapes = written.iter().map(|tensor| &**tensor.shape());
+    for i in 0..names.len() {
+        let Some((_, value)) = values.iter().find(|(j, _)| *j == i) else {
+            let shape = written_shapes.next().expect("one written tensor per in-place input");
+            inputs.push((shape, &[]));
+            continue;
+        };
+        let name = names[i];
         let (shape, data) = value
             .try_extract_tensor::<T>()
             .map_err(|e| op_error(op, format!("input {name}: {e}")))?;
@@ -178,10 +260,10 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
     }
     let shapes: Vec<&[i64]> = inputs.iter().map(|(shape, _)| *shape).collect();
     let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-    let x_shape = shapes[op.x_index()].to_vec();
+    let out_shape = op.output_shape(shapes[op.x_index()]);
     let data: Vec<&[T]> = inputs.iter().map(|(_, data)| *data).collect();
     let output = |idx: usize| {
-        ctx.output(idx, x_shape.clone())?
+        ctx.output(idx, out_shape.clone())?
             .ok_or_else(|| op_error(op, format!("ONNX Runtime gave no output {idx}")))
     };
     match op {
@@ -211,6 +293,30 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
                 data[5],
                 s,
                 y,
+            );
+        }
+        Op::QkvNormRopeCache => {
+            let mut q = output(0)?;
+            let (_, q) = q.try_extract_tensor_mut::<T>()?;
+            let cache = |tensor: &ort::value::ValueRef<'_, DynTensorValueType>| {
+                let len = tensor.shape().iter().product::<i64>().max(0) as usize;
+                // SAFETY: ONNX Runtime's writable pointer (GetTensorMutableData) to the tensor's
+                // `len` elements of T (its type was checked with the others' by the kernel's
+                // registration and its shape by `plan`), host memory on the CPU provider. No slice
+                // of it is alive (see `in_place` above), and K and V are distinct inputs: the
+                // graph's contract gives the node buffers that nothing reads before it has run.
+                unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr().cast::<T>().cast_mut(), len) }
+            };
+            let (k, v) = (cache(&written[0]), cache(&written[1]));
+            qkv_norm_rope_cache(
+                &plan,
+                attrs.epsilon,
+                data[0],
+                [data[1], data[2], data[3], data[4]],
+                (data[5], data[6]),
+                q,
+                k,
+                v,
             );
         }
     }

@@ -117,6 +117,7 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
         Op::BiasRmsNormRope => "bias_rms_norm_rope",
         Op::BiasRmsNorm => "bias_rms_norm",
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
+        Op::QkvNormRopeCache => "qkv_norm_rope_cache",
     };
     let ty = match ty {
         TensorElementType::Float32 => "f32",
@@ -432,11 +433,11 @@ impl CudaKernel {
         }
         let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
         let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-        let x_shape = shapes[op.x_index()].to_vec();
+        let out_shape = op.output_shape(shapes[op.x_index()]);
         let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
         for (idx, name) in op.outputs().iter().enumerate() {
             let tensor = ctx
-                .output(idx, x_shape.clone())?
+                .output(idx, out_shape.clone())?
                 .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
                 .downcast::<DynTensorValueType>()?;
             on_device("output", name, tensor.memory_info())?;
@@ -500,6 +501,8 @@ impl CudaKernel {
         let mut silu = i32::from(attrs.silu);
         let mut half_hd = plan.half_hd as i32;
         let mut table_rows = plan.table_rows as i64;
+        let mut block_rows = plan.block_rows as i64;
+        let mut cache_rows = plan.cache_rows as i64;
         let mut divs = plan.divs.map(|div| div as i64);
         let mut params: Vec<*mut c_void> = pointers
             .iter_mut()
@@ -513,6 +516,12 @@ impl CudaKernel {
                 params.push((&mut half_hd as *mut i32).cast());
                 params.push((&mut table_rows as *mut i64).cast());
             }
+            Op::QkvNormRopeCache => {
+                params.push((&mut half_hd as *mut i32).cast());
+                params.push((&mut table_rows as *mut i64).cast());
+                params.push((&mut block_rows as *mut i64).cast());
+                params.push((&mut cache_rows as *mut i64).cast());
+            }
             Op::BiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {
@@ -521,6 +530,8 @@ impl CudaKernel {
             }
         }
         params.push((&mut lanes as *mut i32).cast());
+        // QkvNormRopeCache: Q, K and V are three launches' worth of rows in one (grid.y).
+        let grid_y = if op == Op::QkvNormRopeCache { 3 } else { 1 };
         let _current = CurrentContext::enter(self.module.context.0)
             .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
         // SAFETY: the function was loaded from kernels.cu into the current context; `params`
@@ -531,7 +542,7 @@ impl CudaKernel {
         unsafe {
             driver::launch_kernel(
                 function.0,
-                (blocks, 1, 1),
+                (blocks, grid_y, 1),
                 (threads, 1, 1),
                 0,
                 stream,

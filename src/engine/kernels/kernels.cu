@@ -172,6 +172,21 @@ struct GroupRow {
     }
 };
 
+// Where a kernel reads and writes its rows: row r of the input at r * x_stride + x_offset; of the
+// output at (r / y_block_rows) * y_batch_stride + y_offset + (r % y_block_rows) * d, i.e. blocks
+// of y_block_rows rows placed y_batch_stride apart (QkvNormRopeCache writes the last T rows of
+// each L-row batch entry of the cache). `contiguous` is plain rows of d.
+struct RowIo {
+    i64 x_stride, x_offset, y_block_rows, y_batch_stride, y_offset;
+    static __device__ __forceinline__ RowIo contiguous(i64 rows, int d) {
+        RowIo io = {d, 0, rows > 0 ? rows : 1, 0, 0};
+        return io;
+    }
+    __device__ __forceinline__ i64 y_row(i64 row, int d) const {
+        return (row / y_block_rows) * y_batch_stride + y_offset + (row % y_block_rows) * d;
+    }
+};
+
 // SiLU as the contract writes it: n * sigmoid(n) = n / (1 + exp(-n)).
 __device__ __forceinline__ float silu(float n) { return n / (1.0f + expf(-n)); }
 
@@ -180,6 +195,7 @@ __device__ __forceinline__ float silu(float n) { return n / (1.0f + expf(-n)); }
 //   not ROPE: y = u, or silu(u) when `act_silu` is nonzero;
 //   ROPE: pair p (elements 2p, 2p+1) turns by table row t = row % table_rows, column
 //   j = p % half_hd: y[2p] = u[2p] cos - u[2p+1] sin, y[2p+1] = u[2p] sin + u[2p+1] cos.
+// Row `row` is read at x[row * io.x_stride + io.x_offset ..] and written at y[io.y_row(row) ..].
 template <class E, class L, bool ROPE>
 __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ x,
                                               const typename E::T* __restrict__ bias,
@@ -188,7 +204,7 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
                                               const typename E::T* __restrict__ sin_table,
                                               typename E::T* __restrict__ y, i64 rows, int d,
                                               float eps, int act_silu, int half_hd,
-                                              i64 table_rows, int lanes) {
+                                              i64 table_rows, int lanes, RowIo io) {
     constexpr int V = L::V;
     constexpr int U = L::MAX_UNITS;
     __shared__ float partial[WARPS];
@@ -198,7 +214,8 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
     const bool valid = row < rows;
     const int t = lay.thread();
     const int units = d / V;
-    const i64 base = row * d;
+    const i64 base = row * io.x_stride + io.x_offset;
+    const i64 y_base = io.y_row(row, d);
     float a[U][V];
     float squares = 0.0f;
 #pragma unroll
@@ -254,7 +271,40 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
     for (int k = 0; k < U; ++k) {
         const int u = k * lay.width + t;
         if (valid && u < units) {
-            E::template store<V>(y, base + u * V, a[k]);
+            E::template store<V>(y, y_base + u * V, a[k]);
+        }
+    }
+}
+
+// Copies row `row` of x to y, rows placed as in bias_rms_norm.
+template <class E, class L>
+__device__ __forceinline__ void copy_rows(const typename E::T* __restrict__ x,
+                                          typename E::T* __restrict__ y, i64 rows, int d,
+                                          int lanes, RowIo io) {
+    constexpr int V = L::V;
+    constexpr int U = L::MAX_UNITS;
+    const L lay(lanes);
+    const i64 row = lay.row();
+    if (row >= rows) {
+        return;
+    }
+    const int t = lay.thread();
+    const int units = d / V;
+    const i64 base = row * io.x_stride + io.x_offset;
+    const i64 y_base = io.y_row(row, d);
+    float a[U][V];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (u < units) {
+            E::template load<V>(x, base + u * V, a[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+        if (u < units) {
+            E::template store<V>(y, y_base + u * V, a[k]);
         }
     }
 }
@@ -354,13 +404,14 @@ __device__ __forceinline__ void gated_residual_layer_norm(
                                            i64 rows, int d, float eps, int half_hd,            \
                                            i64 table_rows, int lanes) {                        \
         bias_rms_norm<E, L<E>, true>(x, bias, weight, cos_table, sin_table, y, rows, d, eps,   \
-                                     0, half_hd, table_rows, lanes);                           \
+                                     0, half_hd, table_rows, lanes,                            \
+                                     RowIo::contiguous(rows, d));                              \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
         unstep_bias_rms_norm_##SUFFIX(const T* x, const T* bias, const T* weight, T* y,        \
                                       i64 rows, int d, float eps, int act_silu, int lanes) {   \
         bias_rms_norm<E, L<E>, false>(x, bias, weight, 0, 0, y, rows, d, eps, act_silu, 1, 1,  \
-                                      lanes);                                                  \
+                                      lanes, RowIo::contiguous(rows, d));                      \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
         unstep_gated_residual_layer_norm_##SUFFIX(                                             \
@@ -369,6 +420,26 @@ __device__ __forceinline__ void gated_residual_layer_norm(
             i64 scale_div, i64 shift_div, int lanes) {                                         \
         gated_residual_layer_norm<E, L<E>>(r, x, bias, gate, scale, shift, out_s, y, rows, d,  \
                                            eps, gate_div, scale_div, shift_div, lanes);        \
+    }                                                                                          \
+    /* grid.y = 3: Q, then K (rope, into the cache), then V (copied into the cache). */       \
+    extern "C" __global__ void __launch_bounds__(BLOCK) unstep_qkv_norm_rope_cache_##SUFFIX(   \
+        const T* qkv, const T* q_bias, const T* k_bias, const T* q_weight, const T* k_weight,  \
+        const T* cos_table, const T* sin_table, T* k_cache, T* v_cache, T* q, i64 rows, int d, \
+        float eps, int half_hd, i64 table_rows, i64 block_rows, i64 cache_rows, int lanes) {   \
+        const RowIo q_io = {3 * (i64)d, 0, rows, 0, 0};                                        \
+        RowIo cache_io = {3 * (i64)d, d, block_rows, cache_rows * d,                           \
+                          (cache_rows - block_rows) * d};                                      \
+        if (blockIdx.y == 0) {                                                                 \
+            bias_rms_norm<E, L<E>, true>(qkv, q_bias, q_weight, cos_table, sin_table, q, rows, \
+                                         d, eps, 0, half_hd, table_rows, lanes, q_io);         \
+        } else if (blockIdx.y == 1) {                                                          \
+            bias_rms_norm<E, L<E>, true>(qkv, k_bias, k_weight, cos_table, sin_table, k_cache, \
+                                         rows, d, eps, 0, half_hd, table_rows, lanes,          \
+                                         cache_io);                                            \
+        } else {                                                                               \
+            cache_io.x_offset = 2 * (i64)d;                                                    \
+            copy_rows<E, L<E>>(qkv, v_cache, rows, d, lanes, cache_io);                        \
+        }                                                                                      \
     }
 
 ENTRY_POINTS(F32, BlockRow, THREADS, f32, float)

@@ -30,7 +30,22 @@
 //!    F). `S = round_T(R + (X + bias) · gate)`; with s = S as stored,
 //!    `Y = (s − mean(s)) / sqrt(mean((s − mean(s))²) + epsilon) · scale + shift`.
 //!
-//! Every output has X's shape. A shape that breaks the contract is an error naming the operator,
+//! 4. `QkvNormRopeCache(QKV, q_bias, k_bias, q_weight, k_weight, cos, sin, K, V) -> Q`,
+//!    attributes `epsilon` and `num_heads`: a self-attention's inputs, with its keys and values
+//!    written in place into the cache the attention reads. QKV has shape `[..., T, 3·D]` (rank ≥
+//!    2; its column blocks are the bias-free q, k and v projections of a row; X is QKV here, N =
+//!    numel(QKV) / 3·D and B = N / T); q_bias, k_bias, q_weight and k_weight have D elements; cos
+//!    and sin are as for `BiasRmsNormRope`. K and V have one shape `[..., L, D]`, L ≥ T, B·L·D
+//!    elements. With BRNR the arithmetic of `BiasRmsNormRope`:
+//!    `Q = BRNR(QKV[..., 0:D]; q_bias, q_weight)`, shape `[..., T, D]`, and **in place, into the
+//!    inputs K and V**, for batch b and t < T: `K[b, L−T+t] = BRNR(QKV[b, t, D:2D]; k_bias,
+//!    k_weight)`, `V[b, L−T+t] = QKV[b, t, 2D:3D]`; rows before L − T are left as they are. A
+//!    graph reads K and V only in nodes that take Q (the attention), so after this node; its
+//!    caller owns K and V (bound buffers) and finds the block's keys and values in their last T
+//!    rows after the run. No copy of the cache: the concatenation of past and new keys it replaces
+//!    copied the whole cache on every pass.
+//!
+//! Every output has X's shape, but Q's last axis is D. A shape that breaks the contract is an error naming the operator,
 //! the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
 //! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
 //! Runtime's allocations are); a call outside that is an error, not a slow path. They work a row
@@ -118,13 +133,15 @@ pub(crate) enum Op {
     BiasRmsNormRope,
     BiasRmsNorm,
     GatedResidualLayerNorm,
+    QkvNormRopeCache,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 3] = [
+    pub(crate) const ALL: [Op; 4] = [
         Op::BiasRmsNormRope,
         Op::BiasRmsNorm,
         Op::GatedResidualLayerNorm,
+        Op::QkvNormRopeCache,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -132,6 +149,7 @@ impl Op {
             Op::BiasRmsNormRope => "BiasRmsNormRope",
             Op::BiasRmsNorm => "BiasRmsNorm",
             Op::GatedResidualLayerNorm => "GatedResidualLayerNorm",
+            Op::QkvNormRopeCache => "QkvNormRopeCache",
         }
     }
 
@@ -141,6 +159,9 @@ impl Op {
             Op::BiasRmsNormRope => &["X", "bias", "weight", "cos", "sin"],
             Op::BiasRmsNorm => &["X", "bias", "weight"],
             Op::GatedResidualLayerNorm => &["R", "X", "bias", "gate", "scale", "shift"],
+            Op::QkvNormRopeCache => &[
+                "QKV", "q_bias", "k_bias", "q_weight", "k_weight", "cos", "sin", "K", "V",
+            ],
         }
     }
 
@@ -149,15 +170,40 @@ impl Op {
         match self {
             Op::BiasRmsNormRope | Op::BiasRmsNorm => &["Y"],
             Op::GatedResidualLayerNorm => &["S", "Y"],
+            Op::QkvNormRopeCache => &["Q"],
         }
     }
 
     /// The index of X among the inputs.
     pub(crate) fn x_index(self) -> usize {
         match self {
-            Op::BiasRmsNormRope | Op::BiasRmsNorm => 0,
+            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::QkvNormRopeCache => 0,
             Op::GatedResidualLayerNorm => 1,
         }
+    }
+
+    /// The inputs the operator writes in place (K and V of `QkvNormRopeCache`).
+    pub(crate) fn in_place_inputs(self) -> &'static [usize] {
+        match self {
+            Op::QkvNormRopeCache => &[7, 8],
+            _ => &[],
+        }
+    }
+
+    /// Whether the operator turns rows by rotary tables (attribute `num_heads`).
+    pub(crate) fn has_rope(self) -> bool {
+        matches!(self, Op::BiasRmsNormRope | Op::QkvNormRopeCache)
+    }
+
+    /// The outputs' shape: X's, with the last axis D (QKV's is 3·D).
+    pub(crate) fn output_shape(self, x: &[i64]) -> Vec<i64> {
+        let mut shape = x.to_vec();
+        if self == Op::QkvNormRopeCache
+            && let Some(last) = shape.last_mut()
+        {
+            *last /= 3;
+        }
+        shape
     }
 }
 
@@ -170,7 +216,7 @@ fn op_error(op: Op, message: impl std::fmt::Display) -> ort::Error {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Attrs {
     pub(crate) epsilon: f32,
-    /// `BiasRmsNormRope` only; 0 for the other operators.
+    /// `BiasRmsNormRope` and `QkvNormRopeCache`; 0 for the other operators.
     pub(crate) num_heads: usize,
     /// `BiasRmsNorm` only (attribute `silu` = 1): SiLU after the norm; false for the other
     /// operators.
@@ -189,7 +235,7 @@ impl Attrs {
         let epsilon = kctx
             .get::<f32>("epsilon")
             .ok_or_else(|| missing("epsilon", "float"))?;
-        let num_heads = if op == Op::BiasRmsNormRope {
+        let num_heads = if op.has_rope() {
             let heads = kctx
                 .get::<i64>("num_heads")
                 .ok_or_else(|| missing("num_heads", "int"))?;
@@ -241,6 +287,10 @@ pub(crate) struct Plan {
     /// 1 for the other operators.
     pub(crate) half_hd: usize,
     pub(crate) table_rows: usize,
+    /// `QkvNormRopeCache`: T and L, the rows of one batch entry in QKV and in K / V (the op
+    /// writes rows L − T .. L of each); equal to `rows` for the other operators.
+    pub(crate) block_rows: usize,
+    pub(crate) cache_rows: usize,
 }
 
 fn numel(shape: &[i64]) -> usize {
@@ -260,15 +310,28 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
         )));
     }
     let x = shapes[op.x_index()];
-    let d = match x.last() {
-        Some(&d) if d > 0 => d as usize,
+    let x_name = names[op.x_index()];
+    let last = match x.last() {
+        Some(&n) if n > 0 => n as usize,
         _ => {
             return Err(fail(format!(
-                "X has shape {x:?}; it needs a last axis of at least one element"
+                "{x_name} has shape {x:?}; it needs a last axis of at least one element"
             )));
         }
     };
-    let rows = numel(x) / d;
+    let rows = numel(x) / last;
+    // QKV holds three rows of D side by side.
+    let d = if op == Op::QkvNormRopeCache {
+        if !last.is_multiple_of(3) || x.len() < 2 {
+            return Err(fail(format!(
+                "QKV has shape {x:?}; it must be [..., T, 3·D] (rank 2 or more, the last axis a \
+                 multiple of 3)"
+            )));
+        }
+        last / 3
+    } else {
+        last
+    };
     let exactly_d = |i: usize| {
         let n = numel(shapes[i]);
         if n == d {
@@ -299,12 +362,43 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
         }
         Ok((rows / f).max(1))
     };
+    // cos and sin of the rotary operators: Tc·hd/2 elements each.
+    let tables = |cos: usize, plan: &mut Plan| {
+        let heads = attrs.num_heads;
+        if heads == 0 || d % (2 * heads) != 0 {
+            return Err(fail(format!(
+                "D = {d} (from {x_name} {x:?}) is not a multiple of 2·num_heads = {}",
+                2 * heads
+            )));
+        }
+        let half_hd = d / heads / 2;
+        let n = numel(shapes[cos]);
+        if n == 0 || !n.is_multiple_of(half_hd) {
+            return Err(fail(format!(
+                "input cos has shape {:?} ({n} elements), which is not Tc·hd/2 elements \
+                 with Tc ≥ 1 and hd/2 = {half_hd} (D = {d}, num_heads = {heads})",
+                shapes[cos]
+            )));
+        }
+        if numel(shapes[cos + 1]) != n {
+            return Err(fail(format!(
+                "input sin has shape {:?} and cos {:?}; they must have the same number of elements",
+                shapes[cos + 1],
+                shapes[cos]
+            )));
+        }
+        plan.half_hd = half_hd;
+        plan.table_rows = n / half_hd;
+        Ok(())
+    };
     let mut plan = Plan {
         rows,
         d,
         divs: [1; 3],
         half_hd: 1,
         table_rows: 1,
+        block_rows: rows,
+        cache_rows: rows,
     };
     match op {
         Op::BiasRmsNorm => {
@@ -314,30 +408,34 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
         Op::BiasRmsNormRope => {
             exactly_d(1)?;
             exactly_d(2)?;
-            let heads = attrs.num_heads;
-            if heads == 0 || d % (2 * heads) != 0 {
+            tables(3, &mut plan)?;
+        }
+        Op::QkvNormRopeCache => {
+            for i in 1..=4 {
+                exactly_d(i)?;
+            }
+            tables(5, &mut plan)?;
+            let t = x[x.len() - 2].max(0) as usize;
+            let (k, v) = (shapes[7], shapes[8]);
+            let cache_rows = match k {
+                [.., l, last] if *last as usize == d && *l >= 0 && (*l as usize) >= t => *l as usize,
+                _ => 0,
+            };
+            let batch = rows.checked_div(t).unwrap_or(0);
+            if t == 0 || cache_rows == 0 || numel(k) != batch * cache_rows * d {
                 return Err(fail(format!(
-                    "D = {d} (the last axis of X {x:?}) is not a multiple of 2·num_heads = {}",
-                    2 * heads
+                    "input K has shape {k:?}; with QKV {x:?} it must be [..., L, {d}] with \
+                     L ≥ T = {t} and {batch}·L·{d} elements (the block's rows are written into \
+                     its last T rows)"
                 )));
             }
-            let half_hd = d / heads / 2;
-            let tables = numel(shapes[3]);
-            if tables == 0 || !tables.is_multiple_of(half_hd) {
+            if v != k {
                 return Err(fail(format!(
-                    "input cos has shape {:?} ({tables} elements), which is not Tc·hd/2 elements \
-                     with Tc ≥ 1 and hd/2 = {half_hd} (D = {d}, num_heads = {heads})",
-                    shapes[3]
+                    "input V has shape {v:?} and K {k:?}; they must be equal"
                 )));
             }
-            if numel(shapes[4]) != tables {
-                return Err(fail(format!(
-                    "input sin has shape {:?} and cos {:?}; they must have the same number of elements",
-                    shapes[4], shapes[3]
-                )));
-            }
-            plan.half_hd = half_hd;
-            plan.table_rows = tables / half_hd;
+            plan.block_rows = t;
+            plan.cache_rows = cache_rows;
         }
         Op::GatedResidualLayerNorm => {
             if shapes[0] != x {
@@ -414,9 +512,10 @@ impl Operator for FusedOp {
         })
     }
 
-    /// Every output has X's type and shape. Left to ONNX Runtime when X's shape is not fully
-    /// known (no rank, or an unnamed unknown axis), which ONNX Runtime would otherwise read as a
-    /// scalar or an axis of -1.
+    /// Every output has X's type and shape ([`Op::output_shape`]: Q's last axis is D). Left to
+    /// ONNX Runtime when X's shape is not fully known (no rank, or an unnamed unknown axis, or
+    /// QKV's last axis unknown), which ONNX Runtime would otherwise read as a scalar or an axis
+    /// of -1.
     fn infer_shape(&self, ctx: &mut ShapeInferenceContext) -> ort::Result<()> {
         let inputs = ctx.inputs();
         let Some(
@@ -433,10 +532,15 @@ impl Operator for FusedOp {
             && shape
                 .iter()
                 .zip(dimension_symbols.iter())
-                .all(|(&n, symbol)| n >= 0 || !symbol.is_empty());
+                .all(|(&n, symbol)| n >= 0 || !symbol.is_empty())
+            && (self.op != Op::QkvNormRopeCache || shape.last().is_some_and(|&n| n > 0));
         if known {
+            let mut out = x.clone();
+            if let ValueType::Tensor { shape, .. } = &mut out {
+                *shape = self.op.output_shape(shape).into();
+            }
             for idx in 0..self.op.outputs().len() {
-                ctx.set_output(idx, x)?;
+                ctx.set_output(idx, &out)?;
             }
         }
         Ok(())

@@ -408,6 +408,171 @@ impl<T: Element> GrlnCase<T> {
     }
 }
 
+/// One QkvNormRopeCache case: QKV `[B, T, 3·D]`, caches `[B, L, D]` whose first L − T rows of
+/// each batch entry hold earlier keys and values (random; the op must leave them), and the
+/// reference.
+struct QkvCase<T> {
+    b: usize,
+    t: usize,
+    l: usize,
+    d: usize,
+    heads: usize,
+    eps: f32,
+    table_shape: Vec<i64>,
+    qkv: Vec<T>,
+    /// q_bias, k_bias, q_weight, k_weight.
+    params: [Vec<T>; 4],
+    cos: Vec<T>,
+    sin: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+}
+
+impl<T: Element> QkvCase<T> {
+    fn new(rng: &mut Rng, [b, t, l, d]: [usize; 4], heads: usize, tc: usize) -> Self {
+        let half = d / heads / 2;
+        let (cos, sin) = rope_tables::<T>(tc, half);
+        Self {
+            b,
+            t,
+            l,
+            d,
+            heads,
+            eps: 1e-6,
+            table_shape: vec![1, tc as i64, 1, half as i64],
+            qkv: rng.vec(b * t * 3 * d, -2.0, 2.0),
+            params: [
+                rng.vec(d, -0.5, 0.5),
+                rng.vec(d, -0.5, 0.5),
+                rng.vec(d, 0.5, 1.5),
+                rng.vec(d, 0.5, 1.5),
+            ],
+            cos,
+            sin,
+            k: rng.vec(b * l * d, -1.0, 1.0),
+            v: rng.vec(b * l * d, -1.0, 1.0),
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let (b, t, l, d) = (self.b as i64, self.t as i64, self.l as i64, self.d as i64);
+        let mut shapes = vec![vec![b, t, 3 * d], vec![d], vec![d], vec![d], vec![d]];
+        shapes.extend([self.table_shape.clone(), self.table_shape.clone()]);
+        shapes.extend([vec![b, l, d], vec![b, l, d]]);
+        shapes
+    }
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: self.heads,
+            silu: false,
+        }
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        let mut inputs: Vec<&[T]> = vec![&self.qkv];
+        inputs.extend(self.params.iter().map(Vec::as_slice));
+        inputs.extend([&self.cos[..], &self.sin, &self.k, &self.v]);
+        inputs
+    }
+
+    /// Column block `j` (0 q, 1 k, 2 v) of every row of QKV.
+    fn column_block(&self, j: usize) -> Vec<f64> {
+        let d = self.d;
+        wide(&self.qkv)
+            .chunks(3 * d)
+            .flat_map(|row| row[j * d..(j + 1) * d].to_vec())
+            .collect()
+    }
+
+    /// `(Q, K, V)` in float64: Q, and the whole caches after the op.
+    fn reference(&self) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (d, eps) = (self.d, self.eps as f64);
+        let [q_bias, k_bias, q_weight, k_weight] = self.params.each_ref().map(|p| wide(p));
+        let (cos, sin) = (wide(&self.cos), wide(&self.sin));
+        let turn = |j: usize, bias: &[f64], weight: &[f64]| {
+            let u = reference_rms_norm(&self.column_block(j), bias, weight, d, eps);
+            reference_rope(&u, &cos, &sin, d, self.heads)
+        };
+        let q = turn(0, &q_bias, &q_weight);
+        let new_k = turn(1, &k_bias, &k_weight);
+        let new_v = self.column_block(2);
+        let place = |cache: &[T], new: &[f64]| {
+            let mut out = wide(cache);
+            for b in 0..self.b {
+                let at = (b * self.l + self.l - self.t) * d;
+                out[at..at + self.t * d].copy_from_slice(&new[b * self.t * d..][..self.t * d]);
+            }
+            out
+        };
+        (q, place(&self.k, &new_k), place(&self.v, &new_v))
+    }
+
+    /// The CPU kernel's Q, K and V.
+    fn cpu(&self) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let plan = plan_of(Op::QkvNormRopeCache, &self.attrs(), &self.shapes());
+        let mut q = vec![T::from_f32(0.0); self.b * self.t * self.d];
+        let (mut k, mut v) = (self.k.clone(), self.v.clone());
+        let [qb, kb, qw, kw] = self.params.each_ref().map(Vec::as_slice);
+        cpu::qkv_norm_rope_cache(
+            &plan,
+            self.eps,
+            &self.qkv,
+            [qb, kb, qw, kw],
+            (&self.cos, &self.sin),
+            &mut q,
+            &mut k,
+            &mut v,
+        );
+        (q, k, v)
+    }
+
+    /// Asserts `(Q, K, V)` against the reference; the rows before the block's are unchanged.
+    #[track_caller]
+    fn assert_matches(&self, (q, k, v): (&[T], &[T], &[T]), what: &str)
+    where
+        T: Tolerance,
+    {
+        let (want_q, want_k, want_v) = self.reference();
+        assert_close(q, &want_q, &format!("{what} Q"));
+        assert_close(k, &want_k, &format!("{what} K"));
+        // V is copied: exact.
+        assert_eq!(wide(v), want_v, "{what} V");
+        let past = (self.l - self.t) * self.d;
+        for b in 0..self.b {
+            let rows = b * self.l * self.d..b * self.l * self.d + past;
+            assert!(k[rows.clone()] == self.k[rows.clone()], "{what}: K's earlier rows changed");
+            assert!(v[rows.clone()] == self.v[rows], "{what}: V's earlier rows changed");
+        }
+    }
+}
+
+/// (B, T, L, D), num_heads, Tc: one entry with a past; two entries, one with no past (L = T); the
+/// VAE-sized D = 96 with four heads; tables shorter than T (rows repeat them).
+const QKV_CASES: [([usize; 4], usize, usize); 4] = [
+    ([1, 6, 10, 16], 2, 6),
+    ([2, 3, 3, 8], 1, 3),
+    ([2, 5, 12, 96], 4, 5),
+    ([1, 8, 11, 16], 2, 2),
+];
+
+fn check_qkv_cpu<T: Tolerance>() {
+    let mut rng = Rng(7);
+    for (sizes, heads, tc) in QKV_CASES {
+        let case = QkvCase::<T>::new(&mut rng, sizes, heads, tc);
+        let (q, k, v) = case.cpu();
+        let what = format!("{} QkvNormRopeCache {sizes:?}", std::any::type_name::<T>());
+        case.assert_matches((&q, &k, &v), &what);
+    }
+}
+
+#[test]
+fn qkv_norm_rope_cache_matches_the_reference_and_keeps_the_earlier_rows() {
+    check_qkv_cpu::<f32>();
+    check_qkv_cpu::<f16>();
+}
+
 fn plan_of(op: Op, attrs: &Attrs, shapes: &[Vec<i64>]) -> Plan {
     let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
     plan(op, attrs, &shapes).unwrap()
@@ -689,6 +854,30 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         e.contains("input sin has shape [1, 4] and cos [2, 4]"),
         "{e}"
     );
+    // QkvNormRopeCache: QKV's last axis not 3·D, and a cache shorter than the block or of
+    // another batch, and V unlike K.
+    let qkv = |qkv: &'static [i64], k: &'static [i64], v: &'static [i64]| -> Vec<&'static [i64]> {
+        vec![qkv, &[8], &[8], &[8], &[8], &[1, 4, 1, 2], &[1, 4, 1, 2], k, v]
+    };
+    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[1, 4, 25], &[1, 6, 8], &[1, 6, 8]));
+    assert!(
+        e.contains("QkvNormRopeCache: QKV has shape [1, 4, 25]") && e.contains("3·D"),
+        "{e}"
+    );
+    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[1, 4, 24], &[1, 3, 8], &[1, 3, 8]));
+    assert!(
+        e.contains("input K has shape [1, 3, 8]") && e.contains("L ≥ T = 4"),
+        "{e}"
+    );
+    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[2, 4, 24], &[1, 6, 8], &[1, 6, 8]));
+    assert!(e.contains("input K has shape [1, 6, 8]") && e.contains("2·L·8"), "{e}");
+    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[1, 4, 24], &[1, 6, 8], &[1, 5, 8]));
+    assert!(e.contains("input V has shape [1, 5, 8] and K [1, 6, 8]"), "{e}");
+    let ok = plan(Op::QkvNormRopeCache, &rope, &qkv(&[2, 4, 24], &[2, 6, 8], &[2, 6, 8])).unwrap();
+    assert_eq!(
+        (ok.rows, ok.d, ok.block_rows, ok.cache_rows, ok.half_hd, ok.table_rows),
+        (8, 8, 4, 6, 2, 4)
+    );
     // X without a last axis.
     let e = plan_error(Op::BiasRmsNorm, plain, &[&[4, 0], &[0], &[0]]);
     assert!(e.contains("X has shape [4, 0]"), "{e}");
@@ -829,6 +1018,57 @@ fn check_through_onnx_runtime<T: Tolerance>() {
     assert_eq!((&out[0].0[..], &out[1].0[..]), (x_shape, x_shape));
     assert_close(&out[0].1, &want_s, &format!("{t} GatedResidualLayerNorm S"));
     assert_close(&out[1].1, &want_y, &format!("{t} GatedResidualLayerNorm Y"));
+}
+
+/// Through ONNX Runtime, K and V are written where the caller's buffers are: the session reads
+/// them in place (bound host memory on the CPU provider), as the DiT's attention after the node
+/// does.
+fn check_qkv_through_onnx_runtime<T: Tolerance>() {
+    use ort::value::{TensorRef, TensorRefMut};
+    let mut rng = Rng(8);
+    let t = std::any::type_name::<T>();
+    let case = QkvCase::<T>::new(&mut rng, QKV_CASES[2].0, QKV_CASES[2].1, QKV_CASES[2].2);
+    let attrs = [
+        Attr::Float("epsilon", case.eps),
+        Attr::Int("num_heads", case.heads as i64),
+    ];
+    let mut session = session::<T>(Op::QkvNormRopeCache, &attrs).unwrap();
+    let shapes = case.shapes();
+    let inputs = case.inputs();
+    let (mut k, mut v) = (case.k.clone(), case.v.clone());
+    let mut values: Vec<(&str, ort::session::SessionInputValue<'_>)> = Vec::new();
+    for (i, name) in Op::QkvNormRopeCache.inputs().iter().enumerate().take(7) {
+        let view = TensorRef::from_array_view((shapes[i].clone(), inputs[i])).unwrap();
+        values.push((*name, view.into()));
+    }
+    values.push((
+        "K",
+        TensorRefMut::from_array_view_mut((shapes[7].clone(), &mut k[..]))
+            .unwrap()
+            .into(),
+    ));
+    values.push((
+        "V",
+        TensorRefMut::from_array_view_mut((shapes[8].clone(), &mut v[..]))
+            .unwrap()
+            .into(),
+    ));
+    let outputs = session.run(values).unwrap();
+    let (q_shape, q) = outputs["Q"].try_extract_tensor::<T>().unwrap();
+    assert_eq!(
+        &q_shape[..],
+        &[case.b as i64, case.t as i64, case.d as i64],
+        "{t} Q's shape"
+    );
+    let q = q.to_vec();
+    drop(outputs);
+    case.assert_matches((&q, &k, &v), &format!("{t} QkvNormRopeCache through ONNX Runtime"));
+}
+
+#[test]
+fn qkv_norm_rope_cache_writes_the_callers_cache_through_onnx_runtime() {
+    check_qkv_through_onnx_runtime::<f32>();
+    check_qkv_through_onnx_runtime::<f16>();
 }
 
 #[test]
@@ -1054,8 +1294,9 @@ mod gpu {
         out
     }
 
-    /// Runs `op` with the CUDA kernel on `stream` and returns its outputs and the mean time of
-    /// one launch over `repeats` launches (after one untimed launch), in microseconds.
+    /// Runs `op` with the CUDA kernel on `stream` and returns its outputs, then the inputs it
+    /// writes in place, and the mean time of one launch over `repeats` launches (after one untimed
+    /// launch), in microseconds.
     fn run_cuda<T: Element>(
         op: Op,
         attrs: &Attrs,
@@ -1104,6 +1345,11 @@ mod gpu {
         let outputs = bufs[inputs.len()..]
             .iter()
             .map(|b| download::<T>(b, n))
+            .chain(
+                op.in_place_inputs()
+                    .iter()
+                    .map(|&i| download::<T>(&bufs[i], inputs[i].len())),
+            )
             .collect();
         (outputs, micros)
     }
@@ -1285,6 +1531,35 @@ mod gpu {
                     "{what}: {}",
                     bandwidth(&case.inputs(), 2, case.x.len(), micros)
                 );
+            }
+        }
+
+        // QkvNormRopeCache: the test cases, and wan-1.3b's last block (T = 4680 of L = 32760
+        // rows of 1536, 12 heads), whose cache writes land 27,000 rows in.
+        let qkv_cases = QKV_CASES
+            .into_iter()
+            .chain([([1, 4680, 32760, 1536], 12, 4680), ([3, 7, 9, 64], 2, 7)]);
+        for (sizes, heads, tc) in qkv_cases {
+            let case = QkvCase::<T>::new(&mut rng, sizes, heads, tc);
+            let big = case.qkv.len() > 1_000_000;
+            let (gpu, micros) = run_cuda(
+                Op::QkvNormRopeCache,
+                &case.attrs(),
+                &case.shapes(),
+                &case.inputs(),
+                stream,
+                if big { 50 } else { 0 },
+            );
+            let what = format!("{t} QkvNormRopeCache {sizes:?}");
+            let (cpu_q, cpu_k, cpu_v) = case.cpu();
+            assert_matches_cpu(&gpu[0], &cpu_q, &format!("{what} Q"));
+            assert_matches_cpu(&gpu[1], &cpu_k, &format!("{what} K"));
+            assert!(gpu[2] == cpu_v, "{what}: V differs between GPU and CPU");
+            case.assert_matches((&gpu[0], &gpu[1], &gpu[2]), &what);
+            if big {
+                // Bytes moved: QKV read, Q and the block's K and V written.
+                let n = case.qkv.len() / 3;
+                eprintln!("{what}: {}", bandwidth(&[&case.qkv[..]], 3, n, micros));
             }
         }
     }
