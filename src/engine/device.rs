@@ -4,9 +4,10 @@
 //! PCIe bus inside the timed region.
 //!
 //! - The KV cache is one buffer per layer and kind; `past_*.{i}` are bound as views of its prefix
-//!   (or of the window's suffix of it) and `new_*.{i}` as views straight after it. Every pass
-//!   writes its keys and values there; only the clean-cache pass's survive, because the next
-//!   block's prefix is extended only after it.
+//!   (or of the window's suffix of it) and `new_*.{i}` as views straight after it; a graph that
+//!   writes the cache in place ([`KvInterface::InPlace`]) takes `kv_*.{i}`, one view of the prefix
+//!   and the block's rows after it. Every pass writes its keys and values there; only the
+//!   clean-cache pass's survive, because the next block's prefix is extended only after it.
 //! - The scheduler arithmetic between passes, the latent de-normalisation and the uint8 layout are
 //!   the runner's own small graphs ([`super::onnx_graph`]) on the same provider.
 //! - All noise of a prompt is drawn on the host before the timed region and uploaded in one copy,
@@ -35,7 +36,8 @@ use super::generate::{
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
 use super::session::{
-    GraphSessions, Provider, RuntimeOptions, build_small_session, float_type, vae_cache_count,
+    GraphSessions, KvInterface, Provider, RuntimeOptions, build_small_session, float_type,
+    vae_cache_count,
 };
 
 type View = DynTensorRefMut<'static>;
@@ -295,11 +297,11 @@ pub(crate) struct DeviceLoop {
     memory: Option<super::cuda_memory::MemoryProbe>,
 }
 
+/// The DiT's KV cache inputs and outputs, per layer `[keys, values]` (no outputs in place).
 struct Names {
-    past_k: Vec<String>,
-    past_v: Vec<String>,
-    new_k: Vec<String>,
-    new_v: Vec<String>,
+    kv_cache: KvInterface,
+    kv_in: Vec<[String; 2]>,
+    kv_out: Vec<[String; 2]>,
 }
 
 /// What the VAE decoder needs: its own small-graph sessions and buffers read through views.
@@ -438,21 +440,28 @@ impl DeviceLoop {
 
         let f32_ = TensorElementType::Float32;
         let buf = |ty, len| Buf::new(&alloc, ty, len).map_err(setup);
-        // No later block reads the last block's keys and values: the cache holds the blocks
-        // before it, and the last block's passes write theirs into two scratch buffers shared by
-        // all layers (a layer's new keys are read by its own attention before the next layer
-        // writes; keys and values have one scratch each).
-        let cache_len = (d.blocks() - 1) * d.block_tokens() * d.dim;
+        // No later block reads the last block's keys and values: with a graph that outputs them
+        // (`KvCache::PastAndNew`) the cache holds the blocks before it, and the last block's
+        // passes write theirs into two scratch buffers shared by all layers (a layer's new keys
+        // are read by its own attention before the next layer writes; keys and values have one
+        // scratch each). A graph that writes them in place reads them from the cache, straight
+        // after the earlier blocks': the cache holds every block.
+        let kv_cache = sessions.kv_cache;
+        let in_place = kv_cache == KvInterface::InPlace;
+        let cached_blocks = if in_place { d.blocks() } else { d.blocks() - 1 };
+        let cache_len = cached_blocks * d.block_tokens() * d.dim;
+        let scratch_len = if in_place {
+            1
+        } else {
+            d.block_tokens() * d.dim
+        };
         let mut kv_k = Vec::with_capacity(d.layers);
         let mut kv_v = Vec::with_capacity(d.layers);
         for _ in 0..d.layers {
             kv_k.push(buf(model, cache_len.max(1))?);
             kv_v.push(buf(model, cache_len.max(1))?);
         }
-        let kv_scratch = [
-            buf(model, d.block_tokens() * d.dim)?,
-            buf(model, d.block_tokens() * d.dim)?,
-        ];
+        let kv_scratch = [buf(model, scratch_len)?, buf(model, scratch_len)?];
         let block = d.block_elems();
         // Sized for the default schedule (4 steps + the clean pass); `generate` grows them.
         let draws_per_block = 5;
@@ -526,10 +535,13 @@ impl DeviceLoop {
             }),
             overlap_vae: runtime.overlap_vae,
             names: Names {
-                past_k: names("past_k", d.layers),
-                past_v: names("past_v", d.layers),
-                new_k: names("new_k", d.layers),
-                new_v: names("new_v", d.layers),
+                kv_cache,
+                kv_in: (0..d.layers)
+                    .map(|layer| kv_cache.input_names(layer).into())
+                    .collect(),
+                kv_out: (0..d.layers)
+                    .filter_map(|layer| kv_cache.output_names(layer).map(Into::into))
+                    .collect(),
             },
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
@@ -983,36 +995,35 @@ impl DeviceLoop {
         binding
             .input("frame_offset", self.view(&self.offsets, block, &[1])?)
             .map_err(e)?;
-        let past = [1, (kv_len - past_start) as i64, d.dim as i64];
+        // The cache's rows the graph takes: the earlier blocks' (from `past_start`, the attention
+        // window's first), and in place the block's own after them.
+        let in_place = self.names.kv_cache == KvInterface::InPlace;
+        let taken = kv_len - past_start + if in_place { d.block_tokens() } else { 0 };
+        let past = [1, taken as i64, d.dim as i64];
         let new = [1, d.block_tokens() as i64, d.dim as i64];
         let last = block + 1 == d.blocks();
         for layer in 0..d.layers {
-            for (cache, scratch, past_name, new_name) in [
-                (
-                    &self.kv_k[layer],
-                    &self.kv_scratch[0],
-                    &self.names.past_k[layer],
-                    &self.names.new_k[layer],
-                ),
-                (
-                    &self.kv_v[layer],
-                    &self.kv_scratch[1],
-                    &self.names.past_v[layer],
-                    &self.names.new_v[layer],
-                ),
+            for (kind, cache, scratch) in [
+                (0, &self.kv_k[layer], &self.kv_scratch[0]),
+                (1, &self.kv_v[layer], &self.kv_scratch[1]),
             ] {
                 binding
                     .input(
-                        past_name.as_str(),
+                        self.names.kv_in[layer][kind].as_str(),
                         self.view(cache, past_start * d.dim, &past)?,
                     )
                     .map_err(e)?;
+                let Some(outputs) = self.names.kv_out.get(layer) else {
+                    continue;
+                };
                 let new_view = if last {
                     self.view(scratch, 0, &new)?
                 } else {
                     self.view(cache, kv_len * d.dim, &new)?
                 };
-                binding.output(new_name.as_str(), new_view).map_err(e)?;
+                binding
+                    .output(outputs[kind].as_str(), new_view)
+                    .map_err(e)?;
             }
         }
         binding

@@ -11,12 +11,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ort::session::{Session, SessionInputValue, SessionOutputs};
-use ort::value::{DynValue, TensorElementType, TensorRef};
+use ort::value::{DynValue, TensorElementType, TensorRef, TensorRefMut};
 
 use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::noise::fill_normal;
 use super::schedule::{Emit, MethodSettings, NoiseLevel, Schedule, ScheduleError};
-use super::session::{GraphSessions, Provider, RuntimeOptions, SessionError, vae_cache_count};
+use super::session::{
+    GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError, vae_cache_count,
+};
 
 /// Per-prompt options of a generation.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -263,12 +265,12 @@ struct KvCache {
     len: usize,
 }
 
-/// Graph input and output names, built once.
+/// The DiT's KV cache inputs and outputs per layer, `[keys, values]`, built once (no outputs
+/// when the graph writes the cache in place).
 struct DitNames {
-    past_k: Vec<String>,
-    past_v: Vec<String>,
-    new_k: Vec<String>,
-    new_v: Vec<String>,
+    kv_cache: KvInterface,
+    kv_in: Vec<[String; 2]>,
+    kv_out: Vec<[String; 2]>,
 }
 
 /// The causal cache the VAE decoder passes from one latent frame to the next. The values ONNX
@@ -381,11 +383,15 @@ impl Generator {
         let layers = bundle.manifest.architecture.layers;
         let names =
             |prefix: &str, n: usize| (0..n).map(|i| format!("{prefix}.{i}")).collect::<Vec<_>>();
+        let kv_cache = sessions.kv_cache;
         let dit_names = DitNames {
-            past_k: names("past_k", layers),
-            past_v: names("past_v", layers),
-            new_k: names("new_k", layers),
-            new_v: names("new_v", layers),
+            kv_cache,
+            kv_in: (0..layers)
+                .map(|layer| kv_cache.input_names(layer).into())
+                .collect(),
+            kv_out: (0..layers)
+                .filter_map(|layer| kv_cache.output_names(layer).map(Into::into))
+                .collect(),
         };
         // The host loop's buffers; empty when the device loop holds its own.
         let host = |n: usize| if device.is_some() { 0 } else { n };
@@ -438,6 +444,11 @@ impl Generator {
     /// The kernels the VAE decoder runs with (never `Auto`).
     pub fn vae_kernels(&self) -> super::FusedKernels {
         self.sessions.vae_kernels
+    }
+
+    /// How the DiT graph takes the KV cache (read from its inputs).
+    pub fn kv_interface(&self) -> KvInterface {
+        self.sessions.kv_cache
     }
 
     pub fn bundle(&self) -> &Bundle {
@@ -642,8 +653,12 @@ impl Generator {
         let x_shape = [1i64, d.channels as i64, f as i64, d.h as i64, d.w as i64];
         let timestep = vec![level.timestep; f];
         let offset = [frame_offset];
-        let past_shape = [1i64, past.len() as i64, d.dim as i64];
-        let past_elems = past.start * d.dim..past.end * d.dim;
+        // The cache's rows the graph takes: `past`, and in place the block's own after them,
+        // which the graph writes.
+        let in_place = self.dit_names.kv_cache == KvInterface::InPlace;
+        let taken = past.start..past.end + if in_place { d.block_tokens() } else { 0 };
+        let taken_shape = [1i64, taken.len() as i64, d.dim as i64];
+        let taken_elems = taken.start * d.dim..taken.end * d.dim;
 
         let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
             Vec::with_capacity(4 + 2 * self.kv.keys.len());
@@ -674,19 +689,22 @@ impl Generator {
                 .map_err(run_error)?
                 .into(),
         ));
-        for (layer, (keys, values)) in self.kv.keys.iter().zip(&self.kv.values).enumerate() {
-            inputs.push((
-                Cow::Borrowed(self.dit_names.past_k[layer].as_str()),
-                TensorRef::from_array_view((past_shape, &keys[past_elems.clone()]))
-                    .map_err(run_error)?
-                    .into(),
-            ));
-            inputs.push((
-                Cow::Borrowed(self.dit_names.past_v[layer].as_str()),
-                TensorRef::from_array_view((past_shape, &values[past_elems.clone()]))
-                    .map_err(run_error)?
-                    .into(),
-            ));
+        let caches = self.kv.keys.iter_mut().zip(self.kv.values.iter_mut());
+        for ((keys, values), names) in caches.zip(&self.dit_names.kv_in) {
+            for (cache, name) in [(keys, &names[0]), (values, &names[1])] {
+                let cache = &mut cache[taken_elems.clone()];
+                // In place the graph writes the block's rows: a mutable view of the cache.
+                let value = if in_place {
+                    TensorRefMut::from_array_view_mut((taken_shape, cache))
+                        .map_err(run_error)?
+                        .into()
+                } else {
+                    TensorRef::from_array_view((taken_shape, &*cache))
+                        .map_err(run_error)?
+                        .into()
+                };
+                inputs.push((Cow::Borrowed(name.as_str()), value));
+            }
         }
 
         let run_start = Instant::now();
@@ -696,19 +714,10 @@ impl Generator {
         copy_output(&outputs, GRAPH, "flow", &mut self.buffers.flow)?;
         if clean_cache_pass {
             let new = self.kv.len * d.dim..(self.kv.len + d.block_tokens()) * d.dim;
-            for layer in 0..self.kv.keys.len() {
-                copy_output(
-                    &outputs,
-                    GRAPH,
-                    &self.dit_names.new_k[layer],
-                    &mut self.kv.keys[layer][new.clone()],
-                )?;
-                copy_output(
-                    &outputs,
-                    GRAPH,
-                    &self.dit_names.new_v[layer],
-                    &mut self.kv.values[layer][new.clone()],
-                )?;
+            let caches = self.kv.keys.iter_mut().zip(self.kv.values.iter_mut());
+            for ((keys, values), names) in caches.zip(&self.dit_names.kv_out) {
+                copy_output(&outputs, GRAPH, &names[0], &mut keys[new.clone()])?;
+                copy_output(&outputs, GRAPH, &names[1], &mut values[new.clone()])?;
             }
         }
         Ok(())

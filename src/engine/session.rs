@@ -376,6 +376,50 @@ pub struct GraphSessions {
     pub vae_step: Session,
     /// The kernels the decoder's sessions run with (`Unstep` or `Onnxruntime`).
     pub vae_kernels: FusedKernels,
+    /// How the DiT graph takes its KV cache.
+    pub kv_cache: KvInterface,
+}
+
+/// How a DiT graph takes the KV cache, read from its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvInterface {
+    /// Inputs `past_k.{i}` / `past_v.{i}` `[1, P, D]`, the earlier blocks' keys and values;
+    /// outputs `new_k.{i}` / `new_v.{i}` `[1, T, D]`, the block's (`dit.onnx`, and `dit_fused.onnx`
+    /// of exporters 0.4.0 and 0.5.0).
+    PastAndNew,
+    /// Inputs `kv_k.{i}` / `kv_v.{i}` `[1, P + T, D]`: the earlier keys and values, then T rows
+    /// the graph fills with the block's in place (`ai.unstep` QkvNormRopeCache), which its
+    /// attention reads without a copy of the cache (`dit_fused.onnx` of exporter 0.6.0 and
+    /// later). The caller owns the buffers and reads the block's keys and values from their last
+    /// T rows after the run.
+    InPlace,
+}
+
+impl KvInterface {
+    /// The interface of a DiT session: in place when it has an input `kv_k.0`.
+    fn of(dit: &Session) -> Self {
+        if dit.inputs().iter().any(|input| input.name() == "kv_k.0") {
+            KvInterface::InPlace
+        } else {
+            KvInterface::PastAndNew
+        }
+    }
+
+    /// The names of layer `layer`'s cache inputs (keys, values).
+    pub fn input_names(self, layer: usize) -> (String, String) {
+        match self {
+            KvInterface::PastAndNew => (format!("past_k.{layer}"), format!("past_v.{layer}")),
+            KvInterface::InPlace => (format!("kv_k.{layer}"), format!("kv_v.{layer}")),
+        }
+    }
+
+    /// The names of layer `layer`'s new keys and values outputs; none in place.
+    pub fn output_names(self, layer: usize) -> Option<(String, String)> {
+        match self {
+            KvInterface::PastAndNew => Some((format!("new_k.{layer}"), format!("new_v.{layer}"))),
+            KvInterface::InPlace => None,
+        }
+    }
 }
 
 /// The bundle's graphs the sessions are built from, by role.
@@ -437,6 +481,7 @@ impl GraphSessions {
         };
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
+        let kv_cache = KvInterface::of(&dit);
         let sessions = Self {
             text_encoder: if text_encoder {
                 Some(text_encoder_session(runtime, bundle, options)?)
@@ -467,6 +512,7 @@ impl GraphSessions {
                 operators(vae_kernels, FusedPart::Vae)?,
             )?,
             vae_kernels,
+            kv_cache,
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
@@ -499,10 +545,11 @@ impl GraphSessions {
             .input("frame_offset", i64_, 1)
             .output("flow", f32_, 5);
         for layer in 0..layers {
-            dit.input(&format!("past_k.{layer}"), f32_, 3)
-                .input(&format!("past_v.{layer}"), f32_, 3)
-                .output(&format!("new_k.{layer}"), f32_, 3)
-                .output(&format!("new_v.{layer}"), f32_, 3);
+            let (k, v) = self.kv_cache.input_names(layer);
+            dit.input(&k, f32_, 3).input(&v, f32_, 3);
+            if let Some((k, v)) = self.kv_cache.output_names(layer) {
+                dit.output(&k, f32_, 3).output(&v, f32_, 3);
+            }
         }
         dit.check(&self.dit)?;
 

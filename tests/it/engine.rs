@@ -988,6 +988,13 @@ fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
         (fused_vae.dit_kernels(), fused_vae.vae_kernels()),
         (Onnxruntime, Unstep)
     );
+    // The fused DiT writes the block's keys and values into the cache in place; dit.onnx
+    // outputs them.
+    use unstep::engine::KvInterface::{InPlace, PastAndNew};
+    assert_eq!(
+        [&stock, &fused, &fused_device, &fused_vae].map(|g| g.kv_interface()),
+        [PastAndNew, InPlace, InPlace, PastAndNew]
+    );
     // `auto` keeps ONNX Runtime's kernels on the CPU provider.
     let auto = generator();
     assert_eq!(

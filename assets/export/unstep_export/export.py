@@ -30,18 +30,23 @@ FUSED_PRECISIONS = ("fp32", "fp16")
 
 
 class DitGraph(nn.Module):
-    """Flattens the DiT's list arguments into named graph inputs/outputs."""
+    """Flattens the DiT's list arguments into named graph inputs/outputs.  With `cache_inputs`
+    (dit_fused.onnx) the per-layer inputs are the KV cache buffers [1, P + T, D] that the graph
+    fills in place, and `flow` is the only output."""
 
-    def __init__(self, dit):
+    def __init__(self, dit, cache_inputs: bool = False):
         super().__init__()
         self.dit = dit
         self.layers = len(dit.blocks)
+        self.cache_inputs = cache_inputs
 
     def forward(self, x, timestep, context, frame_offset, *past):
         past_k = list(past[0::2])
         past_v = list(past[1::2])
         flow, nk, nv = self.dit(x, timestep, context, frame_offset, past_k, past_v)
         out = [flow.to(x.dtype)]
+        if self.cache_inputs:
+            return out[0]
         for k, v in zip(nk, nv):
             out += [k, v]
         return tuple(out)
@@ -114,8 +119,10 @@ def vae_cache_shapes(vae, cfg: Config, dtype, device="cpu"):
 
 
 def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool = False):
-    """`dit.onnx`, or with fused_ops `dit_fused.onnx`: the same inputs and outputs, with the
-    per-row elementwise work in the runner's `ai.unstep` operators (fused.py)."""
+    """`dit.onnx`, or with fused_ops `dit_fused.onnx`: the per-row elementwise work in the
+    runner's `ai.unstep` operators (fused.py), and instead of `past_*` inputs and `new_*` outputs
+    the cache inputs `kv_k.{i}`, `kv_v.{i}` [1, P + T, D] whose last T rows the graph fills in place
+    (output `flow` only)."""
     F, T, D, L = cfg.frames_per_block, cfg.frames_per_block * cfg.tokens_per_frame, cfg.dim, cfg.layers
     P = T  # trace with a non-empty past; the P axis is dynamic (0 works at run time)
     x = torch.randn(1, cfg.latent_channels, F, cfg.lat_h, cfg.lat_w, dtype=dtype, device=device)
@@ -125,15 +132,21 @@ def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool
     past, in_names, out_names, dyn = [], ["x", "timestep", "context", "frame_offset"], ["flow"], {}
     for i in range(L):
         past += [torch.randn(1, P, D, dtype=dtype, device=device), torch.randn(1, P, D, dtype=dtype, device=device)]
-        in_names += [f"past_k.{i}", f"past_v.{i}"]
-        out_names += [f"new_k.{i}", f"new_v.{i}"]
-        dyn[f"past_k.{i}"] = {1: "P"}
-        dyn[f"past_v.{i}"] = {1: "P"}
-    shapes = [tuple(x.shape)] + [(1, T, D)] * (2 * L)
+        if fused_ops:
+            # The same random past (the standard graph's trace inputs are unchanged), then T rows.
+            past[-2:] = [torch.cat([p, torch.zeros(1, T, D, dtype=dtype, device=device)], dim=1) for p in past[-2:]]
+            names = [f"kv_k.{i}", f"kv_v.{i}"]
+        else:
+            names = [f"past_k.{i}", f"past_v.{i}"]
+            out_names += [f"new_k.{i}", f"new_v.{i}"]
+        in_names += names
+        for name in names:
+            dyn[name] = {1: "P"}  # dit_fused: the axis is P + T
+    shapes = [tuple(x.shape)] + ([] if fused_ops else [(1, T, D)] * (2 * L))
     name, opsets = ("dit_fused.onnx", FUSED_CUSTOM_OPSETS) if fused_ops else ("dit.onnx", None)
     with fused.fused_dit() if fused_ops else contextlib.nullcontext():
-        _export(DitGraph(dit), (x, ts, ctx, off, *past), out / name, in_names, out_names, shapes, dyn,
-                custom_opsets=opsets)
+        _export(DitGraph(dit, cache_inputs=fused_ops), (x, ts, ctx, off, *past), out / name, in_names, out_names,
+                shapes, dyn, custom_opsets=opsets)
 
 
 def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool = False):

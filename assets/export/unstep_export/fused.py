@@ -13,11 +13,17 @@ so that the runner moves each activation once per step instead of five to ten ti
 Each function's eager forward is the reference arithmetic, so a model behaves the same whether
 or not it is being exported; only the graph differs.
 
-A second DiT graph, `dit_fused.onnx` (exporter 0.4.0), goes further with the runner's own
-operators of the domain `ai.unstep` (opset 1), implemented by the Rust runner and not by ONNX
-Runtime (docs/bundle.md, "Operators of the fused graphs"):
+A second DiT graph, `dit_fused.onnx` (exporter 0.4.0; 0.6.0 for its KV-cache interface), goes
+further with the runner's own operators of the domain `ai.unstep` (opset 1), implemented by the
+Rust runner and not by ONNX Runtime (docs/bundle.md, "Operators of the fused graphs"):
 
-- `BiasRmsNormRope(X, bias, weight, cos, sin)`   q/k: linear bias + RMS norm + 3D RoPE;
+- `QkvNormRopeCache(QKV, q_bias, k_bias, q_weight, k_weight, cos, sin, K, V) -> Q`
+                                                  self-attention: q/k bias + RMS norm + 3D RoPE of
+                                                  one q|k|v projection, with k and v written in
+                                                  place into the cache buffers K, V the attention
+                                                  reads (no concatenation of the cache);
+- `BiasRmsNormRope(X, bias, weight, cos, sin)`   q/k: linear bias + RMS norm + 3D RoPE (in the
+                                                  graphs of exporter 0.4.0 and 0.5.0);
 - `BiasRmsNorm(X, bias, weight)`                  cross-attention q: linear bias + RMS norm;
 - `GatedResidualLayerNorm(R, X, bias, gate, scale, shift) -> (S, Y)`
                                                   residual + gated (biased) branch, and the next
@@ -254,6 +260,30 @@ def bias_rms_norm_rope_reference(x, bias, weight, cos, sin, eps: float, heads: i
     return y.reshape(x.shape).to(x.dtype)
 
 
+def qkv_norm_rope_cache_reference(qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, k_cache, v_cache,
+                                  eps: float, heads: int):
+    """ai.unstep::QkvNormRopeCache: QKV [..., T, 3D] holds the bias-free q | k | v projections of
+    each row.  Returns Q = BiasRmsNormRope(q; q_bias, q_weight) [..., T, D], and writes IN PLACE
+    into K and V ([..., L, D], L >= T, B = numel(QKV) / (T * 3D) batches): for batch b and t < T,
+    K[b, L-T+t] = BiasRmsNormRope(k; k_bias, k_weight) and V[b, L-T+t] = v (copied, no bias).
+    Rows of K/V before L - T are left as they are."""
+    d3 = qkv.shape[-1]
+    d, t = d3 // 3, qkv.shape[-2]
+    n = qkv.numel() // d3
+    b = n // t
+    big = k_cache.shape[-2]
+    if not torch.jit.is_tracing():
+        for name, c in (("K", k_cache), ("V", v_cache)):
+            if d * 3 != d3 or c.shape[-1] != d or big < t or c.numel() != b * big * d or c.shape != k_cache.shape:
+                raise ValueError(f"QkvNormRopeCache: QKV {tuple(qkv.shape)}, {name} {tuple(c.shape)}")
+    rows = qkv.reshape(n, d3)
+    q = bias_rms_norm_rope_reference(rows[:, :d], q_bias, q_weight, cos, sin, eps, heads)
+    k = bias_rms_norm_rope_reference(rows[:, d:2 * d], k_bias, k_weight, cos, sin, eps, heads)
+    k_cache.view(b, big, d)[:, big - t:] = k.view(b, t, d).to(k_cache.dtype)
+    v_cache.view(b, big, d)[:, big - t:] = rows[:, 2 * d:].reshape(b, t, d).to(v_cache.dtype)
+    return q.reshape(*qkv.shape[:-1], d)
+
+
 def bias_rms_norm_reference(x, bias, weight, eps: float, silu: bool = False):
     """ai.unstep::BiasRmsNorm: n = rms_norm(x + bias) * weight; with silu, n * sigmoid(n)."""
     d = x.shape[-1]
@@ -284,6 +314,28 @@ class _BiasRmsNormRope(torch.autograd.Function):
         out = g.op(f"{UNSTEP_DOMAIN}::BiasRmsNormRope", x, bias, weight, cos, sin,
                    epsilon_f=float(eps), num_heads_i=int(heads))
         out.setType(x.type())
+        return out
+
+
+class _QkvNormRopeCache(torch.autograd.Function):
+    """Only used while exporting.  The node's output Q is [..., T, D]; K and V are written in
+    place, so the graph must read them only downstream of Q (the attention that takes Q)."""
+
+    @staticmethod
+    def forward(ctx, qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, k_cache, v_cache, eps: float,
+                heads: int):  # noqa: D401 - torch.autograd API
+        return qkv_norm_rope_cache_reference(qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, k_cache, v_cache,
+                                             eps, heads)
+
+    @staticmethod
+    def symbolic(g, qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, k_cache, v_cache, eps: float, heads: int):
+        out = g.op(f"{UNSTEP_DOMAIN}::QkvNormRopeCache", qkv, q_bias, k_bias, q_weight, k_weight, cos, sin,
+                   k_cache, v_cache, epsilon_f=float(eps), num_heads_i=int(heads))
+        sizes = qkv.type().varyingSizes()
+        if sizes and sizes[-1] is not None:
+            out.setType(qkv.type().with_sizes(sizes[:-1] + [sizes[-1] // 3]))
+        else:  # the element type only
+            out.setType(qkv.type().with_sizes([None] * len(sizes)) if sizes else qkv.type())
         return out
 
 
@@ -321,6 +373,28 @@ def bias_rms_norm_rope(x, bias, weight, cos, sin, eps: float, heads: int):
     if exporting():
         return _BiasRmsNormRope.apply(x, bias, weight, cos, sin, eps, heads)
     return bias_rms_norm_rope_reference(x, bias, weight, cos, sin, eps, heads)
+
+
+def qkv_norm_rope_cache(qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, past_k, past_v, eps: float,
+                        heads: int):
+    """Self-attention's q, and the keys and values the attention reads, from QKV [1, T, 3D].
+
+    Exporting: one `QkvNormRopeCache` node; `past_k`/`past_v` are then the graph's cache inputs
+    [1, P + T, D] (the past followed by T rows for this block), written in place by the node and
+    read by the attention as they are.  Returns (q, past_k, past_v, None, None).
+    Eager: `past_k`/`past_v` are the past [1, P, D]; the reference arithmetic writes this block's
+    keys/values into concat(past, zeros[T]), which is today's concatenation of past and new.
+    Returns (q, keys, values, new k, new v)."""
+    cos, sin = cos.to(qkv.dtype), sin.to(qkv.dtype)
+    if exporting():
+        q = _QkvNormRopeCache.apply(qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, past_k, past_v, eps, heads)
+        return q, past_k, past_v, None, None
+    t, d = qkv.shape[-2], qkv.shape[-1] // 3
+    new = qkv.new_zeros(*qkv.shape[:-2], t, d)
+    kk = torch.cat([past_k.to(qkv.dtype), new], dim=-2)
+    vv = torch.cat([past_v.to(qkv.dtype), new], dim=-2)
+    q = qkv_norm_rope_cache_reference(qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, kk, vv, eps, heads)
+    return q, kk, vv, kk[..., -t:, :], vv[..., -t:, :]
 
 
 def bias_rms_norm(x, bias, weight, eps: float):
@@ -369,6 +443,23 @@ def value_and_output_parts(v: nn.Module, o: nn.Module):
     if isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and v.bias is not None:
         return (lambda x: F.linear(x, v.weight)), out, out(v.bias) + bias
     return v, out, bias
+
+
+def qkv_parts(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module):
+    """(x -> QKV = [x Wq | x Wk | value(x)], q bias, k bias, output without bias, output bias) of
+    a self-attention: plain linear layers give one bias-free MatMul by the concatenated weights
+    [3D, D]; `--svd-rank` factors are computed apart and concatenated.  The value bias is folded
+    into the output bias as in `value_and_output_parts`."""
+    q_lin, q_bias = linear_parts(q)
+    k_lin, k_bias = linear_parts(k)
+    value, output, o_bias = value_and_output_parts(v, o)
+    # value(x) is x Wv exactly when v is a plain linear layer whose bias was folded (or is None).
+    if all(isinstance(m, nn.Linear) for m in (q, k, v)) and (v.bias is None or isinstance(o, nn.Linear)):
+        weight = torch.cat([q.weight, k.weight, v.weight], dim=0)
+        fn = lambda x: F.linear(x, weight)  # noqa: E731
+    else:
+        fn = lambda x: torch.cat([q_lin(x), k_lin(x), value(x)], dim=-1)  # noqa: E731
+    return fn, q_bias, k_bias, output, o_bias
 
 
 def ffn_hidden(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:

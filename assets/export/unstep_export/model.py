@@ -93,16 +93,18 @@ class SelfAttention(AttentionProjections):
         return output(attention(q, kk, vv, self.heads)), k, v
 
     def forward_fused(self, x, cos, sin, past_k, past_v):
-        """dit_fused: q/k as one BiasRmsNormRope each after a bias-free projection; returns the
-        bias-free output projection and its (folded) bias for the next GatedResidualLayerNorm."""
-        q_lin, q_bias = fused.linear_parts(self.q)
-        k_lin, k_bias = fused.linear_parts(self.k)
-        q = fused.bias_rms_norm_rope(q_lin(x), q_bias, self.norm_q.weight, cos, sin, self.norm_q.eps, self.heads)
-        k = fused.bias_rms_norm_rope(k_lin(x), k_bias, self.norm_k.weight, cos, sin, self.norm_k.eps, self.heads)
-        value, output, o_bias = fused.value_and_output_parts(self.v, self.o)
-        v = value(x)
-        kk = torch.cat([past_k, k], dim=1)
-        vv = torch.cat([past_v, v], dim=1)
+        """dit_fused: q, k, v as one bias-free projection QKV = x [Wq | Wk | Wv]^T, then one
+        QkvNormRopeCache (q/k bias + RMS norm + RoPE; k and v written into the cache).  Exporting,
+        past_k/past_v are the graph's cache inputs [1, P + T, D] and the attention reads them as
+        they are (the op fills their last T rows); eager, they are the past [1, P, D] and the
+        attention reads concat(past, new) as in `forward`.  Returns the bias-free output projection,
+        its (folded) bias for the next GatedResidualLayerNorm, and the block's k, v (None when
+        exporting: they are the last T rows of the cache inputs)."""
+        if self.norm_q.eps != self.norm_k.eps:
+            raise ValueError(f"QkvNormRopeCache has one epsilon: norm_q {self.norm_q.eps}, norm_k {self.norm_k.eps}")
+        qkv_lin, q_bias, k_bias, output, o_bias = fused.qkv_parts(self.q, self.k, self.v, self.o)
+        q, kk, vv, k, v = fused.qkv_norm_rope_cache(qkv_lin(x), q_bias, k_bias, self.norm_q.weight, self.norm_k.weight,
+                                                    cos, sin, past_k, past_v, self.norm_q.eps, self.heads)
         return output(attention(q, kk, vv, self.heads)), o_bias, k, v
 
 
@@ -173,7 +175,8 @@ class Block(nn.Module):
         norm, computed by the previous layer's last op (None for layer 0: one LayerNormalization
         here); e: this layer's modulation chunks; next_*: the scale, shift and eps of the norm that
         follows this layer (the next layer's norm1, or the head's).
-        Returns (residual, the next modulated input norm, new k, new v)."""
+        Returns (residual, the next modulated input norm, new k, new v); exporting, past_k/past_v
+        are the cache inputs [1, P + T, D] that the graph fills, and new k, v are None."""
         if y is None:
             y = self.input_norm(x, e, frames)
         o, o_bias, k, v = self.self_attn(y, cos, sin, past_k, past_v)

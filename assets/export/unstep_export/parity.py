@@ -118,7 +118,10 @@ def run_parity(args) -> int:
 # dit_fused.onnx (the runner's ai.unstep operators): structure, and a numpy run of the contract
 # ---------------------------------------------------------------------------------------------
 
-UNSTEP_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2)}
+UNSTEP_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
+              "QkvNormRopeCache": (9, 1)}
+# Nodes per layer in dit_fused.onnx (exporter 0.6.0): BiasRmsNormRope is no longer used there.
+FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3}
 
 
 def _io_signature(values):
@@ -126,7 +129,8 @@ def _io_signature(values):
 
 
 # Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0.
-_SAME_AS_INPUT0 = {("ai.unstep", op) for op in UNSTEP_OPS} | {
+# (QkvNormRopeCache's output Q is QKV's type with the last axis divided by 3.)
+_SAME_AS_INPUT0 = {("ai.unstep", op) for op in UNSTEP_OPS if op != "QkvNormRopeCache"} | {
     ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
     ("", "SimplifiedLayerNormalization")}
 
@@ -145,12 +149,19 @@ def _value_types(model) -> dict:
                  if v.type.tensor_type.elem_type}
         added = 0
         for n in g.node:
-            if (n.domain, n.op_type) in _SAME_AS_INPUT0 and n.input[0] in types:
+            qkv = (n.domain, n.op_type) == ("ai.unstep", "QkvNormRopeCache")
+            if ((n.domain, n.op_type) in _SAME_AS_INPUT0 or qkv) and n.input[0] in types:
                 for o in n.output:
                     if o not in types:
                         v = g.value_info.add()
                         v.name = o
                         v.type.CopyFrom(types[n.input[0]])
+                        if qkv and v.type.tensor_type.shape.dim:
+                            last = v.type.tensor_type.shape.dim[-1]
+                            if last.HasField("dim_value"):
+                                last.dim_value //= 3
+                            else:
+                                last.Clear()
                         types[o] = v.type
                         added += 1
         if not added:
@@ -165,12 +176,17 @@ def _value_types(model) -> dict:
 
 
 def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list:
-    """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer two
-    BiasRmsNormRope, one BiasRmsNorm, three GatedResidualLayerNorm; no RotaryEmbedding and no
-    SimplifiedLayerNormalization on anything computed from `x` (the context-side key norms may
-    stay); exactly one LayerNormalization; every ai.unstep node's inputs and outputs of one float
-    type; the same inputs and outputs as dit.onnx.  Returns the problems (empty when it passes)
-    and prints the node counts."""
+    """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer one
+    QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm and no BiasRmsNormRope; no
+    RotaryEmbedding and no SimplifiedLayerNormalization on anything computed from `x` (the
+    context-side key norms may stay); exactly one LayerNormalization; every ai.unstep node's
+    inputs and outputs of one float type; dit.onnx's x, timestep, context, frame_offset, then
+    `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`, `past_v.{i}` (axis 1 now P + T), and
+    dit.onnx's `flow` as the only output.  The cache inputs of layer i are read by that layer's
+    QkvNormRopeCache (K, V, which it writes) and by the MultiHeadAttention that takes its Q, and by
+    nothing else (so no Concat of the cache); its QKV is one MatMul by a [D, 3D] constant (or, with
+    --svd-rank factors, a Concat of three products), so the graph has dit.onnx's MatMuls less two
+    per such layer.  Returns the problems (empty when it passes) and prints the node counts."""
     import collections
     import re
 
@@ -182,18 +198,24 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     std = onnx.load(str(dit_path), load_external_data=False)
     model = onnx.load(str(fused_path), load_external_data=False)
     graph = model.graph
-    if _io_signature(graph.input) != _io_signature(std.graph.input):
-        problems.append("inputs differ from dit.onnx")
-    if _io_signature(graph.output) != _io_signature(std.graph.output):
-        problems.append("outputs differ from dit.onnx")
+    std_in = {v.name: v.type.SerializeToString() for v in std.graph.input}
+    want_in = _io_signature(std.graph.input)[:4]
+    for i in range(layers):
+        want_in += [(f"kv_k.{i}", std_in.get(f"past_k.{i}")), (f"kv_v.{i}", std_in.get(f"past_v.{i}"))]
+    if _io_signature(graph.input) != want_in:
+        problems.append(f"inputs {[v.name for v in graph.input]}: expected {[n for n, _ in want_in]} typed like "
+                        f"dit.onnx's x, timestep, context, frame_offset, past_k.i, past_v.i")
+    if _io_signature(graph.output) != _io_signature(std.graph.output)[:1]:
+        problems.append(f"outputs {[v.name for v in graph.output]}: expected dit.onnx's flow only")
     opsets = {o.domain: o.version for o in model.opset_import}
     if opsets.get(UNSTEP_DOMAIN) != 1:
         problems.append(f"opset_import {UNSTEP_DOMAIN} is {opsets.get(UNSTEP_DOMAIN)}, not 1")
 
     counts = collections.Counter((n.domain or "ai.onnx", n.op_type) for n in graph.node)
+    std_counts = collections.Counter((n.domain or "ai.onnx", n.op_type) for n in std.graph.node)
     print(f"{Path(fused_path).name} nodes: " + ", ".join(
         f"{d}::{t} {c}" for (d, t), c in sorted(counts.items()) if t not in ("Constant", "Identity")))
-    for op, per_layer in (("BiasRmsNormRope", 2), ("BiasRmsNorm", 1), ("GatedResidualLayerNorm", 3)):
+    for op, per_layer in FUSED_DIT_PER_LAYER.items():
         nodes = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == op]
         if len(nodes) != per_layer * layers:
             problems.append(f"{op}: {len(nodes)} nodes, expected {per_layer} per layer x {layers}")
@@ -217,10 +239,72 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         if n.op_type == "SimplifiedLayerNormalization" and n.input[0] in tainted:
             problems.append(f"SimplifiedLayerNormalization on token activations: {n.name}")
 
+    # The cache inputs: written by QkvNormRopeCache, then read by the attention that takes its Q.
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers = collections.defaultdict(list)
+    for n in graph.node:
+        for j, i in enumerate(n.input):
+            consumers[i].append((n, j))
+    position = {id(n): j for j, n in enumerate(graph.node)}
+    inits = {t.name: list(t.dims) for t in graph.initializer}
+
+    def source(v):  # look through Identity (the exporter shares equal initializers that way)
+        while v in producer and producer[v].op_type == "Identity":
+            v = producer[v].input[0]
+        return v
+
+    def const_shape(v):
+        v = source(v)
+        if v in inits:
+            return inits[v]
+        n = producer.get(v)
+        if n is not None and n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    return list(a.t.dims)
+        return None
+
+    plain_qkv = 0
+    for i in range(layers):
+        kv = (f"kv_k.{i}", f"kv_v.{i}")
+        caches = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == "QkvNormRopeCache"
+                  and list(n.input[7:9]) == list(kv)]
+        if len(caches) != 1:
+            problems.append(f"layer {i}: {len(caches)} QkvNormRopeCache nodes write {kv[0]}, {kv[1]}, expected 1")
+            continue
+        node = caches[0]
+        if not re.search(rf"/blocks\.{i}/", node.name):
+            problems.append(f"{node.name} writes layer {i}'s cache")
+        qkv = producer.get(node.input[0])
+        if qkv is not None and qkv.op_type == "MatMul":
+            w = const_shape(qkv.input[1])
+            if w is None or len(w) != 2 or w[1] != 3 * w[0]:
+                problems.append(f"{node.name}: QKV is a MatMul by {qkv.input[1]} of shape {w}, expected [D, 3D]")
+            else:
+                plain_qkv += 1
+        elif qkv is None or qkv.op_type != "Concat":
+            problems.append(f"{node.name}: QKV comes from {qkv.op_type if qkv else 'no node'}, expected one MatMul")
+        attn = [n for n, j in consumers[node.output[0]]
+                if n.domain == "com.microsoft" and n.op_type == "MultiHeadAttention" and j == 0]
+        if len(attn) != 1 or list(attn[0].input[1:]) != list(kv):
+            problems.append(f"{node.name}: Q does not go to one MultiHeadAttention(Q, {kv[0]}, {kv[1]})")
+            continue
+        for j, name in enumerate(kv):
+            readers = sorted((n.name, k) for n, k in consumers[name])
+            want = sorted([(node.name, 7 + j), (attn[0].name, 1 + j)])
+            if readers != want:
+                problems.append(f"{name} is read by {readers}, expected only {want}")
+        if position[id(attn[0])] < position[id(node)]:
+            problems.append(f"{attn[0].name} comes before {node.name}")
+    want_mm = std_counts[("ai.onnx", "MatMul")] - 2 * plain_qkv
+    if counts[("ai.onnx", "MatMul")] != want_mm:
+        problems.append(f"MatMul: {counts[('ai.onnx', 'MatMul')]} nodes, expected {want_mm} (dit.onnx's "
+                        f"{std_counts[('ai.onnx', 'MatMul')]} less 2 for each of {plain_qkv} fused q|k|v projections)")
+
     # Element types and shapes of the ai.unstep nodes' operands.
     info = _value_types(model)
     float_type = info["flow"][0]
-    dim = info["new_k.0"][1][-1]
+    dim = info["kv_k.0"][1][-1] if "kv_k.0" in info else None
     for n in graph.node:
         if n.domain != UNSTEP_DOMAIN or n.op_type not in UNSTEP_OPS:
             continue
@@ -229,17 +313,33 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected {n_in} / {n_out}")
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        want = {"epsilon"} | ({"num_heads"} if n.op_type == "BiasRmsNormRope" else set())
+        rope = n.op_type in ("BiasRmsNormRope", "QkvNormRopeCache")
+        want = {"epsilon"} | ({"num_heads"} if rope else set())
         if set(attrs) != want or not isinstance(attrs.get("epsilon"), float):
             problems.append(f"{n.name}: attributes {attrs}, expected {sorted(want)}")
-        if n.op_type == "BiasRmsNormRope" and attrs.get("num_heads") != heads:
+        if rope and attrs.get("num_heads") != heads:
             problems.append(f"{n.name}: num_heads {attrs.get('num_heads')}, expected {heads}")
         for name in list(n.input) + list(n.output):
             elem = info.get(name, (None, None))[0]
             if elem != float_type:
                 problems.append(f"{n.name}: {name} has element type {elem}, the graph's is {float_type}")
-        bias = n.input[2] if n.op_type == "GatedResidualLayerNorm" else n.input[1]
-        weights = [bias] + ([n.input[2]] if n.op_type != "GatedResidualLayerNorm" else [])
+        if n.op_type == "GatedResidualLayerNorm":
+            weights = [n.input[2]]
+        elif n.op_type == "QkvNormRopeCache":
+            weights = list(n.input[1:5])
+            # (shape inference may leave QKV's shape unknown, []: the MatMul's weight is checked above)
+            qkv_shape = info.get(n.input[0], (None, None))[1] or None
+            q_shape = info.get(n.output[0], (None, None))[1] or None
+            if qkv_shape is not None and (len(qkv_shape) < 2 or qkv_shape[-1] != 3 * dim):
+                problems.append(f"{n.name}: QKV has shape {qkv_shape}, expected [..., T, {3 * dim}]")
+            elif q_shape is not None and (q_shape[-1] != dim or (qkv_shape and q_shape != qkv_shape[:-1] + [dim])):
+                problems.append(f"{n.name}: Q has shape {q_shape}, expected QKV's {qkv_shape} with the last axis {dim}")
+            for c in n.input[7:9]:
+                shape = info.get(c, (None, None))[1]
+                if shape is None or len(shape) < 2 or shape[-1] != dim:
+                    problems.append(f"{n.name}: {c} has shape {shape}, expected [..., L, {dim}]")
+        else:
+            weights = list(n.input[1:3])
         for name in weights:
             shape = info.get(name, (None, None))[1]
             if shape is not None and shape != [dim]:
@@ -261,23 +361,53 @@ def _unstep_reference_ops():
     def rms(v, eps):
         return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + np.float32(eps))
 
+    def bias_rms_norm_rope(x, bias, weight, cos, sin, epsilon, num_heads):
+        """BiasRmsNormRope of the rows x [N, D], float32 [N, D] (not rounded)."""
+        n, d = x.shape
+        half = d // num_heads // 2
+        u = rms(x.astype(np.float32) + bias.astype(np.float32).reshape(d), epsilon)
+        u = u * weight.astype(np.float32).reshape(d)
+        t = np.arange(n) % (cos.size // half)
+        j = np.arange(d // 2) % half
+        c = cos.astype(np.float32).reshape(-1, half)[t][:, j]  # [N, D/2]: pair i of row r
+        s = sin.astype(np.float32).reshape(-1, half)[t][:, j]
+        a, b = u[:, 0::2], u[:, 1::2]
+        y = np.empty_like(u)
+        y[:, 0::2] = a * c - b * s
+        y[:, 1::2] = a * s + b * c
+        return y
+
     class BiasRmsNormRope(OpRun):
         op_domain = "ai.unstep"
 
         def _run(self, x, bias, weight, cos, sin, epsilon=None, num_heads=None):
             d = x.shape[-1]
-            n = x.size // d
-            half = d // num_heads // 2
-            u = rms(x.astype(np.float32).reshape(n, d) + bias.astype(np.float32), epsilon) * weight.astype(np.float32)
-            t = np.arange(n) % cos.shape[0]
-            j = np.arange(d // 2) % half
-            c = cos.astype(np.float32)[t][:, j]  # [N, D/2]: pair i of row r
-            s = sin.astype(np.float32)[t][:, j]
-            a, b = u[:, 0::2], u[:, 1::2]
-            y = np.empty_like(u)
-            y[:, 0::2] = a * c - b * s
-            y[:, 1::2] = a * s + b * c
+            y = bias_rms_norm_rope(x.reshape(-1, d), bias, weight, cos, sin, epsilon, num_heads)
             return (y.reshape(x.shape).astype(x.dtype),)
+
+    class QkvNormRopeCache(OpRun):
+        """Writes K and V in place, into the arrays it is given (onnx.reference passes the feed
+        arrays through; `written` keeps each node's K and V so that the caller can check that)."""
+
+        op_domain = "ai.unstep"
+        written = []
+
+        def _run(self, qkv, q_bias, k_bias, q_weight, k_weight, cos, sin, k, v, epsilon=None, num_heads=None):
+            d = qkv.shape[-1] // 3
+            t = qkv.shape[-2]
+            n = qkv.size // (3 * d)
+            b, big = n // t, k.shape[-2]
+            assert qkv.shape[-1] == 3 * d and k.shape == v.shape and k.shape[-1] == d, (qkv.shape, k.shape, v.shape)
+            assert big >= t and k.size == b * big * d, (qkv.shape, k.shape)
+            rows = qkv.reshape(n, 3 * d)
+            q = bias_rms_norm_rope(rows[:, :d], q_bias, q_weight, cos, sin, epsilon, num_heads)
+            kn = bias_rms_norm_rope(rows[:, d:2 * d], k_bias, k_weight, cos, sin, epsilon, num_heads)
+            kc, vc = k.reshape(b, big, d), v.reshape(b, big, d)
+            assert np.shares_memory(kc, k) and np.shares_memory(vc, v), "K/V must be writable in place"
+            kc[:, big - t:] = kn.reshape(b, t, d).astype(k.dtype)
+            vc[:, big - t:] = rows[:, 2 * d:].reshape(b, t, d).astype(v.dtype)  # copied as is
+            QkvNormRopeCache.written.append((k, v))
+            return (q.reshape(qkv.shape[:-1] + (d,)).astype(qkv.dtype),)
 
     class BiasRmsNorm(OpRun):
         op_domain = "ai.unstep"
@@ -333,7 +463,7 @@ def _unstep_reference_ops():
             assert axis in (-1, x.ndim - 1)
             return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
 
-    return [BiasRmsNormRope, BiasRmsNorm, GatedResidualLayerNorm, MultiHeadAttention, FastGelu,
+    return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, GatedResidualLayerNorm, MultiHeadAttention, FastGelu,
             SimplifiedLayerNormalization]
 
 
@@ -471,6 +601,37 @@ def run_fused_reference(path, feed: dict):
     return ReferenceEvaluator(str(path), new_ops=_unstep_reference_ops()).run(None, feed)
 
 
+def run_fused_dit(path, feed: dict, tokens: int):
+    """dit_fused.onnx in onnx.reference (numpy operators) on the inputs of a dit.onnx run:
+    `kv_k.{i}` = concat(past_k.{i}, zeros[T]), likewise `kv_v.{i}`.  Returns (flow, new_k, new_v,
+    problems): new_k/new_v are the last T rows of the cache arrays after the run (what the
+    QkvNormRopeCache nodes wrote in place), problems says where the writes did not reach the fed
+    arrays or touched the past rows."""
+    from onnx.reference import ReferenceEvaluator
+
+    layers = sum(1 for k in feed if k.startswith("past_k."))
+    fused_feed = {k: v for k, v in feed.items() if not k.startswith("past_")}
+    for i in range(layers):
+        for kind in "kv":
+            p = feed[f"past_{kind}.{i}"]
+            zeros = np.zeros(p.shape[:-2] + (tokens, p.shape[-1]), p.dtype)
+            fused_feed[f"kv_{kind}.{i}"] = np.ascontiguousarray(np.concatenate([p, zeros], axis=-2))
+    ops = _unstep_reference_ops()
+    cache_op = next(op for op in ops if op.__name__ == "QkvNormRopeCache")
+    (flow,) = ReferenceEvaluator(str(path), new_ops=ops).run(None, fused_feed)
+    problems = []
+    written = cache_op.written
+    caches = [(fused_feed[f"kv_k.{i}"], fused_feed[f"kv_v.{i}"]) for i in range(layers)]
+    if len(written) != layers or any(wk is not k or wv is not v for (wk, wv), (k, v) in zip(written, caches)):
+        problems.append("the QkvNormRopeCache nodes did not write into the fed kv_k/kv_v arrays "
+                        f"({len(written)} writes for {layers} layers)")
+    for i, (k, v) in enumerate(caches):
+        for kind, c in (("k", k), ("v", v)):
+            if not np.array_equal(c[..., : c.shape[-2] - tokens, :], feed[f"past_{kind}.{i}"]):
+                problems.append(f"kv_{kind}.{i}: rows before L - T were changed")
+    return flow, [k[..., -tokens:, :] for k, _ in caches], [v[..., -tokens:, :] for _, v in caches], problems
+
+
 def report_vae_graphs(label, bundle: Path, z, report):
     """vae_first_fused then vae_step_fused of `bundle` in onnx.reference (numpy operators) against
     vae_first / vae_step in onnxruntime (CPU), fp32, all outputs; the step is fed the caches of
@@ -502,7 +663,9 @@ def run_fused_check(args) -> int:
     dit_fused.onnx and vae_first_fused / vae_step_fused.onnx (the runner's ai.unstep operators,
     which ONNX Runtime cannot run): their eager structure vs the standard eager forward, their
     exported graphs' structure (fp32 and fp16), and the exported graphs run in onnx.reference with
-    numpy operators written from the contract.  With --bundle, that bundle's fused graphs too."""
+    numpy operators written from the contract (dit_fused fed concat(past, zeros[T]) as its kv_k/kv_v
+    and compared on flow and the rows its QkvNormRopeCache nodes wrote in place).  With --bundle,
+    that bundle's fused graphs too."""
     import copy
     import tempfile
 
@@ -578,16 +741,22 @@ def run_fused_check(args) -> int:
         ex.export_dit(dit, cfg, out, torch.float32, fused_ops=True)
         structure("dit_fused.onnx structure (fp32)",
                   check_fused_structure(out / "dit_fused.onnx", out / "dit.onnx", cfg.layers, cfg.heads))
-        res = run_fused_reference(out / "dit_fused.onnx", feed)
-        report("dit_fused.onnx (numpy ops) flow", res[0], flow.numpy())
-        report("dit_fused.onnx (numpy ops) new_k", np.concatenate(res[1::2], 1), torch.cat(nk, 1).numpy())
-        report("dit_fused.onnx (numpy ops) new_v+b",
-               np.concatenate([v + b.numpy() for v, b in zip(res[2::2], v_bias)], 1), torch.cat(nv, 1).numpy())
+        # The graph writes this block's keys/values into the last T rows of its kv_k/kv_v inputs
+        # (fed as concat(past, zeros[T])); compare those rows with the eager new_k/new_v.
+        tokens = f * cfg.tokens_per_frame
+        r_flow, r_k, r_v, probs = run_fused_dit(out / "dit_fused.onnx", feed, tokens)
+        structure("dit_fused.onnx (numpy ops) writes kv_k/kv_v in place", probs)
+        report("dit_fused.onnx (numpy ops) flow", r_flow, flow.numpy())
+        report("dit_fused.onnx (numpy ops) kv_k rows", np.concatenate(r_k, 1), torch.cat(nk, 1).numpy())
+        report("dit_fused.onnx (numpy ops) kv_v rows+b",
+               np.concatenate([v + b.numpy() for v, b in zip(r_v, v_bias)], 1), torch.cat(nv, 1).numpy())
         feed0 = dict(feed, frame_offset=np.array([0]))
         for i in range(cfg.layers):
             feed0[f"past_k.{i}"] = feed0[f"past_v.{i}"] = np.zeros((1, 0, cfg.dim), np.float32)
-        std0 = session(out / "dit.onnx").run(None, feed0)
-        res0 = run_fused_reference(out / "dit_fused.onnx", feed0)
+        std0 = session(out / "dit.onnx").run(None, feed0)  # flow, new_k.0, new_v.0, new_k.1, ...
+        r_flow, r_k, r_v, probs = run_fused_dit(out / "dit_fused.onnx", feed0, tokens)
+        structure("dit_fused.onnx (numpy ops) P=0 writes kv_k/kv_v in place", probs)
+        res0 = [r_flow] + [c for kv in zip(r_k, r_v) for c in kv]
         report("dit_fused.onnx (numpy ops) P=0", np.concatenate([r.reshape(-1) for r in res0]),
                np.concatenate([r.reshape(-1) for r in std0]))
         half = copy.deepcopy(dit).half()
@@ -600,8 +769,11 @@ def run_fused_check(args) -> int:
         # that catches overflow or a wrong cast, not rounding.
         feed16 = {k: v.astype(np.float16) if v.dtype == np.float32 and k != "timestep" else v
                   for k, v in feed.items()}
-        res = run_fused_reference(out / "dit_fused.onnx", feed16)
-        report("dit_fused.onnx fp16 (numpy ops) flow", res[0], flow.numpy(), tol=1e-2)
+        r_flow, r_k, _, probs = run_fused_dit(out / "dit_fused.onnx", feed16, tokens)
+        structure("dit_fused.onnx fp16 (numpy ops) writes kv_k/kv_v in place", probs)
+        report("dit_fused.onnx fp16 (numpy ops) flow", r_flow, flow.numpy(), tol=1e-2)
+        report("dit_fused.onnx fp16 (numpy ops) kv_k rows", np.concatenate(r_k, 1), torch.cat(nk, 1).numpy(),
+               tol=1e-2)
 
         z = torch.randn(1, cfg.latent_channels, 1, cfg.lat_h, cfg.lat_w, generator=g)
         with torch.no_grad():
@@ -676,14 +848,18 @@ def run_fused_check(args) -> int:
             listed = listed_graphs.get("dit_fused") == "dit_fused.onnx"
             structure(f"{bundle}/bundle.toml lists dit_fused", [] if listed else ["not in [graphs]"])
             if fp32:
-                # The bundle's own two DiT graphs on one random input: dit.onnx in onnxruntime,
-                # dit_fused.onnx in onnx.reference with the numpy operators.
+                # The bundle's own two DiT graphs on one random input (P = T): dit.onnx in
+                # onnxruntime, dit_fused.onnx in onnx.reference with the numpy operators; its flow
+                # and the last T rows of its kv_k/kv_v against dit.onnx's flow, new_k and new_v.
+                tokens = cfg.frames_per_block * cfg.tokens_per_frame
                 for k, v in feed.items():
                     if k.startswith("past_"):
-                        feed[k] = v[:, : cfg.frames_per_block * cfg.tokens_per_frame]
+                        feed[k] = np.ascontiguousarray(v[:, :tokens])
                 std = session(bundle / "dit.onnx").run(None, feed)
-                res = run_fused_reference(bundle / "dit_fused.onnx", feed)
-                report(f"{bundle}: dit_fused vs dit (all outputs)", np.concatenate([r.reshape(-1) for r in res]),
+                r_flow, r_k, r_v, probs = run_fused_dit(bundle / "dit_fused.onnx", feed, tokens)
+                structure(f"{bundle}/dit_fused.onnx writes kv_k/kv_v in place", probs)
+                res = [r_flow] + [c for kv in zip(r_k, r_v) for c in kv]
+                report(f"{bundle}: dit_fused vs dit (flow, kv rows)", np.concatenate([r.reshape(-1) for r in res]),
                        np.concatenate([r.reshape(-1) for r in std]))
         else:
             print(f"note: {bundle} has no dit_fused.onnx")

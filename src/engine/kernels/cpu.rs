@@ -214,7 +214,16 @@ pub(crate) fn qkv_norm_rope_cache<T: Element>(
     let block = (l - t) * d..l * d;
     for (b, (k, v)) in k.chunks_mut(l * d).zip(v.chunks_mut(l * d)).enumerate() {
         let (k, v) = (&mut k[block.clone()], &mut v[block.clone()]);
-        norm_rows(plan, epsilon, qkv, rows(d, b * t), k_bias, k_weight, rope, k);
+        norm_rows(
+            plan,
+            epsilon,
+            qkv,
+            rows(d, b * t),
+            k_bias,
+            k_weight,
+            rope,
+            k,
+        );
         v.par_chunks_mut(d)
             .with_min_len(MIN_ROWS_PER_TASK)
             .enumerate()
@@ -240,19 +249,21 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
     for i in 0..names.len() {
         if in_place.contains(&i) {
             written.push(input(i)?.downcast::<DynTensorValueType>()?);
+            values.push(None);
         } else {
-            values.push((i, input(i)?));
+            values.push(Some(input(i)?));
         }
     }
-    let mut inputs: Vec<(&[i64], &[T])> = Vec::with_capacity(names.len());
     let mut written_shapes = written.iter().map(|tensor| &**tensor.shape());
-    for i in 0..names.len() {
-        let Some((_, value)) = values.iter().find(|(j, _)| *j == i) else {
-            let shape = written_shapes.next().expect("one written tensor per in-place input");
+    let mut inputs: Vec<(&[i64], &[T])> = Vec::with_capacity(names.len());
+    for (value, name) in values.iter().zip(names) {
+        let Some(value) = value else {
+            let shape = written_shapes
+                .next()
+                .expect("one written tensor per in-place input");
             inputs.push((shape, &[]));
             continue;
         };
-        let name = names[i];
         let (shape, data) = value
             .try_extract_tensor::<T>()
             .map_err(|e| op_error(op, format!("input {name}: {e}")))?;
@@ -305,7 +316,9 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
                 // registration and its shape by `plan`), host memory on the CPU provider. No slice
                 // of it is alive (see `in_place` above), and K and V are distinct inputs: the
                 // graph's contract gives the node buffers that nothing reads before it has run.
-                unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr().cast::<T>().cast_mut(), len) }
+                unsafe {
+                    std::slice::from_raw_parts_mut(tensor.data_ptr().cast::<T>().cast_mut(), len)
+                }
             };
             let (k, v) = (cache(&written[0]), cache(&written[1]));
             qkv_norm_rope_cache(

@@ -418,7 +418,9 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
             let t = x[x.len() - 2].max(0) as usize;
             let (k, v) = (shapes[7], shapes[8]);
             let cache_rows = match k {
-                [.., l, last] if *last as usize == d && *l >= 0 && (*l as usize) >= t => *l as usize,
+                [.., l, last] if *last as usize == d && *l >= 0 && (*l as usize) >= t => {
+                    *l as usize
+                }
                 _ => 0,
             };
             let batch = rows.checked_div(t).unwrap_or(0);

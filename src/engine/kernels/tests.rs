@@ -542,8 +542,14 @@ impl<T: Element> QkvCase<T> {
         let past = (self.l - self.t) * self.d;
         for b in 0..self.b {
             let rows = b * self.l * self.d..b * self.l * self.d + past;
-            assert!(k[rows.clone()] == self.k[rows.clone()], "{what}: K's earlier rows changed");
-            assert!(v[rows.clone()] == self.v[rows], "{what}: V's earlier rows changed");
+            assert!(
+                k[rows.clone()] == self.k[rows.clone()],
+                "{what}: K's earlier rows changed"
+            );
+            assert!(
+                v[rows.clone()] == self.v[rows],
+                "{what}: V's earlier rows changed"
+            );
         }
     }
 }
@@ -857,25 +863,69 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     // QkvNormRopeCache: QKV's last axis not 3·D, and a cache shorter than the block or of
     // another batch, and V unlike K.
     let qkv = |qkv: &'static [i64], k: &'static [i64], v: &'static [i64]| -> Vec<&'static [i64]> {
-        vec![qkv, &[8], &[8], &[8], &[8], &[1, 4, 1, 2], &[1, 4, 1, 2], k, v]
+        vec![
+            qkv,
+            &[8],
+            &[8],
+            &[8],
+            &[8],
+            &[1, 4, 1, 2],
+            &[1, 4, 1, 2],
+            k,
+            v,
+        ]
     };
-    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[1, 4, 25], &[1, 6, 8], &[1, 6, 8]));
+    let e = plan_error(
+        Op::QkvNormRopeCache,
+        rope,
+        &qkv(&[1, 4, 25], &[1, 6, 8], &[1, 6, 8]),
+    );
     assert!(
         e.contains("QkvNormRopeCache: QKV has shape [1, 4, 25]") && e.contains("3·D"),
         "{e}"
     );
-    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[1, 4, 24], &[1, 3, 8], &[1, 3, 8]));
+    let e = plan_error(
+        Op::QkvNormRopeCache,
+        rope,
+        &qkv(&[1, 4, 24], &[1, 3, 8], &[1, 3, 8]),
+    );
     assert!(
         e.contains("input K has shape [1, 3, 8]") && e.contains("L ≥ T = 4"),
         "{e}"
     );
-    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[2, 4, 24], &[1, 6, 8], &[1, 6, 8]));
-    assert!(e.contains("input K has shape [1, 6, 8]") && e.contains("2·L·8"), "{e}");
-    let e = plan_error(Op::QkvNormRopeCache, rope, &qkv(&[1, 4, 24], &[1, 6, 8], &[1, 5, 8]));
-    assert!(e.contains("input V has shape [1, 5, 8] and K [1, 6, 8]"), "{e}");
-    let ok = plan(Op::QkvNormRopeCache, &rope, &qkv(&[2, 4, 24], &[2, 6, 8], &[2, 6, 8])).unwrap();
+    let e = plan_error(
+        Op::QkvNormRopeCache,
+        rope,
+        &qkv(&[2, 4, 24], &[1, 6, 8], &[1, 6, 8]),
+    );
+    assert!(
+        e.contains("input K has shape [1, 6, 8]") && e.contains("2·L·8"),
+        "{e}"
+    );
+    let e = plan_error(
+        Op::QkvNormRopeCache,
+        rope,
+        &qkv(&[1, 4, 24], &[1, 6, 8], &[1, 5, 8]),
+    );
+    assert!(
+        e.contains("input V has shape [1, 5, 8] and K [1, 6, 8]"),
+        "{e}"
+    );
+    let ok = plan(
+        Op::QkvNormRopeCache,
+        &rope,
+        &qkv(&[2, 4, 24], &[2, 6, 8], &[2, 6, 8]),
+    )
+    .unwrap();
     assert_eq!(
-        (ok.rows, ok.d, ok.block_rows, ok.cache_rows, ok.half_hd, ok.table_rows),
+        (
+            ok.rows,
+            ok.d,
+            ok.block_rows,
+            ok.cache_rows,
+            ok.half_hd,
+            ok.table_rows
+        ),
         (8, 8, 4, 6, 2, 4)
     );
     // X without a last axis.
@@ -1062,7 +1112,10 @@ fn check_qkv_through_onnx_runtime<T: Tolerance>() {
     );
     let q = q.to_vec();
     drop(outputs);
-    case.assert_matches((&q, &k, &v), &format!("{t} QkvNormRopeCache through ONNX Runtime"));
+    case.assert_matches(
+        (&q, &k, &v),
+        &format!("{t} QkvNormRopeCache through ONNX Runtime"),
+    );
 }
 
 #[test]
@@ -1205,11 +1258,31 @@ fn short_aligned_rows_take_the_group_layout() {
         (96, 4, 32),
         (512, 4, 32),
     ] {
-        assert_eq!(Layout::choose(d, elem, true), group(lanes), "D = {d}, {elem} bytes");
-        assert_eq!(Layout::choose(d, elem, false), Layout::Block, "D = {d}, unaligned");
+        assert_eq!(
+            Layout::choose(d, elem, true),
+            group(lanes),
+            "D = {d}, {elem} bytes"
+        );
+        assert_eq!(
+            Layout::choose(d, elem, false),
+            Layout::Block,
+            "D = {d}, unaligned"
+        );
     }
-    for (d, elem) in [(2, 2), (100, 2), (2, 4), (514, 4), (520, 2), (1536, 2), (2048, 4)] {
-        assert_eq!(Layout::choose(d, elem, true), Layout::Block, "D = {d}, {elem} bytes");
+    for (d, elem) in [
+        (2, 2),
+        (100, 2),
+        (2, 4),
+        (514, 4),
+        (520, 2),
+        (1536, 2),
+        (2048, 4),
+    ] {
+        assert_eq!(
+            Layout::choose(d, elem, true),
+            Layout::Block,
+            "D = {d}, {elem} bytes"
+        );
     }
     let name = |op, ty, layout| cuda::entry_point(op, ty, layout).unwrap();
     assert_eq!(
