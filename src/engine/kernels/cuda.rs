@@ -53,6 +53,10 @@ pub(crate) const UNIT_BYTES: usize = 16;
 pub(crate) enum Layout {
     /// One block of [`THREADS`] threads per row, pairs of elements: D even, up to [`MAX_D`].
     Block,
+    /// One block of [`THREADS`] threads per row, 4 elements per access: D a multiple of 4, up to
+    /// [`MAX_D`], every tensor aligned to 4 elements (wan-1.3b's D = 1536: 3 accesses per
+    /// thread instead of 6).
+    BlockQuad,
     /// `lanes` threads of a warp per row (a power of two up to 32), [`UNIT_BYTES`] per access:
     /// D a multiple of a unit, up to [`GROUP_MAX_D`], and every tensor aligned to a unit. Against
     /// a block of 128 threads, which would leave most of them idle on a short row, and one warp
@@ -62,18 +66,25 @@ pub(crate) enum Layout {
 
 impl Layout {
     /// The entry point kinds, one per layout.
-    pub(crate) const KINDS: [Layout; 2] = [Layout::Block, Layout::Group { lanes: WARP }];
+    pub(crate) const KINDS: [Layout; 3] = [
+        Layout::Block,
+        Layout::BlockQuad,
+        Layout::Group { lanes: WARP },
+    ];
 
     /// The layout of rows of D elements of `elem_bytes` bytes whose tensors are all aligned to
-    /// a unit (`aligned`): the group layout where it can take the row, with the fewest lanes
-    /// that hold at most one unit each (up to a warp); the block layout otherwise.
-    pub(crate) fn choose(d: usize, elem_bytes: usize, aligned: bool) -> Layout {
+    /// `alignment` bytes: the group layout where it can take the row, with the fewest lanes that
+    /// hold at most one unit each (up to a warp); else blocks of 4-element accesses where D and
+    /// the alignment allow; else blocks of pairs.
+    pub(crate) fn choose(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
         let unit = UNIT_BYTES / elem_bytes;
-        if aligned && d.is_multiple_of(unit) && d <= GROUP_MAX_D {
+        if alignment.is_multiple_of(UNIT_BYTES) && d.is_multiple_of(unit) && d <= GROUP_MAX_D {
             let lanes = (d / unit).next_power_of_two().min(WARP as usize);
             Layout::Group {
                 lanes: lanes as u32,
             }
+        } else if alignment.is_multiple_of(4 * elem_bytes) && d.is_multiple_of(4) {
+            Layout::BlockQuad
         } else {
             Layout::Block
         }
@@ -82,7 +93,7 @@ impl Layout {
     /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
     fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
         let (blocks, threads) = match self {
-            Layout::Block => (rows, THREADS),
+            Layout::Block | Layout::BlockQuad => (rows, THREADS),
             Layout::Group { lanes } => (
                 rows.div_ceil((GROUP_THREADS / lanes) as usize),
                 GROUP_THREADS,
@@ -126,6 +137,7 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
     };
     let layout = match layout {
         Layout::Block => "",
+        Layout::BlockQuad => "_q",
         Layout::Group { .. } => "_g",
     };
     Some(format!("unstep_{op}_{ty}{layout}"))
@@ -353,8 +365,9 @@ pub(super) struct CudaKernel {
     ty: TensorElementType,
     ordinal: i32,
     module: &'static DeviceModule,
-    /// The kernels of the operator and type, block and group layout.
+    /// The kernels of the operator and type, per layout.
     block: Handle<sys::CUfunction>,
+    block_quad: Handle<sys::CUfunction>,
     group: Handle<sys::CUfunction>,
 }
 
@@ -362,7 +375,7 @@ impl CudaKernel {
     /// Compiles and loads the kernels for device `ordinal` if this process has not yet.
     pub(super) fn new(op: Op, ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         let names = Layout::KINDS.map(|layout| entry_point(op, ty, layout));
-        let [Some(block), Some(group)] = names else {
+        let [Some(block), Some(block_quad), Some(group)] = names else {
             return Err(format!(
                 "{DOMAIN} {}: element type {ty:?} is not supported (float32 and float16 are)",
                 op.name()
@@ -383,6 +396,7 @@ impl CudaKernel {
             ordinal,
             module,
             block: function(&block),
+            block_quad: function(&block_quad),
             group: function(&group),
         })
     }
@@ -485,11 +499,17 @@ impl CudaKernel {
             return Ok(());
         }
         let elem_bytes = self.elem_bytes();
-        let aligned = pointers.iter().all(|p| p % UNIT_BYTES as u64 == 0);
-        let layout = Layout::choose(plan.d, elem_bytes, aligned);
+        // The largest power of two (up to a unit) every pointer is aligned to.
+        let alignment = pointers
+            .iter()
+            .map(|&p| 1usize << p.trailing_zeros().min(UNIT_BYTES.trailing_zeros()))
+            .min()
+            .unwrap_or(UNIT_BYTES);
+        let layout = Layout::choose(plan.d, elem_bytes, alignment);
         let (blocks, threads) = layout.launch_dims(plan.rows)?;
         let (function, mut lanes) = match layout {
             Layout::Block => (self.block, 0i32),
+            Layout::BlockQuad => (self.block_quad, 0i32),
             Layout::Group { lanes } => (self.group, lanes as i32),
         };
         // The kernel's arguments, in the order of its signature in kernels.cu: the input

@@ -5,16 +5,16 @@
 // is converted with the PTX `cvt` instructions, all arithmetic is float32, and every output element
 // is rounded to its type once.
 //
-// Two layouts of a row on the threads (`BlockRow` and `GroupRow` below), each with its own entry
-// points (suffix `_g` for the group layout); the host picks one per call (cuda.rs). In both, a row
+// Three layouts of a row on the threads (`BlockRow`, `BlockQuad` and `GroupRow` below), each with
+// its own entry points (suffixes `_q` and `_g`); the host picks one per call (cuda.rs). In both, a row
 // is cut into *units* of V consecutive elements, loaded and stored as one access, and the WIDTH
 // threads of a row hold units u = t, t + WIDTH, t + 2 * WIDTH, ... (thread t of the row), so each
 // load instruction of a warp reads contiguous memory, and the row stays in registers between the
 // passes: ROW_FLOATS floats per thread (the host checks D against it, that D is a multiple of V
 // and that every pointer is aligned to a unit).
 //
-// - BlockRow, for large D (the DiT's 1536): one block of THREADS threads per row, grid = rows,
-//   units of a pair (V = 2), D <= 2048. Sums over the row: warp shuffles, then the warps' partial
+// - BlockRow and BlockQuad, for large D (the DiT's 1536): one block of THREADS threads per row,
+//   grid = rows, units of a pair (V = 2, any even D) or of 4 elements (D a multiple of 4), D <= 2048. Sums over the row: warp shuffles, then the warps' partial
 //   sums through shared memory. A few registers per thread and many threads per row keep enough
 //   loads in flight: on an H200 (wan-1.3b, D = 1536, 4680 rows, float16, kernel trace) a
 //   GatedResidualLayerNorm takes 21.6 us and a BiasRmsNormRope 16.4 us, against 46.9 and 28.4 us
@@ -62,6 +62,8 @@ struct F32 {
     typedef float T;
     // Elements in 16 bytes: the group layout's unit.
     static constexpr int VEC = 4;
+    // Hardware approximations of exp and division where the output allows (see silu).
+    static constexpr bool FAST_MATH = false;
     template <int V>
     static __device__ __forceinline__ void load(const T* p, i64 i, float* out) {
         const F32Unit<V> v = *reinterpret_cast<const F32Unit<V>*>(p + i);
@@ -89,6 +91,7 @@ struct F32 {
 struct F16 {
     typedef unsigned short T;
     static constexpr int VEC = 8;
+    static constexpr bool FAST_MATH = true;
     template <int V>
     static __device__ __forceinline__ void load(const T* p, i64 i, float* out) {
         const F16Unit<V> v = *reinterpret_cast<const F16Unit<V>*>(p + i);
@@ -135,13 +138,14 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
     return total;
 }
 
-// One block of THREADS threads per row, units of a pair.
-template <class E>
-struct BlockRow {
-    static constexpr int V = 2;
+// One block of THREADS threads per row, units of UNIT elements: BlockRow (pairs, any even D) and
+// BlockQuad (4 elements, 8 or 16 bytes per access, for D a multiple of 4).
+template <class E, int UNIT>
+struct BlockRowOf {
+    static constexpr int V = UNIT;
     static constexpr int MAX_UNITS = ROW_FLOATS / V;
     int width;
-    __device__ __forceinline__ explicit BlockRow(int) : width(THREADS) {}
+    __device__ __forceinline__ explicit BlockRowOf(int) : width(THREADS) {}
     __device__ __forceinline__ i64 row() const { return blockIdx.x; }
     __device__ __forceinline__ int thread() const { return threadIdx.x; }
     // The sum over the row's threads, in every thread; `shared` holds WARPS floats.
@@ -149,6 +153,11 @@ struct BlockRow {
         return block_sum(v, shared);
     }
 };
+
+template <class E>
+using BlockRow = BlockRowOf<E, 2>;
+template <class E>
+using BlockQuad = BlockRowOf<E, 4>;
 
 // A group of `lanes` threads (a power of two up to WARP) per row, GROUP_THREADS / lanes rows per
 // block, units of 16 bytes.
@@ -187,8 +196,17 @@ struct RowIo {
     }
 };
 
-// SiLU as the contract writes it: n * sigmoid(n) = n / (1 + exp(-n)).
-__device__ __forceinline__ float silu(float n) { return n / (1.0f + expf(-n)); }
+// SiLU as the contract writes it: n * sigmoid(n) = n / (1 + exp(-n)). For float16 outputs with
+// the hardware's exp2 and reciprocal (__expf, __fdividef: a few float32 ulps, far below the half
+// ulp of float16, 2^-11): the precise expf and division made the VAE's BiasRmsNorm compute-bound
+// (1.5 TB/s over 4 · 480 · 832 rows of 96 on an H200). float32 keeps them precise.
+template <class E>
+__device__ __forceinline__ float silu(float n) {
+    if (E::FAST_MATH) {
+        return __fdividef(n, 1.0f + __expf(-n));
+    }
+    return n / (1.0f + expf(-n));
+}
 
 // BiasRmsNorm and, with ROPE, BiasRmsNormRope, on the row layout L:
 //   v = x + bias; u = v / sqrt(mean(v^2) + eps) * weight;
@@ -258,8 +276,8 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
                     a[k][e] = u0 * c - u1 * s;
                     a[k][e + 1] = u0 * s + u1 * c;
                 } else if (act_silu) {
-                    a[k][e] = silu(u0);
-                    a[k][e + 1] = silu(u1);
+                    a[k][e] = silu<E>(u0);
+                    a[k][e + 1] = silu<E>(u1);
                 } else {
                     a[k][e] = u0;
                     a[k][e + 1] = u1;
@@ -394,8 +412,8 @@ __device__ __forceinline__ void gated_residual_layer_norm(
 }
 
 // Entry points, one per operator, element type and row layout, no dynamic shared memory; `lanes`
-// is the group layout's threads per row (the block layout ignores it). BlockRow (SUFFIX f32,
-// f16): blocks of THREADS threads, one per row. GroupRow (SUFFIX f32_g, f16_g): blocks of
+// is the group layout's threads per row (the block layouts ignore it). BlockRow (SUFFIX f32,
+// f16) and BlockQuad (f32_q, f16_q): blocks of THREADS threads, one per row. GroupRow (SUFFIX f32_g, f16_g): blocks of
 // GROUP_THREADS threads, ceil(rows / (GROUP_THREADS / lanes)) of them.
 #define ENTRY_POINTS(E, L, BLOCK, SUFFIX, T)                                                   \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
@@ -444,5 +462,7 @@ __device__ __forceinline__ void gated_residual_layer_norm(
 
 ENTRY_POINTS(F32, BlockRow, THREADS, f32, float)
 ENTRY_POINTS(F16, BlockRow, THREADS, f16, unsigned short)
+ENTRY_POINTS(F32, BlockQuad, THREADS, f32_q, float)
+ENTRY_POINTS(F16, BlockQuad, THREADS, f16_q, unsigned short)
 ENTRY_POINTS(F32, GroupRow, GROUP_THREADS, f32_g, float)
 ENTRY_POINTS(F16, GroupRow, GROUP_THREADS, f16_g, unsigned short)

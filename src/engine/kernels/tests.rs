@@ -1237,10 +1237,11 @@ fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
 
 /// A group of threads per row, 16 bytes per access, up to D = 512 (the VAE's 96 to 384, the tiny
 /// model's 16 to 64) where D is a multiple of 16 bytes and the tensors are aligned to it, with
-/// the fewest lanes (a power of two) that take one access each; one block per row otherwise
-/// (wan-1.3b's 1536, or a D or tensor the group layout cannot take); the entry points' names.
+/// the fewest lanes (a power of two) that take one access each; otherwise one block per row, of
+/// 4-element accesses where D is a multiple of 4 and the tensors are aligned to 4 elements
+/// (wan-1.3b's 1536), of pairs otherwise; the entry points' names.
 #[test]
-fn short_aligned_rows_take_the_group_layout() {
+fn rows_take_the_widest_layout_their_size_and_alignment_allow() {
     use cuda::Layout;
     let group = |lanes| Layout::Group { lanes };
     // float16: 8 elements per access; float32: 4.
@@ -1259,27 +1260,46 @@ fn short_aligned_rows_take_the_group_layout() {
         (512, 4, 32),
     ] {
         assert_eq!(
-            Layout::choose(d, elem, true),
+            Layout::choose(d, elem, 16),
             group(lanes),
             "D = {d}, {elem} bytes"
         );
         assert_eq!(
-            Layout::choose(d, elem, false),
+            Layout::choose(d, elem, 256),
+            group(lanes),
+            "D = {d}, 256-aligned"
+        );
+        // Aligned to a pair only.
+        assert_eq!(
+            Layout::choose(d, elem, 2 * elem),
             Layout::Block,
-            "D = {d}, unaligned"
+            "D = {d}, pairs"
         );
     }
-    for (d, elem) in [
-        (2, 2),
-        (100, 2),
-        (2, 4),
-        (514, 4),
-        (520, 2),
-        (1536, 2),
-        (2048, 4),
+    for (d, elem, alignment) in [
+        (1536, 2, 16),
+        (1536, 2, 8),
+        (1536, 4, 16),
+        (2048, 4, 16),
+        (100, 2, 16),
+        (520, 2, 8),
     ] {
         assert_eq!(
-            Layout::choose(d, elem, true),
+            Layout::choose(d, elem, alignment),
+            Layout::BlockQuad,
+            "D = {d}, {elem} bytes"
+        );
+    }
+    for (d, elem, alignment) in [
+        (2, 2, 16),
+        (2, 4, 16),
+        (514, 4, 16),
+        (1536, 2, 4),
+        (1000, 4, 8),
+        (1538, 2, 16),
+    ] {
+        assert_eq!(
+            Layout::choose(d, elem, alignment),
             Layout::Block,
             "D = {d}, {elem} bytes"
         );
@@ -1288,6 +1308,14 @@ fn short_aligned_rows_take_the_group_layout() {
     assert_eq!(
         name(Op::BiasRmsNorm, TensorElementType::Float16, group(16)),
         "unstep_bias_rms_norm_f16_g"
+    );
+    assert_eq!(
+        name(
+            Op::QkvNormRopeCache,
+            TensorElementType::Float16,
+            Layout::BlockQuad
+        ),
+        "unstep_qkv_norm_rope_cache_f16_q"
     );
     assert_eq!(
         name(
@@ -1510,9 +1538,9 @@ mod gpu {
             }
         }
 
-        // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layout's D (1000: pairs
-        // not a multiple of 32; 2048, the largest; 514, the smallest; 2 and 100 for float16,
-        // which the group layout cannot take); the group layout's, with row counts that are not a
+        // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layouts' D (4-element
+        // accesses: 1000, not a multiple of 4 · 128; 2048, the largest; 100 for float16, which
+        // the group layout cannot take; pairs: 514, the smallest, and 2); the group layout's, with row counts that are not a
         // multiple of a block's rows (D = 96 and 384, the VAE's channels; 16 and 64, the tiny
         // model's; 512, the largest; 8, one lane per row for float16). And the VAE decoder's
         // largest: 4 frames of 480 × 832 rows of 96 channels.
@@ -1640,8 +1668,8 @@ mod gpu {
     /// The CUDA kernels, compiled with NVRTC and launched as a session launches them
     /// ([`cuda::CudaKernel::launch`]) on a non-blocking stream, against the CPU kernels and the
     /// float64 reference, at the test shapes and at wan-1.3b's (N = 4680, D = 1536, 12 heads);
-    /// the block layout at D = 2048 (the largest), D = 1000 (pairs not a multiple of 32) and
-    /// D = 514 (the smallest); the group layout at D = 8 to 512 with row counts that are not a
+    /// the block layouts at D = 2048 (the largest), D = 1000 (4-element accesses not a multiple
+    /// of 4 · 128) and D = 514 (pairs, the smallest); the group layout at D = 8 to 512 with row counts that are not a
     /// multiple of a block's rows; BiasRmsNorm with and without SiLU, up to the VAE decoder's
     /// 4 · 480 · 832 rows of 96. Prints the time per launch of the large shapes. Needs a CUDA GPU and
     /// NVRTC: `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernels -- --ignored
