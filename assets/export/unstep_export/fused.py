@@ -8,14 +8,16 @@ so that the runner moves each activation once per step instead of five to ten ti
                         accumulates in float32 for fp16 inputs, `stash_type` 1);
 - 3D RoPE            -> `com.microsoft.RotaryEmbedding` (interleaved pairs, like Wan's complex
                         multiply; the per-token angles are the cos/sin cache, positions start at 0);
-- GELU (tanh form)   -> `com.microsoft.FastGelu` (the same tanh formula).
+- GELU (tanh form)   -> `com.microsoft.FastGelu` (the same tanh formula; `dit_fused.onnx` writes
+                        the FFN's as `ai.unstep::BiasGelu`, below).
 
 Each function's eager forward is the reference arithmetic, so a model behaves the same whether
 or not it is being exported; only the graph differs.
 
-A second DiT graph, `dit_fused.onnx` (exporter 0.4.0; 0.6.0 for its KV-cache interface), goes
-further with the runner's own operators of the domain `ai.unstep` (opset 1), implemented by the
-Rust runner and not by ONNX Runtime (docs/bundle.md, "Operators of the fused graphs"):
+A second DiT graph, `dit_fused.onnx` (exporter 0.4.0; 0.6.0 for its KV-cache interface, 0.7.0
+for `BiasGelu`), goes further with the runner's own operators of the domain `ai.unstep` (opset 1),
+implemented by the Rust runner and not by ONNX Runtime (docs/bundle.md, "Operators of the fused
+graphs"):
 
 - `QkvNormRopeCache(QKV, q_bias, k_bias, q_weight, k_weight, cos, sin, K, V) -> Q`
                                                   self-attention: q/k bias + RMS norm + 3D RoPE of
@@ -27,7 +29,9 @@ Rust runner and not by ONNX Runtime (docs/bundle.md, "Operators of the fused gra
 - `BiasRmsNorm(X, bias, weight)`                  cross-attention q: linear bias + RMS norm;
 - `GatedResidualLayerNorm(R, X, bias, gate, scale, shift) -> (S, Y)`
                                                   residual + gated (biased) branch, and the next
-                                                  modulated LayerNorm of the new residual.
+                                                  modulated LayerNorm of the new residual;
+- `BiasGelu(X, bias) -> Y`                        FFN: first linear bias + GELU (tanh form), in
+                                                  place of `com.microsoft.FastGelu(X, bias)`.
 
 That structure (model.py, `Block.forward_fused`) is only taken inside `with fused_dit():`;
 eager PyTorch and `dit.onnx` never see it.
@@ -41,6 +45,7 @@ feeds the norm directly moved into the op.  Only taken inside `with fused_vae():
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.nn as nn
@@ -293,6 +298,18 @@ def bias_rms_norm_reference(x, bias, weight, eps: float, silu: bool = False):
     return y.reshape(x.shape).to(x.dtype)
 
 
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def bias_gelu_reference(x, bias):
+    """ai.unstep::BiasGelu: with v = x + bias (bias [D] per column of the last axis),
+    0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) in float32, rounded to x's type once."""
+    d = x.shape[-1]
+    v = x.float().reshape(-1, d) + bias.float().reshape(d)
+    y = 0.5 * v * (1.0 + torch.tanh(_GELU_C * (v + 0.044715 * v * v * v)))
+    return y.reshape(x.shape).to(x.dtype)
+
+
 def gated_residual_layer_norm_reference(r, x, bias, gate, scale, shift, eps: float):
     """ai.unstep::GatedResidualLayerNorm: S = round_T(R + (X + bias) * gate);
     Y = LayerNorm(S, no affine) * scale + shift, normalising the stored (rounded) S."""
@@ -349,6 +366,18 @@ class _BiasRmsNorm(torch.autograd.Function):
         # `silu` is written only when set (the VAE graphs): dit_fused's nodes keep `epsilon` alone.
         extra = {"silu_i": 1} if silu else {}
         out = g.op(f"{UNSTEP_DOMAIN}::BiasRmsNorm", x, bias, weight, epsilon_f=float(eps), **extra)
+        out.setType(x.type())
+        return out
+
+
+class _BiasGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias):  # noqa: D401 - torch.autograd API
+        return bias_gelu_reference(x, bias)
+
+    @staticmethod
+    def symbolic(g, x, bias):
+        out = g.op(f"{UNSTEP_DOMAIN}::BiasGelu", x, bias)
         out.setType(x.type())
         return out
 
@@ -411,6 +440,14 @@ def bias_rms_norm_silu(x, bias, weight, eps: float):
     return bias_rms_norm_reference(x, bias, weight, eps, silu=True)
 
 
+def bias_gelu(x, bias):
+    """GELU(tanh)(x + bias) over the last axis: one `BiasGelu` when exporting (dit_fused.onnx),
+    the reference arithmetic otherwise."""
+    if exporting():
+        return _BiasGelu.apply(x, bias)
+    return bias_gelu_reference(x, bias)
+
+
 def gated_residual_layer_norm(r, x, bias, gate, scale, shift, eps: float):
     """(S, Y) = (R + (X + bias) * gate, LayerNorm(S) * scale + shift); gate/scale/shift are row
     parameters ([D], or [1, F, 1, D] per frame of the [1, F*tokens, D] activations)."""
@@ -463,9 +500,13 @@ def qkv_parts(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module):
 
 
 def ffn_hidden(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-    """The FFN up to its second linear layer: GELU(tanh)(x W1^T + b1), with the bias inside
-    FastGelu when exporting (as `ffn`)."""
+    """The FFN up to its second linear layer: GELU(tanh)(x W1^T + b1).  Exported, the bias goes
+    inside FastGelu (as `ffn`); in the structure of dit_fused (`fused_dit()`) the product is a bare
+    MatMul and the bias and GELU one `BiasGelu` (eager: its reference arithmetic)."""
     first, act, _ = seq
+    if fused_dit_active():
+        product, bias = linear_parts(first)
+        return bias_gelu(product(x), bias)
     if exporting() and isinstance(first, nn.Linear) and first.bias is not None:
         return _FastGeluBias.apply(F.linear(x, first.weight), first.bias)
     return act(first(x))

@@ -119,9 +119,10 @@ def run_parity(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 UNSTEP_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
-              "QkvNormRopeCache": (9, 1)}
-# Nodes per layer in dit_fused.onnx (exporter 0.6.0): BiasRmsNormRope is no longer used there.
-FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3}
+              "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1)}
+# Nodes per layer in dit_fused.onnx (exporter 0.7.0): BiasRmsNormRope is no longer used there.
+FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3,
+                       "BiasGelu": 1}
 
 
 def _io_signature(values):
@@ -177,10 +178,12 @@ def _value_types(model) -> dict:
 
 def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list:
     """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer one
-    QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm and no BiasRmsNormRope; no
-    RotaryEmbedding and no SimplifiedLayerNormalization on anything computed from `x` (the
-    context-side key norms may stay); exactly one LayerNormalization; every ai.unstep node's
-    inputs and outputs of one float type; dit.onnx's x, timestep, context, frame_offset, then
+    QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm, one BiasGelu and no
+    BiasRmsNormRope; no RotaryEmbedding and no SimplifiedLayerNormalization or FastGelu on anything
+    computed from `x` (the context-side key norms and the text embedding's GELU may stay), so
+    dit.onnx's FastGelu less one per layer; each BiasGelu takes a MatMul's output and its bias has
+    that output's width; exactly one LayerNormalization; every ai.unstep node's inputs and outputs
+    of one float type; dit.onnx's x, timestep, context, frame_offset, then
     `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`, `past_v.{i}` (axis 1 now P + T), and
     dit.onnx's `flow` as the only output.  The cache inputs of layer i are read by that layer's
     QkvNormRopeCache (K, V, which it writes) and by the MultiHeadAttention that takes its Q, and by
@@ -236,8 +239,12 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         if any(i in tainted for i in n.input):
             tainted.update(n.output)
     for n in graph.node:
-        if n.op_type == "SimplifiedLayerNormalization" and n.input[0] in tainted:
-            problems.append(f"SimplifiedLayerNormalization on token activations: {n.name}")
+        if n.op_type in ("SimplifiedLayerNormalization", "FastGelu") and n.input[0] in tainted:
+            problems.append(f"{n.op_type} on token activations: {n.name}")
+    want_gelu = std_counts[("com.microsoft", "FastGelu")] - layers
+    if counts[("com.microsoft", "FastGelu")] != want_gelu:
+        problems.append(f"FastGelu: {counts[('com.microsoft', 'FastGelu')]} nodes, expected {want_gelu} (dit.onnx's "
+                        f"{std_counts[('com.microsoft', 'FastGelu')]} less one per layer: the FFN's are BiasGelu)")
 
     # The cache inputs: written by QkvNormRopeCache, then read by the attention that takes its Q.
     producer = {o: n for n in graph.node for o in n.output}
@@ -314,8 +321,9 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         rope = n.op_type in ("BiasRmsNormRope", "QkvNormRopeCache")
-        want = {"epsilon"} | ({"num_heads"} if rope else set())
-        if set(attrs) != want or not isinstance(attrs.get("epsilon"), float):
+        gelu = n.op_type == "BiasGelu"
+        want = set() if gelu else {"epsilon"} | ({"num_heads"} if rope else set())
+        if set(attrs) != want or not (gelu or isinstance(attrs.get("epsilon"), float)):
             problems.append(f"{n.name}: attributes {attrs}, expected {sorted(want)}")
         if rope and attrs.get("num_heads") != heads:
             problems.append(f"{n.name}: num_heads {attrs.get('num_heads')}, expected {heads}")
@@ -323,6 +331,21 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             elem = info.get(name, (None, None))[0]
             if elem != float_type:
                 problems.append(f"{n.name}: {name} has element type {elem}, the graph's is {float_type}")
+        if n.op_type == "BiasGelu":
+            # X is the FFN's first (bias-free) product, a MatMul; bias [W] for X [..., W].
+            mm = producer.get(n.input[0])
+            if mm is None or mm.op_type != "MatMul":
+                problems.append(f"{n.name}: X comes from {mm.op_type if mm else 'no node'}, expected a MatMul")
+            w = const_shape(mm.input[1]) if mm is not None and mm.op_type == "MatMul" else None
+            width = (info.get(n.input[0], (None, None))[1] or [None])[-1] or (w[-1] if w else None)
+            shape = info.get(n.input[1], (None, None))[1]
+            if shape is None or width is None or shape != [width]:
+                problems.append(f"{n.name}: {n.input[1]} has shape {shape}, expected [{width}] (X's last axis)")
+            y_shape = info.get(n.output[0], (None, None))[1]
+            x_shape = info.get(n.input[0], (None, None))[1]
+            if y_shape and x_shape and y_shape != x_shape:
+                problems.append(f"{n.name}: Y has shape {y_shape}, X {x_shape}")
+            continue
         if n.op_type == "GatedResidualLayerNorm":
             weights = [n.input[2]]
         elif n.op_type == "QkvNormRopeCache":
@@ -434,6 +457,16 @@ def _unstep_reference_ops():
             y = (sf - mu) / np.sqrt(var + np.float32(epsilon)) * rows(scale, n, d) + rows(shift, n, d)
             return s.reshape(r.shape), y.reshape(r.shape).astype(r.dtype)
 
+    class BiasGelu(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, x, bias):
+            d = x.shape[-1]
+            v = x.astype(np.float32).reshape(-1, d) + bias.astype(np.float32).reshape(d)
+            c = np.float32(np.sqrt(2.0 / np.pi))
+            y = np.float32(0.5) * v * (np.float32(1) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
+            return (y.reshape(x.shape).astype(x.dtype),)
+
     class MultiHeadAttention(OpRun):
         op_domain = "com.microsoft"
 
@@ -463,8 +496,8 @@ def _unstep_reference_ops():
             assert axis in (-1, x.ndim - 1)
             return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
 
-    return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, GatedResidualLayerNorm, MultiHeadAttention, FastGelu,
-            SimplifiedLayerNormalization]
+    return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, GatedResidualLayerNorm, BiasGelu, MultiHeadAttention,
+            FastGelu, SimplifiedLayerNormalization]
 
 
 def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int) -> list:

@@ -140,6 +140,25 @@ fn norm_rows<T: Element>(
         );
 }
 
+/// GELU's tanh form, as the contract writes it, in float32.
+pub(crate) fn gelu(v: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)).tanh())
+}
+
+/// `BiasGelu` over `plan.rows` rows of `plan.d`.
+pub(crate) fn bias_gelu<T: Element>(plan: &Plan, x: &[T], bias: &[T], y: &mut [T]) {
+    let d = plan.d;
+    y.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .for_each(|(y_row, x_row)| {
+            for c in 0..d {
+                y_row[c] = T::from_f32(gelu(x_row[c].to_f32() + bias[c].to_f32()));
+            }
+        });
+}
+
 /// `GatedResidualLayerNorm` over `plan.rows` rows: `s` and `y` are its two outputs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gated_residual_layer_norm<T: Element>(
@@ -305,6 +324,11 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
                 s,
                 y,
             );
+        }
+        Op::BiasGelu => {
+            let mut y = output(0)?;
+            let (_, y) = y.try_extract_tensor_mut::<T>()?;
+            bias_gelu(&plan, data[0], data[1], y);
         }
         Op::QkvNormRopeCache => {
             let mut q = output(0)?;

@@ -90,6 +90,29 @@ impl Layout {
         }
     }
 
+    /// The layout of an elementwise operator ([`Op::elementwise`]) over rows of D: only its unit
+    /// matters (16 bytes, 4 elements or a pair, as D and the alignment allow).
+    pub(crate) fn choose_elementwise(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
+        let unit = UNIT_BYTES / elem_bytes;
+        if alignment.is_multiple_of(UNIT_BYTES) && d.is_multiple_of(unit) {
+            Layout::Group { lanes: WARP }
+        } else if alignment.is_multiple_of(4 * elem_bytes) && d.is_multiple_of(4) {
+            Layout::BlockQuad
+        } else {
+            Layout::Block
+        }
+    }
+
+    /// The grid and block sizes of an elementwise launch over `n` elements in units of
+    /// `unit`: blocks of [`GROUP_THREADS`], one unit per thread up to a grid-stride cap.
+    fn elementwise_dims(n: usize, unit: usize) -> (u32, u32) {
+        const MAX_BLOCKS: usize = 1 << 14;
+        let blocks = (n / unit)
+            .div_ceil(GROUP_THREADS as usize)
+            .clamp(1, MAX_BLOCKS);
+        (blocks as u32, GROUP_THREADS)
+    }
+
     /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
     fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
         let (blocks, threads) = match self {
@@ -129,6 +152,7 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
         Op::BiasRmsNorm => "bias_rms_norm",
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
         Op::QkvNormRopeCache => "qkv_norm_rope_cache",
+        Op::BiasGelu => "bias_gelu",
     };
     let ty = match ty {
         TensorElementType::Float32 => "f32",
@@ -493,8 +517,15 @@ impl CudaKernel {
     ) -> Result<(), String> {
         let op = self.op;
         assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
-        // The kernels load element pairs: an odd D would read misaligned pairs.
-        check_d(plan.d)?;
+        // The kernels load element pairs: an odd D would read misaligned pairs. Elementwise
+        // kernels keep no row in registers: any even D.
+        if op.elementwise() {
+            if !plan.d.is_multiple_of(2) {
+                return Err(format!("D = {}: the CUDA kernel needs an even D", plan.d));
+            }
+        } else {
+            check_d(plan.d)?;
+        }
         if plan.rows == 0 {
             return Ok(());
         }
@@ -505,8 +536,18 @@ impl CudaKernel {
             .map(|&p| 1usize << p.trailing_zeros().min(UNIT_BYTES.trailing_zeros()))
             .min()
             .unwrap_or(UNIT_BYTES);
-        let layout = Layout::choose(plan.d, elem_bytes, alignment);
-        let (blocks, threads) = layout.launch_dims(plan.rows)?;
+        let (layout, (blocks, threads)) = if op.elementwise() {
+            let layout = Layout::choose_elementwise(plan.d, elem_bytes, alignment);
+            let unit = match layout {
+                Layout::Block => 2,
+                Layout::BlockQuad => 4,
+                Layout::Group { .. } => UNIT_BYTES / elem_bytes,
+            };
+            (layout, Layout::elementwise_dims(plan.rows * plan.d, unit))
+        } else {
+            let layout = Layout::choose(plan.d, elem_bytes, alignment);
+            (layout, layout.launch_dims(plan.rows)?)
+        };
         let (function, mut lanes) = match layout {
             Layout::Block => (self.block, 0i32),
             Layout::BlockQuad => (self.block_quad, 0i32),
@@ -543,6 +584,7 @@ impl CudaKernel {
                 params.push((&mut cache_rows as *mut i64).cast());
             }
             Op::BiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
+            Op::BiasGelu => {}
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {
                     params.push((div as *mut i64).cast());

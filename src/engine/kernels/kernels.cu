@@ -208,6 +208,41 @@ __device__ __forceinline__ float silu(float n) {
     return n / (1.0f + expf(-n));
 }
 
+// GELU's tanh form: 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))). For float16 outputs tanh is
+// 1 - 2 / (1 + exp(2z)) with the hardware's exp and division (see silu); float32 keeps tanhf.
+template <class E>
+__device__ __forceinline__ float gelu(float v) {
+    const float z = 0.7978845608f * (v + 0.044715f * v * v * v);
+    float t;
+    if (E::FAST_MATH) {
+        t = 1.0f - __fdividef(2.0f, 1.0f + __expf(2.0f * z));
+    } else {
+        t = tanhf(z);
+    }
+    return 0.5f * v * (1.0f + t);
+}
+
+// BiasGelu, element by element in units of L::V (D a multiple of it, so a unit never crosses a
+// row), grid-stride over the n elements.
+template <class E, class L>
+__device__ __forceinline__ void bias_gelu(const typename E::T* __restrict__ x,
+                                          const typename E::T* __restrict__ bias,
+                                          typename E::T* __restrict__ y, i64 n, int d) {
+    constexpr int V = L::V;
+    const i64 units = n / V;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 u = (i64)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += stride) {
+        float xv[V], bv[V];
+        E::template load<V>(x, u * V, xv);
+        E::template load<V>(bias, (u * V) % d, bv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            xv[e] = gelu<E>(xv[e] + bv[e]);
+        }
+        E::template store<V>(y, u * V, xv);
+    }
+}
+
 // BiasRmsNorm and, with ROPE, BiasRmsNormRope, on the row layout L:
 //   v = x + bias; u = v / sqrt(mean(v^2) + eps) * weight;
 //   not ROPE: y = u, or silu(u) when `act_silu` is nonzero;
@@ -438,6 +473,11 @@ __device__ __forceinline__ void gated_residual_layer_norm(
             i64 scale_div, i64 shift_div, int lanes) {                                         \
         gated_residual_layer_norm<E, L<E>>(r, x, bias, gate, scale, shift, out_s, y, rows, d,  \
                                            eps, gate_div, scale_div, shift_div, lanes);        \
+    }                                                                                          \
+    /* Elementwise: the layout gives only its unit; grid-stride blocks (cuda.rs). */         \
+    extern "C" __global__ void __launch_bounds__(BLOCK) unstep_bias_gelu_##SUFFIX(             \
+        const T* x, const T* bias, T* y, i64 rows, int d, float eps, int lanes) {              \
+        bias_gelu<E, L<E>>(x, bias, y, rows * d, d);                                           \
     }                                                                                          \
     /* grid.y = 3: Q, then K (rope, into the cache), then V (copied into the cache). */       \
     extern "C" __global__ void __launch_bounds__(BLOCK) unstep_qkv_norm_rope_cache_##SUFFIX(   \

@@ -45,6 +45,11 @@
 //!    rows after the run. No copy of the cache: the concatenation of past and new keys it replaces
 //!    copied the whole cache on every pass.
 //!
+//! 5. `BiasGelu(X, bias) -> Y`: bias has D elements; with v = X + bias,
+//!    `Y = 0.5·v·(1 + tanh(sqrt(2/π)·(v + 0.044715·v³)))` (GELU's tanh form, as ONNX Runtime's
+//!    FastGelu and PyTorch's `gelu(approximate="tanh")`). Elementwise: any D (the CUDA kernel
+//!    needs it even), the DiT's FFN has 8960.
+//!
 //! Every output has X's shape, but Q's last axis is D. A shape that breaks the contract is an error naming the operator,
 //! the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
 //! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
@@ -134,14 +139,16 @@ pub(crate) enum Op {
     BiasRmsNorm,
     GatedResidualLayerNorm,
     QkvNormRopeCache,
+    BiasGelu,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 4] = [
+    pub(crate) const ALL: [Op; 5] = [
         Op::BiasRmsNormRope,
         Op::BiasRmsNorm,
         Op::GatedResidualLayerNorm,
         Op::QkvNormRopeCache,
+        Op::BiasGelu,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -150,6 +157,7 @@ impl Op {
             Op::BiasRmsNorm => "BiasRmsNorm",
             Op::GatedResidualLayerNorm => "GatedResidualLayerNorm",
             Op::QkvNormRopeCache => "QkvNormRopeCache",
+            Op::BiasGelu => "BiasGelu",
         }
     }
 
@@ -162,13 +170,14 @@ impl Op {
             Op::QkvNormRopeCache => &[
                 "QKV", "q_bias", "k_bias", "q_weight", "k_weight", "cos", "sin", "K", "V",
             ],
+            Op::BiasGelu => &["X", "bias"],
         }
     }
 
     /// The outputs' names, in order.
     pub(crate) fn outputs(self) -> &'static [&'static str] {
         match self {
-            Op::BiasRmsNormRope | Op::BiasRmsNorm => &["Y"],
+            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::BiasGelu => &["Y"],
             Op::GatedResidualLayerNorm => &["S", "Y"],
             Op::QkvNormRopeCache => &["Q"],
         }
@@ -177,7 +186,7 @@ impl Op {
     /// The index of X among the inputs.
     pub(crate) fn x_index(self) -> usize {
         match self {
-            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::QkvNormRopeCache => 0,
+            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::QkvNormRopeCache | Op::BiasGelu => 0,
             Op::GatedResidualLayerNorm => 1,
         }
     }
@@ -188,6 +197,11 @@ impl Op {
             Op::QkvNormRopeCache => &[7, 8],
             _ => &[],
         }
+    }
+
+    /// Whether the operator works element by element (no row in registers, any D).
+    pub(crate) fn elementwise(self) -> bool {
+        self == Op::BiasGelu
     }
 
     /// Whether the operator turns rows by rotary tables (attribute `num_heads`).
@@ -232,9 +246,13 @@ impl Attrs {
                 format!("node '{node}' has no attribute {name} ({ty}); the exporter writes it"),
             )
         };
-        let epsilon = kctx
-            .get::<f32>("epsilon")
-            .ok_or_else(|| missing("epsilon", "float"))?;
+        // Every operator but the elementwise BiasGelu normalises.
+        let epsilon = if op.elementwise() {
+            0.0
+        } else {
+            kctx.get::<f32>("epsilon")
+                .ok_or_else(|| missing("epsilon", "float"))?
+        };
         let num_heads = if op.has_rope() {
             let heads = kctx
                 .get::<i64>("num_heads")
@@ -405,6 +423,7 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
             exactly_d(1)?;
             exactly_d(2)?;
         }
+        Op::BiasGelu => exactly_d(1)?,
         Op::BiasRmsNormRope => {
             exactly_d(1)?;
             exactly_d(2)?;

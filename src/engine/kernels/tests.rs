@@ -579,6 +579,80 @@ fn qkv_norm_rope_cache_matches_the_reference_and_keeps_the_earlier_rows() {
     check_qkv_cpu::<f16>();
 }
 
+/// One BiasGelu case: X, bias and the reference.
+struct GeluCase<T> {
+    x_shape: Vec<i64>,
+    x: Vec<T>,
+    bias: Vec<T>,
+}
+
+impl<T: Element> GeluCase<T> {
+    /// X over [-6, 6] (both tails of tanh), bias in [-1, 1].
+    fn new(rng: &mut Rng, x_shape: &[i64]) -> Self {
+        let d = *x_shape.last().unwrap() as usize;
+        Self {
+            x_shape: x_shape.to_vec(),
+            x: rng.vec(shape_numel(x_shape), -6.0, 6.0),
+            bias: rng.vec(d, -1.0, 1.0),
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        vec![self.x_shape.clone(), vec![*self.x_shape.last().unwrap()]]
+    }
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: 0.0,
+            num_heads: 0,
+            silu: false,
+        }
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.bias]
+    }
+
+    /// `0.5·v·(1 + tanh(sqrt(2/π)·(v + 0.044715·v³)))` in float64.
+    fn reference(&self) -> Vec<f64> {
+        let d = self.bias.len();
+        let bias = wide(&self.bias);
+        wide(&self.x)
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| {
+                let v = x + bias[i % d];
+                let z = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+                0.5 * v * (1.0 + z.tanh())
+            })
+            .collect()
+    }
+
+    fn cpu(&self) -> Vec<T> {
+        let plan = plan_of(Op::BiasGelu, &self.attrs(), &self.shapes());
+        let mut y = vec![T::from_f32(0.0); self.x.len()];
+        cpu::bias_gelu(&plan, &self.x, &self.bias, &mut y);
+        y
+    }
+}
+
+const GELU_SHAPES: [&[i64]; 4] = [&[2, 3, 16], &[5, 7], &[1, 4, 8960], &[3, 1, 100]];
+
+fn check_gelu_cpu<T: Tolerance>() {
+    let mut rng = Rng(9);
+    for shape in GELU_SHAPES {
+        let case = GeluCase::<T>::new(&mut rng, shape);
+        let what = format!("{} BiasGelu {shape:?}", std::any::type_name::<T>());
+        assert_close(&case.cpu(), &case.reference(), &what);
+    }
+}
+
+#[test]
+fn bias_gelu_matches_the_reference() {
+    check_gelu_cpu::<f32>();
+    check_gelu_cpu::<f16>();
+}
+
 fn plan_of(op: Op, attrs: &Attrs, shapes: &[Vec<i64>]) -> Plan {
     let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
     plan(op, attrs, &shapes).unwrap()
@@ -1049,6 +1123,13 @@ fn check_through_onnx_runtime<T: Tolerance>() {
             &format!("{t} BiasRmsNorm Y, silu {silu:?}"),
         );
     }
+
+    // BiasGelu has no attributes.
+    let case = GeluCase::<T>::new(&mut rng, GELU_SHAPES[0]);
+    let mut s = session::<T>(Op::BiasGelu, &[]).unwrap();
+    let out = run(&mut s, Op::BiasGelu, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, GELU_SHAPES[0]);
+    assert_close(&out[0].1, &case.reference(), &format!("{t} BiasGelu Y"));
 
     let (x_shape, params) = GRLN_CASES[0];
     let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
@@ -1631,6 +1712,34 @@ mod gpu {
                 eprintln!(
                     "{what}: {}",
                     bandwidth(&case.inputs(), 2, case.x.len(), micros)
+                );
+            }
+        }
+
+        // BiasGelu: the test shapes, wan-1.3b's FFN (4680 rows of 8960), 4-element and pair
+        // accesses (D = 100 for float16, D = 6).
+        let gelu_shapes =
+            GELU_SHAPES
+                .into_iter()
+                .chain([&[1, 4680, 8960][..], &[7, 6], &[33, 100]]);
+        for shape in gelu_shapes {
+            let case = GeluCase::<T>::new(&mut rng, shape);
+            let big = case.x.len() > 1_000_000;
+            let (gpu, micros) = run_cuda(
+                Op::BiasGelu,
+                &case.attrs(),
+                &case.shapes(),
+                &case.inputs(),
+                stream,
+                if big { 50 } else { 0 },
+            );
+            let what = format!("{t} BiasGelu {shape:?}");
+            assert_matches_cpu(&gpu[0], &case.cpu(), &what);
+            assert_close(&gpu[0], &case.reference(), &what);
+            if big {
+                eprintln!(
+                    "{what}: {}",
+                    bandwidth(&case.inputs(), 1, case.x.len(), micros)
                 );
             }
         }
