@@ -108,9 +108,6 @@ pub struct WorkerArgs {
     /// CUDA: capture and replay CUDA graphs.
     #[arg(long)]
     pub cuda_graphs: bool,
-    /// CUDA: add each convolution's bias inside its cuDNN call (`fuse_conv_bias`).
-    #[arg(long)]
-    pub fuse_conv_bias: bool,
     /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).
     #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_attention)]
     pub attention_backend: AttentionKernel,
@@ -416,7 +413,6 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             device_id: args.device_id,
             cuda_graphs: args.cuda_graphs,
             prefer_nhwc: args.prefer_nhwc,
-            fuse_conv_bias: args.fuse_conv_bias,
             attention: args.attention_backend,
             conv_algo_search: args.conv_algo_search,
             arena_extend: args.cuda_arena,

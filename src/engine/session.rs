@@ -136,9 +136,6 @@ pub struct CudaOptions {
     /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
     /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
     pub conv_max_workspace: bool,
-    /// Add a convolution's bias inside its cuDNN call (`fuse_conv_bias`) instead of a separate
-    /// cuDNN tensor add.
-    pub fuse_conv_bias: bool,
 }
 
 impl Default for CudaOptions {
@@ -152,7 +149,6 @@ impl Default for CudaOptions {
             cuda_graphs: false,
             prefer_nhwc: false,
             conv_max_workspace: true,
-            fuse_conv_bias: false,
         }
     }
 }
@@ -903,8 +899,7 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_arena_extend_strategy(arena)
         .with_cuda_graph(options.cuda_graphs)
         .with_prefer_nhwc(options.prefer_nhwc)
-        .with_conv_max_workspace(options.conv_max_workspace)
-        .with_fuse_conv_bias(options.fuse_conv_bias);
+        .with_conv_max_workspace(options.conv_max_workspace);
     use ep::cuda::AttentionBackend as B;
     let kernel = match options.attention {
         AttentionKernel::Auto => None,
