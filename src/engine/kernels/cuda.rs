@@ -104,13 +104,17 @@ impl Layout {
     }
 
     /// The grid and block sizes of an elementwise launch over `n` elements in units of
-    /// `unit`: blocks of [`GROUP_THREADS`], one unit per thread up to a grid-stride cap.
-    fn elementwise_dims(n: usize, unit: usize) -> (u32, u32) {
+    /// `unit`: blocks of the layout's entry points' size (their `__launch_bounds__`: THREADS for
+    /// the block layouts, GROUP_THREADS for the group layout), one unit per thread up to a
+    /// grid-stride cap.
+    pub(crate) fn elementwise_dims(self, n: usize, unit: usize) -> (u32, u32) {
         const MAX_BLOCKS: usize = 1 << 14;
-        let blocks = (n / unit)
-            .div_ceil(GROUP_THREADS as usize)
-            .clamp(1, MAX_BLOCKS);
-        (blocks as u32, GROUP_THREADS)
+        let threads = match self {
+            Layout::Block | Layout::BlockQuad => THREADS,
+            Layout::Group { .. } => GROUP_THREADS,
+        };
+        let blocks = (n / unit).div_ceil(threads as usize).clamp(1, MAX_BLOCKS);
+        (blocks as u32, threads)
     }
 
     /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
@@ -543,7 +547,7 @@ impl CudaKernel {
                 Layout::BlockQuad => 4,
                 Layout::Group { .. } => UNIT_BYTES / elem_bytes,
             };
-            (layout, Layout::elementwise_dims(plan.rows * plan.d, unit))
+            (layout, layout.elementwise_dims(plan.rows * plan.d, unit))
         } else {
             let layout = Layout::choose(plan.d, elem_bytes, alignment);
             (layout, layout.launch_dims(plan.rows)?)
