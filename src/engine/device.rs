@@ -36,7 +36,7 @@ use super::generate::{
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
 use super::session::{
-    GraphSessions, KvInterface, Provider, RuntimeOptions, build_small_session, float_type,
+    GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, build_small_session, float_type,
     vae_cache_count,
 };
 
@@ -292,16 +292,9 @@ pub(crate) struct DeviceLoop {
     vae: Option<VaeParts>,
     /// Decode each block while the DiT generates the next (SPEC §6).
     overlap_vae: bool,
-    names: Names,
+    names: KvNames,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     memory: Option<super::cuda_memory::MemoryProbe>,
-}
-
-/// The DiT's KV cache inputs and outputs, per layer `[keys, values]` (no outputs in place).
-struct Names {
-    kv_cache: KvInterface,
-    kv_in: Vec<[String; 2]>,
-    kv_out: Vec<[String; 2]>,
 }
 
 /// What the VAE decoder needs: its own small-graph sessions and buffers read through views.
@@ -534,15 +527,7 @@ impl DeviceLoop {
                 },
             }),
             overlap_vae: runtime.overlap_vae,
-            names: Names {
-                kv_cache,
-                kv_in: (0..d.layers)
-                    .map(|layer| kv_cache.input_names(layer).into())
-                    .collect(),
-                kv_out: (0..d.layers)
-                    .filter_map(|layer| kv_cache.output_names(layer).map(Into::into))
-                    .collect(),
-            },
+            names: KvNames::new(kv_cache, d.layers),
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
             } else {
@@ -997,7 +982,7 @@ impl DeviceLoop {
             .map_err(e)?;
         // The cache's rows the graph takes: the earlier blocks' (from `past_start`, the attention
         // window's first), and in place the block's own after them.
-        let in_place = self.names.kv_cache == KvInterface::InPlace;
+        let in_place = self.names.interface == KvInterface::InPlace;
         let taken = kv_len - past_start + if in_place { d.block_tokens() } else { 0 };
         let past = [1, taken as i64, d.dim as i64];
         let new = [1, d.block_tokens() as i64, d.dim as i64];
@@ -1009,11 +994,11 @@ impl DeviceLoop {
             ] {
                 binding
                     .input(
-                        self.names.kv_in[layer][kind].as_str(),
+                        self.names.inputs[layer][kind].as_str(),
                         self.view(cache, past_start * d.dim, &past)?,
                     )
                     .map_err(e)?;
-                let Some(outputs) = self.names.kv_out.get(layer) else {
+                let Some(outputs) = self.names.outputs.get(layer) else {
                     continue;
                 };
                 let new_view = if last {

@@ -17,7 +17,7 @@ use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::noise::fill_normal;
 use super::schedule::{Emit, MethodSettings, NoiseLevel, Schedule, ScheduleError};
 use super::session::{
-    GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError, vae_cache_count,
+    GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, SessionError, vae_cache_count,
 };
 
 /// Per-prompt options of a generation.
@@ -265,14 +265,6 @@ struct KvCache {
     len: usize,
 }
 
-/// The DiT's KV cache inputs and outputs per layer, `[keys, values]`, built once (no outputs
-/// when the graph writes the cache in place).
-struct DitNames {
-    kv_cache: KvInterface,
-    kv_in: Vec<[String; 2]>,
-    kv_out: Vec<[String; 2]>,
-}
-
 /// The causal cache the VAE decoder passes from one latent frame to the next. The values ONNX
 /// Runtime returns are kept as they are and handed back as the next call's inputs: copying them
 /// to host buffers would cost more than the rest of the runner's work together.
@@ -300,7 +292,7 @@ pub struct Generator {
     bundle: Bundle,
     sessions: GraphSessions,
     dims: Dims,
-    dit_names: DitNames,
+    dit_names: KvNames,
     kv: KvCache,
     vae_cache: VaeCache,
     buffers: Buffers,
@@ -383,16 +375,7 @@ impl Generator {
         let layers = bundle.manifest.architecture.layers;
         let names =
             |prefix: &str, n: usize| (0..n).map(|i| format!("{prefix}.{i}")).collect::<Vec<_>>();
-        let kv_cache = sessions.kv_cache;
-        let dit_names = DitNames {
-            kv_cache,
-            kv_in: (0..layers)
-                .map(|layer| kv_cache.input_names(layer).into())
-                .collect(),
-            kv_out: (0..layers)
-                .filter_map(|layer| kv_cache.output_names(layer).map(Into::into))
-                .collect(),
-        };
+        let dit_names = KvNames::new(sessions.kv_cache, layers);
         // The host loop's buffers; empty when the device loop holds its own.
         let host = |n: usize| if device.is_some() { 0 } else { n };
         let cache_tokens = dims.latent_frames * dims.tokens_per_frame;
@@ -655,7 +638,7 @@ impl Generator {
         let offset = [frame_offset];
         // The cache's rows the graph takes: `past`, and in place the block's own after them,
         // which the graph writes.
-        let in_place = self.dit_names.kv_cache == KvInterface::InPlace;
+        let in_place = self.dit_names.interface == KvInterface::InPlace;
         let taken = past.start..past.end + if in_place { d.block_tokens() } else { 0 };
         let taken_shape = [1i64, taken.len() as i64, d.dim as i64];
         let taken_elems = taken.start * d.dim..taken.end * d.dim;
@@ -690,7 +673,7 @@ impl Generator {
                 .into(),
         ));
         let caches = self.kv.keys.iter_mut().zip(self.kv.values.iter_mut());
-        for ((keys, values), names) in caches.zip(&self.dit_names.kv_in) {
+        for ((keys, values), names) in caches.zip(&self.dit_names.inputs) {
             for (cache, name) in [(keys, &names[0]), (values, &names[1])] {
                 let cache = &mut cache[taken_elems.clone()];
                 // In place the graph writes the block's rows: a mutable view of the cache.
@@ -715,7 +698,7 @@ impl Generator {
         if clean_cache_pass {
             let new = self.kv.len * d.dim..(self.kv.len + d.block_tokens()) * d.dim;
             let caches = self.kv.keys.iter_mut().zip(self.kv.values.iter_mut());
-            for ((keys, values), names) in caches.zip(&self.dit_names.kv_out) {
+            for ((keys, values), names) in caches.zip(&self.dit_names.outputs) {
                 copy_output(&outputs, GRAPH, &names[0], &mut keys[new.clone()])?;
                 copy_output(&outputs, GRAPH, &names[1], &mut values[new.clone()])?;
             }

@@ -422,6 +422,29 @@ impl KvInterface {
     }
 }
 
+/// The DiT's KV cache inputs and outputs of each layer, `[keys, values]`, by name (no outputs
+/// when the graph writes the cache in place), built once for a generation loop.
+#[derive(Debug, Clone)]
+pub(crate) struct KvNames {
+    pub(crate) interface: KvInterface,
+    pub(crate) inputs: Vec<[String; 2]>,
+    pub(crate) outputs: Vec<[String; 2]>,
+}
+
+impl KvNames {
+    pub(crate) fn new(interface: KvInterface, layers: usize) -> Self {
+        Self {
+            interface,
+            inputs: (0..layers)
+                .map(|layer| interface.input_names(layer).into())
+                .collect(),
+            outputs: (0..layers)
+                .filter_map(|layer| interface.output_names(layer).map(Into::into))
+                .collect(),
+        }
+    }
+}
+
 /// The bundle's graphs the sessions are built from, by role.
 struct GraphNames<'a> {
     dit: &'a str,
