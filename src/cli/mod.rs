@@ -40,7 +40,7 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
     #[command(hide = true)]
-    Worker(worker::WorkerArgs),
+    Worker(Box<worker::WorkerArgs>),
     /// Show a run's statistics, phase split and provenance (and draw latency.svg if missing).
     Report(report::ReportArgs),
     /// Compare the statistics of two runs: values, deltas and ratios.
@@ -118,7 +118,7 @@ pub fn main() -> i32 {
         Command::Doctor(args) => doctor::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
-        Command::Worker(args) => worker::run(args),
+        Command::Worker(args) => worker::run(*args),
         Command::Report(args) => report::run_report(&args),
         Command::Compare(args) => report::run_compare(&args),
     }

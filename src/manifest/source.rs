@@ -29,6 +29,9 @@ pub struct Leaf {
 
 impl SourceFile {
     /// Parses `text`; a TOML syntax error is reported at its location.
+    // A diagnostic (location, excerpt, help) is made once per failed load: its size costs nothing
+    // on the success path, and the callers collect them unboxed.
+    #[allow(clippy::result_large_err)]
     pub fn parse(path: PathBuf, text: String) -> Result<SourceFile, Diagnostic> {
         let spanned = DeTable::parse(&text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);

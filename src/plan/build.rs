@@ -278,7 +278,7 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
             } else {
                 r.paths.run_dir.join("runtime_state")
             };
-            for slot in 0..slots.len() {
+            for (slot, slot_info) in slots.iter().enumerate() {
                 let mine: Vec<&Shard> = shards.iter().filter(|s| s.slot == slot).collect();
                 let Some(first) = mine.first() else { continue };
                 let warm = |shard: &Shard| match &m.warmup.indices {
@@ -287,7 +287,7 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
                 };
                 match (m.cache.scope, shared) {
                     (CacheScope::RunGpu, false) => {
-                        let dir = state_root.join(&slots[slot].label);
+                        let dir = state_root.join(&slot_info.label);
                         push(
                             &mut processes,
                             Role::Warmup { repeat: 1 },
