@@ -1343,32 +1343,25 @@ fn rows_take_the_widest_layout_their_size_and_alignment_allow() {
             "D = {d}, pairs"
         );
     }
-    for (d, elem, alignment) in [
-        (1536, 2, 16),
-        (1536, 2, 8),
-        (1536, 4, 16),
-        (2048, 4, 16),
-        (100, 2, 16),
-        (520, 2, 8),
+    use Layout::{Block, BlockQuad};
+    for (d, elem, alignment, want) in [
+        (1536, 2, 16, BlockQuad),
+        (1536, 2, 8, BlockQuad),
+        (1536, 4, 16, BlockQuad),
+        (2048, 4, 16, BlockQuad),
+        (100, 2, 16, BlockQuad),
+        (520, 2, 8, BlockQuad),
+        (2, 2, 16, Block),
+        (2, 4, 16, Block),
+        (514, 4, 16, Block),
+        (1536, 2, 4, Block),
+        (1000, 4, 8, Block),
+        (1538, 2, 16, Block),
     ] {
         assert_eq!(
             Layout::choose(d, elem, alignment),
-            Layout::BlockQuad,
-            "D = {d}, {elem} bytes"
-        );
-    }
-    for (d, elem, alignment) in [
-        (2, 2, 16),
-        (2, 4, 16),
-        (514, 4, 16),
-        (1536, 2, 4),
-        (1000, 4, 8),
-        (1538, 2, 16),
-    ] {
-        assert_eq!(
-            Layout::choose(d, elem, alignment),
-            Layout::Block,
-            "D = {d}, {elem} bytes"
+            want,
+            "D = {d}, {elem} bytes, aligned to {alignment}"
         );
     }
     let name = |op, ty, layout| cuda::entry_point(op, ty, layout).unwrap();
