@@ -182,7 +182,7 @@ impl Provider {
 
 /// Which kernels do the per-row elementwise work of the DiT (`runtime.dit_kernels`,
 /// `--dit-kernels`) or of the VAE decoder (`runtime.vae_kernels`, `--vae-kernels`): the bundle's
-/// fused graphs with the runner's own operators (`ai.unstep`, see [`super::kernels`]), or the
+/// fused graphs with the runner's own operators (`ai.unstep`, see `engine::kernels`), or the
 /// standard graphs with ONNX Runtime's stock kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedKernels {

@@ -1,9 +1,9 @@
 //! Writing generated frames as H.264 MP4 videos, with no external tools.
 //!
-//! The pipeline is: packed RGB → YUV 4:2:0 ([`yuv`], BT.601 limited range) → H.264 constrained
-//! baseline from OpenH264, built from source by the `openh264` crate ([`encode`]) → Annex-B NAL
-//! units re-framed as length-prefixed samples ([`annexb`]) → a small hand-written MP4 muxer
-//! ([`mp4`]). The result plays in browsers and anything built on ffmpeg.
+//! The pipeline is: packed RGB → YUV 4:2:0 (`yuv`, BT.601 limited range) → H.264 constrained
+//! baseline from OpenH264, built from source by the `openh264` crate (`encode`) → Annex-B NAL
+//! units re-framed as length-prefixed samples (`annexb`) → a small hand-written MP4 muxer
+//! (`mp4`). The result plays in browsers and anything built on ffmpeg.
 
 mod annexb;
 mod encode;
