@@ -94,39 +94,50 @@ impl Layout {
     /// The layout of an elementwise operator ([`Op::elementwise`]) over rows of D: only its unit
     /// matters (16 bytes, 4 elements or a pair, as D and the alignment allow).
     pub(crate) fn choose_elementwise(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
-        let unit = UNIT_BYTES / elem_bytes;
-        if alignment.is_multiple_of(UNIT_BYTES) && d.is_multiple_of(unit) {
-            Layout::Group { lanes: WARP }
-        } else if alignment.is_multiple_of(4 * elem_bytes) && d.is_multiple_of(4) {
-            Layout::BlockQuad
-        } else {
-            Layout::Block
+        let group = Layout::Group { lanes: WARP };
+        [group, Layout::BlockQuad]
+            .into_iter()
+            .find(|layout| {
+                let unit = layout.unit(elem_bytes);
+                alignment.is_multiple_of(unit * elem_bytes) && d.is_multiple_of(unit)
+            })
+            .unwrap_or(Layout::Block)
+    }
+
+    /// The elements one thread loads or stores in one access (`V` of `kernels.cu`).
+    pub(crate) fn unit(self, elem_bytes: usize) -> usize {
+        match self {
+            Layout::Block => 2,
+            Layout::BlockQuad => 4,
+            Layout::Group { .. } => UNIT_BYTES / elem_bytes,
         }
     }
 
-    /// The grid and block sizes of an elementwise launch over `n` elements in units of
-    /// `unit`: blocks of the layout's entry points' size (their `__launch_bounds__`: THREADS for
-    /// the block layouts, GROUP_THREADS for the group layout), one unit per thread up to a
-    /// grid-stride cap.
-    pub(crate) fn elementwise_dims(self, n: usize, unit: usize) -> (u32, u32) {
-        const MAX_BLOCKS: usize = 1 << 14;
-        let threads = match self {
+    /// The threads of a block: the `__launch_bounds__` of the layout's entry points.
+    fn threads(self) -> u32 {
+        match self {
             Layout::Block | Layout::BlockQuad => THREADS,
             Layout::Group { .. } => GROUP_THREADS,
-        };
-        let blocks = (n / unit).div_ceil(threads as usize).clamp(1, MAX_BLOCKS);
+        }
+    }
+
+    /// The grid and block sizes of an elementwise launch over `n` elements of `elem_bytes`:
+    /// one access per thread up to a grid-stride cap.
+    pub(crate) fn elementwise_dims(self, n: usize, elem_bytes: usize) -> (u32, u32) {
+        const MAX_BLOCKS: usize = 1 << 14;
+        let threads = self.threads();
+        let accesses = n / self.unit(elem_bytes);
+        let blocks = accesses.div_ceil(threads as usize).clamp(1, MAX_BLOCKS);
         (blocks as u32, threads)
     }
 
     /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
     fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
-        let (blocks, threads) = match self {
-            Layout::Block | Layout::BlockQuad => (rows, THREADS),
-            Layout::Group { lanes } => (
-                rows.div_ceil((GROUP_THREADS / lanes) as usize),
-                GROUP_THREADS,
-            ),
+        let blocks = match self {
+            Layout::Block | Layout::BlockQuad => rows,
+            Layout::Group { lanes } => rows.div_ceil((GROUP_THREADS / lanes) as usize),
         };
+        let threads = self.threads();
         // The largest grid x dimension CUDA allows.
         match u32::try_from(blocks) {
             Ok(blocks) if blocks <= i32::MAX as u32 => Ok((blocks, threads)),
@@ -138,10 +149,14 @@ impl Layout {
 const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
 
-/// Refuses a row length the kernels cannot take: they load element pairs (D even) and keep a
-/// row in registers (D at most [`MAX_D`]).
-pub(crate) fn check_d(d: usize) -> Result<(), String> {
-    if !d.is_multiple_of(2) || d > MAX_D {
+/// Refuses a row length `op`'s kernels cannot take: they load element pairs (D even), and those
+/// of the row operators keep a row in registers (D at most [`MAX_D`]).
+pub(crate) fn check_d(op: Op, d: usize) -> Result<(), String> {
+    if op.elementwise() {
+        if !d.is_multiple_of(2) {
+            return Err(format!("D = {d}: the CUDA kernel needs an even D"));
+        }
+    } else if !d.is_multiple_of(2) || d > MAX_D {
         return Err(format!(
             "D = {d}: the CUDA kernels need an even D of at most {MAX_D}"
         ));
@@ -522,15 +537,8 @@ impl CudaKernel {
     ) -> Result<(), String> {
         let op = self.op;
         assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
-        // The kernels load element pairs: an odd D would read misaligned pairs. Elementwise
-        // kernels keep no row in registers: any even D.
-        if op.elementwise() {
-            if !plan.d.is_multiple_of(2) {
-                return Err(format!("D = {}: the CUDA kernel needs an even D", plan.d));
-            }
-        } else {
-            check_d(plan.d)?;
-        }
+        // The kernels load element pairs: an odd D would read misaligned pairs.
+        check_d(op, plan.d)?;
         if plan.rows == 0 {
             return Ok(());
         }
@@ -543,12 +551,10 @@ impl CudaKernel {
             .unwrap_or(UNIT_BYTES);
         let (layout, (blocks, threads)) = if op.elementwise() {
             let layout = Layout::choose_elementwise(plan.d, elem_bytes, alignment);
-            let unit = match layout {
-                Layout::Block => 2,
-                Layout::BlockQuad => 4,
-                Layout::Group { .. } => UNIT_BYTES / elem_bytes,
-            };
-            (layout, layout.elementwise_dims(plan.rows * plan.d, unit))
+            (
+                layout,
+                layout.elementwise_dims(plan.rows * plan.d, elem_bytes),
+            )
         } else {
             let layout = Layout::choose(plan.d, elem_bytes, alignment);
             (layout, layout.launch_dims(plan.rows)?)

@@ -1286,20 +1286,28 @@ fn the_launch_constants_are_the_sources() {
     assert_eq!((cuda::MAX_D, cuda::GROUP_MAX_D), (2048, 512));
 }
 
-/// The CUDA kernels load element pairs and keep a row in registers: an odd D (a misaligned pair
-/// load on the device) or one past `MAX_D` is refused before any launch.
+/// The CUDA kernels load element pairs and the row operators keep a row in registers: an odd D
+/// (a misaligned pair load on the device), or for a row operator one past `MAX_D`, is refused
+/// before any launch.
 #[test]
 fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
     for d in [2, 96, 1536, cuda::MAX_D] {
-        assert!(cuda::check_d(d).is_ok(), "D = {d}");
+        assert!(cuda::check_d(Op::BiasRmsNorm, d).is_ok(), "D = {d}");
     }
     for d in [1, 15, 1535, cuda::MAX_D + 2] {
-        let error = cuda::check_d(d).unwrap_err();
+        let error = cuda::check_d(Op::BiasRmsNorm, d).unwrap_err();
         assert!(
             error.contains(&format!("D = {d}")) && error.contains("even"),
             "{error}"
         );
     }
+    // The elementwise BiasGelu keeps no row in registers: any even D (the FFN's 8960).
+    assert!(cuda::check_d(Op::BiasGelu, 8960).is_ok());
+    assert!(
+        cuda::check_d(Op::BiasGelu, 7)
+            .unwrap_err()
+            .contains("even D")
+    );
 }
 
 /// A group of threads per row, 16 bytes per access, up to D = 512 (the VAE's 96 to 384, the tiny
@@ -1403,16 +1411,16 @@ fn elementwise_launches_match_their_entry_points() {
     assert_eq!(Layout::choose_elementwise(8960, 2, 8), Layout::BlockQuad);
     let n = 4680 * 8960;
     assert_eq!(
-        Layout::Group { lanes: 32 }.elementwise_dims(n, 8),
+        Layout::Group { lanes: 32 }.elementwise_dims(n, 2),
         (16384, cuda::GROUP_THREADS)
     );
     assert_eq!(
-        Layout::BlockQuad.elementwise_dims(400, 4),
+        Layout::BlockQuad.elementwise_dims(400, 2),
         (1, cuda::THREADS)
     );
-    assert_eq!(Layout::Block.elementwise_dims(42, 2), (1, cuda::THREADS));
+    assert_eq!(Layout::Block.elementwise_dims(42, 4), (1, cuda::THREADS));
     assert_eq!(
-        Layout::Block.elementwise_dims(2 * 128 * 3, 2),
+        Layout::Block.elementwise_dims(2 * 128 * 3, 4),
         (3, cuda::THREADS)
     );
 }
@@ -1644,7 +1652,7 @@ mod gpu {
         // RMS_SHAPES has an odd D for the CPU kernels, which the CUDA kernels refuse.
         let shapes: Vec<&[i64]> = RMS_SHAPES
             .into_iter()
-            .filter(|shape| cuda::check_d(*shape.last().unwrap() as usize).is_ok())
+            .filter(|shape| cuda::check_d(Op::BiasRmsNorm, *shape.last().unwrap() as usize).is_ok())
             .chain(block_shapes)
             .chain(group_shapes)
             .collect();
@@ -1729,7 +1737,7 @@ mod gpu {
         // GELU_SHAPES has an odd D for the CPU kernel, which the CUDA kernel refuses.
         let gelu_shapes = GELU_SHAPES
             .into_iter()
-            .filter(|shape| shape.last().unwrap() % 2 == 0)
+            .filter(|shape| cuda::check_d(Op::BiasGelu, *shape.last().unwrap() as usize).is_ok())
             .chain([&[1, 4680, 8960][..], &[7, 6], &[33, 100]]);
         for shape in gelu_shapes {
             let case = GeluCase::<T>::new(&mut rng, shape);
