@@ -439,8 +439,7 @@ impl DeviceLoop {
         // are read by its own attention before the next layer writes; keys and values have one
         // scratch each). A graph that writes them in place reads them from the cache, straight
         // after the earlier blocks': the cache holds every block.
-        let kv_cache = sessions.kv_cache;
-        let in_place = kv_cache == KvInterface::InPlace;
+        let in_place = sessions.kv_interface == KvInterface::InPlace;
         let cached_blocks = if in_place { d.blocks() } else { d.blocks() - 1 };
         let cache_len = cached_blocks * d.block_tokens() * d.dim;
         let scratch_len = if in_place {
@@ -527,7 +526,7 @@ impl DeviceLoop {
                 },
             }),
             overlap_vae: runtime.overlap_vae,
-            names: KvNames::new(kv_cache, d.layers),
+            names: KvNames::new(sessions.kv_interface, d.layers),
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
             } else {

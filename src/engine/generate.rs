@@ -375,7 +375,7 @@ impl Generator {
         let layers = bundle.manifest.architecture.layers;
         let names =
             |prefix: &str, n: usize| (0..n).map(|i| format!("{prefix}.{i}")).collect::<Vec<_>>();
-        let dit_names = KvNames::new(sessions.kv_cache, layers);
+        let dit_names = KvNames::new(sessions.kv_interface, layers);
         // The host loop's buffers; empty when the device loop holds its own.
         let host = |n: usize| if device.is_some() { 0 } else { n };
         let cache_tokens = dims.latent_frames * dims.tokens_per_frame;
@@ -431,7 +431,7 @@ impl Generator {
 
     /// How the DiT graph takes the KV cache (read from its inputs).
     pub fn kv_interface(&self) -> KvInterface {
-        self.sessions.kv_cache
+        self.sessions.kv_interface
     }
 
     pub fn bundle(&self) -> &Bundle {

@@ -377,7 +377,7 @@ pub struct GraphSessions {
     /// The kernels the decoder's sessions run with (`Unstep` or `Onnxruntime`).
     pub vae_kernels: FusedKernels,
     /// How the DiT graph takes its KV cache.
-    pub kv_cache: KvInterface,
+    pub kv_interface: KvInterface,
 }
 
 /// How a DiT graph takes the KV cache, read from its inputs.
@@ -404,22 +404,6 @@ impl KvInterface {
             KvInterface::PastAndNew
         }
     }
-
-    /// The names of layer `layer`'s cache inputs (keys, values).
-    pub fn input_names(self, layer: usize) -> (String, String) {
-        match self {
-            KvInterface::PastAndNew => (format!("past_k.{layer}"), format!("past_v.{layer}")),
-            KvInterface::InPlace => (format!("kv_k.{layer}"), format!("kv_v.{layer}")),
-        }
-    }
-
-    /// The names of layer `layer`'s new keys and values outputs; none in place.
-    pub fn output_names(self, layer: usize) -> Option<(String, String)> {
-        match self {
-            KvInterface::PastAndNew => Some((format!("new_k.{layer}"), format!("new_v.{layer}"))),
-            KvInterface::InPlace => None,
-        }
-    }
 }
 
 /// The DiT's KV cache inputs and outputs of each layer, `[keys, values]`, by name (no outputs
@@ -433,14 +417,19 @@ pub(crate) struct KvNames {
 
 impl KvNames {
     pub(crate) fn new(interface: KvInterface, layers: usize) -> Self {
+        let names = |k: &str, v: &str| {
+            (0..layers)
+                .map(|layer| [format!("{k}.{layer}"), format!("{v}.{layer}")])
+                .collect()
+        };
+        let (inputs, outputs) = match interface {
+            KvInterface::PastAndNew => (names("past_k", "past_v"), names("new_k", "new_v")),
+            KvInterface::InPlace => (names("kv_k", "kv_v"), Vec::new()),
+        };
         Self {
             interface,
-            inputs: (0..layers)
-                .map(|layer| interface.input_names(layer).into())
-                .collect(),
-            outputs: (0..layers)
-                .filter_map(|layer| interface.output_names(layer).map(Into::into))
-                .collect(),
+            inputs,
+            outputs,
         }
     }
 }
@@ -504,7 +493,7 @@ impl GraphSessions {
         };
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
-        let kv_cache = KvInterface::of(&dit);
+        let kv_interface = KvInterface::of(&dit);
         let sessions = Self {
             text_encoder: if text_encoder {
                 Some(text_encoder_session(runtime, bundle, options)?)
@@ -535,7 +524,7 @@ impl GraphSessions {
                 operators(vae_kernels, FusedPart::Vae)?,
             )?,
             vae_kernels,
-            kv_cache,
+            kv_interface,
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
@@ -567,12 +556,12 @@ impl GraphSessions {
             .input("context", f32_, 3)
             .input("frame_offset", i64_, 1)
             .output("flow", f32_, 5);
-        for layer in 0..layers {
-            let (k, v) = self.kv_cache.input_names(layer);
-            dit.input(&k, f32_, 3).input(&v, f32_, 3);
-            if let Some((k, v)) = self.kv_cache.output_names(layer) {
-                dit.output(&k, f32_, 3).output(&v, f32_, 3);
-            }
+        let kv = KvNames::new(self.kv_interface, layers);
+        for name in kv.inputs.iter().flatten() {
+            dit.input(name, f32_, 3);
+        }
+        for name in kv.outputs.iter().flatten() {
+            dit.output(name, f32_, 3);
         }
         dit.check(&self.dit)?;
 
