@@ -1047,90 +1047,54 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         bundle.manifest.graphs.dit_fused.is_some(),
         "the tiny bundle has dit_fused"
     );
+    use FusedKernels::{Auto, Onnxruntime, Unstep};
+    use FusedPart::{Dit, Vae};
+    let trt = Provider::TensorRt(TensorRtOptions::default());
+    let ok = |k: FusedKernels, part, provider: &Provider, bundle: &Bundle| {
+        k.resolve(part, provider, bundle).unwrap()
+    };
+    let error = |part, provider: &Provider, bundle: &Bundle| {
+        Unstep
+            .resolve(part, provider, bundle)
+            .unwrap_err()
+            .to_string()
+    };
     // `auto` on CUDA: the runner's kernels where NVRTC loads (they are compiled with it),
     // ONNX Runtime's where it does not (this machine may have either).
     let compiles = unstep::engine::probe::fused_kernels_check().ok;
-    let auto_on_cuda = if compiles {
-        FusedKernels::Unstep
-    } else {
-        FusedKernels::Onnxruntime
-    };
-    assert_eq!(
-        FusedKernels::Auto
-            .resolve(FusedPart::Dit, &cuda, &bundle)
-            .unwrap(),
-        auto_on_cuda
-    );
-    // Asked for by name, they are the runner's whatever NVRTC does (a missing NVRTC is an error
-    // when the session is built).
-    assert_eq!(
-        FusedKernels::Unstep
-            .resolve(FusedPart::Dit, &cuda, &bundle)
-            .unwrap(),
-        FusedKernels::Unstep
-    );
-    assert_eq!(
-        FusedKernels::Auto
-            .resolve(FusedPart::Dit, &Provider::Cpu, &bundle)
-            .unwrap(),
-        FusedKernels::Onnxruntime
-    );
-    let trt = Provider::TensorRt(TensorRtOptions::default());
-    assert_eq!(
-        FusedKernels::Auto
-            .resolve(FusedPart::Dit, &trt, &bundle)
-            .unwrap(),
-        FusedKernels::Onnxruntime
-    );
-    let error = FusedKernels::Unstep
-        .resolve(FusedPart::Dit, &trt, &bundle)
-        .unwrap_err()
-        .to_string();
+    let auto_on_cuda = if compiles { Unstep } else { Onnxruntime };
+    for part in [Dit, Vae] {
+        assert_eq!(ok(Auto, part, &cuda, &bundle), auto_on_cuda);
+        // Asked for by name, they are the runner's whatever NVRTC does (a missing NVRTC is an
+        // error when the session is built).
+        assert_eq!(ok(Unstep, part, &cuda, &bundle), Unstep);
+        // `auto` keeps ONNX Runtime's on the CPU and on TensorRT; `unstep` on TensorRT is an
+        // error naming the way out.
+        assert_eq!(ok(Auto, part, &Provider::Cpu, &bundle), Onnxruntime);
+        assert_eq!(ok(Auto, part, &trt, &bundle), Onnxruntime);
+    }
+    let e = error(Dit, &trt, &bundle);
     assert!(
-        error.contains("tensorrt") && error.contains("--dit-kernels onnxruntime"),
-        "{error}"
+        e.contains("tensorrt") && e.contains("--dit-kernels onnxruntime"),
+        "{e}"
     );
-    let error = FusedKernels::Unstep
-        .resolve(FusedPart::Vae, &trt, &bundle)
-        .unwrap_err()
-        .to_string();
-    assert!(error.contains("--vae-kernels onnxruntime"), "{error}");
+    let e = error(Vae, &trt, &bundle);
+    assert!(e.contains("--vae-kernels onnxruntime"), "{e}");
 
-    assert_eq!(
-        FusedKernels::Auto
-            .resolve(FusedPart::Vae, &cuda, &bundle)
-            .unwrap(),
-        auto_on_cuda
-    );
+    // A bundle without the fused graphs: `auto` falls back, `unstep` says what to export.
     bundle.manifest.graphs.dit_fused = None;
-    assert_eq!(
-        FusedKernels::Auto
-            .resolve(FusedPart::Dit, &cuda, &bundle)
-            .unwrap(),
-        FusedKernels::Onnxruntime
-    );
-    let error = FusedKernels::Unstep
-        .resolve(FusedPart::Dit, &cuda, &bundle)
-        .unwrap_err()
-        .to_string();
+    assert_eq!(ok(Auto, Dit, &cuda, &bundle), Onnxruntime);
+    let e = error(Dit, &cuda, &bundle);
     assert!(
-        error.contains("no `dit_fused` graph") && error.contains("export"),
-        "{error}"
+        e.contains("no `dit_fused` graph") && e.contains("export"),
+        "{e}"
     );
     bundle.manifest.graphs.vae_step_fused = None;
-    assert_eq!(
-        FusedKernels::Auto
-            .resolve(FusedPart::Vae, &cuda, &bundle)
-            .unwrap(),
-        FusedKernels::Onnxruntime
-    );
-    let error = FusedKernels::Unstep
-        .resolve(FusedPart::Vae, &cuda, &bundle)
-        .unwrap_err()
-        .to_string();
+    assert_eq!(ok(Auto, Vae, &cuda, &bundle), Onnxruntime);
+    let e = error(Vae, &cuda, &bundle);
     assert!(
-        error.contains("vae_step_fused") && error.contains("vae_kernels"),
-        "{error}"
+        e.contains("vae_step_fused") && e.contains("vae_kernels"),
+        "{e}"
     );
     for kernels in FusedKernels::ALL {
         assert_eq!(FusedKernels::parse(kernels.name()), Some(kernels));
