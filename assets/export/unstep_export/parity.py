@@ -176,6 +176,41 @@ def _value_types(model) -> dict:
     return info
 
 
+class _GraphIndex:
+    """Who produces and who reads each value of a graph, and its constants."""
+
+    def __init__(self, graph):
+        import collections
+
+        self.producer = {o: n for n in graph.node for o in n.output}
+        # value -> [(node, input position)]
+        self.consumers = collections.defaultdict(list)
+        for n in graph.node:
+            for j, i in enumerate(n.input):
+                self.consumers[i].append((n, j))
+        self.inits = {t.name: t for t in graph.initializer}
+
+    def source(self, v):
+        """`v` through Identity nodes (the exporter shares equal initializers that way)."""
+        while v in self.producer and self.producer[v].op_type == "Identity":
+            v = self.producer[v].input[0]
+        return v
+
+    def constant(self, v):
+        """The value of an initializer or Constant node (through Identity), or None."""
+        from onnx import numpy_helper
+
+        v = self.source(v)
+        if v in self.inits:
+            return numpy_helper.to_array(self.inits[v])
+        n = self.producer.get(v)
+        if n is not None and n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+        return None
+
+
 def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list:
     """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer one
     QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm, one BiasGelu and no
@@ -247,29 +282,13 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
                         f"{std_counts[('com.microsoft', 'FastGelu')]} less one per layer: the FFN's are BiasGelu)")
 
     # The cache inputs: written by QkvNormRopeCache, then read by the attention that takes its Q.
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers = collections.defaultdict(list)
-    for n in graph.node:
-        for j, i in enumerate(n.input):
-            consumers[i].append((n, j))
+    index = _GraphIndex(graph)
+    producer, consumers = index.producer, index.consumers
     position = {id(n): j for j, n in enumerate(graph.node)}
-    inits = {t.name: list(t.dims) for t in graph.initializer}
-
-    def source(v):  # look through Identity (the exporter shares equal initializers that way)
-        while v in producer and producer[v].op_type == "Identity":
-            v = producer[v].input[0]
-        return v
 
     def const_shape(v):
-        v = source(v)
-        if v in inits:
-            return inits[v]
-        n = producer.get(v)
-        if n is not None and n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    return list(a.t.dims)
-        return None
+        c = index.constant(v)
+        return None if c is None else list(c.shape)
 
     plain_qkv = 0
     for i in range(layers):
@@ -511,7 +530,6 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int) -
     import collections
 
     import onnx
-    from onnx import numpy_helper
 
     from .fused import UNSTEP_DOMAIN
 
@@ -561,28 +579,8 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int) -
         problems.append(f"{no_bias_convs(graph)} convolutions without bias, expected "
                         f"{no_bias_convs(std.graph)} + {conv_fed}")
 
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers = collections.defaultdict(list)
-    for n in graph.node:
-        for i in n.input:
-            consumers[i].append(n)
-    inits = {t.name: t for t in graph.initializer}
-
-    def source(v):  # look through Identity (the exporter shares equal initializers that way)
-        while v in producer and producer[v].op_type == "Identity":
-            v = producer[v].input[0]
-        return v
-
-    def constant(v):
-        v = source(v)
-        if v in inits:
-            return numpy_helper.to_array(inits[v])
-        n = producer.get(v)
-        if n is not None and n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value":
-                    return numpy_helper.to_array(a.t)
-        return None
+    index = _GraphIndex(graph)
+    producer, consumers, constant = index.producer, index.consumers, index.constant
 
     info = _value_types(model)
     float_type = info["frames"][0]
