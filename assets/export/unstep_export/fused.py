@@ -490,8 +490,9 @@ def qkv_parts(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module):
     q_lin, q_bias = linear_parts(q)
     k_lin, k_bias = linear_parts(k)
     value, output, o_bias = value_and_output_parts(v, o)
-    # value(x) is x Wv exactly when v is a plain linear layer whose bias was folded (or is None).
-    if all(isinstance(m, nn.Linear) for m in (q, k, v)) and (v.bias is None or isinstance(o, nn.Linear)):
+    # value(x) is x Wv exactly when v is a plain linear layer whose bias was folded (value is then
+    # not v itself) or that has none.
+    if all(isinstance(m, nn.Linear) for m in (q, k, v)) and (value is not v or v.bias is None):
         weight = torch.cat([q.weight, k.weight, v.weight], dim=0)
         fn = lambda x: F.linear(x, weight)  # noqa: E731
     else:
