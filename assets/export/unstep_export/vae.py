@@ -9,7 +9,11 @@ exported as two graphs: `vae_first` (no cache in) and `vae_step` (cache in -> ca
 Inside `with fused.fused_vae():` the decoder takes the structure of `vae_first_fused` /
 `vae_step_fused` (exporter 0.5.0): every RMS norm followed by SiLU is one `ai.unstep::BiasRmsNorm`
 with `silu = 1`, and in each ResidualBlock the bias of `conv1` goes into the next such op
-(`ResidualBlock.forward_fused`).  Outside it, nothing changes.
+(`ResidualBlock.forward_fused`).  From exporter 0.8.0 the upsampling stages also carry the biases
+of the convolutions that write their residual stream (`conv2`, the shortcut, the sub-pixel
+convolution) instead of adding them: the stored activation lacks a per-channel vector, which the
+next `BiasRmsNorm` adds and the stage's last convolution before a `Resample` adds back
+(`Decoder3d.forward_carried`).  Outside it, nothing changes.
 """
 
 from __future__ import annotations
@@ -78,9 +82,10 @@ class CausalConv3d(nn.Conv3d):
         super().__init__(cin, cout, kernel, padding=(0, padding[1], padding[2]))
         self.tpad = 2 * padding[0]  # all temporal padding goes in front: causal
 
-    def forward(self, x, cache=None, bias: bool = True):
-        """bias=False leaves the bias out (the fused VAE graphs add it in the next op)."""
-        b = self.bias if bias else None
+    def forward(self, x, cache=None, bias=True):
+        """bias=False leaves the bias out (the fused VAE graphs add it in the next op); a tensor
+        [cout] is added instead of the convolution's own bias."""
+        b = bias if torch.is_tensor(bias) else self.bias if bias else None
         if self.tpad and cache is None and x.shape[2] == 1 and torch.onnx.is_in_onnx_export():
             # One frame after all-zero padding: only the last temporal tap sees data, so the
             # exported graph convolves with that tap alone (no Pad, a third of the work).
@@ -91,11 +96,9 @@ class CausalConv3d(nn.Conv3d):
             x = from_cache_layout(torch.cat([cache, to_cache_layout(x)], dim=cache_time_axis()))
         elif self.tpad:
             x = F.pad(x, (0, 0, 0, 0, self.tpad, 0))
-        if not bias:
-            return self._conv_forward(x, self.weight, None)
-        return super().forward(x)
+        return self._conv_forward(x, self.weight, b)
 
-    def cached(self, x, ctx: CacheCtx, bias: bool = True):
+    def cached(self, x, ctx: CacheCtx, bias=True):
         old = ctx.take()
         ctx.push(x, old)
         return self(x, old, bias=bias)
@@ -184,6 +187,27 @@ class ResidualBlock(nn.Module):
         x = conv2.cached(dropout(x), ctx)
         return x + h
 
+    def forward_carried(self, x, ctx, carry, materialize: bool):
+        """`forward_fused` on a stored input that lacks the per-channel vector `carry` [cin] (the
+        true input is x + carry; None: nothing missing).  Returns (y, carry'): with
+        `materialize`, y is the true output and carry' None; otherwise conv2 and the shortcut go
+        without their biases and carry' [cout] is what y lacks.  Exact: norm1 adds `carry` to its
+        input, and a 1x1x1 shortcut maps a constant vector to W·carry + b."""
+        norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
+        if isinstance(self.shortcut, CausalConv3d):
+            h = self.shortcut(x, bias=False)
+            w = self.shortcut.weight.reshape(self.shortcut.weight.shape[0], -1)
+            h_carry = self.shortcut.bias if carry is None else w @ carry + self.shortcut.bias
+        else:
+            h, h_carry = x, carry
+        y = norm1(x, bias=carry, silu=True)
+        y = conv1.cached(y, ctx, bias=False)
+        y = norm2(y, bias=conv1.bias, silu=True)
+        out_carry = conv2.bias if h_carry is None else conv2.bias + h_carry
+        if materialize:
+            return conv2.cached(dropout(y), ctx, bias=out_carry) + h, None
+        return conv2.cached(dropout(y), ctx, bias=False) + h, out_carry
+
 
 class AttentionBlock(nn.Module):
     """Single-head spatial self-attention per frame (plain ops: not a runner-controlled op)."""
@@ -218,7 +242,9 @@ class Resample(nn.Module):
         if mode == "upsample3d":
             self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
 
-    def forward(self, x, ctx):
+    def forward(self, x, ctx, bias: bool = True):
+        """bias=False leaves the bias of the spatial convolution out (Decoder3d.forward_carried
+        carries it)."""
         b, c, t, h, w = x.shape
         if self.mode == "upsample3d":
             old = ctx.take()
@@ -234,11 +260,15 @@ class Resample(nn.Module):
                 x = torch.stack((y[:, 0], y[:, 1]), dim=3).reshape(b, c, t * 2, h, w)
                 t = t * 2
         y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        y = subpixel_upsample_conv(self.resample[1], y) if torch.onnx.is_in_onnx_export() else self.resample(y)
+        conv = self.resample[1]
+        if torch.onnx.is_in_onnx_export():
+            y = subpixel_upsample_conv(conv, y, bias)
+        else:
+            y = F.conv2d(self.resample[0](y), conv.weight, conv.bias if bias else None, padding=conv.padding)
         return y.reshape(b, t, c // 2, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
 
 
-def subpixel_upsample_conv(conv: nn.Conv2d, y: torch.Tensor) -> torch.Tensor:
+def subpixel_upsample_conv(conv: nn.Conv2d, y: torch.Tensor, bias: bool = True) -> torch.Tensor:
     """conv(nearest_upsample_x2(y)) computed on the low-resolution input: output pixel
     (2i + p, 2j + q) only ever reads input pixels i + (p + d) // 2 for taps d in -1..1, so each of
     the four output phases (p, q) is a 3x3 convolution of y with the taps of `conv` summed into
@@ -251,8 +281,8 @@ def subpixel_upsample_conv(conv: nn.Conv2d, y: torch.Tensor) -> torch.Tensor:
     fold = torch.tensor(fold, dtype=w.dtype, device=w.device)
     # k[o, p, q, i, a, b] = sum_{dy, dx} fold[p, a, dy] * fold[q, b, dx] * w[o, i, dy, dx]
     k = torch.einsum("pay,qbx,oiyx->opqiab", fold, fold, w).reshape(co * 4, w.shape[1], 3, 3)
-    bias = None if conv.bias is None else conv.bias.repeat_interleave(4)
-    return F.pixel_shuffle(F.conv2d(y, k, bias, padding=1), 2)
+    b = None if conv.bias is None or not bias else conv.bias.repeat_interleave(4)
+    return F.pixel_shuffle(F.conv2d(y, k, b, padding=1), 2)
 
 
 class Decoder3d(nn.Module):
@@ -277,13 +307,48 @@ class Decoder3d(nn.Module):
         x = self.conv1.cached(x, ctx)
         for layer in self.middle:
             x = layer(x, ctx)
+        if fused.fused_vae_active():
+            return self.forward_carried(x, ctx)
         for layer in self.upsamples:
             x = layer(x, ctx)
-        if fused.fused_vae_active():
-            x = self.head[0](x, silu=True)  # its input is a residual sum: zero bias
-        else:
-            x = self.head[1](self.head[0](x))
+        x = self.head[1](self.head[0](x))
         return self.head[2].cached(x, ctx)
+
+    def forward_carried(self, x, ctx: CacheCtx):
+        """The upsampling stages and the head of the fused graphs.  Each stage's residual stream
+        is stored without the biases of the convolutions that wrote it; `carry` [C] is what it
+        lacks.  The next BiasRmsNorm adds it; the stage's last block before a Resample adds it to
+        its conv2's bias (the Resample's convolutions pad with zeros, so a constant does not pass
+        through them); the Resample's spatial convolution starts the next stage's carry; the
+        head's norm takes the last.  On wan-1.3b this leaves out 13 of the 25 bias adds a
+        `vae_step` had (its 39 convolutions less the 14 whose bias a norm already added): every
+        one at full resolution but the 3-channel head's, and all but one at half resolution."""
+        carry = None
+        layers = list(self.upsamples)
+        for i, layer in enumerate(layers):
+            if isinstance(layer, ResidualBlock):
+                before_resample = i + 1 < len(layers) and isinstance(layers[i + 1], Resample)
+                x, carry = layer.forward_carried(x, ctx, carry, materialize=before_resample)
+            else:
+                x, carry = layer(x, ctx, bias=False), layer.resample[1].bias
+        x = self.head[0](x, bias=carry, silu=True)
+        return self.head[2].cached(x, ctx)
+
+
+def carried_bias_convs(vae: nn.Module) -> int:
+    """How many convolutions the fused graphs export without a bias because
+    `Decoder3d.forward_carried` carries it: every upsampling block's shortcut, every conv2 but
+    that of a block followed by a Resample, every Resample's spatial convolution."""
+    n = 0
+    for dec in (m for m in vae.modules() if isinstance(m, Decoder3d)):
+        layers = list(dec.upsamples)
+        for i, layer in enumerate(layers):
+            if isinstance(layer, Resample):
+                n += 1
+            else:
+                n += isinstance(layer.shortcut, CausalConv3d)
+                n += not (i + 1 < len(layers) and isinstance(layers[i + 1], Resample))
+    return n
 
 
 def norm_silu_pairs(vae: nn.Module):
