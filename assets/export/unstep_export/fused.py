@@ -298,6 +298,18 @@ def bias_rms_norm_reference(x, bias, weight, eps: float, silu: bool = False):
     return y.reshape(x.shape).to(x.dtype)
 
 
+def prefix_bias_rms_norm_reference(x, bias, weight, prefix, eps: float):
+    """ai.unstep::PrefixBiasRmsNorm with silu = 1: Y = cat(prefix, BiasRmsNorm(x)) along axis 1
+    (x of rank >= 2 with axis 0 of size 1; prefix x's shape but on axis 1), and tail = Y's last
+    prefix.shape[1] entries along axis 1.  Returns (Y, tail)."""
+    if not torch.jit.is_tracing():
+        same = prefix.dim() == x.dim() and all(i == 1 or p == q for i, (p, q) in enumerate(zip(prefix.shape, x.shape)))
+        if x.dim() < 2 or x.shape[0] != 1 or not same:
+            raise ValueError(f"PrefixBiasRmsNorm: prefix {tuple(prefix.shape)}, X {tuple(x.shape)}")
+    y = torch.cat([prefix.to(x.dtype), bias_rms_norm_reference(x, bias, weight, eps, silu=True)], dim=1)
+    return y, y.narrow(1, y.shape[1] - prefix.shape[1], prefix.shape[1])
+
+
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
@@ -370,6 +382,22 @@ class _BiasRmsNorm(torch.autograd.Function):
         return out
 
 
+class _PrefixBiasRmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias, weight, prefix, eps: float):  # noqa: D401 - torch.autograd API
+        return prefix_bias_rms_norm_reference(x, bias, weight, prefix, eps)
+
+    @staticmethod
+    def symbolic(g, x, bias, weight, prefix, eps: float):
+        y, tail = g.op(f"{UNSTEP_DOMAIN}::PrefixBiasRmsNorm", x, bias, weight, prefix, epsilon_f=float(eps), silu_i=1,
+                       outputs=2)
+        sizes = x.type().sizes()
+        sizes[1] += prefix.type().sizes()[1]
+        y.setType(x.type().with_sizes(sizes))
+        tail.setType(prefix.type())
+        return y, tail
+
+
 class _BiasGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, bias):  # noqa: D401 - torch.autograd API
@@ -438,6 +466,16 @@ def bias_rms_norm_silu(x, bias, weight, eps: float):
     if exporting():
         return _BiasRmsNorm.apply(x, bias, weight, eps, True)
     return bias_rms_norm_reference(x, bias, weight, eps, silu=True)
+
+
+def prefix_bias_rms_norm_silu(x, bias, weight, prefix, eps: float):
+    """(Y, tail): Y = cat(prefix, SiLU(rms_norm(x + bias) * weight)) along axis 1 and tail its
+    last prefix.shape[1] entries there; one `PrefixBiasRmsNorm` (silu = 1) when exporting (the
+    fused VAE graphs: a causal convolution's cache frames in front of its new frames, and the next
+    cache), the reference arithmetic otherwise."""
+    if exporting():
+        return _PrefixBiasRmsNorm.apply(x, bias, weight, prefix, eps)
+    return prefix_bias_rms_norm_reference(x, bias, weight, prefix, eps)
 
 
 def bias_gelu(x, bias):

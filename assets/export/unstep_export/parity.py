@@ -472,6 +472,16 @@ def _unstep_reference_ops():
                 y = y / (np.float32(1) + np.exp(-y))
             return (y.reshape(x.shape).astype(x.dtype),)
 
+    class PrefixBiasRmsNorm(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, x, bias, weight, prefix, epsilon=None, silu=None):
+            assert x.ndim >= 2 and x.shape[0] == 1 and prefix.shape[:1] + prefix.shape[2:] == x.shape[:1] + x.shape[2:], \
+                (x.shape, prefix.shape)
+            (y,) = BiasRmsNorm._run(self, x, bias, weight, epsilon, silu)
+            y = np.concatenate([prefix.astype(x.dtype), y], axis=1)
+            return y, np.ascontiguousarray(y[:, y.shape[1] - prefix.shape[1]:])
+
     class GatedResidualLayerNorm(OpRun):
         op_domain = "ai.unstep"
 
@@ -526,15 +536,22 @@ def _unstep_reference_ops():
             assert axis in (-1, x.ndim - 1)
             return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
 
-    return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, GatedResidualLayerNorm, BiasGelu, MultiHeadAttention,
-            FastGelu, SimplifiedLayerNormalization]
+    return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, PrefixBiasRmsNorm, GatedResidualLayerNorm, BiasGelu,
+            MultiHeadAttention, FastGelu, SimplifiedLayerNormalization]
 
 
-def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, carried: int) -> list:
+def prefixed(role: str, pairs: int) -> int:
+    """The `PrefixBiasRmsNorm` nodes of a fused VAE graph: every norm + SiLU pair feeds a causal
+    convolution, which has a cache in `vae_step` and none in `vae_first`."""
+    return pairs if role == "vae_step" else 0
+
+
+def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, carried: int, prefixed: int) -> list:
     """vae_first_fused / vae_step_fused against the standard graph of the same role and the
     contract of docs/bundle.md (no ONNX Runtime): `pairs` RMS norm + SiLU pairs (vae.py
     `norm_silu_pairs`), each one `ai.unstep::BiasRmsNorm` with silu = 1 and epsilon 1e-12 on a
-    channels-last Transpose, and no SimplifiedLayerNormalization, Sigmoid or Sigmoid-Mul (SiLU)
+    channels-last Transpose (`PrefixBiasRmsNorm` where a cache goes in front: `prefixed` of them,
+    each in place of a Concat), and no SimplifiedLayerNormalization, Sigmoid or Sigmoid-Mul (SiLU)
     left for them; `conv_fed` of them take their input straight from a causal convolution that has
     no bias input (the op adds it), the others a constant bias (zeros, or the biases the
     upsampling stages carry); `carried` more convolutions without a bias (vae.py
@@ -573,12 +590,17 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     counts, std_counts = count(graph), count(std.graph)
     print(f"{name} nodes: " + ", ".join(
         f"{d}::{t} {c}" for (d, t), c in sorted(counts.items()) if t not in ("Constant", "Identity")))
-    norms = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == "BiasRmsNorm"]
-    others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - {"BiasRmsNorm"})
+    kinds = ("BiasRmsNorm", "PrefixBiasRmsNorm")
+    norms = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type in kinds]
+    others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(kinds))
     if others:
-        problems.append(f"{UNSTEP_DOMAIN} ops other than BiasRmsNorm: {others}")
+        problems.append(f"{UNSTEP_DOMAIN} ops other than {' and '.join(kinds)}: {others}")
     if len(norms) != pairs:
-        problems.append(f"BiasRmsNorm: {len(norms)} nodes, expected {pairs} (one per norm + SiLU pair)")
+        problems.append(f"BiasRmsNorm + PrefixBiasRmsNorm: {len(norms)} nodes, expected {pairs} (one per norm + "
+                        "SiLU pair)")
+    with_prefix = sum(n.op_type == "PrefixBiasRmsNorm" for n in norms)
+    if with_prefix != prefixed:
+        problems.append(f"PrefixBiasRmsNorm: {with_prefix} nodes, expected {prefixed}")
     if silu_patterns(std.graph) != pairs:
         problems.append(f"the standard graph has {silu_patterns(std.graph)} SiLU patterns, the model {pairs} pairs")
     if silu_patterns(graph):
@@ -588,6 +610,13 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
         if counts[("ai.onnx", op)] != want:
             problems.append(f"{op}: {counts[('ai.onnx', op)]} nodes, expected {want} (the standard graph's "
                             f"{std_counts[('ai.onnx', op)]} less {fewer})")
+    def cache_concats(g):  # Concats of a cache input (the graph's) with new frames
+        inputs = {i.name for i in g.input}
+        return sum(1 for n in g.node if n.op_type == "Concat" and any(i in inputs for i in n.input))
+
+    if cache_concats(graph) != cache_concats(std.graph) - prefixed:
+        problems.append(f"{cache_concats(graph)} Concats of a cache input, expected {cache_concats(std.graph)} less "
+                        f"{prefixed} (the PrefixBiasRmsNorm nodes)")
     if no_bias_convs(graph) != no_bias_convs(std.graph) + conv_fed + carried:
         problems.append(f"{no_bias_convs(graph)} convolutions without bias, expected "
                         f"{no_bias_convs(std.graph)} + {conv_fed} + {carried} carried")
@@ -600,9 +629,13 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     eps = float(np.float32(1e-12))
     fed = 0
     for n in norms:
-        if len(n.input) != 3 or len(n.output) != 1:
-            problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected 3 / 1")
+        n_inputs, n_outputs = (4, 2) if n.op_type == "PrefixBiasRmsNorm" else (3, 1)
+        if len(n.input) != n_inputs or len(n.output) != n_outputs:
+            problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected {n_inputs} / "
+                            f"{n_outputs}")
             continue
+        if n_outputs == 2 and n.output[1] not in {o.name for o in graph.output}:
+            problems.append(f"{n.name}: its tail is not a graph output (a cache)")
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         if attrs != {"epsilon": eps, "silu": 1}:
             problems.append(f"{n.name}: attributes {attrs}, expected epsilon 1e-12 (as float32) and silu 1")
@@ -612,7 +645,7 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
                 problems.append(f"{n.name}: {v} has element type {elem}, the graph's is {float_type}")
         c = info.get(n.input[0], (None, None))[1]
         c = c[-1] if c else None
-        for v in n.input[1:]:
+        for v in n.input[1:3]:
             shape = info.get(v, (None, None))[1]
             if shape is not None and c is not None and shape != [c]:
                 problems.append(f"{n.name}: {v} has shape {shape}, expected [{c}]")
@@ -862,7 +895,7 @@ def run_fused_check(args) -> int:
         for role in ("vae_first", "vae_step"):
             structure(f"{role}_fused.onnx structure (fp32)",
                       check_fused_vae_structure(out / f"{role}_fused.onnx", out / f"{role}.onnx", pairs, conv_fed,
-                                                carried))
+                                                carried, prefixed(role, pairs)))
         # (3) the fused graphs in onnx.reference (numpy BiasRmsNorm) vs the standard graphs in
         # onnxruntime, fp32, every output.
         report_vae_graphs("vae_*_fused.onnx (numpy ops)", out, zv.numpy(), report)
@@ -874,7 +907,7 @@ def run_fused_check(args) -> int:
             for role in ("vae_first", "vae_step"):
                 structure(f"{role}_fused.onnx structure (fp16)",
                           check_fused_vae_structure(out16 / f"{role}_fused.onnx", out16 / f"{role}.onnx",
-                                                    pairs, conv_fed, carried))
+                                                    pairs, conv_fed, carried, prefixed(role, pairs)))
         del half, fvae
     if getattr(args, "bundle", None):
         import tomllib
@@ -913,7 +946,7 @@ def run_fused_check(args) -> int:
         for role in roles:
             structure(f"{bundle}/{role}_fused.onnx structure",
                       check_fused_vae_structure(bundle / f"{role}_fused.onnx", bundle / f"{role}.onnx", pairs,
-                                                conv_fed, carried_bias_convs(vae)))
+                                                conv_fed, carried_bias_convs(vae), prefixed(role, pairs)))
             listed = listed_graphs.get(f"{role}_fused") == f"{role}_fused.onnx"
             structure(f"{bundle}/bundle.toml lists {role}_fused", [] if listed else ["not in [graphs]"])
         if len(roles) == 1:

@@ -13,7 +13,9 @@ with `silu = 1`, and in each ResidualBlock the bias of `conv1` goes into the nex
 of the convolutions that write their residual stream (`conv2`, the shortcut, the sub-pixel
 convolution) instead of adding them: the stored activation lacks a per-channel vector, which the
 next `BiasRmsNorm` adds and the stage's last convolution before a `Resample` adds back
-(`Decoder3d.forward_carried`).  Outside it, nothing changes.
+(`Decoder3d.forward_carried`), and in `vae_step` each norm + SiLU before a causal convolution is
+one `PrefixBiasRmsNorm` that writes the cache frames and the new ones into the convolution's
+input, without a Concat (`norm_silu_conv`).  Outside it, nothing changes.
 """
 
 from __future__ import annotations
@@ -85,18 +87,24 @@ class CausalConv3d(nn.Conv3d):
     def forward(self, x, cache=None, bias=True):
         """bias=False leaves the bias out (the fused VAE graphs add it in the next op); a tensor
         [cout] is added instead of the convolution's own bias."""
-        b = bias if torch.is_tensor(bias) else self.bias if bias else None
         if self.tpad and cache is None and x.shape[2] == 1 and torch.onnx.is_in_onnx_export():
             # One frame after all-zero padding: only the last temporal tap sees data, so the
             # exported graph convolves with that tap alone (no Pad, a third of the work).
             t = self.kernel_size[0]
             if self.tpad == t - 1:
-                return F.conv3d(x, self.weight[:, :, t - 1 :], b, padding=self.padding)
+                return F.conv3d(x, self.weight[:, :, t - 1 :], self._bias(bias), padding=self.padding)
         if self.tpad and cache is not None:
             x = from_cache_layout(torch.cat([cache, to_cache_layout(x)], dim=cache_time_axis()))
         elif self.tpad:
             x = F.pad(x, (0, 0, 0, 0, self.tpad, 0))
-        return self._conv_forward(x, self.weight, b)
+        return self.convolve_padded(x, bias)
+
+    def _bias(self, bias):
+        return bias if torch.is_tensor(bias) else self.bias if bias else None
+
+    def convolve_padded(self, x, bias=True):
+        """The convolution of an input that already has its temporal padding (or cache) in front."""
+        return self._conv_forward(x, self.weight, self._bias(bias))
 
     def cached(self, x, ctx: CacheCtx, bias=True):
         old = ctx.take()
@@ -158,6 +166,35 @@ class RMSNorm(nn.Module):
         y = fused.bias_rms_norm_silu(x.permute(last), bias.to(x.dtype), self.gamma.reshape(-1).to(x.dtype), self.eps)
         return y.permute(first)
 
+    def forward_silu_prefixed(self, x, bias, prefix):
+        """(cat(prefix, SiLU(norm(x + bias))) along time, its last P frames), channels-last
+        ([1, P + T, ..., C] and [1, P, ..., C]): one `PrefixBiasRmsNorm` on the permutation
+        `forward_silu` uses; `prefix` is a cache in the cache layout."""
+        c = self.gamma.numel()
+        if bias is None:
+            bias = torch.zeros(c, dtype=x.dtype, device=x.device)
+        last = (0,) + tuple(range(2, x.dim())) + (1,)
+        p = prefix if torch.onnx.is_in_onnx_export() else prefix.permute(last)
+        return fused.prefix_bias_rms_norm_silu(x.permute(last), bias.to(x.dtype), self.gamma.reshape(-1).to(x.dtype),
+                                               p, self.eps)
+
+
+def norm_silu_conv(norm: RMSNorm, conv: CausalConv3d, x, ctx: CacheCtx, norm_bias=None, conv_bias=True):
+    """conv.cached(SiLU(norm(x + norm_bias)), ctx, conv_bias) in the fused graphs.  With a cache
+    (vae_step), one `PrefixBiasRmsNorm` writes the cache frames and the normed new frames into the
+    convolution's input, where a Concat copied both, and the new cache, that input's last two
+    frames (as `CacheCtx.push` takes them), as its second output: a Slice of the input would keep
+    the whole input alive to the end of the graph, where ONNX Runtime puts the graph's outputs."""
+    old = ctx.take()
+    if old is None or not conv.tpad:
+        y = norm(x, bias=norm_bias, silu=True)
+        ctx.push(y, old)
+        return conv(y, old, bias=conv_bias)
+    y, tail = norm.forward_silu_prefixed(x, norm_bias, old)  # channels-last [1, CACHE_T + T, h, w, C]
+    first = (0, y.dim() - 1) + tuple(range(1, y.dim() - 1))
+    ctx.outputs.append(tail if torch.onnx.is_in_onnx_export() else tail.permute(first))
+    return conv.convolve_padded(y.permute(first), conv_bias)
+
 
 class ResidualBlock(nn.Module):
     def __init__(self, cin, cout):
@@ -179,12 +216,10 @@ class ResidualBlock(nn.Module):
     def forward_fused(self, x, ctx):
         """The same function with both norm + SiLU pairs as one op each; conv1's output only feeds
         norm2, so conv1 goes without its bias and norm2's op adds it."""
-        norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
+        norm1, _, conv1, norm2, _, _, conv2 = self.residual  # the Dropout(0) is the identity
         h = self.shortcut(x)
-        x = norm1(x, silu=True)
-        x = conv1.cached(x, ctx, bias=False)
-        x = norm2(x, bias=conv1.bias, silu=True)
-        x = conv2.cached(dropout(x), ctx)
+        x = norm_silu_conv(norm1, conv1, x, ctx, conv_bias=False)
+        x = norm_silu_conv(norm2, conv2, x, ctx, norm_bias=conv1.bias)
         return x + h
 
     def forward_carried(self, x, ctx, carry, materialize: bool):
@@ -193,20 +228,18 @@ class ResidualBlock(nn.Module):
         `materialize`, y is the true output and carry' None; otherwise conv2 and the shortcut go
         without their biases and carry' [cout] is what y lacks.  Exact: norm1 adds `carry` to its
         input, and a 1x1x1 shortcut maps a constant vector to W·carry + b."""
-        norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
+        norm1, _, conv1, norm2, _, _, conv2 = self.residual
         if isinstance(self.shortcut, CausalConv3d):
             h = self.shortcut(x, bias=False)
             w = self.shortcut.weight.reshape(self.shortcut.weight.shape[0], -1)
             h_carry = self.shortcut.bias if carry is None else w @ carry + self.shortcut.bias
         else:
             h, h_carry = x, carry
-        y = norm1(x, bias=carry, silu=True)
-        y = conv1.cached(y, ctx, bias=False)
-        y = norm2(y, bias=conv1.bias, silu=True)
+        y = norm_silu_conv(norm1, conv1, x, ctx, norm_bias=carry, conv_bias=False)
         out_carry = conv2.bias if h_carry is None else conv2.bias + h_carry
         if materialize:
-            return conv2.cached(dropout(y), ctx, bias=out_carry) + h, None
-        return conv2.cached(dropout(y), ctx, bias=False) + h, out_carry
+            return norm_silu_conv(norm2, conv2, y, ctx, norm_bias=conv1.bias, conv_bias=out_carry) + h, None
+        return norm_silu_conv(norm2, conv2, y, ctx, norm_bias=conv1.bias, conv_bias=False) + h, out_carry
 
 
 class AttentionBlock(nn.Module):
@@ -331,8 +364,7 @@ class Decoder3d(nn.Module):
                 x, carry = layer.forward_carried(x, ctx, carry, materialize=before_resample)
             else:
                 x, carry = layer(x, ctx, bias=False), layer.resample[1].bias
-        x = self.head[0](x, bias=carry, silu=True)
-        return self.head[2].cached(x, ctx)
+        return norm_silu_conv(self.head[0], self.head[2], x, ctx, norm_bias=carry)
 
 
 def carried_bias_convs(vae: nn.Module) -> int:

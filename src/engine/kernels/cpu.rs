@@ -290,10 +290,9 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
     }
     let shapes: Vec<&[i64]> = inputs.iter().map(|(shape, _)| *shape).collect();
     let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-    let out_shape = op.output_shape(shapes[op.x_index()]);
     let data: Vec<&[T]> = inputs.iter().map(|(_, data)| *data).collect();
     let output = |idx: usize| {
-        ctx.output(idx, out_shape.clone())?
+        ctx.output(idx, op.output_shape(&shapes, idx))?
             .ok_or_else(|| op_error(op, format!("ONNX Runtime gave no output {idx}")))
     };
     match op {
@@ -306,6 +305,30 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
                 _ => Epilogue::Plain,
             };
             bias_rms_norm(&plan, attrs.epsilon, data[0], data[1], data[2], epilogue, y);
+        }
+        Op::PrefixBiasRmsNorm => {
+            let mut y = output(0)?;
+            let (_, y) = y.try_extract_tensor_mut::<T>()?;
+            let prefix_len = plan.prefix_rows * plan.d;
+            let (prefix, rest) = y.split_at_mut(prefix_len);
+            prefix.copy_from_slice(data[3]);
+            let epilogue = if attrs.silu {
+                Epilogue::Silu
+            } else {
+                Epilogue::Plain
+            };
+            bias_rms_norm(
+                &plan,
+                attrs.epsilon,
+                data[0],
+                data[1],
+                data[2],
+                epilogue,
+                rest,
+            );
+            let mut tail = output(1)?;
+            let (_, tail) = tail.try_extract_tensor_mut::<T>()?;
+            tail.copy_from_slice(&y[y.len() - prefix_len..]);
         }
         Op::GatedResidualLayerNorm => {
             let mut s = output(0)?;

@@ -169,7 +169,8 @@ pub(crate) fn check_d(op: Op, d: usize) -> Result<(), String> {
 pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Option<String> {
     let op = match op {
         Op::BiasRmsNormRope => "bias_rms_norm_rope",
-        Op::BiasRmsNorm => "bias_rms_norm",
+        // PrefixBiasRmsNorm launches BiasRmsNorm's kernels after the prefix's copy.
+        Op::BiasRmsNorm | Op::PrefixBiasRmsNorm => "bias_rms_norm",
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
         Op::QkvNormRopeCache => "qkv_norm_rope_cache",
         Op::BiasGelu => "bias_gelu",
@@ -361,6 +362,9 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
             for layout in Layout::KINDS {
                 let name = entry_point(op, ty, layout)
                     .expect("every operator has float32 and float16 kernels");
+                if functions.iter().any(|(n, _)| *n == name) {
+                    continue;
+                }
                 let c_name =
                     CString::new(name.as_str()).expect("entry point names have no NUL byte");
                 // SAFETY: `module` was just loaded and is never unloaded.
@@ -491,11 +495,10 @@ impl CudaKernel {
         }
         let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
         let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-        let out_shape = op.output_shape(shapes[op.x_index()]);
         let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
         for (idx, name) in op.outputs().iter().enumerate() {
             let tensor = ctx
-                .output(idx, out_shape.clone())?
+                .output(idx, op.output_shape(&shapes, idx))?
                 .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
                 .downcast::<DynTensorValueType>()?;
             on_device("output", name, tensor.memory_info())?;
@@ -503,7 +506,7 @@ impl CudaKernel {
             // which stays ONNX Runtime's; the kernel writes it on the stream.
             pointers.push(tensor.data_ptr() as u64);
         }
-        if plan.rows == 0 {
+        if plan.output_rows() == 0 {
             return Ok(());
         }
         // Every layout loads and stores at least a pair of elements in one access (the block
@@ -527,7 +530,9 @@ impl CudaKernel {
 
     /// Launches the kernel of the call's layout ([`Layout::choose`]) on `stream` over `pointers`
     /// (device addresses of the inputs, then the outputs, in the operator's order) with the sizes
-    /// of `plan`. Checks nothing but the launch.
+    /// of `plan`. Checks nothing but the launch. `PrefixBiasRmsNorm` is a copy of the prefix into
+    /// the front of Y on the stream, `BiasRmsNorm`'s kernel writing the rows after it, then a
+    /// copy of Y's last prefix-sized rows into tail.
     pub(crate) fn launch(
         &self,
         plan: &Plan,
@@ -539,6 +544,42 @@ impl CudaKernel {
         assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
         // The kernels load element pairs: an odd D would read misaligned pairs.
         check_d(op, plan.d)?;
+        let _current = CurrentContext::enter(self.module.context.0)
+            .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        if op != Op::PrefixBiasRmsNorm {
+            return self.launch_rows(op, plan, attrs, pointers.to_vec(), stream);
+        }
+        let [x, bias, weight, prefix, y, tail] = pointers[..] else {
+            unreachable!("four inputs and two outputs, asserted above")
+        };
+        let elem_bytes = self.elem_bytes();
+        let prefix_bytes = plan.prefix_rows * plan.d * elem_bytes;
+        let copy = |dst: u64, src: u64, what: &str| {
+            if prefix_bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: device memory of this context, each side holding at least the prefix's
+            // bytes there (checked against the contract), on `stream` like the kernel.
+            unsafe { driver::memcpy_dtod_async(dst, src, prefix_bytes, stream) }
+                .map_err(|e| format!("cuMemcpyDtoDAsync of the {what}: {e}"))
+        };
+        copy(y, prefix, "prefix")?;
+        let rows = vec![x, bias, weight, y + prefix_bytes as u64];
+        self.launch_rows(Op::BiasRmsNorm, plan, attrs, rows, stream)?;
+        let y_bytes = plan.output_rows() * plan.d * elem_bytes;
+        copy(tail, y + (y_bytes - prefix_bytes) as u64, "tail")
+    }
+
+    /// The launch of `op`'s row (or elementwise) kernel over `pointers` (one per input and output
+    /// of `op`, in order), in the current context.
+    fn launch_rows(
+        &self,
+        op: Op,
+        plan: &Plan,
+        attrs: &Attrs,
+        mut pointers: Vec<u64>,
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
         if plan.rows == 0 {
             return Ok(());
         }
@@ -566,7 +607,6 @@ impl CudaKernel {
         };
         // The kernel's arguments, in the order of its signature in kernels.cu: the input
         // pointers, the output pointers, then the sizes and attributes.
-        let mut pointers = pointers.to_vec();
         let mut rows = plan.rows as i64;
         let mut d = plan.d as i32;
         let mut epsilon = attrs.epsilon;
@@ -594,7 +634,7 @@ impl CudaKernel {
                 params.push((&mut block_rows as *mut i64).cast());
                 params.push((&mut cache_rows as *mut i64).cast());
             }
-            Op::BiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
+            Op::BiasRmsNorm | Op::PrefixBiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
             Op::BiasGelu => {}
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {
@@ -605,8 +645,6 @@ impl CudaKernel {
         params.push((&mut lanes as *mut i32).cast());
         // QkvNormRopeCache: Q, K and V are three launches' worth of rows in one (grid.y).
         let grid_y = if op == Op::QkvNormRopeCache { 3 } else { 1 };
-        let _current = CurrentContext::enter(self.module.context.0)
-            .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
         // SAFETY: the function was loaded from kernels.cu into the current context; `params`
         // points at one value per kernel parameter, of the parameter's type (device pointers as
         // u64, `long long` as i64, `int` as i32, `float` as f32), alive for the call, which copies

@@ -50,7 +50,18 @@
 //!    FastGelu and PyTorch's `gelu(approximate="tanh")`). Elementwise: any D (the CUDA kernel
 //!    needs it even), the DiT's FFN has 8960.
 //!
-//! Every output has X's shape, but Q's last axis is D. A shape that breaks the contract is an error naming the operator,
+//! 6. `PrefixBiasRmsNorm(X, bias, weight, prefix) -> (Y, tail)`, attributes `epsilon` and `silu`:
+//!    Y is the concatenation along axis 1 of `prefix` and `BiasRmsNorm(X, bias, weight)` (the same
+//!    arithmetic and attributes), and tail the last P entries of Y along axis 1 (prefix's shape).
+//!    X has rank ≥ 2 and axis 0 of size 1; prefix has X's shape but on axis 1 (P ≥ 0 there); Y
+//!    has X's shape with P + T on axis 1, so its first rows are prefix's, copied, and the rest the
+//!    normed rows of X. The fused VAE's causal convolutions read their last two input frames (a
+//!    cache) in front of the new ones: the op writes the frames after the cache instead of a
+//!    concatenation copying both, and gives the next call's cache as its own output, so that
+//!    nothing keeps Y alive once the convolution has read it.
+//!
+//! Every output has X's shape, but Q's last axis is D, Y of `PrefixBiasRmsNorm` has P + T on
+//! axis 1 and its tail prefix's shape. A shape that breaks the contract is an error naming the operator,
 //! the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
 //! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
 //! Runtime's allocations are); a call outside that is an error, not a slow path. They work a row
@@ -140,15 +151,17 @@ pub(crate) enum Op {
     GatedResidualLayerNorm,
     QkvNormRopeCache,
     BiasGelu,
+    PrefixBiasRmsNorm,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 5] = [
+    pub(crate) const ALL: [Op; 6] = [
         Op::BiasRmsNormRope,
         Op::BiasRmsNorm,
         Op::GatedResidualLayerNorm,
         Op::QkvNormRopeCache,
         Op::BiasGelu,
+        Op::PrefixBiasRmsNorm,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -158,6 +171,7 @@ impl Op {
             Op::GatedResidualLayerNorm => "GatedResidualLayerNorm",
             Op::QkvNormRopeCache => "QkvNormRopeCache",
             Op::BiasGelu => "BiasGelu",
+            Op::PrefixBiasRmsNorm => "PrefixBiasRmsNorm",
         }
     }
 
@@ -171,6 +185,7 @@ impl Op {
                 "QKV", "q_bias", "k_bias", "q_weight", "k_weight", "cos", "sin", "K", "V",
             ],
             Op::BiasGelu => &["X", "bias"],
+            Op::PrefixBiasRmsNorm => &["X", "bias", "weight", "prefix"],
         }
     }
 
@@ -178,6 +193,7 @@ impl Op {
     pub(crate) fn outputs(self) -> &'static [&'static str] {
         match self {
             Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::BiasGelu => &["Y"],
+            Op::PrefixBiasRmsNorm => &["Y", "tail"],
             Op::GatedResidualLayerNorm => &["S", "Y"],
             Op::QkvNormRopeCache => &["Q"],
         }
@@ -186,7 +202,11 @@ impl Op {
     /// The index of X among the inputs.
     pub(crate) fn x_index(self) -> usize {
         match self {
-            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::QkvNormRopeCache | Op::BiasGelu => 0,
+            Op::BiasRmsNormRope
+            | Op::BiasRmsNorm
+            | Op::QkvNormRopeCache
+            | Op::BiasGelu
+            | Op::PrefixBiasRmsNorm => 0,
             Op::GatedResidualLayerNorm => 1,
         }
     }
@@ -209,13 +229,31 @@ impl Op {
         matches!(self, Op::BiasRmsNormRope | Op::QkvNormRopeCache)
     }
 
-    /// The outputs' shape: X's, with the last axis D (QKV's is 3·D).
-    pub(crate) fn output_shape(self, x: &[i64]) -> Vec<i64> {
-        let mut shape = x.to_vec();
-        if self == Op::QkvNormRopeCache
-            && let Some(last) = shape.last_mut()
-        {
-            *last /= 3;
+    /// Whether the operator has the attribute `silu` (RMS norm, then optionally SiLU).
+    pub(crate) fn has_silu(self) -> bool {
+        matches!(self, Op::BiasRmsNorm | Op::PrefixBiasRmsNorm)
+    }
+
+    /// Output `idx`'s shape from the inputs' (in the operator's input order): X's, with the last
+    /// axis D (QKV's is 3·D), or axis 1 the prefix's plus X's (Y of `PrefixBiasRmsNorm`; its
+    /// tail has the prefix's shape).
+    pub(crate) fn output_shape(self, inputs: &[&[i64]], idx: usize) -> Vec<i64> {
+        if self == Op::PrefixBiasRmsNorm && idx == 1 {
+            return inputs[3].to_vec();
+        }
+        let mut shape = inputs[self.x_index()].to_vec();
+        match self {
+            Op::QkvNormRopeCache => {
+                if let Some(last) = shape.last_mut() {
+                    *last /= 3;
+                }
+            }
+            Op::PrefixBiasRmsNorm => {
+                if let (Some(axis), Some(&p)) = (shape.get_mut(1), inputs[3].get(1)) {
+                    *axis += p;
+                }
+            }
+            _ => {}
         }
         shape
     }
@@ -232,8 +270,8 @@ pub(crate) struct Attrs {
     pub(crate) epsilon: f32,
     /// `BiasRmsNormRope` and `QkvNormRopeCache`; 0 for the other operators.
     pub(crate) num_heads: usize,
-    /// `BiasRmsNorm` only (attribute `silu` = 1): SiLU after the norm; false for the other
-    /// operators.
+    /// `BiasRmsNorm` and `PrefixBiasRmsNorm` (attribute `silu` = 1): SiLU after the norm; false
+    /// for the other operators.
     pub(crate) silu: bool,
 }
 
@@ -269,7 +307,7 @@ impl Attrs {
         } else {
             0
         };
-        let silu = if op == Op::BiasRmsNorm {
+        let silu = if op.has_silu() {
             match kctx.get::<i64>("silu") {
                 None | Some(0) => false,
                 Some(1) => true,
@@ -309,6 +347,16 @@ pub(crate) struct Plan {
     /// writes rows L − T .. L of each); equal to `rows` for the other operators.
     pub(crate) block_rows: usize,
     pub(crate) cache_rows: usize,
+    /// `PrefixBiasRmsNorm`: the rows of the prefix (copied in front of X's normed rows in Y); 0
+    /// for the other operators.
+    pub(crate) prefix_rows: usize,
+}
+
+impl Plan {
+    /// The rows of the (first) output: X's, and the prefix's in front of them.
+    pub(crate) fn output_rows(&self) -> usize {
+        self.rows + self.prefix_rows
+    }
 }
 
 fn numel(shape: &[i64]) -> usize {
@@ -417,11 +465,33 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
         table_rows: 1,
         block_rows: rows,
         cache_rows: rows,
+        prefix_rows: 0,
     };
     match op {
         Op::BiasRmsNorm => {
             exactly_d(1)?;
             exactly_d(2)?;
+        }
+        Op::PrefixBiasRmsNorm => {
+            exactly_d(1)?;
+            exactly_d(2)?;
+            let prefix = shapes[3];
+            let fits = x.len() >= 2
+                && x[0] == 1
+                && prefix.len() == x.len()
+                && prefix[1] >= 0
+                && prefix
+                    .iter()
+                    .zip(x)
+                    .enumerate()
+                    .all(|(i, (p, x))| i == 1 || p == x);
+            if !fits {
+                return Err(fail(format!(
+                    "input prefix has shape {prefix:?} and X {x:?}; X must have rank 2 or more \
+                     and axis 0 of size 1, and prefix X's shape but on axis 1"
+                )));
+            }
+            plan.prefix_rows = numel(prefix) / d;
         }
         Op::BiasGelu => exactly_d(1)?,
         Op::BiasRmsNormRope => {
@@ -533,36 +603,51 @@ impl Operator for FusedOp {
         })
     }
 
-    /// Every output has X's type and shape ([`Op::output_shape`]: Q's last axis is D). Left to
-    /// ONNX Runtime when X's shape is not fully known (no rank, or an unnamed unknown axis, or
-    /// QKV's last axis unknown), which ONNX Runtime would otherwise read as a scalar or an axis
+    /// Every output has X's type and shape ([`Op::output_shape`]: Q's last axis is D, Y of
+    /// `PrefixBiasRmsNorm` the prefix's axis 1 added). Left to ONNX Runtime when a shape it
+    /// takes is not fully known (no rank, or an unnamed unknown axis, or QKV's last axis or the
+    /// prefix's axis 1 unknown), which ONNX Runtime would otherwise read as a scalar or an axis
     /// of -1.
     fn infer_shape(&self, ctx: &mut ShapeInferenceContext) -> ort::Result<()> {
         let inputs = ctx.inputs();
-        let Some(
-            x @ ValueType::Tensor {
-                shape,
-                dimension_symbols,
-                ..
-            },
-        ) = inputs.get(self.op.x_index())
-        else {
+        fn known(value: Option<&ValueType>) -> Option<&[i64]> {
+            match value {
+                Some(ValueType::Tensor {
+                    shape,
+                    dimension_symbols,
+                    ..
+                }) => {
+                    let full = !shape.is_empty()
+                        && shape
+                            .iter()
+                            .zip(dimension_symbols.iter())
+                            .all(|(&n, symbol)| n >= 0 || !symbol.is_empty());
+                    full.then_some(&shape[..])
+                }
+                _ => None,
+            }
+        }
+        let x_index = self.op.x_index();
+        let Some(x) = known(inputs.get(x_index)) else {
             return Ok(());
         };
-        let known = !shape.is_empty()
-            && shape
-                .iter()
-                .zip(dimension_symbols.iter())
-                .all(|(&n, symbol)| n >= 0 || !symbol.is_empty())
-            && (self.op != Op::QkvNormRopeCache || shape.last().is_some_and(|&n| n > 0));
-        if known {
-            let mut out = x.clone();
+        let mut shapes = vec![x; self.op.inputs().len()];
+        match self.op {
+            Op::QkvNormRopeCache if x.last().is_none_or(|&n| n <= 0) => return Ok(()),
+            Op::PrefixBiasRmsNorm => match known(inputs.get(3)) {
+                Some(prefix) if prefix.get(1).is_some_and(|&n| n >= 0) && x[1] >= 0 => {
+                    shapes[3] = prefix;
+                }
+                _ => return Ok(()),
+            },
+            _ => {}
+        }
+        for idx in 0..self.op.outputs().len() {
+            let mut out = inputs[x_index].clone();
             if let ValueType::Tensor { shape, .. } = &mut out {
-                *shape = self.op.output_shape(shape).into();
+                *shape = self.op.output_shape(&shapes, idx).into();
             }
-            for idx in 0..self.op.outputs().len() {
-                ctx.set_output(idx, &out)?;
-            }
+            ctx.set_output(idx, &out)?;
         }
         Ok(())
     }

@@ -332,6 +332,123 @@ impl<T: Element> RmsCase<T> {
     }
 }
 
+/// `PrefixBiasRmsNorm`: an `RmsCase` for X and a prefix of X's shape with `p` on axis 1.
+struct PrefixCase<T> {
+    rms: RmsCase<T>,
+    prefix_shape: Vec<i64>,
+    prefix: Vec<T>,
+}
+
+impl<T: Element> PrefixCase<T> {
+    fn new(rng: &mut Rng, x_shape: &[i64], p: i64, silu: bool) -> Self {
+        let mut prefix_shape = x_shape.to_vec();
+        prefix_shape[1] = p;
+        Self {
+            rms: RmsCase::new(rng, x_shape, silu),
+            prefix: rng.vec(shape_numel(&prefix_shape), -3.0, 3.0),
+            prefix_shape,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let mut shapes = self.rms.shapes();
+        shapes.push(self.prefix_shape.clone());
+        shapes
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        let mut inputs = self.rms.inputs();
+        inputs.push(&self.prefix);
+        inputs
+    }
+
+    /// Y's shape: X's with P + T on axis 1.
+    fn y_shape(&self) -> Vec<i64> {
+        let mut shape = self.rms.x_shape.clone();
+        shape[1] += self.prefix_shape[1];
+        shape
+    }
+
+    /// The CPU kernel's output, through the operator's compute path's pieces: the prefix, then
+    /// `bias_rms_norm` of X.
+    fn cpu(&self) -> Vec<T> {
+        [self.prefix.clone(), self.rms.cpu()].concat()
+    }
+
+    /// Checks tail: Y's last prefix-sized rows, exactly.
+    #[track_caller]
+    fn assert_tail(&self, y: &[T], tail: &[T], what: &str) {
+        assert!(
+            tail == &y[y.len() - self.prefix.len()..],
+            "{what}: tail is not Y's last {} elements",
+            self.prefix.len()
+        );
+    }
+
+    /// Checks Y: the prefix exactly, then X's rows against the float64 reference.
+    #[track_caller]
+    fn assert_matches(&self, y: &[T], what: &str)
+    where
+        T: Tolerance,
+    {
+        assert_eq!(
+            y.len(),
+            self.prefix.len() + self.rms.x.len(),
+            "{what}: Y's size"
+        );
+        let (prefix, rest) = y.split_at(self.prefix.len());
+        assert!(
+            prefix == &self.prefix[..],
+            "{what}: the prefix rows are not a copy of prefix"
+        );
+        assert_close(rest, &self.rms.reference(), &format!("{what}: X's rows"));
+    }
+}
+
+/// (X, P): prefixes of 0, 1 and 2 entries on axis 1, rank 2 to 5 (the VAE's channels-last
+/// frames `[1, T, h, w, C]` with a two-frame cache).
+const PREFIX_CASES: [(&[i64], i64); 5] = [
+    (&[1, 7, 64], 2),
+    (&[1, 3, 5, 16], 0),
+    (&[1, 4, 3, 5, 96], 2),
+    (&[1, 1, 2, 3, 32], 2),
+    (&[1, 5], 1),
+];
+
+fn check_prefix_cpu<T: Tolerance>() {
+    let mut rng = Rng(12);
+    let t = std::any::type_name::<T>();
+    for silu in [false, true] {
+        for (x_shape, p) in PREFIX_CASES {
+            let case = PrefixCase::<T>::new(&mut rng, x_shape, p, silu);
+            let plan = plan_of(Op::PrefixBiasRmsNorm, &case.rms.attrs(), &case.shapes());
+            assert_eq!(
+                (plan.rows, plan.prefix_rows, plan.output_rows()),
+                (
+                    case.rms.x.len() / plan.d,
+                    case.prefix.len() / plan.d,
+                    (case.prefix.len() + case.rms.x.len()) / plan.d
+                )
+            );
+            let shapes = case.shapes();
+            let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
+            let op = Op::PrefixBiasRmsNorm;
+            assert_eq!(op.output_shape(&shapes, 0), case.y_shape());
+            assert_eq!(op.output_shape(&shapes, 1), case.prefix_shape);
+            case.assert_matches(
+                &case.cpu(),
+                &format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p} silu = {silu}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn prefix_bias_rms_norm_copies_the_prefix_and_norms_the_rows_after_it() {
+    check_prefix_cpu::<f32>();
+    check_prefix_cpu::<f16>();
+}
+
 struct GrlnCase<T> {
     x_shape: Vec<i64>,
     param_shapes: [Vec<i64>; 3],
@@ -890,6 +1007,21 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         e.contains("input R has shape [6, 8] and X [1, 6, 8]"),
         "{e}"
     );
+    // A prefix of another shape than X's off axis 1, and an X with a batch axis.
+    for (x, prefix) in [
+        (&[1, 4, 3, 8][..], &[1, 2, 5, 8][..]),
+        (&[1, 4, 8], &[1, 2, 3, 8]),
+        (&[2, 4, 8], &[2, 2, 8]),
+        (&[8][..], &[8][..]),
+    ] {
+        let e = plan_error(Op::PrefixBiasRmsNorm, plain, &[x, &[8], &[8], prefix]);
+        assert!(
+            e.contains(&format!(
+                "ai.unstep PrefixBiasRmsNorm: input prefix has shape {prefix:?} and X {x:?}"
+            )) && e.contains("axis 0 of size 1"),
+            "{e}"
+        );
+    }
     // bias of the wrong size.
     let e = plan_error(Op::BiasRmsNorm, plain, &[&[3, 8], &[3, 8], &[8]]);
     assert!(
@@ -1116,6 +1248,26 @@ fn check_through_onnx_runtime<T: Tolerance>() {
     let out = run(&mut s, Op::BiasGelu, &case.shapes(), &case.inputs()).unwrap();
     assert_eq!(out[0].0, GELU_SHAPES[0]);
     assert_close(&out[0].1, &case.reference(), &format!("{t} BiasGelu Y"));
+
+    // PrefixBiasRmsNorm: Y's axis 1 is the prefix's plus X's.
+    for (x_shape, p) in [(&[1, 4, 3, 5, 96][..], 2), (&[1, 7, 64], 0)] {
+        let case = PrefixCase::<T>::new(&mut rng, x_shape, p, true);
+        let attrs = [Attr::Float("epsilon", case.rms.eps), Attr::Int("silu", 1)];
+        let mut s = session::<T>(Op::PrefixBiasRmsNorm, &attrs).unwrap();
+        let out = run(
+            &mut s,
+            Op::PrefixBiasRmsNorm,
+            &case.shapes(),
+            &case.inputs(),
+        )
+        .unwrap();
+        assert_eq!((&out[0].0, &out[1].0), (&case.y_shape(), &case.prefix_shape));
+        case.assert_tail(&out[0].1, &out[1].1, &format!("{t} PrefixBiasRmsNorm {x_shape:?}"));
+        case.assert_matches(
+            &out[0].1,
+            &format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}"),
+        );
+    }
 
     let (x_shape, params) = GRLN_CASES[0];
     let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
@@ -1505,7 +1657,7 @@ mod gpu {
     ) -> (Vec<Vec<T>>, f64) {
         let plan = plan_of(op, attrs, shapes);
         let kernel = cuda::CudaKernel::new(op, T::into_tensor_element_type(), 0).unwrap();
-        let n = plan.rows * plan.d;
+        let n = plan.output_rows() * plan.d;
         let sentinel = vec![T::from_f32(f32::NAN); n];
         let bufs: Vec<DeviceBuf> = inputs
             .iter()
@@ -1679,6 +1831,33 @@ mod gpu {
                     "{what}: {}",
                     bandwidth(&case.inputs(), 1, case.x.len(), micros)
                 );
+            }
+        }
+
+        // PrefixBiasRmsNorm: the CPU cases (P = 0 among them), and the VAE decoder's largest
+        // causal convolution input, a two-frame cache in front of 4 frames of 480 × 832 × 96.
+        let prefix_cases = PREFIX_CASES
+            .into_iter()
+            .filter(|(x, _)| cuda::check_d(Op::BiasRmsNorm, *x.last().unwrap() as usize).is_ok())
+            .chain([(&[1, 4, 480, 832, 96][..], 2)]);
+        for (x_shape, p) in prefix_cases {
+            let case = PrefixCase::<T>::new(&mut rng, x_shape, p, true);
+            let big = case.rms.x.len() > 1_000_000;
+            let (gpu, micros) = run_cuda(
+                Op::PrefixBiasRmsNorm,
+                &case.rms.attrs(),
+                &case.shapes(),
+                &case.inputs(),
+                stream,
+                if big { 50 } else { 0 },
+            );
+            let what = format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}");
+            assert_matches_cpu(&gpu[0], &case.cpu(), &what);
+            case.assert_matches(&gpu[0], &what);
+            case.assert_tail(&gpu[0], &gpu[1][..case.prefix.len()], &what);
+            if big {
+                let y_len = case.prefix.len() + case.rms.x.len();
+                eprintln!("{what}: {}", bandwidth(&case.inputs(), 1, y_len, micros));
             }
         }
 
