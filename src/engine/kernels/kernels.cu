@@ -225,6 +225,22 @@ __device__ __forceinline__ float gelu(float v) {
     return 0.5f * v * (1.0f + t);
 }
 
+// Stores a row held in registers as the row kernels hold it: thread t's units k * width + t of the
+// row (those below `units`), a[k] each, at p[base + unit * V ..]. Nothing when `valid` is false
+// (the group layout's rows past the end).
+template <class E, class L>
+__device__ __forceinline__ void store_row(typename E::T* __restrict__ p, i64 base,
+                                          const float (&a)[L::MAX_UNITS][L::V], const L& lay,
+                                          int units, bool valid) {
+#pragma unroll
+    for (int k = 0; k < L::MAX_UNITS; ++k) {
+        const int u = k * lay.width + lay.thread();
+        if (valid && u < units) {
+            E::template store<L::V>(p, base + u * L::V, a[k]);
+        }
+    }
+}
+
 // BiasGelu, element by element in units of L::V (D a multiple of it, so a unit never crosses a
 // row), grid-stride over the n elements.
 template <class E, class L>
@@ -323,13 +339,7 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
             }
         }
     }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-        const int u = k * lay.width + t;
-        if (valid && u < units) {
-            E::template store<V>(y, y_base + u * V, a[k]);
-        }
-    }
+    store_row<E>(y, y_base, a, lay, units, valid);
 }
 
 // Copies row `row` of x to y, rows placed as in bias_rms_norm.
@@ -356,13 +366,7 @@ __device__ __forceinline__ void copy_rows(const typename E::T* __restrict__ x,
             E::template load<V>(x, base + u * V, a[k]);
         }
     }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-        const int u = k * lay.width + t;
-        if (u < units) {
-            E::template store<V>(y, y_base + u * V, a[k]);
-        }
-    }
+    store_row<E>(y, y_base, a, lay, units, true);
 }
 
 // GatedResidualLayerNorm on the row layout L: s = stored(r + (x + bias) * gate); out_s = s;
@@ -440,13 +444,7 @@ __device__ __forceinline__ void gated_residual_layer_norm(
             }
         }
     }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-        const int u = k * lay.width + t;
-        if (valid && u < units) {
-            E::template store<V>(y, base + u * V, a[k]);
-        }
-    }
+    store_row<E>(y, base, a, lay, units, valid);
 }
 
 // Entry points, one per operator, element type and row layout, no dynamic shared memory; `lanes`
