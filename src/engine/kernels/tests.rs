@@ -1261,8 +1261,15 @@ fn check_through_onnx_runtime<T: Tolerance>() {
             &case.inputs(),
         )
         .unwrap();
-        assert_eq!((&out[0].0, &out[1].0), (&case.y_shape(), &case.prefix_shape));
-        case.assert_tail(&out[0].1, &out[1].1, &format!("{t} PrefixBiasRmsNorm {x_shape:?}"));
+        assert_eq!(
+            (&out[0].0, &out[1].0),
+            (&case.y_shape(), &case.prefix_shape)
+        );
+        case.assert_tail(
+            &out[0].1,
+            &out[1].1,
+            &format!("{t} PrefixBiasRmsNorm {x_shape:?}"),
+        );
         case.assert_matches(
             &out[0].1,
             &format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}"),
@@ -1722,15 +1729,35 @@ mod gpu {
         }
     }
 
-    fn bandwidth(inputs: &[&[impl Element]], outputs: usize, n: usize, micros: f64) -> String {
-        let elem = std::mem::size_of_val(&inputs[0][0]);
-        let bytes: usize =
-            inputs.iter().map(|i| i.len() * elem).sum::<usize>() + outputs * n * elem;
-        format!(
-            "{micros:.2} µs per launch, {:.0} GB/s over {:.1} MB",
-            bytes as f64 / micros / 1e3,
-            bytes as f64 / 1e6
-        )
+    /// Runs `op` with the CUDA kernel ([`run_cuda`]); when X has more than a million elements,
+    /// also times it and prints the time per launch and the bandwidth over the bytes the
+    /// operator moves: its inputs but those it writes in place, read once, and `written`
+    /// elements written.
+    fn run_case<T: Element>(
+        op: Op,
+        attrs: &Attrs,
+        shapes: &[Vec<i64>],
+        inputs: &[&[T]],
+        written: usize,
+        stream: sys::CUstream,
+        what: &str,
+    ) -> Vec<Vec<T>> {
+        let big = inputs[op.x_index()].len() > 1_000_000;
+        let (outputs, micros) =
+            run_cuda(op, attrs, shapes, inputs, stream, if big { 50 } else { 0 });
+        if big {
+            let read: usize = (0..inputs.len())
+                .filter(|i| !op.in_place_inputs().contains(i))
+                .map(|i| inputs[i].len())
+                .sum();
+            let bytes = (read + written) * std::mem::size_of::<T>();
+            eprintln!(
+                "{what}: {micros:.2} µs per launch, {:.0} GB/s over {:.1} MB",
+                bytes as f64 / micros / 1e3,
+                bytes as f64 / 1e6
+            );
+        }
+        outputs
     }
 
     fn check<T: Tolerance>(stream: sys::CUstream) {
@@ -1755,14 +1782,15 @@ mod gpu {
             .collect();
         for (x_shape, heads, tc) in rope_cases {
             let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
-            let big = shape_numel(x_shape) > 1_000_000;
-            let (gpu, micros) = run_cuda(
+            let what = format!("{t} BiasRmsNormRope {x_shape:?}");
+            let gpu = run_case(
                 Op::BiasRmsNormRope,
                 &case.attrs(),
                 &case.shapes(),
                 &case.inputs(),
+                case.x.len(),
                 stream,
-                if big { 50 } else { 0 },
+                &what,
             );
             let plan = plan_of(Op::BiasRmsNormRope, &case.attrs(), &case.shapes());
             let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
@@ -1776,15 +1804,8 @@ mod gpu {
                 Epilogue::Rope(i[3], i[4]),
                 &mut cpu_y,
             );
-            let what = format!("{t} BiasRmsNormRope {x_shape:?}");
             assert_matches_cpu(&gpu[0], &cpu_y, &what);
             assert_close(&gpu[0], &case.reference(), &what);
-            if big {
-                eprintln!(
-                    "{what}: {}",
-                    bandwidth(&case.inputs(), 1, case.x.len(), micros)
-                );
-            }
         }
 
         // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layouts' D (4-element
@@ -1814,24 +1835,18 @@ mod gpu {
             .chain([(&[4, 480, 832, 96][..], true)]);
         for (x_shape, silu) in rms_cases {
             let case = RmsCase::<T>::new(&mut rng, x_shape, silu);
-            let big = case.x.len() > 1_000_000;
-            let (gpu, micros) = run_cuda(
+            let what = format!("{t} BiasRmsNorm {x_shape:?} silu = {silu}");
+            let gpu = run_case(
                 Op::BiasRmsNorm,
                 &case.attrs(),
                 &case.shapes(),
                 &case.inputs(),
+                case.x.len(),
                 stream,
-                if big { 50 } else { 0 },
+                &what,
             );
-            let what = format!("{t} BiasRmsNorm {x_shape:?} silu = {silu}");
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             assert_close(&gpu[0], &case.reference(), &what);
-            if big {
-                eprintln!(
-                    "{what}: {}",
-                    bandwidth(&case.inputs(), 1, case.x.len(), micros)
-                );
-            }
         }
 
         // PrefixBiasRmsNorm: the CPU cases (P = 0 among them), and the VAE decoder's largest
@@ -1842,23 +1857,21 @@ mod gpu {
             .chain([(&[1, 4, 480, 832, 96][..], 2)]);
         for (x_shape, p) in prefix_cases {
             let case = PrefixCase::<T>::new(&mut rng, x_shape, p, true);
-            let big = case.rms.x.len() > 1_000_000;
-            let (gpu, micros) = run_cuda(
+            let what = format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}");
+            // Y, and the tail copied from it (read and written).
+            let written = case.prefix.len() + case.rms.x.len() + 2 * case.prefix.len();
+            let gpu = run_case(
                 Op::PrefixBiasRmsNorm,
                 &case.rms.attrs(),
                 &case.shapes(),
                 &case.inputs(),
+                written,
                 stream,
-                if big { 50 } else { 0 },
+                &what,
             );
-            let what = format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}");
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             case.assert_matches(&gpu[0], &what);
             case.assert_tail(&gpu[0], &gpu[1][..case.prefix.len()], &what);
-            if big {
-                let y_len = case.prefix.len() + case.rms.x.len();
-                eprintln!("{what}: {}", bandwidth(&case.inputs(), 1, y_len, micros));
-            }
         }
 
         let frame: &[i64] = &[1, 3, 1, 1536];
@@ -1880,14 +1893,15 @@ mod gpu {
             .collect();
         for (x_shape, params) in grln_cases {
             let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
-            let big = case.x.len() > 1_000_000;
-            let (gpu, micros) = run_cuda(
+            let what = format!("{t} GatedResidualLayerNorm {x_shape:?} {params:?}");
+            let gpu = run_case(
                 Op::GatedResidualLayerNorm,
                 &case.attrs(),
                 &case.shapes(),
                 &case.inputs(),
+                2 * case.x.len(),
                 stream,
-                if big { 50 } else { 0 },
+                &what,
             );
             let plan = plan_of(Op::GatedResidualLayerNorm, &case.attrs(), &case.shapes());
             let mut cpu_s = vec![T::from_f32(0.0); case.x.len()];
@@ -1896,19 +1910,12 @@ mod gpu {
             cpu::gated_residual_layer_norm(
                 &plan, case.eps, i[0], i[1], i[2], i[3], i[4], i[5], &mut cpu_s, &mut cpu_y,
             );
-            let what = format!("{t} GatedResidualLayerNorm {x_shape:?} {params:?}");
             // S is elementwise: the same float32 operations in the same order on both.
             assert!(gpu[0] == cpu_s, "{what}: S differs between GPU and CPU");
             assert_matches_cpu(&gpu[1], &cpu_y, &format!("{what} Y"));
             let (want_s, want_y) = case.reference();
             assert_close(&gpu[0], &want_s, &format!("{what} S"));
             assert_close(&gpu[1], &want_y, &format!("{what} Y"));
-            if big {
-                eprintln!(
-                    "{what}: {}",
-                    bandwidth(&case.inputs(), 2, case.x.len(), micros)
-                );
-            }
         }
 
         // BiasGelu: the test shapes, wan-1.3b's FFN (4680 rows of 8960), 4-element and pair
@@ -1920,24 +1927,18 @@ mod gpu {
             .chain([&[1, 4680, 8960][..], &[7, 6], &[33, 100]]);
         for shape in gelu_shapes {
             let case = GeluCase::<T>::new(&mut rng, shape);
-            let big = case.x.len() > 1_000_000;
-            let (gpu, micros) = run_cuda(
+            let what = format!("{t} BiasGelu {shape:?}");
+            let gpu = run_case(
                 Op::BiasGelu,
                 &case.attrs(),
                 &case.shapes(),
                 &case.inputs(),
+                case.x.len(),
                 stream,
-                if big { 50 } else { 0 },
+                &what,
             );
-            let what = format!("{t} BiasGelu {shape:?}");
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             assert_close(&gpu[0], &case.reference(), &what);
-            if big {
-                eprintln!(
-                    "{what}: {}",
-                    bandwidth(&case.inputs(), 1, case.x.len(), micros)
-                );
-            }
         }
 
         // QkvNormRopeCache: the test cases, and wan-1.3b's last block (T = 4680 of L = 32760
@@ -1947,26 +1948,22 @@ mod gpu {
             .chain([([1, 4680, 32760, 1536], 12, 4680), ([3, 7, 9, 64], 2, 7)]);
         for (sizes, heads, tc) in qkv_cases {
             let case = QkvCase::<T>::new(&mut rng, sizes, heads, tc);
-            let big = case.qkv.len() > 1_000_000;
-            let (gpu, micros) = run_cuda(
+            let what = format!("{t} QkvNormRopeCache {sizes:?}");
+            // Q and the block's rows of K and V.
+            let gpu = run_case(
                 Op::QkvNormRopeCache,
                 &case.attrs(),
                 &case.shapes(),
                 &case.inputs(),
+                case.qkv.len(),
                 stream,
-                if big { 50 } else { 0 },
+                &what,
             );
-            let what = format!("{t} QkvNormRopeCache {sizes:?}");
             let (cpu_q, cpu_k, cpu_v) = case.cpu();
             assert_matches_cpu(&gpu[0], &cpu_q, &format!("{what} Q"));
             assert_matches_cpu(&gpu[1], &cpu_k, &format!("{what} K"));
             assert!(gpu[2] == cpu_v, "{what}: V differs between GPU and CPU");
             case.assert_matches((&gpu[0], &gpu[1], &gpu[2]), &what);
-            if big {
-                // Bytes moved: QKV read, Q and the block's K and V written.
-                let n = case.qkv.len() / 3;
-                eprintln!("{what}: {}", bandwidth(&[&case.qkv[..]], 3, n, micros));
-            }
         }
     }
 
