@@ -216,11 +216,7 @@ class ResidualBlock(nn.Module):
     def forward_fused(self, x, ctx):
         """The same function with both norm + SiLU pairs as one op each; conv1's output only feeds
         norm2, so conv1 goes without its bias and norm2's op adds it."""
-        norm1, _, conv1, norm2, _, _, conv2 = self.residual  # the Dropout(0) is the identity
-        h = self.shortcut(x)
-        x = norm_silu_conv(norm1, conv1, x, ctx, conv_bias=False)
-        x = norm_silu_conv(norm2, conv2, x, ctx, norm_bias=conv1.bias)
-        return x + h
+        return self.forward_carried(x, ctx, None, materialize=True)[0]
 
     def forward_carried(self, x, ctx, carry, materialize: bool):
         """`forward_fused` on a stored input that lacks the per-channel vector `carry` [cin] (the
@@ -228,7 +224,7 @@ class ResidualBlock(nn.Module):
         `materialize`, y is the true output and carry' None; otherwise conv2 and the shortcut go
         without their biases and carry' [cout] is what y lacks.  Exact: norm1 adds `carry` to its
         input, and a 1x1x1 shortcut maps a constant vector to W·carry + b."""
-        norm1, _, conv1, norm2, _, _, conv2 = self.residual
+        norm1, _, conv1, norm2, _, _, conv2 = self.residual  # the Dropout(0) is the identity
         if isinstance(self.shortcut, CausalConv3d):
             h = self.shortcut(x, bias=False)
             w = self.shortcut.weight.reshape(self.shortcut.weight.shape[0], -1)
