@@ -13,7 +13,9 @@
 //!   ONNX Runtime allocates them on the device, as the operators are registered for
 //!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
 //!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
-//!   that stream with `cuLaunchKernel`. Nothing synchronises: ONNX Runtime orders the stream.
+//!   that stream with `cuLaunchKernel` (`PrefixBiasRmsNorm`: `BiasRmsNorm`'s, between two
+//!   `cuMemcpyDtoDAsync` of its prefix and tail on the same stream). Nothing synchronises: ONNX
+//!   Runtime orders the stream.
 //! - Each operator and element type has three kernels, one per row layout ([`Layout`]); each
 //!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row, with
 //!   16-byte accesses, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last rows, D = 96 to 384, a
