@@ -24,7 +24,7 @@ use crate::results::files::{
     RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_json, read_timings, write_atomic, write_json_atomic,
 };
 use crate::results::records::{
-    CacheLabel, ProcessRole, RunRecord, RunStatus, Summary, TimingRecord,
+    BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus, Summary, TimingRecord,
 };
 
 /// How `apply` behaves beyond the manifest.
@@ -369,10 +369,19 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         attention_backend,
         dit_kernels,
         vae_kernels,
+        bundle_preset,
+        bundle_exporter_version,
         cuda_version,
         cudnn_version,
     }) = worker_facts(&run_dir)
     {
+        if let (Some(preset), Some(exporter_version)) = (bundle_preset, bundle_exporter_version) {
+            record.bundle = Some(BundleRecord {
+                path: r.paths.bundle.display().to_string(),
+                preset,
+                exporter_version,
+            });
+        }
         record.execution_provider = Some(provider);
         record.versions.onnxruntime = Some(ort_version);
         record.versions.cuda = cuda_version;

@@ -66,6 +66,11 @@ pub enum WorkerEvent {
         /// The VAE decoder's: `unstep` or `onnxruntime`.
         #[serde(default)]
         vae_kernels: Option<String>,
+        /// The opened bundle's preset and exporter version (its `bundle.toml`).
+        #[serde(default)]
+        bundle_preset: Option<String>,
+        #[serde(default)]
+        bundle_exporter_version: Option<String>,
         /// Versions of the CUDA runtime and cuDNN libraries the process loaded, if any.
         #[serde(default)]
         cuda_version: Option<String>,
@@ -257,6 +262,8 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
         attention_backend,
         dit_kernels: Some(generator.dit_kernels().name().into()),
         vae_kernels: Some(generator.vae_kernels().name().into()),
+        bundle_preset: Some(generator.bundle().manifest.preset.clone()),
+        bundle_exporter_version: Some(generator.bundle().manifest.exporter_version.clone()),
         cuda_version: loaded_version(&maps, "libcudart.so."),
         cudnn_version: loaded_version(&maps, "libcudnn.so."),
     });

@@ -66,6 +66,8 @@ pub struct Provenance {
     pub attention_resolved: Option<String>,
     pub dit_kernels: Option<String>,
     pub vae_kernels: Option<String>,
+    /// "path (preset, exporter X)" of the bundle the workers ran.
+    pub bundle: Option<String>,
     pub precision: String,
     pub gpu_model: Option<String>,
     pub gpu_memory_bytes: Option<u64>,
@@ -103,6 +105,10 @@ impl Provenance {
             attention_resolved: r.attention_backend.resolved.clone(),
             dit_kernels: r.dit_kernels.clone(),
             vae_kernels: r.vae_kernels.clone(),
+            bundle: r
+                .bundle
+                .as_ref()
+                .map(|b| format!("{} ({}, exporter {})", b.path, b.preset, b.exporter_version)),
             precision: name_of(&r.precision),
             gpu_model: r.device.gpu_model.clone(),
             gpu_memory_bytes: r.device.gpu_memory_bytes,
@@ -216,6 +222,9 @@ pub fn report_text(run: &LoadedRun) -> String {
                 opt(p.vae_kernels.as_deref())
             ),
         );
+    }
+    if let Some(bundle) = &p.bundle {
+        row("bundle", bundle.clone());
     }
     row("precision", p.precision.clone());
     let mut gpu = opt(p.gpu_model.as_deref()).to_string();

@@ -13,9 +13,9 @@ pub use files::{
 };
 pub use hash::config_hash;
 pub use records::{
-    AttentionRecord, CacheLabel, CacheRecord, DeviceRecord, GitState, LibraryVersions,
-    ManifestRecord, ProcessRecord, ProcessRole, RunRecord, RunStatus, SettingRecord, Summary,
-    TimedRegionEnd, TimingRecord, WarmupRecord, measured,
+    AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
+    LibraryVersions, ManifestRecord, ProcessRecord, ProcessRole, RunRecord, RunStatus,
+    SettingRecord, Summary, TimedRegionEnd, TimingRecord, WarmupRecord, measured,
 };
 pub use stats::Statistics;
 

@@ -184,6 +184,16 @@ pub struct DeviceRecord {
     pub driver_version: Option<String>,
 }
 
+/// The asset bundle the workers ran, as its `bundle.toml` says: the graphs (and so the speed) of
+/// one preset differ between exporter versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleRecord {
+    /// The resolved `assets.bundle` path.
+    pub path: String,
+    pub preset: String,
+    pub exporter_version: String,
+}
+
 /// Versions of the libraries the run loaded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LibraryVersions {
@@ -267,6 +277,9 @@ pub struct RunRecord {
     /// The same for the VAE decoder (`runtime.vae_kernels` resolved).
     #[serde(default)]
     pub vae_kernels: Option<String>,
+    /// The bundle the workers opened (absent when no worker got that far).
+    #[serde(default)]
+    pub bundle: Option<BundleRecord>,
     pub precision: Precision,
     pub device: DeviceRecord,
     pub versions: LibraryVersions,
@@ -354,6 +367,7 @@ impl RunRecord {
             },
             dit_kernels: None,
             vae_kernels: None,
+            bundle: None,
             precision: m.method.precision,
             device: DeviceRecord::default(),
             versions: LibraryVersions::default(),

@@ -96,6 +96,19 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     assert_eq!(run["status"], "succeeded");
     assert_eq!(run["cache"]["label"], "fresh");
     assert_eq!(run["execution_provider"], "cpu");
+    // The bundle the workers opened, as its bundle.toml says.
+    let bundle_toml = std::fs::read_to_string(repo().join("assets/tiny/bundle.toml")).unwrap();
+    let exporter = bundle_toml
+        .lines()
+        .find_map(|l| l.strip_prefix("exporter_version = "))
+        .unwrap()
+        .trim_matches('"');
+    assert_eq!(run["bundle"]["preset"], "tiny", "{run}");
+    assert_eq!(run["bundle"]["exporter_version"], exporter, "{run}");
+    assert!(
+        run["bundle"]["path"].as_str().unwrap().ends_with("tiny"),
+        "{run}"
+    );
     assert!(
         run["attention_backend"]["resolved"]
             .as_str()

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use unstep::manifest::{LoadRequest, load};
 use unstep::results::{
-    DeviceRecord, GitState, LibraryVersions, ProcessRole, RUN_JSON, RunRecord, RunStatus,
-    SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord, append_jsonl, write_json_atomic,
+    BundleRecord, DeviceRecord, GitState, LibraryVersions, ProcessRole, RUN_JSON, RunRecord,
+    RunStatus, SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord, append_jsonl, write_json_atomic,
 };
 
 use crate::support::{Test, tree};
@@ -63,6 +63,11 @@ fn fake_run(
     record.attention_backend.resolved = Some("flash".into());
     record.dit_kernels = Some("unstep".into());
     record.vae_kernels = Some("onnxruntime".into());
+    record.bundle = Some(BundleRecord {
+        path: "assets/wan-1.3b".into(),
+        preset: "wan-1.3b".into(),
+        exporter_version: "0.8.0".into(),
+    });
     record.device = DeviceRecord {
         gpu_model: Some("NVIDIA H200".into()),
         gpu_memory_bytes: Some(150_754_820_096),
