@@ -50,9 +50,11 @@ pub struct ProcessSpec {
     pub ort_library: Option<PathBuf>,
 }
 
-/// A worker's report to `runner apply`, one JSON line on stdout each.
+/// A worker's report to `runner apply`, one JSON line on stdout each. `Ready` is by far the
+/// largest variant; a worker sends it once, so it stays unboxed (plain patterns on its fields).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)]
 pub enum WorkerEvent {
     /// Sessions are built; generation starts.
     Ready {
