@@ -1,7 +1,8 @@
 //! The runner's own ONNX Runtime operators, domain `ai.unstep` (opset 1): each fuses the per-row
 //! elementwise work of a DiT block (bias add, RMS or layer norm, modulation, rotary embedding,
-//! gated residual add) into one pass over the row. The exporter writes them into `dit_fused.onnx`;
-//! [`operator_domain`] gives the session the kernels: CUDA kernels (our CUDA C in `kernels.cu`,
+//! gated residual add, GELU) or of the VAE decoder (bias, RMS norm and SiLU, with a causal
+//! convolution's cache in front) into one pass over the row. The exporter writes them into
+//! `dit_fused.onnx` and `vae_*_fused.onnx`; [`operator_domain`] gives the session the kernels: CUDA kernels (our CUDA C in `kernels.cu`,
 //! compiled with NVRTC at session creation, launched on ONNX Runtime's compute stream) or CPU
 //! kernels (tests, the CPU provider).
 //!
