@@ -298,7 +298,7 @@ pub struct Generator {
     buffers: Buffers,
     /// The device loop; `None` runs the host loop (CPU provider, fp32).
     device: Option<super::device::DeviceLoop>,
-    /// Contexts encoded ahead ([`Generator::encode_ahead`]) by prompt text, with the time each
+    /// Contexts encoded ahead ([`Generator::with_prompts`]) by prompt text, with the time each
     /// encoding took.
     ahead: HashMap<String, (HostContext, Duration)>,
 }
