@@ -37,7 +37,7 @@ use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
 use super::session::{
     GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, build_small_session, float_type,
-    vae_cache_count,
+    indexed_names, vae_cache_count,
 };
 
 type View = DynTensorRefMut<'static>;
@@ -434,7 +434,7 @@ impl DeviceLoop {
         let f32_ = TensorElementType::Float32;
         let buf = |ty, len| Buf::new(&alloc, ty, len).map_err(setup);
         // No later block reads the last block's keys and values: with a graph that outputs them
-        // (`KvCache::PastAndNew`) the cache holds the blocks before it, and the last block's
+        // (`KvInterface::PastAndNew`) the cache holds the blocks before it, and the last block's
         // passes write theirs into two scratch buffers shared by all layers (a layer's new keys
         // are read by its own attention before the next layer writes; keys and values have one
         // scratch each). A graph that writes them in place reads them from the cache, straight
@@ -490,7 +490,6 @@ impl DeviceLoop {
                 .collect()
         };
         let vae_cache = [cache_set(0)?, cache_set(1)?];
-        let names = |p: &str, n: usize| (0..n).map(|i| format!("{p}.{i}")).collect::<Vec<_>>();
         let frame_elems = 3 * d.video_frames() * d.frame_px();
         let mut this = Self {
             kv_k,
@@ -518,8 +517,8 @@ impl DeviceLoop {
                     video: buf(model, frame_elems)?,
                     cache: vae_cache,
                     cache_shapes: vae_cache_shapes,
-                    cache_in: names("cache_in", caches),
-                    cache_out: names("cache_out", caches),
+                    cache_in: indexed_names("cache_in", caches),
+                    cache_out: indexed_names("cache_out", caches),
                     frames_u8: buf(TensorElementType::Uint8, frame_elems)?,
                     d,
                     device: device_id,

@@ -17,7 +17,8 @@ use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::noise::fill_normal;
 use super::schedule::{Emit, MethodSettings, NoiseLevel, Schedule, ScheduleError};
 use super::session::{
-    GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, SessionError, vae_cache_count,
+    GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, SessionError, indexed_names,
+    vae_cache_count,
 };
 
 /// Per-prompt options of a generation.
@@ -373,8 +374,6 @@ impl Generator {
         };
         let dims = Dims::of(&bundle);
         let layers = bundle.manifest.architecture.layers;
-        let names =
-            |prefix: &str, n: usize| (0..n).map(|i| format!("{prefix}.{i}")).collect::<Vec<_>>();
         let dit_names = KvNames::new(sessions.kv_interface, layers);
         // The host loop's buffers; empty when the device loop holds its own.
         let host = |n: usize| if device.is_some() { 0 } else { n };
@@ -386,8 +385,8 @@ impl Generator {
         };
         let caches = vae_cache_count(&sessions.vae_first);
         let vae_cache = VaeCache {
-            names_in: names("cache_in", caches),
-            names_out: names("cache_out", caches),
+            names_in: indexed_names("cache_in", caches),
+            names_out: indexed_names("cache_out", caches),
             values: (0..caches).map(|_| None).collect(),
         };
         let frame_elems = dims.channels * dims.h * dims.w;

@@ -415,12 +415,17 @@ pub(crate) struct KvNames {
     pub(crate) outputs: Vec<[String; 2]>,
 }
 
+/// `{prefix}.0` .. `{prefix}.{n-1}`: the names of a graph's per-layer or per-cache inputs and
+/// outputs.
+pub(crate) fn indexed_names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}.{i}")).collect()
+}
+
 impl KvNames {
     pub(crate) fn new(interface: KvInterface, layers: usize) -> Self {
         let names = |k: &str, v: &str| {
-            (0..layers)
-                .map(|layer| [format!("{k}.{layer}"), format!("{v}.{layer}")])
-                .collect()
+            let (k, v) = (indexed_names(k, layers), indexed_names(v, layers));
+            k.into_iter().zip(v).map(|(k, v)| [k, v]).collect()
         };
         let (inputs, outputs) = match interface {
             KvInterface::PastAndNew => (names("past_k", "past_v"), names("new_k", "new_v")),
