@@ -296,7 +296,7 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
             .ok_or_else(|| op_error(op, format!("ONNX Runtime gave no output {idx}")))
     };
     match op {
-        Op::BiasRmsNormRope | Op::BiasRmsNorm => {
+        Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::PrefixBiasRmsNorm => {
             let mut y = output(0)?;
             let (_, y) = y.try_extract_tensor_mut::<T>()?;
             let epilogue = match op {
@@ -304,19 +304,13 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
                 _ if attrs.silu => Epilogue::Silu,
                 _ => Epilogue::Plain,
             };
-            bias_rms_norm(&plan, attrs.epsilon, data[0], data[1], data[2], epilogue, y);
-        }
-        Op::PrefixBiasRmsNorm => {
-            let mut y = output(0)?;
-            let (_, y) = y.try_extract_tensor_mut::<T>()?;
+            // PrefixBiasRmsNorm: the prefix's rows first (none for the others), the normed rows
+            // after them, and the last prefix-sized rows again as the tail.
             let prefix_len = plan.prefix_rows * plan.d;
             let (prefix, rest) = y.split_at_mut(prefix_len);
-            prefix.copy_from_slice(data[3]);
-            let epilogue = if attrs.silu {
-                Epilogue::Silu
-            } else {
-                Epilogue::Plain
-            };
+            if op == Op::PrefixBiasRmsNorm {
+                prefix.copy_from_slice(data[3]);
+            }
             bias_rms_norm(
                 &plan,
                 attrs.epsilon,
@@ -326,9 +320,11 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
                 epilogue,
                 rest,
             );
-            let mut tail = output(1)?;
-            let (_, tail) = tail.try_extract_tensor_mut::<T>()?;
-            tail.copy_from_slice(&y[y.len() - prefix_len..]);
+            if op == Op::PrefixBiasRmsNorm {
+                let mut tail = output(1)?;
+                let (_, tail) = tail.try_extract_tensor_mut::<T>()?;
+                tail.copy_from_slice(&y[y.len() - prefix_len..]);
+            }
         }
         Op::GatedResidualLayerNorm => {
             let mut s = output(0)?;

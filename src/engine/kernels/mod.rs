@@ -2,9 +2,9 @@
 //! elementwise work of a DiT block (bias add, RMS or layer norm, modulation, rotary embedding,
 //! gated residual add, GELU) or of the VAE decoder (bias, RMS norm and SiLU, with a causal
 //! convolution's cache in front) into one pass over the row. The exporter writes them into
-//! `dit_fused.onnx` and `vae_*_fused.onnx`; [`operator_domain`] gives the session the kernels: CUDA kernels (our CUDA C in `kernels.cu`,
-//! compiled with NVRTC at session creation, launched on ONNX Runtime's compute stream) or CPU
-//! kernels (tests, the CPU provider).
+//! `dit_fused.onnx` and `vae_*_fused.onnx`; [`operator_domain`] gives the session the kernels:
+//! CUDA kernels (our CUDA C in `kernels.cu`, compiled with NVRTC at session creation, launched on
+//! ONNX Runtime's compute stream) or CPU kernels (tests, the CPU provider).
 //!
 //! # The contract (shared with the exporter)
 //!
@@ -62,8 +62,8 @@
 //!    nothing keeps Y alive once the convolution has read it.
 //!
 //! Every output has X's shape, but Q's last axis is D, Y of `PrefixBiasRmsNorm` has P + T on
-//! axis 1 and its tail prefix's shape. A shape that breaks the contract is an error naming the operator,
-//! the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
+//! axis 1 and its tail prefix's shape. A shape that breaks the contract is an error naming the
+//! operator, the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
 //! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
 //! Runtime's allocations are); a call outside that is an error, not a slow path. They work a row
 //! with a group of up to 32 threads and 16-byte accesses when D ≤ 512 is a multiple of 16 bytes
@@ -636,7 +636,11 @@ impl Operator for FusedOp {
         match self.op {
             Op::QkvNormRopeCache if x.last().is_none_or(|&n| n <= 0) => return Ok(()),
             Op::PrefixBiasRmsNorm => match known(inputs.get(3)) {
-                Some(prefix) if prefix.get(1).is_some_and(|&n| n >= 0) && x[1] >= 0 => {
+                Some(prefix)
+                    if [prefix, x]
+                        .iter()
+                        .all(|s| s.get(1).is_some_and(|&n| n >= 0)) =>
+                {
                     shapes[3] = prefix;
                 }
                 _ => return Ok(()),
