@@ -178,6 +178,21 @@ fn shape_numel(shape: &[i64]) -> usize {
 }
 
 /// One BiasRmsNormRope case: inputs, the plan and the reference output.
+/// A test case of one operator: its attributes, the shapes of its inputs (in the operator's
+/// order) and their data, and how many elements the operator writes (the GPU test's bandwidth).
+trait OpCase<T: Element> {
+    const OP: Op;
+    fn attrs(&self) -> Attrs;
+    fn shapes(&self) -> Vec<Vec<i64>>;
+    fn inputs(&self) -> Vec<&[T]>;
+    fn written(&self) -> usize;
+
+    /// The case's sizes, checked against the contract.
+    fn plan(&self) -> Plan {
+        plan_of(Self::OP, &self.attrs(), &self.shapes())
+    }
+}
+
 struct RopeCase<T> {
     x_shape: Vec<i64>,
     table_shape: Vec<i64>,
@@ -208,6 +223,30 @@ impl<T: Element> RopeCase<T> {
         }
     }
 
+    fn reference(&self) -> Vec<f64> {
+        let d = *self.x_shape.last().unwrap() as usize;
+        let u = reference_rms_norm(
+            &wide(&self.x),
+            &wide(&self.bias),
+            &wide(&self.weight),
+            d,
+            self.eps as f64,
+        );
+        reference_rope(&u, &wide(&self.cos), &wide(&self.sin), d, self.heads)
+    }
+}
+
+impl<T: Element> OpCase<T> for RopeCase<T> {
+    const OP: Op = Op::BiasRmsNormRope;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: self.heads,
+            silu: false,
+        }
+    }
+
     fn shapes(&self) -> Vec<Vec<i64>> {
         let d = *self.x_shape.last().unwrap();
         vec![
@@ -219,28 +258,12 @@ impl<T: Element> RopeCase<T> {
         ]
     }
 
-    fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: self.eps,
-            num_heads: self.heads,
-            silu: false,
-        }
-    }
-
     fn inputs(&self) -> Vec<&[T]> {
         vec![&self.x, &self.bias, &self.weight, &self.cos, &self.sin]
     }
 
-    fn reference(&self) -> Vec<f64> {
-        let d = *self.x_shape.last().unwrap() as usize;
-        let u = reference_rms_norm(
-            &wide(&self.x),
-            &wide(&self.bias),
-            &wide(&self.weight),
-            d,
-            self.eps as f64,
-        );
-        reference_rope(&u, &wide(&self.cos), &wide(&self.sin), d, self.heads)
+    fn written(&self) -> usize {
+        self.x.len()
     }
 }
 
@@ -274,24 +297,6 @@ impl<T: Element> RmsCase<T> {
         *self.x_shape.last().unwrap() as usize
     }
 
-    /// bias as `[D]`, weight as `[1, D]`: both are D elements.
-    fn shapes(&self) -> Vec<Vec<i64>> {
-        let d = self.d() as i64;
-        vec![self.x_shape.clone(), vec![d], vec![1, d]]
-    }
-
-    fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: self.eps,
-            num_heads: 0,
-            silu: self.silu,
-        }
-    }
-
-    fn inputs(&self) -> Vec<&[T]> {
-        vec![&self.x, &self.bias, &self.weight]
-    }
-
     fn epilogue(&self) -> Epilogue<'static, T> {
         if self.silu {
             Epilogue::Silu
@@ -302,7 +307,7 @@ impl<T: Element> RmsCase<T> {
 
     /// The CPU kernel's output.
     fn cpu(&self) -> Vec<T> {
-        let plan = plan_of(Op::BiasRmsNorm, &self.attrs(), &self.shapes());
+        let plan = self.plan();
         let mut y = vec![T::from_f32(0.0); self.x.len()];
         cpu::bias_rms_norm(
             &plan,
@@ -332,6 +337,32 @@ impl<T: Element> RmsCase<T> {
     }
 }
 
+impl<T: Element> OpCase<T> for RmsCase<T> {
+    const OP: Op = Op::BiasRmsNorm;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: 0,
+            silu: self.silu,
+        }
+    }
+
+    /// bias as `[D]`, weight as `[1, D]`: both are D elements.
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let d = self.d() as i64;
+        vec![self.x_shape.clone(), vec![d], vec![1, d]]
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.bias, &self.weight]
+    }
+
+    fn written(&self) -> usize {
+        self.x.len()
+    }
+}
+
 /// `PrefixBiasRmsNorm`: an `RmsCase` for X and a prefix of X's shape with `p` on axis 1.
 struct PrefixCase<T> {
     rms: RmsCase<T>,
@@ -348,18 +379,6 @@ impl<T: Element> PrefixCase<T> {
             prefix: rng.vec(shape_numel(&prefix_shape), -3.0, 3.0),
             prefix_shape,
         }
-    }
-
-    fn shapes(&self) -> Vec<Vec<i64>> {
-        let mut shapes = self.rms.shapes();
-        shapes.push(self.prefix_shape.clone());
-        shapes
-    }
-
-    fn inputs(&self) -> Vec<&[T]> {
-        let mut inputs = self.rms.inputs();
-        inputs.push(&self.prefix);
-        inputs
     }
 
     /// Y's shape: X's with P + T on axis 1.
@@ -405,6 +424,31 @@ impl<T: Element> PrefixCase<T> {
     }
 }
 
+impl<T: Element> OpCase<T> for PrefixCase<T> {
+    const OP: Op = Op::PrefixBiasRmsNorm;
+
+    fn attrs(&self) -> Attrs {
+        self.rms.attrs()
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let mut shapes = self.rms.shapes();
+        shapes.push(self.prefix_shape.clone());
+        shapes
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        let mut inputs = self.rms.inputs();
+        inputs.push(&self.prefix);
+        inputs
+    }
+
+    fn written(&self) -> usize {
+        // Y, and the tail copied from it (read and written).
+        self.prefix.len() + self.rms.x.len() + 2 * self.prefix.len()
+    }
+}
+
 /// (X, P): prefixes of 0, 1 and 2 entries on axis 1, rank 2 to 5 (the VAE's channels-last
 /// frames `[1, T, h, w, C]` with a two-frame cache).
 const PREFIX_CASES: [(&[i64], i64); 5] = [
@@ -421,7 +465,7 @@ fn check_prefix_cpu<T: Tolerance>() {
     for silu in [false, true] {
         for (x_shape, p) in PREFIX_CASES {
             let case = PrefixCase::<T>::new(&mut rng, x_shape, p, silu);
-            let plan = plan_of(Op::PrefixBiasRmsNorm, &case.rms.attrs(), &case.shapes());
+            let plan = case.plan();
             assert_eq!(
                 (plan.rows, plan.prefix_rows, plan.output_rows()),
                 (
@@ -478,6 +522,32 @@ impl<T: Element> GrlnCase<T> {
         }
     }
 
+    fn reference(&self) -> (Vec<f64>, Vec<f64>) {
+        reference_grln(
+            &wide(&self.r),
+            &wide(&self.x),
+            &wide(&self.bias),
+            &wide(&self.gate),
+            &wide(&self.scale),
+            &wide(&self.shift),
+            *self.x_shape.last().unwrap() as usize,
+            self.eps as f64,
+            store_as::<T>,
+        )
+    }
+}
+
+impl<T: Element> OpCase<T> for GrlnCase<T> {
+    const OP: Op = Op::GatedResidualLayerNorm;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: 0,
+            silu: false,
+        }
+    }
+
     fn shapes(&self) -> Vec<Vec<i64>> {
         let d = *self.x_shape.last().unwrap();
         let [g, sc, sh] = self.param_shapes.clone();
@@ -491,14 +561,6 @@ impl<T: Element> GrlnCase<T> {
         ]
     }
 
-    fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: self.eps,
-            num_heads: 0,
-            silu: false,
-        }
-    }
-
     fn inputs(&self) -> Vec<&[T]> {
         vec![
             &self.r,
@@ -510,18 +572,9 @@ impl<T: Element> GrlnCase<T> {
         ]
     }
 
-    fn reference(&self) -> (Vec<f64>, Vec<f64>) {
-        reference_grln(
-            &wide(&self.r),
-            &wide(&self.x),
-            &wide(&self.bias),
-            &wide(&self.gate),
-            &wide(&self.scale),
-            &wide(&self.shift),
-            *self.x_shape.last().unwrap() as usize,
-            self.eps as f64,
-            store_as::<T>,
-        )
+    fn written(&self) -> usize {
+        // S and Y.
+        2 * self.x.len()
     }
 }
 
@@ -571,29 +624,6 @@ impl<T: Element> QkvCase<T> {
         }
     }
 
-    fn shapes(&self) -> Vec<Vec<i64>> {
-        let (b, t, l, d) = (self.b as i64, self.t as i64, self.l as i64, self.d as i64);
-        let mut shapes = vec![vec![b, t, 3 * d], vec![d], vec![d], vec![d], vec![d]];
-        shapes.extend([self.table_shape.clone(), self.table_shape.clone()]);
-        shapes.extend([vec![b, l, d], vec![b, l, d]]);
-        shapes
-    }
-
-    fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: self.eps,
-            num_heads: self.heads,
-            silu: false,
-        }
-    }
-
-    fn inputs(&self) -> Vec<&[T]> {
-        let mut inputs: Vec<&[T]> = vec![&self.qkv];
-        inputs.extend(self.params.iter().map(Vec::as_slice));
-        inputs.extend([&self.cos[..], &self.sin, &self.k, &self.v]);
-        inputs
-    }
-
     /// Column block `j` (0 q, 1 k, 2 v) of every row of QKV.
     fn column_block(&self, j: usize) -> Vec<f64> {
         let d = self.d;
@@ -628,7 +658,7 @@ impl<T: Element> QkvCase<T> {
 
     /// The CPU kernel's Q, K and V.
     fn cpu(&self) -> (Vec<T>, Vec<T>, Vec<T>) {
-        let plan = plan_of(Op::QkvNormRopeCache, &self.attrs(), &self.shapes());
+        let plan = self.plan();
         let mut q = vec![T::from_f32(0.0); self.b * self.t * self.d];
         let (mut k, mut v) = (self.k.clone(), self.v.clone());
         let [qb, kb, qw, kw] = self.params.each_ref().map(Vec::as_slice);
@@ -668,6 +698,38 @@ impl<T: Element> QkvCase<T> {
                 "{what}: V's earlier rows changed"
             );
         }
+    }
+}
+
+impl<T: Element> OpCase<T> for QkvCase<T> {
+    const OP: Op = Op::QkvNormRopeCache;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: self.eps,
+            num_heads: self.heads,
+            silu: false,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        let (b, t, l, d) = (self.b as i64, self.t as i64, self.l as i64, self.d as i64);
+        let mut shapes = vec![vec![b, t, 3 * d], vec![d], vec![d], vec![d], vec![d]];
+        shapes.extend([self.table_shape.clone(), self.table_shape.clone()]);
+        shapes.extend([vec![b, l, d], vec![b, l, d]]);
+        shapes
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        let mut inputs: Vec<&[T]> = vec![&self.qkv];
+        inputs.extend(self.params.iter().map(Vec::as_slice));
+        inputs.extend([&self.cos[..], &self.sin, &self.k, &self.v]);
+        inputs
+    }
+
+    fn written(&self) -> usize {
+        // Q and the block's rows of K and V.
+        self.qkv.len()
     }
 }
 
@@ -714,22 +776,6 @@ impl<T: Element> GeluCase<T> {
         }
     }
 
-    fn shapes(&self) -> Vec<Vec<i64>> {
-        vec![self.x_shape.clone(), vec![*self.x_shape.last().unwrap()]]
-    }
-
-    fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: 0.0,
-            num_heads: 0,
-            silu: false,
-        }
-    }
-
-    fn inputs(&self) -> Vec<&[T]> {
-        vec![&self.x, &self.bias]
-    }
-
     /// `0.5·v·(1 + tanh(sqrt(2/π)·(v + 0.044715·v³)))` in float64.
     fn reference(&self) -> Vec<f64> {
         let d = self.bias.len();
@@ -746,10 +792,34 @@ impl<T: Element> GeluCase<T> {
     }
 
     fn cpu(&self) -> Vec<T> {
-        let plan = plan_of(Op::BiasGelu, &self.attrs(), &self.shapes());
+        let plan = self.plan();
         let mut y = vec![T::from_f32(0.0); self.x.len()];
         cpu::bias_gelu(&plan, &self.x, &self.bias, &mut y);
         y
+    }
+}
+
+impl<T: Element> OpCase<T> for GeluCase<T> {
+    const OP: Op = Op::BiasGelu;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: 0.0,
+            num_heads: 0,
+            silu: false,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        vec![self.x_shape.clone(), vec![*self.x_shape.last().unwrap()]]
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.bias]
+    }
+
+    fn written(&self) -> usize {
+        self.x.len()
     }
 }
 
@@ -799,7 +869,7 @@ fn check_rope_cpu<T: Tolerance>() {
         .chain([(&[1, 4680, 1536][..], 12, 4680)])
     {
         let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
-        let plan = plan_of(Op::BiasRmsNormRope, &case.attrs(), &case.shapes());
+        let plan = case.plan();
         assert_eq!(plan.table_rows, tc);
         let mut y = vec![T::from_f32(0.0); case.x.len()];
         let i = case.inputs();
@@ -849,7 +919,7 @@ fn check_grln_cpu<T: Tolerance>() {
         .chain([(&[1, 4680, 1536][..], [frame, frame, &[1536][..]])])
     {
         let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
-        let plan = plan_of(Op::GatedResidualLayerNorm, &case.attrs(), &case.shapes());
+        let plan = case.plan();
         let mut s = vec![T::from_f32(0.0); case.x.len()];
         let mut y = vec![T::from_f32(0.0); case.x.len()];
         let i = case.inputs();
@@ -1651,18 +1721,16 @@ mod gpu {
         out
     }
 
-    /// Runs `op` with the CUDA kernel on `stream` and returns its outputs, then the inputs it
-    /// writes in place, and the mean time of one launch over `repeats` launches (after one untimed
-    /// launch), in microseconds.
-    fn run_cuda<T: Element>(
-        op: Op,
-        attrs: &Attrs,
-        shapes: &[Vec<i64>],
-        inputs: &[&[T]],
+    /// Runs the case's operator with the CUDA kernel on `stream` and returns its outputs, then the
+    /// inputs it writes in place, and the mean time of one launch over `repeats` launches (after
+    /// one untimed launch), in microseconds.
+    fn run_cuda<T: Element, C: OpCase<T>>(
+        case: &C,
         stream: sys::CUstream,
         repeats: usize,
     ) -> (Vec<Vec<T>>, f64) {
-        let plan = plan_of(op, attrs, shapes);
+        let (op, attrs, inputs) = (C::OP, &case.attrs(), case.inputs());
+        let plan = case.plan();
         let kernel = cuda::CudaKernel::new(op, T::into_tensor_element_type(), 0).unwrap();
         let n = plan.output_rows() * plan.d;
         let sentinel = vec![T::from_f32(f32::NAN); n];
@@ -1729,28 +1797,24 @@ mod gpu {
         }
     }
 
-    /// Runs `op` with the CUDA kernel ([`run_cuda`]); when X has more than a million elements,
-    /// also times it and prints the time per launch and the bandwidth over the bytes the
-    /// operator moves: its inputs but those it writes in place, read once, and `written`
-    /// elements written.
-    fn run_case<T: Element>(
-        op: Op,
-        attrs: &Attrs,
-        shapes: &[Vec<i64>],
-        inputs: &[&[T]],
-        written: usize,
+    /// Runs the case's operator with the CUDA kernel ([`run_cuda`]); when X has more than a
+    /// million elements, also times it and prints the time per launch and the bandwidth over the
+    /// bytes the operator moves: its inputs but those it writes in place, read once, and the
+    /// elements it writes ([`OpCase::written`]).
+    fn run_case<T: Element, C: OpCase<T>>(
+        case: &C,
         stream: sys::CUstream,
         what: &str,
     ) -> Vec<Vec<T>> {
+        let (op, inputs) = (C::OP, case.inputs());
         let big = inputs[op.x_index()].len() > 1_000_000;
-        let (outputs, micros) =
-            run_cuda(op, attrs, shapes, inputs, stream, if big { 50 } else { 0 });
+        let (outputs, micros) = run_cuda(case, stream, if big { 50 } else { 0 });
         if big {
             let read: usize = (0..inputs.len())
                 .filter(|i| !op.in_place_inputs().contains(i))
                 .map(|i| inputs[i].len())
                 .sum();
-            let bytes = (read + written) * std::mem::size_of::<T>();
+            let bytes = (read + case.written()) * std::mem::size_of::<T>();
             eprintln!(
                 "{what}: {micros:.2} µs per launch, {:.0} GB/s over {:.1} MB",
                 bytes as f64 / micros / 1e3,
@@ -1783,16 +1847,8 @@ mod gpu {
         for (x_shape, heads, tc) in rope_cases {
             let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
             let what = format!("{t} BiasRmsNormRope {x_shape:?}");
-            let gpu = run_case(
-                Op::BiasRmsNormRope,
-                &case.attrs(),
-                &case.shapes(),
-                &case.inputs(),
-                case.x.len(),
-                stream,
-                &what,
-            );
-            let plan = plan_of(Op::BiasRmsNormRope, &case.attrs(), &case.shapes());
+            let gpu = run_case(&case, stream, &what);
+            let plan = case.plan();
             let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
             let i = case.inputs();
             cpu::bias_rms_norm(
@@ -1836,15 +1892,7 @@ mod gpu {
         for (x_shape, silu) in rms_cases {
             let case = RmsCase::<T>::new(&mut rng, x_shape, silu);
             let what = format!("{t} BiasRmsNorm {x_shape:?} silu = {silu}");
-            let gpu = run_case(
-                Op::BiasRmsNorm,
-                &case.attrs(),
-                &case.shapes(),
-                &case.inputs(),
-                case.x.len(),
-                stream,
-                &what,
-            );
+            let gpu = run_case(&case, stream, &what);
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             assert_close(&gpu[0], &case.reference(), &what);
         }
@@ -1858,17 +1906,7 @@ mod gpu {
         for (x_shape, p) in prefix_cases {
             let case = PrefixCase::<T>::new(&mut rng, x_shape, p, true);
             let what = format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}");
-            // Y, and the tail copied from it (read and written).
-            let written = case.prefix.len() + case.rms.x.len() + 2 * case.prefix.len();
-            let gpu = run_case(
-                Op::PrefixBiasRmsNorm,
-                &case.rms.attrs(),
-                &case.shapes(),
-                &case.inputs(),
-                written,
-                stream,
-                &what,
-            );
+            let gpu = run_case(&case, stream, &what);
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             case.assert_matches(&gpu[0], &what);
             case.assert_tail(&gpu[0], &gpu[1][..case.prefix.len()], &what);
@@ -1894,16 +1932,8 @@ mod gpu {
         for (x_shape, params) in grln_cases {
             let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
             let what = format!("{t} GatedResidualLayerNorm {x_shape:?} {params:?}");
-            let gpu = run_case(
-                Op::GatedResidualLayerNorm,
-                &case.attrs(),
-                &case.shapes(),
-                &case.inputs(),
-                2 * case.x.len(),
-                stream,
-                &what,
-            );
-            let plan = plan_of(Op::GatedResidualLayerNorm, &case.attrs(), &case.shapes());
+            let gpu = run_case(&case, stream, &what);
+            let plan = case.plan();
             let mut cpu_s = vec![T::from_f32(0.0); case.x.len()];
             let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
             let i = case.inputs();
@@ -1928,15 +1958,7 @@ mod gpu {
         for shape in gelu_shapes {
             let case = GeluCase::<T>::new(&mut rng, shape);
             let what = format!("{t} BiasGelu {shape:?}");
-            let gpu = run_case(
-                Op::BiasGelu,
-                &case.attrs(),
-                &case.shapes(),
-                &case.inputs(),
-                case.x.len(),
-                stream,
-                &what,
-            );
+            let gpu = run_case(&case, stream, &what);
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             assert_close(&gpu[0], &case.reference(), &what);
         }
@@ -1949,16 +1971,7 @@ mod gpu {
         for (sizes, heads, tc) in qkv_cases {
             let case = QkvCase::<T>::new(&mut rng, sizes, heads, tc);
             let what = format!("{t} QkvNormRopeCache {sizes:?}");
-            // Q and the block's rows of K and V.
-            let gpu = run_case(
-                Op::QkvNormRopeCache,
-                &case.attrs(),
-                &case.shapes(),
-                &case.inputs(),
-                case.qkv.len(),
-                stream,
-                &what,
-            );
+            let gpu = run_case(&case, stream, &what);
             let (cpu_q, cpu_k, cpu_v) = case.cpu();
             assert_matches_cpu(&gpu[0], &cpu_q, &format!("{what} Q"));
             assert_matches_cpu(&gpu[1], &cpu_k, &format!("{what} K"));
