@@ -449,8 +449,10 @@ __device__ __forceinline__ void gated_residual_layer_norm(
 
 // Entry points, one per operator, element type and row layout, no dynamic shared memory; `lanes`
 // is the group layout's threads per row (the block layouts ignore it). BlockRow (SUFFIX f32,
-// f16) and BlockQuad (f32_q, f16_q): blocks of THREADS threads, one per row. GroupRow (SUFFIX f32_g, f16_g): blocks of
-// GROUP_THREADS threads, ceil(rows / (GROUP_THREADS / lanes)) of them.
+// f16) and BlockQuad (f32_q, f16_q): blocks of THREADS threads, one per row. GroupRow (SUFFIX
+// f32_g, f16_g): blocks of GROUP_THREADS threads, ceil(rows / (GROUP_THREADS / lanes)) of them.
+// Every entry point takes rows, d and eps after its pointers (the launch's one convention; the
+// elementwise bias_gelu ignores eps and lanes).
 #define ENTRY_POINTS(E, L, BLOCK, SUFFIX, T)                                                   \
     extern "C" __global__ void __launch_bounds__(BLOCK)                                        \
         unstep_bias_rms_norm_rope_##SUFFIX(const T* x, const T* bias, const T* weight,         \
