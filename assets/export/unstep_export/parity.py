@@ -118,8 +118,10 @@ def run_parity(args) -> int:
 # dit_fused.onnx (the runner's ai.unstep operators): structure, and a numpy run of the contract
 # ---------------------------------------------------------------------------------------------
 
-UNSTEP_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
-              "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1)}
+# The ai.unstep operators each fused graph may use: (inputs, outputs).
+FUSED_DIT_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
+                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1)}
+FUSED_VAE_OPS = {"BiasRmsNorm": (3, 1), "PrefixBiasRmsNorm": (4, 2)}
 # Nodes per layer in dit_fused.onnx (exporter 0.7.0): BiasRmsNormRope is no longer used there.
 FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3,
                        "BiasGelu": 1}
@@ -131,7 +133,7 @@ def _io_signature(values):
 
 # Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0.
 # (QkvNormRopeCache's output Q is QKV's type with the last axis divided by 3.)
-_SAME_AS_INPUT0 = {("ai.unstep", op) for op in UNSTEP_OPS if op != "QkvNormRopeCache"} | {
+_SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS if op != "QkvNormRopeCache"} | {
     ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
     ("", "SimplifiedLayerNormalization")}
 
@@ -271,7 +273,7 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         by_layer = collections.Counter(m.group(1) for n in nodes if (m := re.search(r"/blocks\.(\d+)/", n.name)))
         if by_layer and any(by_layer.get(str(i), 0) != per_layer for i in range(layers)):
             problems.append(f"{op} per layer (by node scope): {dict(sorted(by_layer.items()))}, expected {per_layer}")
-    others = {n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(UNSTEP_OPS)
+    others = {n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(FUSED_DIT_OPS)
     if others:
         problems.append(f"unknown {UNSTEP_DOMAIN} ops: {sorted(others)}")
     if counts[("com.microsoft", "RotaryEmbedding")]:
@@ -343,9 +345,9 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     float_type = info["flow"][0]
     dim = info["kv_k.0"][1][-1] if "kv_k.0" in info else None
     for n in graph.node:
-        if n.domain != UNSTEP_DOMAIN or n.op_type not in UNSTEP_OPS:
+        if n.domain != UNSTEP_DOMAIN or n.op_type not in FUSED_DIT_OPS:
             continue
-        n_in, n_out = UNSTEP_OPS[n.op_type]
+        n_in, n_out = FUSED_DIT_OPS[n.op_type]
         if len(n.input) != n_in or len(n.output) != n_out:
             problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected {n_in} / {n_out}")
             continue
@@ -590,7 +592,7 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     counts, std_counts = count(graph), count(std.graph)
     print(f"{name} nodes: " + ", ".join(
         f"{d}::{t} {c}" for (d, t), c in sorted(counts.items()) if t not in ("Constant", "Identity")))
-    kinds = ("BiasRmsNorm", "PrefixBiasRmsNorm")
+    kinds = tuple(FUSED_VAE_OPS)
     norms = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type in kinds]
     others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(kinds))
     if others:
@@ -610,6 +612,7 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
         if counts[("ai.onnx", op)] != want:
             problems.append(f"{op}: {counts[('ai.onnx', op)]} nodes, expected {want} (the standard graph's "
                             f"{std_counts[('ai.onnx', op)]} less {fewer})")
+
     def cache_concats(g):  # Concats of a cache input (the graph's) with new frames
         inputs = {i.name for i in g.input}
         return sum(1 for n in g.node if n.op_type == "Concat" and any(i in inputs for i in n.input))
@@ -622,14 +625,14 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
                         f"{no_bias_convs(std.graph)} + {conv_fed} + {carried} carried")
 
     index = _GraphIndex(graph)
-    producer, consumers, constant = index.producer, index.consumers, index.constant
+    producer, consumers = index.producer, index.consumers
 
     info = _value_types(model)
     float_type = info["frames"][0]
     eps = float(np.float32(1e-12))
     fed = 0
     for n in norms:
-        n_inputs, n_outputs = (4, 2) if n.op_type == "PrefixBiasRmsNorm" else (3, 1)
+        n_inputs, n_outputs = FUSED_VAE_OPS[n.op_type]
         if len(n.input) != n_inputs or len(n.output) != n_outputs:
             problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected {n_inputs} / "
                             f"{n_outputs}")
