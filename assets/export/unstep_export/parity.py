@@ -542,7 +542,7 @@ def _unstep_reference_ops():
             MultiHeadAttention, FastGelu, SimplifiedLayerNormalization]
 
 
-def prefixed(role: str, pairs: int) -> int:
+def prefix_norm_count(role: str, pairs: int) -> int:
     """The `PrefixBiasRmsNorm` nodes of a fused VAE graph: every norm + SiLU pair feeds a causal
     convolution, which has a cache in `vae_step` and none in `vae_first`."""
     return pairs if role == "vae_step" else 0
@@ -898,7 +898,7 @@ def run_fused_check(args) -> int:
         for role in ("vae_first", "vae_step"):
             structure(f"{role}_fused.onnx structure (fp32)",
                       check_fused_vae_structure(out / f"{role}_fused.onnx", out / f"{role}.onnx", pairs, conv_fed,
-                                                carried, prefixed(role, pairs)))
+                                                carried, prefix_norm_count(role, pairs)))
         # (3) the fused graphs in onnx.reference (numpy BiasRmsNorm) vs the standard graphs in
         # onnxruntime, fp32, every output.
         report_vae_graphs("vae_*_fused.onnx (numpy ops)", out, zv.numpy(), report)
@@ -910,7 +910,7 @@ def run_fused_check(args) -> int:
             for role in ("vae_first", "vae_step"):
                 structure(f"{role}_fused.onnx structure (fp16)",
                           check_fused_vae_structure(out16 / f"{role}_fused.onnx", out16 / f"{role}.onnx",
-                                                    pairs, conv_fed, carried, prefixed(role, pairs)))
+                                                    pairs, conv_fed, carried, prefix_norm_count(role, pairs)))
         del half, fvae
     if getattr(args, "bundle", None):
         import tomllib
@@ -949,7 +949,7 @@ def run_fused_check(args) -> int:
         for role in roles:
             structure(f"{bundle}/{role}_fused.onnx structure",
                       check_fused_vae_structure(bundle / f"{role}_fused.onnx", bundle / f"{role}.onnx", pairs,
-                                                conv_fed, carried_bias_convs(vae), prefixed(role, pairs)))
+                                                conv_fed, carried_bias_convs(vae), prefix_norm_count(role, pairs)))
             listed = listed_graphs.get(f"{role}_fused") == f"{role}_fused.onnx"
             structure(f"{bundle}/bundle.toml lists {role}_fused", [] if listed else ["not in [graphs]"])
         if len(roles) == 1:
