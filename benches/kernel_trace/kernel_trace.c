@@ -348,6 +348,105 @@ static int cmp_key_total_desc(const void *a, const void *b) {
   return strcmp(x->name, y->name);
 }
 
+/* ---------- idle gaps ----------
+ * The device is idle between the merged busy intervals of all records. Each gap of at least
+ * GAP_MIN_NS is charged to the pair (record that ended last before it, record that starts it);
+ * shorter gaps, the back-to-back launch spacing, go to one row. Rows are reported with kind
+ * "gap", so a report minus a shorter run's report leaves the extra work's idle time too. */
+#define GAP_MIN_NS 10000u
+
+typedef struct {
+  uint64_t start, end;
+  uint32_t key;
+} Iv;
+
+typedef struct {
+  uint64_t pair; /* (prev key + 1) << 32 | (next key + 1); 0 = empty slot */
+  uint64_t count, total, min, max;
+} Gap;
+
+static int cmp_iv(const void *a, const void *b) {
+  const Iv *x = a, *y = b;
+  if (x->start != y->start) return x->start < y->start ? -1 : 1;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1;
+  return 0;
+}
+
+#define GAP_SHORT UINT64_MAX       /* the row of gaps under GAP_MIN_NS */
+#define GAP_OTHER (UINT64_MAX - 1) /* pairs past half the table (never expected) */
+
+static size_t gap_slot(const Gap *tab, size_t nslots, uint64_t pair) {
+  size_t j = (size_t)((pair * 11400714819323198485ull) >> 20) & (nslots - 1);
+  while (tab[j].pair && tab[j].pair != pair) j = (j + 1) & (nslots - 1);
+  return j;
+}
+
+static void gap_add(Gap *tab, size_t nslots, size_t *used, uint64_t pair, uint64_t d) {
+  size_t j = gap_slot(tab, nslots, pair);
+  if (!tab[j].pair && 2 * (*used + 1) > nslots) j = gap_slot(tab, nslots, pair = GAP_OTHER);
+  Gap *g = &tab[j];
+  if (!g->pair) {
+    g->pair = pair;
+    g->min = UINT64_MAX;
+    (*used)++;
+  }
+  g->count++;
+  g->total += d;
+  if (d < g->min) g->min = d;
+  if (d > g->max) g->max = d;
+}
+
+/* Gaps between the merged intervals of iv[0..n) (sorted here), charged as described above;
+ * the table has nslots (a power of two, more than the distinct pairs). */
+static void gaps_collect(Iv *iv, size_t n, Gap *tab, size_t nslots) {
+  if (n == 0) return;
+  qsort(iv, n, sizeof *iv, cmp_iv);
+  uint64_t ce = iv[0].end;
+  uint32_t ckey = iv[0].key;
+  size_t used = 0;
+  for (size_t i = 1; i < n; i++) {
+    if (iv[i].start > ce) {
+      uint64_t d = iv[i].start - ce;
+      uint64_t pair = d >= GAP_MIN_NS ? ((uint64_t)(ckey + 1) << 32) | (uint64_t)(iv[i].key + 1)
+                                      : GAP_SHORT;
+      gap_add(tab, nslots, &used, pair, d);
+    }
+    if (iv[i].end > ce) {
+      ce = iv[i].end;
+      ckey = iv[i].key;
+    }
+  }
+}
+
+static void short_name(char *dst, size_t cap, const char *src) {
+  size_t n = strlen(src);
+  if (n < cap) {
+    memcpy(dst, src, n + 1);
+  } else {
+    memcpy(dst, src, cap - 4);
+    memcpy(dst + cap - 4, "...", 4);
+  }
+}
+
+static void gaps_write(FILE *f, const Gap *tab, size_t nslots) {
+  char a[72], b[72];
+  for (size_t j = 0; j < nslots; j++) {
+    const Gap *g = &tab[j];
+    if (!g->pair) continue;
+    if (g->pair == GAP_SHORT) {
+      fprintf(f, "gap\t(under %u us, any)", GAP_MIN_NS / 1000u);
+    } else if (g->pair == GAP_OTHER) {
+      fprintf(f, "gap\t(other pairs)");
+    } else {
+      short_name(a, sizeof a, g_keys[(g->pair >> 32) - 1].name);
+      short_name(b, sizeof b, g_keys[(g->pair & 0xffffffffu) - 1].name);
+      fprintf(f, "gap\t%s -> %s", a, b);
+    }
+    fprintf(f, "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t%" PRIu64 "\t0\n", g->count,
+            g->total, g->total / g->count, g->min, g->max);
+  }
+}
+
 static char *out_path(void) {
   const char *p = getenv("KERNEL_TRACE_OUT");
   if (!p || !*p) p = "kernel_trace.tsv";
@@ -392,6 +491,8 @@ static void write_report(void) {
   size_t nkiv = 0, naiv = 0;
   uint64_t *kiv = malloc((g_nrecs ? g_nrecs : 1) * 2 * sizeof(uint64_t)); /* kernel intervals */
   uint64_t *aiv = malloc((g_nrecs ? g_nrecs : 1) * 2 * sizeof(uint64_t)); /* all intervals */
+  Iv *giv = malloc((g_nrecs ? g_nrecs : 1) * sizeof *giv); /* all intervals, for the gaps */
+  size_t ngiv = 0;
   for (size_t i = 0; i < g_nrecs; i++) {
     const Rec *r = &g_recs[i];
     if (r->start < thresh) {
@@ -417,6 +518,7 @@ static void write_report(void) {
         nkiv++;
       }
     }
+    if (giv) giv[ngiv++] = (Iv){r->start, r->end, r->key};
     if (aiv) {
       aiv[2 * naiv] = r->start;
       aiv[2 * naiv + 1] = r->end;
@@ -428,6 +530,11 @@ static void write_report(void) {
   uint64_t abusy = aiv ? union_ns(aiv, naiv) : 0;
   free(kiv);
   free(aiv);
+  size_t ngslots = 4096;
+  while (ngslots < 16 * g_nkeys) ngslots *= 2;
+  Gap *gaps = calloc(ngslots, sizeof *gaps);
+  if (giv && gaps) gaps_collect(giv, ngiv, gaps, ngslots);
+  free(giv);
 
   Key **order = malloc((g_nkeys ? g_nkeys : 1) * sizeof *order);
   size_t nrows = 0;
@@ -472,6 +579,7 @@ static void write_report(void) {
               KIND_NAMES[k->kind], k->name, k->count, k->total, k->total / k->count, k->min, k->max,
               k->bytes);
     }
+    if (gaps) gaps_write(f, gaps, ngslots);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
       msg("error writing %s", tmp);
@@ -486,6 +594,7 @@ static void write_report(void) {
   free(tmp);
   free(path);
   free(order);
+  free(gaps);
   pthread_mutex_unlock(&g_mu);
 }
 

@@ -10,7 +10,9 @@ left is exactly the extra work, with loading, warmup and algorithm searches canc
 
 Per report: span, kernel busy (union of kernel intervals), busy/span (GPU utilisation), the
 top N rows by total time with their percent of kernel_sum, and the kernel time grouped into
-categories by regex on the kernel name. With several reports, a merged section follows (rows
+categories by regex on the kernel name, then the device's idle gaps by the pair of records
+around them (rows of kind "gap": every gap of 10 us or more charged to the record that ended
+before it and the one that starts it, shorter ones in one row). With several reports, a merged section follows (rows
 with the same kind and name are added; span and busy are added too, i.e. the processes are
 taken as if they had run one after the other).
 """
@@ -132,9 +134,12 @@ def show(rep, top, width):
     if rep.m("n_records_dropped"):
         print(f"   WARNING: {rep.m('n_records_dropped'):,} records dropped by CUPTI")
 
+    work = {k: v for k, v in rep.rows.items() if k[0] != "gap"}
+    gaps = {k: v for k, v in rep.rows.items() if k[0] == "gap"}
+
     # categories
     cats = {}
-    for (kind, name), (c, t, _mn, _mx, b) in rep.rows.items():
+    for (kind, name), (c, t, _mn, _mx, b) in work.items():
         cat = category(kind, name)
         e = cats.setdefault(cat, [0, 0, 0])
         e[0] += c
@@ -146,13 +151,28 @@ def show(rep, top, width):
         print(f"   {cat:<12} {ms(t):>16} {pct(t, ksum)} {c:>10,}{bs}")
 
     # top rows
-    rows = sorted(rep.rows.items(), key=lambda kv: -kv[1][1])[:top]
+    rows = sorted(work.items(), key=lambda kv: -kv[1][1])[:top]
     print(f"\n   {'#':>3} {'kind':<12} {'total':>14} {'%ksum':>6} {'count':>9} {'avg us':>10} "
           f"{'max us':>10}  {'category':<11} name")
     for i, ((kind, name), (c, t, _mn, mx, _b)) in enumerate(rows, 1):
         nm = name if len(name) <= width else name[: width - 3] + "..."
         print(f"   {i:>3} {kind:<12} {ms(t):>14} {pct(t, ksum)} {c:>9,} {t / c / 1e3 if c else 0:>10.1f} "
               f"{mx / 1e3:>10.1f}  {category(kind, name):<11} {nm}")
+    print()
+    if gaps:
+        show_gaps(gaps, span - gbusy, top, width)
+
+
+def show_gaps(gaps, idle, top, width):
+    """Idle time of the device by the pair of records around it (reports with gap rows)."""
+    total = sum(t for c, t, *_ in gaps.values())
+    print(f"   idle gaps: {ms(total)} in {sum(c for c, *_ in gaps.values()):,} gaps "
+          f"(span - gpu busy: {ms(idle)}); by the record before -> the record after")
+    print(f"   {'total':>14} {'%idle':>6} {'count':>9} {'avg us':>10} {'max us':>10}  before -> after")
+    for (_kind, name), (c, t, _mn, mx, _b) in sorted(gaps.items(), key=lambda kv: -kv[1][1])[:top]:
+        nm = name if len(name) <= width else name[: width - 3] + "..."
+        print(f"   {ms(t):>14} {pct(t, total)} {c:>9,} {t / c / 1e3 if c else 0:>10.1f} "
+              f"{mx / 1e3:>10.1f}  {nm}")
     print()
 
 
