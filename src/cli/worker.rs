@@ -105,8 +105,9 @@ pub struct WorkerArgs {
     /// always use them).
     #[arg(long)]
     pub prefer_nhwc: bool,
-    /// CUDA: capture and replay CUDA graphs.
-    #[arg(long)]
+    /// CUDA graph capture: not available (refused before any work); kept so that a command
+    /// line with it fails with a reason instead of an unknown flag.
+    #[arg(long, hide = true)]
     pub cuda_graphs: bool,
     /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).
     #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_attention)]

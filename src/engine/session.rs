@@ -368,6 +368,11 @@ pub enum SessionError {
         provider: &'static str,
         reason: String,
     },
+    #[error("{setting} is not available: {reason}")]
+    NotAvailable {
+        setting: &'static str,
+        reason: String,
+    },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
 }
@@ -487,6 +492,7 @@ impl GraphSessions {
         options: &RuntimeOptions,
         text_encoder: bool,
     ) -> Result<Self, SessionError> {
+        refuse_cuda_graphs(options)?;
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
         let options = &resolve_attention(bundle, options)?;
         let dit_kernels = options
@@ -565,6 +571,7 @@ impl GraphSessions {
         bundle: &Bundle,
         options: &RuntimeOptions,
     ) -> Result<Session, SessionError> {
+        refuse_cuda_graphs(options)?;
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
         text_encoder_session(runtime, bundle, &resolve_attention(bundle, options)?)
     }
@@ -776,6 +783,23 @@ fn build_graph_session(
     builder
         .commit_from_file(bundle.graph_path(graph))
         .map_err(load)
+}
+
+/// ONNX Runtime's CUDA graph capture replays a graph with the addresses of its capture; the
+/// generation loop binds each block's KV cache and timestep at new ones (asked for anyway, ort
+/// was seen to panic), so the setting is refused before any session is built.
+fn refuse_cuda_graphs(options: &RuntimeOptions) -> Result<(), SessionError> {
+    match &options.provider {
+        Provider::Cuda(CudaOptions {
+            cuda_graphs: true, ..
+        }) => Err(SessionError::NotAvailable {
+            setting: "CUDA graph capture (--cuda-graphs)",
+            reason: "the generation loop binds each block's KV cache and timestep at new \
+                     addresses, which a captured graph would replay stale; leave the flag out"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// `options` with the CUDA provider computing on `stream` (unchanged without one).

@@ -604,6 +604,20 @@ fn validate(
             ));
         }
     }
+    if m.runtime.cuda_graphs {
+        errors.push(at_key(
+            Diagnostic::new(
+                "runtime.cuda_graphs is not available: the generation loop binds each block's KV \
+                 cache and timestep at new addresses, which a captured CUDA graph would replay stale",
+            )
+            .hint(
+                "remove `cuda_graphs` (on CUDA the loop already queues a block's runs without \
+                 waiting for the device between them)",
+            ),
+            "runtime.cuda_graphs",
+            lookup,
+        ));
+    }
     if m.kind == Kind::Probe && m.shards.count.0 != 1 {
         errors.push(at_key(
             Diagnostic::new("a probe runs one logical shard")

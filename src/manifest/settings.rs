@@ -147,7 +147,8 @@ pub struct Runtime {
     pub ort_library: Option<String>,
     /// cuDNN convolution algorithm search on CUDA.
     pub cudnn_conv_algo_search: ConvAlgoSearch,
-    /// Capture each block shape in a CUDA graph (CUDA provider).
+    /// CUDA graph capture: not available (only `false` is accepted); the generation loop binds
+    /// each block's KV cache at new addresses, which a captured graph would replay stale.
     pub cuda_graphs: bool,
     /// How the CUDA memory arena grows: `same_as_requested` (measured on an H200: 36.5 GiB in
     /// use for wan-1.3b at the same speed) or `next_power_of_two` (40.6 GiB).

@@ -729,6 +729,34 @@ fn bad_prompt_indices_are_usage_errors() {
     );
 }
 
+/// CUDA graph capture would replay stale KV cache addresses: refused before any session, so the
+/// reason comes out even where the CUDA provider itself is missing, and nothing is written.
+#[test]
+fn cuda_graph_capture_is_refused_with_its_reason_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let timings = dir.path().join("t.jsonl");
+    let output = worker(
+        dir.path(),
+        &[
+            "--provider",
+            "cuda",
+            "--cuda-graphs",
+            "--indices",
+            "0",
+            "--timings",
+            timings.to_str().unwrap(),
+        ],
+    );
+    assert!(!output.status.success());
+    let err = stderr(&output);
+    assert!(
+        err.contains("CUDA graph capture (--cuda-graphs) is not available")
+            && err.contains("leave the flag out"),
+        "{err}"
+    );
+    assert!(!timings.exists(), "nothing written");
+}
+
 #[test]
 fn an_unknown_cuda_arena_growth_is_a_usage_error_naming_the_choices() {
     let dir = tempfile::tempdir().unwrap();

@@ -420,6 +420,15 @@ fn errors_are_located_and_hinted() {
         &[],
         &["m.toml"],
     );
+    error_case(
+        "cuda_graphs",
+        Test::new().file(
+            "m.toml",
+            "kind = \"probe\"\n[runtime]\ncuda_graphs = true\n",
+        ),
+        &[],
+        &["m.toml"],
+    );
     error_case("missing_manifest", Test::new(), &[], &["nope.toml"]);
 }
 
