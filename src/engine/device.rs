@@ -13,18 +13,13 @@
 //! - All noise of a prompt is drawn on the host before the timed region and uploaded in one copy,
 //!   as the exporter's reference does.
 //!
-//! On CUDA every session of the loop computes on one of two streams the loop owns
-//! ([`super::cuda_stream`]): the DiT's thread's (DiT passes, scheduler arithmetic, uploads) and the
-//! decoder's. Runs there return once queued; the loop waits for the DiT's stream before it hands a
-//! block's latents to the decoder, and for the decoder's at the end of the decode and of the
-//! layout, so host clocks read at those points are device-synchronised phase boundaries. Elsewhere
-//! (CPU, TensorRT) ONNX Runtime waits for the device at the end of every `run`.
+//! ONNX Runtime synchronises the device at the end of every `run`, so host clocks read after a run
+//! are device-synchronised phase boundaries.
 //!
 //! The same code runs on the CPU provider (host memory "bound" in place), which is how the CPU tests
 //! check it against the golden files.
 
 use std::ffi::c_void;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ort::AsPointer;
@@ -35,7 +30,6 @@ use ort::value::{
 };
 
 use super::bundle::Bundle;
-use super::cuda_stream::{DeviceStreams, Stream};
 use super::generate::{
     Dims, GenerateError, GenerateOptions, HostContext, PhaseTimes, TimedRegionEnd,
 };
@@ -43,7 +37,7 @@ use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
 use super::session::{
     GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, build_small_session, float_type,
-    indexed_names, on_stream, vae_cache_count,
+    indexed_names, vae_cache_count,
 };
 
 type View = DynTensorRefMut<'static>;
@@ -301,11 +295,6 @@ pub(crate) struct DeviceLoop {
     names: KvNames,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     memory: Option<super::cuda_memory::MemoryProbe>,
-    /// `Some` on the loop's own CUDA streams: run options that return once the run is queued.
-    queued: Option<RunOptions>,
-    /// The streams the loop's sessions compute on (CUDA). Declared last: dropped after the
-    /// sessions.
-    streams: Option<Arc<DeviceStreams>>,
 }
 
 /// What the VAE decoder needs: its own small-graph sessions and buffers read through views.
@@ -334,44 +323,6 @@ struct VaeBufs {
     d: Dims,
     /// The CUDA device, or `None` on the CPU (a decoder thread makes its own `MemoryInfo`).
     device: Option<i32>,
-    /// The streams of the loop (CUDA): the decoder's runs are queued on `vae` and waited for at
-    /// the end of a prompt's decode. Declared last: dropped after the decoder's sessions.
-    streams: Option<Arc<DeviceStreams>>,
-}
-
-/// Runs `session` on its binding: returning once queued with `queued` (the loop's own CUDA
-/// streams, see [`super::cuda_stream`]), after the device finished otherwise.
-fn run_queued(
-    session: &mut Session,
-    binding: &IoBinding,
-    queued: Option<&RunOptions>,
-) -> ort::Result<()> {
-    match queued {
-        Some(options) => session.run_binding_with_options(binding, options),
-        None => session.run_binding(binding),
-    }
-    .map(drop)
-}
-
-/// Run options that leave the device running at the end of a run.
-fn queued_run_options() -> Result<RunOptions, GenerateError> {
-    let mut options = RunOptions::new().map_err(run_err("device setup"))?;
-    options
-        .disable_device_sync()
-        .map_err(run_err("device setup"))?;
-    Ok(options)
-}
-
-/// Waits for one of the loop's streams; the time counts as session time (the device finishing
-/// what the runs queued).
-fn wait_for(stream: &Stream, session_run: &mut Duration) -> Result<(), GenerateError> {
-    let start = Instant::now();
-    stream.synchronize().map_err(|message| GenerateError::Run {
-        graph: "device loop",
-        message,
-    })?;
-    *session_run += start.elapsed();
-    Ok(())
 }
 
 /// Where the loop's buffers live: the CUDA device, or host memory for the CPU provider.
@@ -458,13 +409,7 @@ impl DeviceLoop {
             (mem, Allocator::default())
         };
 
-        let streams = sessions.streams.clone();
-        // The DiT's side of the loop (scheduler arithmetic, uploads, downloads) computes on the
-        // DiT's stream, the decoder's small graphs on the decoder's.
-        let dit_side = on_stream(runtime, streams.as_ref().map(|s| &s.dit));
-        let vae_side = on_stream(runtime, streams.as_ref().map(|s| &s.vae));
-        let small = |name: &str, bytes: Vec<u8>| build_small_session(name, &bytes, &dit_side);
-        let vae_small = |name: &str, bytes: Vec<u8>| build_small_session(name, &bytes, &vae_side);
+        let small = |name: &str, bytes: Vec<u8>| build_small_session(name, &bytes, runtime);
         let graphs = SmallGraphs {
             axpby_f32: small(
                 "axpby_f32",
@@ -561,8 +506,8 @@ impl DeviceLoop {
             timesteps: buf(f32_, 16 * d.frames_per_block)?,
             offsets: buf(TensorElementType::Int64, d.blocks())?,
             vae: Some(VaeParts {
-                latent_frame: vae_small("latent_frame", onnx_graph::latent_frame(model))?,
-                layout: vae_small("layout", onnx_graph::layout(model))?,
+                latent_frame: small("latent_frame", onnx_graph::latent_frame(model))?,
+                layout: small("layout", onnx_graph::layout(model))?,
                 bufs: VaeBufs {
                     latents: buf(f32_, d.blocks() * block)?,
                     indices: buf(TensorElementType::Int64, d.frames_per_block)?,
@@ -577,7 +522,6 @@ impl DeviceLoop {
                     frames_u8: buf(TensorElementType::Uint8, frame_elems)?,
                     d,
                     device: device_id,
-                    streams: streams.clone(),
                 },
             }),
             overlap_vae: runtime.overlap_vae,
@@ -591,8 +535,6 @@ impl DeviceLoop {
             mem,
             alloc,
             d,
-            queued: streams.as_ref().map(|_| queued_run_options()).transpose()?,
-            streams,
         };
         // Constants of the bundle: offsets, frame indices, latent statistics.
         let offsets: Vec<i64> = (0..d.blocks())
@@ -671,7 +613,7 @@ impl DeviceLoop {
             &mut self.graphs.axpby_f32
         };
         let start = Instant::now();
-        run_queued(session, &binding.binding, self.queued.as_ref()).map_err(e)?;
+        session.run_binding(&binding.binding).map_err(e)?;
         times.session_run += start.elapsed();
         Ok(())
     }
@@ -993,11 +935,8 @@ impl DeviceLoop {
                     times,
                 )?,
             }
-            // Hand the block to the decoder once its latents are final on the device (runs queued
-            // on the loop's stream have not waited for it).
-            if let Some(streams) = &self.streams {
-                wait_for(&streams.dit, &mut times.session_run)?;
-            }
+            // The block's latents are final on the device (the run has synchronised): hand it
+            // to the decoder.
             on_block(b);
         }
         Ok(())
@@ -1093,7 +1032,7 @@ impl DeviceLoop {
             )
             .map_err(e)?;
         let start = Instant::now();
-        run_queued(dit, &binding.binding, self.queued.as_ref()).map_err(e)?;
+        dit.run_binding(&binding.binding).map_err(e)?;
         times.session_run += start.elapsed();
         Ok(())
     }
@@ -1117,11 +1056,6 @@ fn decode_blocks(
     let block = d.block_elems();
     let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
     let mut run = std::time::Duration::ZERO;
-    let queued = v
-        .streams
-        .as_ref()
-        .map(|_| queued_run_options())
-        .transpose()?;
     for b in blocks {
         for f in 0..d.frames_per_block {
             let t = b * d.frames_per_block + f;
@@ -1147,7 +1081,7 @@ fn decode_blocks(
                 binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
                 binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
                 let start = Instant::now();
-                run_queued(latent_frame, &binding.binding, queued.as_ref()).map_err(e)?;
+                latent_frame.run_binding(&binding.binding).map_err(e)?;
                 run += start.elapsed();
             }
             let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
@@ -1182,13 +1116,10 @@ fn decode_blocks(
             if t == 0 {
                 run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
             } else {
-                run_queued(session, &binding.binding, queued.as_ref()).map_err(e)?;
+                session.run_binding(&binding.binding).map_err(e)?;
             }
             run += start.elapsed();
         }
-    }
-    if let Some(streams) = &v.streams {
-        wait_for(&streams.vae, &mut run)?;
     }
     Ok(run)
 }
@@ -1202,11 +1133,6 @@ fn layout_frames(
 ) -> Result<(), GenerateError> {
     let d = v.d;
     let e = run_err("layout");
-    let queued = v
-        .streams
-        .as_ref()
-        .map(|_| queued_run_options())
-        .transpose()?;
     let mut next_frame = 0usize;
     for t in 0..d.latent_frames {
         let n = if t == 0 { 1 } else { d.frames_per_step };
@@ -1221,12 +1147,9 @@ fn layout_frames(
             .output("rgb", v.frames_u8.view(mem, offset, &shape_out).map_err(e)?)
             .map_err(e)?;
         let start = Instant::now();
-        run_queued(layout, &binding.binding, queued.as_ref()).map_err(e)?;
+        layout.run_binding(&binding.binding).map_err(e)?;
         times.session_run += start.elapsed();
         next_frame += n;
-    }
-    if let Some(streams) = &v.streams {
-        wait_for(&streams.vae, &mut times.session_run)?;
     }
     Ok(())
 }

@@ -29,7 +29,6 @@
 
 pub mod bundle;
 mod cuda_memory;
-mod cuda_stream;
 mod device;
 pub mod generate;
 pub(crate) mod kernels;

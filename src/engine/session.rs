@@ -4,7 +4,6 @@
 //! CPU would turn a GPU speed probe into a meaningless number.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use ort::ep::{self, ArenaExtendStrategy, ExecutionProvider};
 use ort::session::Session;
@@ -12,7 +11,6 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{Outlet, TensorElementType};
 
 use super::bundle::{Bundle, BundleError, Precision};
-use super::cuda_stream::{DeviceStreams, Stream};
 use super::ort_lib::{self, OrtLoadError, OrtRuntime};
 
 /// cuDNN convolution algorithm search (`cudnn_conv_algo_search`).
@@ -138,10 +136,6 @@ pub struct CudaOptions {
     /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
     /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
     pub conv_max_workspace: bool,
-    /// The stream the provider computes on (`user_compute_stream`), as a raw `CUstream`: set by
-    /// [`GraphSessions::build`] for the device loop's sessions, not a user setting. `None`: the
-    /// provider makes its own.
-    pub compute_stream: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -155,7 +149,6 @@ impl Default for CudaOptions {
             cuda_graphs: false,
             prefer_nhwc: false,
             conv_max_workspace: true,
-            compute_stream: None,
         }
     }
 }
@@ -390,9 +383,6 @@ pub struct GraphSessions {
     pub vae_kernels: FusedKernels,
     /// How the DiT graph takes its KV cache.
     pub kv_interface: KvInterface,
-    /// On CUDA, the streams the DiT's and the decoder's sessions compute on (the device loop
-    /// builds its own small sessions on them too). Declared last: dropped after the sessions.
-    pub(crate) streams: Option<Arc<DeviceStreams>>,
 }
 
 /// How a DiT graph takes the KV cache, read from its inputs.
@@ -502,20 +492,6 @@ impl GraphSessions {
             .vae_kernels
             .resolve(FusedPart::Vae, &options.provider, bundle)?;
         let names = GraphNames::of(bundle, dit_kernels, vae_kernels);
-        let streams = match &options.provider {
-            Provider::Cuda(cuda) => {
-                Some(DeviceStreams::new(cuda.device_id).map_err(|message| {
-                    SessionError::Provider {
-                        provider: "cuda",
-                        graph: names.dit.to_string(),
-                        message,
-                    }
-                })?)
-            }
-            Provider::Cpu | Provider::TensorRt(_) => None,
-        };
-        let dit_options = &on_stream(options, streams.as_ref().map(|s| &s.dit));
-        let vae_options = &on_stream(options, streams.as_ref().map(|s| &s.vae));
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {
             if kernels != FusedKernels::Unstep {
@@ -527,7 +503,7 @@ impl GraphSessions {
                 .map_err(|e| part.unavailable(&options.provider, e.to_string()))
         };
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
-        let dit = build_graph_session(runtime, bundle, names.dit, dit_options, false, dit_ops)?;
+        let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
         let kv_interface = KvInterface::of(&dit);
         let sessions = Self {
             text_encoder: if text_encoder {
@@ -546,7 +522,7 @@ impl GraphSessions {
                 runtime,
                 bundle,
                 names.vae_first,
-                vae_options,
+                options,
                 true,
                 operators(vae_kernels, FusedPart::Vae)?,
             )?,
@@ -554,13 +530,12 @@ impl GraphSessions {
                 runtime,
                 bundle,
                 names.vae_step,
-                vae_options,
+                options,
                 true,
                 operators(vae_kernels, FusedPart::Vae)?,
             )?,
             vae_kernels,
             kv_interface,
-            streams,
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
@@ -802,15 +777,6 @@ fn refuse_cuda_graphs(options: &RuntimeOptions) -> Result<(), SessionError> {
     }
 }
 
-/// `options` with the CUDA provider computing on `stream` (unchanged without one).
-pub(crate) fn on_stream(options: &RuntimeOptions, stream: Option<&Stream>) -> RuntimeOptions {
-    let mut options = options.clone();
-    if let (Provider::Cuda(cuda), Some(stream)) = (&mut options.provider, stream) {
-        cuda.compute_stream = Some(stream.handle());
-    }
-    options
-}
-
 /// The decoder's sessions prefer NHWC convolutions on CUDA: cuDNN's fp16 convolutions run
 /// channels-last, and the exported norms are channels-last permutations that ONNX Runtime's
 /// transpose optimizer cancels against the ones it wraps around each NHWC convolution, where
@@ -988,11 +954,6 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
     }
     if let Some(limit) = options.memory_limit {
         cuda = cuda.with_memory_limit(limit);
-    }
-    if let Some(stream) = options.compute_stream {
-        // SAFETY: the stream is a `cuda_stream::Stream` the sessions' owner keeps alive past the
-        // sessions (`GraphSessions::streams`, dropped after them).
-        cuda = unsafe { cuda.with_compute_stream(stream as *mut ()) };
     }
     cuda
 }

@@ -611,8 +611,7 @@ fn validate(
                  cache and timestep at new addresses, which a captured CUDA graph would replay stale",
             )
             .hint(
-                "remove `cuda_graphs` (on CUDA the loop already queues a block's runs without \
-                 waiting for the device between them)",
+                "remove `cuda_graphs` (or set it to false)",
             ),
             "runtime.cuda_graphs",
             lookup,

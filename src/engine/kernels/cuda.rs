@@ -27,8 +27,6 @@ use std::ffi::{CStr, CString, c_void};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{result as driver, sys};
-
-use crate::engine::cuda_stream::CurrentContext;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use ort::memory::AllocationDevice;
 use ort::operator::ComputeContext;
@@ -382,6 +380,33 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
         context: Handle(context),
         functions,
     })
+}
+
+/// Makes a context current on this thread for the guard's life (the primary context of the
+/// device, where ONNX Runtime already made it current, the usual case, costs one query).
+struct CurrentContext {
+    pushed: bool,
+}
+
+impl CurrentContext {
+    fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
+        if driver::ctx::get_current()? == Some(context) {
+            return Ok(Self { pushed: false });
+        }
+        // SAFETY: `context` is a retained primary context, alive for the rest of the process.
+        unsafe { sys::cuCtxPushCurrent_v2(context) }.result()?;
+        Ok(Self { pushed: true })
+    }
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops the context `enter` pushed on this thread.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
 }
 
 /// A node's CUDA kernel.
