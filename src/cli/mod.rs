@@ -28,6 +28,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// The doc comments are the commands' help text, where `<name>` is a placeholder, not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a manifest (warmups, then measurement or shards) into results/<name>/; applying again resumes.

@@ -33,6 +33,8 @@ pub enum EmitArg {
 }
 
 /// Generate prompts with one set of ONNX Runtime sessions (started by `runner apply`).
+// The doc comments are the flags' help text, where `<index>` is a placeholder, not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Args)]
 #[command(
     after_help = "Prompt indices are global: prompt i gets the same noise whatever other prompts are generated with it.\nFiles written with --save-latents / --save-frames are raw little-endian arrays:\n  latents_<index>.f32   [1, channels, latent_frames, h, w] float32\n  frames_<index>.u8     [frames, height, width, 3] uint8 RGB"
