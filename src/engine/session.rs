@@ -129,6 +129,8 @@ pub struct CudaOptions {
     pub arena_extend: ArenaExtend,
     /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
     pub memory_limit: Option<usize>,
+    /// ONNX Runtime's CUDA graph capture, asked for: refused before any session is built
+    /// (`refuse_cuda_graphs`), never passed to the provider.
     pub cuda_graphs: bool,
     /// NHWC convolutions (`prefer_nhwc`) in every session; the decoder's sessions use them
     /// whatever this says.
@@ -938,7 +940,6 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_device_id(options.device_id)
         .with_conv_algorithm_search(search)
         .with_arena_extend_strategy(arena)
-        .with_cuda_graph(options.cuda_graphs)
         .with_prefer_nhwc(options.prefer_nhwc)
         .with_conv_max_workspace(options.conv_max_workspace);
     use ep::cuda::AttentionBackend as B;
