@@ -31,7 +31,13 @@ graphs"):
                                                   residual + gated (biased) branch, and the next
                                                   modulated LayerNorm of the new residual;
 - `BiasGelu(X, bias) -> Y`                        FFN: first linear bias + GELU (tanh form), in
-                                                  place of `com.microsoft.FastGelu(X, bias)`.
+                                                  place of `com.microsoft.FastGelu(X, bias)`
+                                                  (exporter 0.7.0 and 0.8.0; from 0.9.0 only after
+                                                  `--svd-rank` factors);
+- `MatMulBiasGelu(X, W, bias) -> Y`               FFN: its whole first linear layer (W the
+                                                  layer's [out, in] weight) + GELU (exporter
+                                                  0.9.0): one cuBLASLt matmul with a bias-GELU
+                                                  epilogue in the runner.
 
 That structure (model.py, `Block.forward_fused`) is only taken inside `with fused_dit():`;
 eager PyTorch and `dit.onnx` never see it.
@@ -322,6 +328,14 @@ def bias_gelu_reference(x, bias):
     return y.reshape(x.shape).to(x.dtype)
 
 
+def matmul_bias_gelu_reference(x, weight, bias):
+    """ai.unstep::MatMulBiasGelu: v = x W^T + bias (W [N, K], the linear layer's weight; bias
+    [N]), then BiasGelu's GELU, all in float32 and rounded to x's type once."""
+    v = F.linear(x.float(), weight.float(), bias.float())
+    y = 0.5 * v * (1.0 + torch.tanh(_GELU_C * (v + 0.044715 * v * v * v)))
+    return y.to(x.dtype)
+
+
 def gated_residual_layer_norm_reference(r, x, bias, gate, scale, shift, eps: float):
     """ai.unstep::GatedResidualLayerNorm: S = round_T(R + (X + bias) * gate);
     Y = LayerNorm(S, no affine) * scale + shift, normalising the stored (rounded) S."""
@@ -410,6 +424,20 @@ class _BiasGelu(torch.autograd.Function):
         return out
 
 
+class _MatMulBiasGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # noqa: D401 - torch.autograd API
+        return matmul_bias_gelu_reference(x, weight, bias)
+
+    @staticmethod
+    def symbolic(g, x, weight, bias):
+        out = g.op(f"{UNSTEP_DOMAIN}::MatMulBiasGelu", x, weight, bias)
+        sizes = x.type().sizes()
+        sizes[-1] = weight.type().sizes()[0]
+        out.setType(x.type().with_sizes(sizes))
+        return out
+
+
 class _GatedResidualLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, r, x, bias, gate, scale, shift, eps: float):  # noqa: D401 - torch.autograd API
@@ -486,6 +514,14 @@ def bias_gelu(x, bias):
     return bias_gelu_reference(x, bias)
 
 
+def matmul_bias_gelu(x, weight, bias):
+    """GELU(tanh)(x W^T + bias): one `MatMulBiasGelu` when exporting (dit_fused.onnx), the
+    reference arithmetic otherwise."""
+    if exporting():
+        return _MatMulBiasGelu.apply(x, weight, bias)
+    return matmul_bias_gelu_reference(x, weight, bias)
+
+
 def gated_residual_layer_norm(r, x, bias, gate, scale, shift, eps: float):
     """(S, Y) = (R + (X + bias) * gate, LayerNorm(S) * scale + shift); gate/scale/shift are row
     parameters ([D], or [1, F, 1, D] per frame of the [1, F*tokens, D] activations)."""
@@ -540,10 +576,14 @@ def qkv_parts(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module):
 
 def ffn_hidden(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """The FFN up to its second linear layer: GELU(tanh)(x W1^T + b1).  Exported, the bias goes
-    inside FastGelu (as `ffn`); in the structure of dit_fused (`fused_dit()`) the product is a bare
-    MatMul and the bias and GELU one `BiasGelu` (eager: its reference arithmetic)."""
+    inside FastGelu (as `ffn`); in the structure of dit_fused (`fused_dit()`) the layer and its GELU
+    are one `MatMulBiasGelu`, or, for `--svd-rank` factors, a bare MatMul and the bias and GELU one
+    `BiasGelu` (eager: their reference arithmetic)."""
     first, act, _ = seq
     if fused_dit_active():
+        if isinstance(first, nn.Linear):
+            bias = first.bias if first.bias is not None else torch.zeros_like(first.weight[:, 0])
+            return matmul_bias_gelu(x, first.weight, bias)
         product, bias = linear_parts(first)
         return bias_gelu(product(x), bias)
     if exporting() and isinstance(first, nn.Linear) and first.bias is not None:

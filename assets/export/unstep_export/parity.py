@@ -120,11 +120,13 @@ def run_parity(args) -> int:
 
 # The ai.unstep operators each fused graph may use: (inputs, outputs).
 FUSED_DIT_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
-                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1)}
+                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1), "MatMulBiasGelu": (3, 1)}
 FUSED_VAE_OPS = {"BiasRmsNorm": (3, 1), "PrefixBiasRmsNorm": (4, 2)}
 # Nodes per layer in dit_fused.onnx (exporter 0.7.0): BiasRmsNormRope is no longer used there.
-FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3,
-                       "BiasGelu": 1}
+FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3}
+# The FFN's first layer and GELU, one per layer: MatMulBiasGelu (exporter 0.9.0), or a MatMul and a
+# BiasGelu where the layer is --svd-rank factors (and in the graphs of 0.7.0 and 0.8.0).
+FUSED_DIT_GELU_OPS = ("MatMulBiasGelu", "BiasGelu")
 
 
 def _io_signature(values):
@@ -226,18 +228,19 @@ class _GraphIndex:
 
 def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list:
     """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer one
-    QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm, one BiasGelu and no
-    BiasRmsNormRope; no RotaryEmbedding and no SimplifiedLayerNormalization or FastGelu on anything
-    computed from `x` (the context-side key norms and the text embedding's GELU may stay), so
-    dit.onnx's FastGelu less one per layer; each BiasGelu takes a MatMul's output and its bias has
-    that output's width; exactly one LayerNormalization; every ai.unstep node's inputs and outputs
+    QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm, one MatMulBiasGelu or BiasGelu
+    and no BiasRmsNormRope; no RotaryEmbedding and no SimplifiedLayerNormalization or FastGelu on
+    anything computed from `x` (the context-side key norms and the text embedding's GELU may stay),
+    so dit.onnx's FastGelu less one per layer; each BiasGelu takes a MatMul's output and its bias has
+    that output's width; each MatMulBiasGelu takes a constant [N, D] weight and an [N] bias;
+    exactly one LayerNormalization; every ai.unstep node's inputs and outputs
     of one float type; dit.onnx's x, timestep, context, frame_offset, then
     `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`, `past_v.{i}` (axis 1 now P + T), and
     dit.onnx's `flow` as the only output.  The cache inputs of layer i are read by that layer's
     QkvNormRopeCache (K, V, which it writes) and by the MultiHeadAttention that takes its Q, and by
     nothing else (so no Concat of the cache); its QKV is one MatMul by a [D, 3D] constant (or, with
     --svd-rank factors, a Concat of three products), so the graph has dit.onnx's MatMuls less two
-    per such layer.  Returns the problems (empty when it passes) and prints the node counts."""
+    per such layer and one per MatMulBiasGelu.  Returns the problems (empty when it passes) and prints the node counts."""
     import collections
     import re
 
@@ -273,6 +276,12 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         by_layer = collections.Counter(m.group(1) for n in nodes if (m := re.search(r"/blocks\.(\d+)/", n.name)))
         if by_layer and any(by_layer.get(str(i), 0) != per_layer for i in range(layers)):
             problems.append(f"{op} per layer (by node scope): {dict(sorted(by_layer.items()))}, expected {per_layer}")
+    gelu_by_layer = collections.Counter(
+        m.group(1) for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type in FUSED_DIT_GELU_OPS
+        and (m := re.search(r"/blocks\.(\d+)/", n.name)))
+    if any(gelu_by_layer.get(str(i), 0) != 1 for i in range(layers)):
+        problems.append(f"{' or '.join(FUSED_DIT_GELU_OPS)} per layer (by node scope): "
+                        f"{dict(sorted(gelu_by_layer.items()))}, expected 1 in each of {layers} layers")
     others = {n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(FUSED_DIT_OPS)
     if others:
         problems.append(f"unknown {UNSTEP_DOMAIN} ops: {sorted(others)}")
@@ -335,10 +344,12 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
                 problems.append(f"{name} is read by {readers}, expected only {want}")
         if position[id(attn[0])] < position[id(node)]:
             problems.append(f"{attn[0].name} comes before {node.name}")
-    want_mm = std_counts[("ai.onnx", "MatMul")] - 2 * plain_qkv
+    whole_ffn = counts[(UNSTEP_DOMAIN, "MatMulBiasGelu")]
+    want_mm = std_counts[("ai.onnx", "MatMul")] - 2 * plain_qkv - whole_ffn
     if counts[("ai.onnx", "MatMul")] != want_mm:
         problems.append(f"MatMul: {counts[('ai.onnx', 'MatMul')]} nodes, expected {want_mm} (dit.onnx's "
-                        f"{std_counts[('ai.onnx', 'MatMul')]} less 2 for each of {plain_qkv} fused q|k|v projections)")
+                        f"{std_counts[('ai.onnx', 'MatMul')]} less 2 for each of {plain_qkv} fused q|k|v projections "
+                        f"and 1 for each of {whole_ffn} MatMulBiasGelu)")
 
     # Element types and shapes of the ai.unstep nodes' operands.
     info = _value_types(model)
@@ -353,7 +364,7 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         rope = n.op_type in ("BiasRmsNormRope", "QkvNormRopeCache")
-        gelu = n.op_type == "BiasGelu"
+        gelu = n.op_type in FUSED_DIT_GELU_OPS
         want = set() if gelu else {"epsilon"} | ({"num_heads"} if rope else set())
         if set(attrs) != want or not (gelu or isinstance(attrs.get("epsilon"), float)):
             problems.append(f"{n.name}: attributes {attrs}, expected {sorted(want)}")
@@ -363,6 +374,20 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             elem = info.get(name, (None, None))[0]
             if elem != float_type:
                 problems.append(f"{n.name}: {name} has element type {elem}, the graph's is {float_type}")
+        if n.op_type == "MatMulBiasGelu":
+            # W a constant [N, D] (the FFN's first layer's weight, out x in), bias [N], Y [..., N].
+            w = const_shape(n.input[1])
+            if w is None or len(w) != 2 or w[1] != dim:
+                problems.append(f"{n.name}: W {n.input[1]} has shape {w}, expected a constant [N, {dim}]")
+                continue
+            shape = info.get(n.input[2], (None, None))[1]
+            if shape != [w[0]]:
+                problems.append(f"{n.name}: {n.input[2]} has shape {shape}, expected [{w[0]}] (W's rows)")
+            y_shape = info.get(n.output[0], (None, None))[1]
+            x_shape = info.get(n.input[0], (None, None))[1]
+            if y_shape and x_shape and y_shape != x_shape[:-1] + [w[0]]:
+                problems.append(f"{n.name}: Y has shape {y_shape}, expected X's {x_shape} with the last axis {w[0]}")
+            continue
         if n.op_type == "BiasGelu":
             # X is the FFN's first (bias-free) product, a MatMul; bias [W] for X [..., W].
             mm = producer.get(n.input[0])
@@ -509,6 +534,15 @@ def _unstep_reference_ops():
             y = np.float32(0.5) * v * (np.float32(1) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
             return (y.reshape(x.shape).astype(x.dtype),)
 
+    class MatMulBiasGelu(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, x, w, bias):
+            v = x.astype(np.float32) @ w.astype(np.float32).T + bias.astype(np.float32)
+            c = np.float32(np.sqrt(2.0 / np.pi))
+            y = np.float32(0.5) * v * (np.float32(1) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
+            return (y.astype(x.dtype),)
+
     class MultiHeadAttention(OpRun):
         op_domain = "com.microsoft"
 
@@ -539,6 +573,7 @@ def _unstep_reference_ops():
             return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
 
     return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, PrefixBiasRmsNorm, GatedResidualLayerNorm, BiasGelu,
+            MatMulBiasGelu,
             MultiHeadAttention, FastGelu, SimplifiedLayerNormalization]
 
 

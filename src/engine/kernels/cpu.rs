@@ -159,6 +159,26 @@ pub(crate) fn bias_gelu<T: Element>(plan: &Plan, x: &[T], bias: &[T], y: &mut [T
         });
 }
 
+/// `MatMulBiasGelu`: `y[r, n] = GELU(Σ_k x[r, k]·w[n, k] + bias[n])` for `plan.rows` rows of
+/// K = `plan.d` and N = `plan.cols`; the product in float32 (ndarray's matrix multiply), each
+/// element rounded to T once, after the GELU.
+pub(crate) fn matmul_bias_gelu<T: Element>(plan: &Plan, x: &[T], w: &[T], bias: &[T], y: &mut [T]) {
+    let (m, k, n) = (plan.rows, plan.d, plan.cols);
+    let wide = |v: &[T]| v.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+    let x = ndarray::Array2::from_shape_vec((m, k), wide(&x[..m * k])).expect("M·K elements");
+    let w = ndarray::Array2::from_shape_vec((n, k), wide(&w[..n * k])).expect("N·K elements");
+    let product = x.dot(&w.t());
+    let product = product.as_slice().expect("a new array is contiguous");
+    y.par_chunks_mut(n)
+        .zip(product.par_chunks(n))
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .for_each(|(y_row, p_row)| {
+            for c in 0..n {
+                y_row[c] = T::from_f32(gelu(p_row[c] + bias[c].to_f32()));
+            }
+        });
+}
+
 /// `GatedResidualLayerNorm` over `plan.rows` rows: `s` and `y` are its two outputs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gated_residual_layer_norm<T: Element>(
@@ -348,6 +368,11 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
             let mut y = output(0)?;
             let (_, y) = y.try_extract_tensor_mut::<T>()?;
             bias_gelu(&plan, data[0], data[1], y);
+        }
+        Op::MatMulBiasGelu => {
+            let mut y = output(0)?;
+            let (_, y) = y.try_extract_tensor_mut::<T>()?;
+            matmul_bias_gelu(&plan, data[0], data[1], data[2], y);
         }
         Op::QkvNormRopeCache => {
             let mut q = output(0)?;

@@ -148,7 +148,7 @@ impl Layout {
     }
 }
 
-const REMEDY: &str =
+pub(super) const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
 
 /// Refuses a row length `op`'s kernels cannot take: they load element pairs (D even), and those
@@ -176,6 +176,8 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
         Op::QkvNormRopeCache => "qkv_norm_rope_cache",
         Op::BiasGelu => "bias_gelu",
+        // A cuBLASLt matmul (gemm.rs), no kernel of kernels.cu.
+        Op::MatMulBiasGelu => return None,
     };
     let ty = match ty {
         TensorElementType::Float32 => "f32",
@@ -302,7 +304,7 @@ pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, String> {
 
 /// A raw CUDA handle, shared between threads: CUDA's handles may be used from any thread.
 #[derive(Clone, Copy)]
-struct Handle<T>(T);
+pub(super) struct Handle<T>(pub(super) T);
 // SAFETY: contexts and functions are process-wide driver objects, valid on every thread.
 unsafe impl<T> Send for Handle<T> {}
 // SAFETY: as above; nothing mutates them through a shared reference.
@@ -327,6 +329,18 @@ fn device_module(ordinal: i32) -> Result<&'static DeviceModule, String> {
     let module = load_module(ordinal).map(|m| &*Box::leak(Box::new(m)));
     modules.push((ordinal, module.clone()));
     module
+}
+
+/// The primary context of device `ordinal` (the one ONNX Runtime's CUDA provider works in),
+/// retained for the rest of the process.
+pub(super) fn primary_context(ordinal: i32) -> Result<Handle<sys::CUcontext>, String> {
+    check_libraries()?;
+    let fail = |what: &str, e: driver::DriverError| format!("{what} on CUDA device {ordinal}: {e}");
+    let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
+    // SAFETY: `device` came from cuDeviceGet. The reference is never released.
+    let context = unsafe { driver::primary_ctx::retain(device) }
+        .map_err(|e| fail("cuDevicePrimaryCtxRetain", e))?;
+    Ok(Handle(context))
 }
 
 fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
@@ -359,7 +373,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
         )
     })?;
     let mut functions = Vec::new();
-    for op in Op::ALL {
+    for op in Op::ALL.into_iter().filter(|op| !op.is_gemm()) {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
             for layout in Layout::KINDS {
                 let name = entry_point(op, ty, layout)
@@ -384,12 +398,12 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
 
 /// Makes a context current on this thread for the guard's life (the primary context of the
 /// device, where ONNX Runtime already made it current, the usual case, costs one query).
-struct CurrentContext {
+pub(super) struct CurrentContext {
     pushed: bool,
 }
 
 impl CurrentContext {
-    fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
+    pub(super) fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
         if driver::ctx::get_current()? == Some(context) {
             return Ok(Self { pushed: false });
         }
@@ -406,6 +420,92 @@ impl Drop for CurrentContext {
             // SAFETY: pops the context `enter` pushed on this thread.
             let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
         }
+    }
+}
+
+/// Checks a call of `op` on CUDA device `ordinal` with element type `ty` against the contract
+/// (types, devices, shapes, alignment to element pairs) and allocates its outputs: the call's
+/// plan, the device addresses of its inputs then outputs (in the operator's order), and ONNX
+/// Runtime's compute stream; `None` when the outputs are empty (nothing to launch).
+#[allow(clippy::type_complexity)]
+pub(super) fn prepare(
+    op: Op,
+    ty: TensorElementType,
+    ordinal: i32,
+    attrs: &Attrs,
+    ctx: &ComputeContext,
+) -> ort::Result<Option<(Plan, Vec<u64>, sys::CUstream)>> {
+    let fail = |message: String| op_error(op, format!("(CUDA) {message}"));
+    let elem_bytes = elem_bytes(ty);
+    // `kind` and `name` are formatted only when the check fails: this runs on every call.
+    let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
+        if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == ordinal {
+            Ok(())
+        } else {
+            Err(fail(format!(
+                "{kind} {name} is in {} memory of device {}; the kernel runs on CUDA device {}",
+                mem.allocation_device().as_str(),
+                mem.device_id(),
+                ordinal
+            )))
+        }
+    };
+    let names = op.inputs();
+    let mut inputs = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let tensor = ctx
+            .input(i)?
+            .ok_or_else(|| fail(format!("input {name} is missing")))?
+            .downcast::<DynTensorValueType>()?;
+        if *tensor.data_type() != ty {
+            return Err(fail(format!(
+                "input {name} is {:?}, the node's type is {:?}",
+                tensor.data_type(),
+                ty
+            )));
+        }
+        on_device("input", name, tensor.memory_info())?;
+        inputs.push(tensor);
+    }
+    let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
+    let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
+    let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
+    for (idx, name) in op.outputs().iter().enumerate() {
+        let tensor = ctx
+            .output(idx, op.output_shape(&shapes, idx))?
+            .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
+            .downcast::<DynTensorValueType>()?;
+        on_device("output", name, tensor.memory_info())?;
+        // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory,
+        // which stays ONNX Runtime's; the kernel writes it on the stream.
+        pointers.push(tensor.data_ptr() as u64);
+    }
+    if plan.output_rows() == 0 {
+        return Ok(None);
+    }
+    // Every layout loads and stores at least a pair of elements in one access (the block
+    // layout's unit; the group layout's is checked in the launch, which falls back to blocks).
+    let all_names = names.iter().chain(op.outputs());
+    for (&pointer, name) in pointers.iter().zip(all_names) {
+        if pointer % (2 * elem_bytes as u64) != 0 {
+            return Err(fail(format!(
+                "{name} at {pointer:#x} is not aligned to {} bytes",
+                2 * elem_bytes
+            )));
+        }
+    }
+    let stream = ctx
+        .stream()?
+        .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
+        .as_ptr() as sys::CUstream;
+    Ok(Some((plan, pointers, stream)))
+}
+
+/// The bytes of one element of `ty` (float16 or float32).
+fn elem_bytes(ty: TensorElementType) -> usize {
+    match ty {
+        TensorElementType::Float16 => 2,
+        _ => 4,
     }
 }
 
@@ -453,81 +553,18 @@ impl CudaKernel {
 
     /// The bytes of one element of the kernel's type.
     fn elem_bytes(&self) -> usize {
-        match self.ty {
-            TensorElementType::Float16 => 2,
-            _ => 4,
-        }
+        elem_bytes(self.ty)
     }
 
     /// Checks the call and launches the kernel on ONNX Runtime's stream.
     pub(super) fn compute(&self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = self.op;
-        let fail = |message: String| op_error(op, format!("(CUDA) {message}"));
-        let elem_bytes = self.elem_bytes();
-        // `kind` and `name` are formatted only when the check fails: this runs on every call.
-        let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
-            if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == self.ordinal
-            {
-                Ok(())
-            } else {
-                Err(fail(format!(
-                    "{kind} {name} is in {} memory of device {}; the kernel runs on CUDA device {}",
-                    mem.allocation_device().as_str(),
-                    mem.device_id(),
-                    self.ordinal
-                )))
-            }
-        };
-        let names = op.inputs();
-        let mut inputs = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            let tensor = ctx
-                .input(i)?
-                .ok_or_else(|| fail(format!("input {name} is missing")))?
-                .downcast::<DynTensorValueType>()?;
-            if *tensor.data_type() != self.ty {
-                return Err(fail(format!(
-                    "input {name} is {:?}, the node's type is {:?}",
-                    tensor.data_type(),
-                    self.ty
-                )));
-            }
-            on_device("input", name, tensor.memory_info())?;
-            inputs.push(tensor);
-        }
-        let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
-        let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
-        let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
-        for (idx, name) in op.outputs().iter().enumerate() {
-            let tensor = ctx
-                .output(idx, op.output_shape(&shapes, idx))?
-                .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
-                .downcast::<DynTensorValueType>()?;
-            on_device("output", name, tensor.memory_info())?;
-            // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory,
-            // which stays ONNX Runtime's; the kernel writes it on the stream.
-            pointers.push(tensor.data_ptr() as u64);
-        }
-        if plan.output_rows() == 0 {
+        let Some((plan, pointers, stream)) = prepare(self.op, self.ty, self.ordinal, attrs, ctx)?
+        else {
             return Ok(());
-        }
-        // Every layout loads and stores at least a pair of elements in one access (the block
-        // layout's unit; the group layout's is checked in the launch, which falls back to blocks).
-        let all_names = names.iter().chain(op.outputs());
-        for (&pointer, name) in pointers.iter().zip(all_names) {
-            if pointer % (2 * elem_bytes as u64) != 0 {
-                return Err(fail(format!(
-                    "{name} at {pointer:#x} is not aligned to {} bytes",
-                    2 * elem_bytes
-                )));
-            }
-        }
-        let stream = ctx
-            .stream()?
-            .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
-            .as_ptr() as sys::CUstream;
+        };
         // The launch refuses a D the kernels cannot take (odd, or past MAX_D).
-        self.launch(&plan, attrs, &pointers, stream).map_err(fail)
+        self.launch(&plan, attrs, &pointers, stream)
+            .map_err(|message| op_error(self.op, format!("(CUDA) {message}")))
     }
 
     /// Launches the kernel of the call's layout ([`Layout::choose`]) on `stream` over `pointers`
@@ -638,6 +675,7 @@ impl CudaKernel {
             }
             Op::BiasRmsNorm | Op::PrefixBiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
             Op::BiasGelu => {}
+            Op::MatMulBiasGelu => unreachable!("a cuBLASLt matmul (gemm.rs), not a row kernel"),
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {
                     params.push((div as *mut i64).cast());

@@ -61,8 +61,16 @@
 //!    concatenation copying both, and gives the next call's cache as its own output, so that
 //!    nothing keeps Y alive once the convolution has read it.
 //!
+//! 7. `MatMulBiasGelu(X, W, bias) -> Y`: a linear layer and the GELU after it (the DiT's FFN up
+//!    to its second layer). W has shape `[N, K]` (the layer's weight as stored, out × in) with K
+//!    = D, bias N elements; Y has X's shape with N on the last axis, and
+//!    `Y[r, n] = GELU(Σ_k X[r, k]·W[n, k] + bias[n])` with `BiasGelu`'s GELU, the sum in float32
+//!    (in any order) and rounded to T once, after the GELU. The CUDA kernel is one cuBLASLt
+//!    matmul with its bias-and-GELU epilogue (`gemm.rs`), where a `MatMul` and a `BiasGelu` wrote
+//!    and read the N-wide product once more.
+//!
 //! Every output has X's shape, but Q's last axis is D, Y of `PrefixBiasRmsNorm` has P + T on
-//! axis 1 and its tail prefix's shape. A shape that breaks the contract is an error naming the
+//! axis 1 and its tail prefix's shape, and Y of `MatMulBiasGelu` has N on its last axis. A shape that breaks the contract is an error naming the
 //! operator, the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
 //! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
 //! Runtime's allocations are); a call outside that is an error, not a slow path. They work a row
@@ -76,6 +84,7 @@
 
 mod cpu;
 mod cuda;
+mod gemm;
 #[cfg(test)]
 mod tests;
 
@@ -153,16 +162,18 @@ pub(crate) enum Op {
     QkvNormRopeCache,
     BiasGelu,
     PrefixBiasRmsNorm,
+    MatMulBiasGelu,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 6] = [
+    pub(crate) const ALL: [Op; 7] = [
         Op::BiasRmsNormRope,
         Op::BiasRmsNorm,
         Op::GatedResidualLayerNorm,
         Op::QkvNormRopeCache,
         Op::BiasGelu,
         Op::PrefixBiasRmsNorm,
+        Op::MatMulBiasGelu,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -173,6 +184,7 @@ impl Op {
             Op::QkvNormRopeCache => "QkvNormRopeCache",
             Op::BiasGelu => "BiasGelu",
             Op::PrefixBiasRmsNorm => "PrefixBiasRmsNorm",
+            Op::MatMulBiasGelu => "MatMulBiasGelu",
         }
     }
 
@@ -187,13 +199,14 @@ impl Op {
             ],
             Op::BiasGelu => &["X", "bias"],
             Op::PrefixBiasRmsNorm => &["X", "bias", "weight", "prefix"],
+            Op::MatMulBiasGelu => &["X", "W", "bias"],
         }
     }
 
     /// The outputs' names, in order.
     pub(crate) fn outputs(self) -> &'static [&'static str] {
         match self {
-            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::BiasGelu => &["Y"],
+            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::BiasGelu | Op::MatMulBiasGelu => &["Y"],
             Op::PrefixBiasRmsNorm => &["Y", "tail"],
             Op::GatedResidualLayerNorm => &["S", "Y"],
             Op::QkvNormRopeCache => &["Q"],
@@ -207,7 +220,8 @@ impl Op {
             | Op::BiasRmsNorm
             | Op::QkvNormRopeCache
             | Op::BiasGelu
-            | Op::PrefixBiasRmsNorm => 0,
+            | Op::PrefixBiasRmsNorm
+            | Op::MatMulBiasGelu => 0,
             Op::GatedResidualLayerNorm => 1,
         }
     }
@@ -225,6 +239,17 @@ impl Op {
         self == Op::BiasGelu
     }
 
+    /// Whether the operator is a matrix product (cuBLASLt on CUDA, not a kernel of
+    /// `kernels.cu`).
+    pub(crate) fn is_gemm(self) -> bool {
+        self == Op::MatMulBiasGelu
+    }
+
+    /// Whether the operator normalises (attribute `epsilon`).
+    pub(crate) fn has_epsilon(self) -> bool {
+        !(self.elementwise() || self.is_gemm())
+    }
+
     /// Whether the operator turns rows by rotary tables (attribute `num_heads`).
     pub(crate) fn has_rope(self) -> bool {
         matches!(self, Op::BiasRmsNormRope | Op::QkvNormRopeCache)
@@ -236,8 +261,8 @@ impl Op {
     }
 
     /// Output `idx`'s shape from the inputs' (in the operator's input order): X's, with the last
-    /// axis D (QKV's is 3·D), or axis 1 the prefix's plus X's (Y of `PrefixBiasRmsNorm`; its
-    /// tail has the prefix's shape).
+    /// axis D (QKV's is 3·D) or N (W's axis 0, `MatMulBiasGelu`), or axis 1 the prefix's plus
+    /// X's (Y of `PrefixBiasRmsNorm`; its tail has the prefix's shape).
     pub(crate) fn output_shape(self, inputs: &[&[i64]], idx: usize) -> Vec<i64> {
         if self == Op::PrefixBiasRmsNorm && idx == 1 {
             return inputs[3].to_vec();
@@ -252,6 +277,11 @@ impl Op {
             Op::PrefixBiasRmsNorm => {
                 if let (Some(axis), Some(&p)) = (shape.get_mut(1), inputs[3].get(1)) {
                     *axis += p;
+                }
+            }
+            Op::MatMulBiasGelu => {
+                if let (Some(last), Some(&n)) = (shape.last_mut(), inputs[1].first()) {
+                    *last = n;
                 }
             }
             _ => {}
@@ -285,8 +315,8 @@ impl Attrs {
                 format!("node '{node}' has no attribute {name} ({ty}); the exporter writes it"),
             )
         };
-        // Every operator but the elementwise BiasGelu normalises.
-        let epsilon = if op.elementwise() {
+        // Every operator but BiasGelu and MatMulBiasGelu normalises.
+        let epsilon = if !op.has_epsilon() {
             0.0
         } else {
             kctx.get::<f32>("epsilon")
@@ -337,6 +367,8 @@ pub(crate) struct Plan {
     pub(crate) rows: usize,
     /// D, the last axis of X.
     pub(crate) d: usize,
+    /// `MatMulBiasGelu`: N, the columns of Y (W's rows); D for the other operators.
+    pub(crate) cols: usize,
     /// `GatedResidualLayerNorm`: N / F of gate, scale and shift (row r uses block r / that);
     /// 1 for the other operators.
     pub(crate) divs: [usize; 3],
@@ -461,6 +493,7 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
     let mut plan = Plan {
         rows,
         d,
+        cols: d,
         divs: [1; 3],
         half_hd: 1,
         table_rows: 1,
@@ -495,6 +528,25 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
             plan.prefix_rows = numel(prefix) / d;
         }
         Op::BiasGelu => exactly_d(1)?,
+        Op::MatMulBiasGelu => {
+            let w = shapes[1];
+            let cols = match w {
+                [n, k] if *n > 0 && *k as usize == d => *n as usize,
+                _ => {
+                    return Err(fail(format!(
+                        "input W has shape {w:?}; with X {x:?} it must be [N, {d}] with N ≥ 1 \
+                         (the linear layer's weight, out × in)"
+                    )));
+                }
+            };
+            if numel(shapes[2]) != cols {
+                return Err(fail(format!(
+                    "input bias has shape {:?}; it must have N = {cols} elements (W {w:?})",
+                    shapes[2]
+                )));
+            }
+            plan.cols = cols;
+        }
         Op::BiasRmsNormRope => {
             exactly_d(1)?;
             exactly_d(2)?;
@@ -592,7 +644,12 @@ impl Operator for FusedOp {
                         .then(|| memory.device_id())
                 })
                 .unwrap_or(0);
-            Some(cuda::CudaKernel::new(self.op, self.ty, ordinal).map_err(ort::Error::new)?)
+            let kernel = if self.op.is_gemm() {
+                gemm::GemmKernel::new(self.ty, ordinal).map(CudaCompute::Gemm)
+            } else {
+                cuda::CudaKernel::new(self.op, self.ty, ordinal).map(CudaCompute::Rows)
+            };
+            Some(kernel.map_err(ort::Error::new)?)
         } else {
             None
         };
@@ -635,6 +692,10 @@ impl Operator for FusedOp {
         let mut shapes = vec![x; self.op.inputs().len()];
         match self.op {
             Op::QkvNormRopeCache if x.last().is_none_or(|&n| n <= 0) => return Ok(()),
+            Op::MatMulBiasGelu => match known(inputs.get(1)) {
+                Some(w) if w.first().is_some_and(|&n| n >= 0) => shapes[1] = w,
+                _ => return Ok(()),
+            },
             Op::PrefixBiasRmsNorm => match known(inputs.get(3)) {
                 Some(prefix)
                     if [prefix, x]
@@ -658,18 +719,26 @@ impl Operator for FusedOp {
     }
 }
 
+/// A node's CUDA kernel: a kernel of `kernels.cu`, or a cuBLASLt matmul.
+enum CudaCompute {
+    Rows(cuda::CudaKernel),
+    Gemm(gemm::GemmKernel),
+}
+
 /// A node's kernel.
 struct FusedKernel {
     op: Op,
     ty: TensorElementType,
     attrs: Attrs,
-    cuda: Option<cuda::CudaKernel>,
+    cuda: Option<CudaCompute>,
 }
 
 impl Kernel for FusedKernel {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
-        if let Some(cuda) = &self.cuda {
-            return cuda.compute(&self.attrs, ctx);
+        match &mut self.cuda {
+            Some(CudaCompute::Rows(kernel)) => return kernel.compute(&self.attrs, ctx),
+            Some(CudaCompute::Gemm(kernel)) => return kernel.compute(&self.attrs, ctx),
+            None => {}
         }
         match self.ty {
             TensorElementType::Float32 => cpu::compute::<f32>(self.op, &self.attrs, ctx),

@@ -840,6 +840,121 @@ fn bias_gelu_matches_the_reference() {
     check_gelu_cpu::<f16>();
 }
 
+/// One MatMulBiasGelu case: X [..., K], W [N, K], bias [N] and the reference.
+struct MatMulGeluCase<T> {
+    x_shape: Vec<i64>,
+    n: usize,
+    x: Vec<T>,
+    w: Vec<T>,
+    bias: Vec<T>,
+}
+
+impl<T: Element> MatMulGeluCase<T> {
+    /// X in [-2, 2], W in ±sqrt(3/K) (products of a few units: both tails of the GELU), bias in
+    /// [-1, 1].
+    fn new(rng: &mut Rng, x_shape: &[i64], n: usize) -> Self {
+        let k = *x_shape.last().unwrap() as usize;
+        let w_max = (3.0 / k as f32).sqrt();
+        Self {
+            x_shape: x_shape.to_vec(),
+            n,
+            x: rng.vec(shape_numel(x_shape), -2.0, 2.0),
+            w: rng.vec(n * k, -w_max, w_max),
+            bias: rng.vec(n, -1.0, 1.0),
+        }
+    }
+
+    fn k(&self) -> usize {
+        *self.x_shape.last().unwrap() as usize
+    }
+
+    /// `GELU(Σ_k X[r, k]·W[n, k] + bias[n])` in float64.
+    fn reference(&self) -> Vec<f64> {
+        let (k, n) = (self.k(), self.n);
+        let (x, w, bias) = (wide(&self.x), wide(&self.w), wide(&self.bias));
+        let mut y = Vec::with_capacity(x.len() / k * n);
+        for x_row in x.chunks(k) {
+            for (c, w_row) in w.chunks(k).enumerate() {
+                let v = x_row.iter().zip(w_row).map(|(a, b)| a * b).sum::<f64>() + bias[c];
+                let z = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+                y.push(0.5 * v * (1.0 + z.tanh()));
+            }
+        }
+        y
+    }
+
+    fn y_shape(&self) -> Vec<i64> {
+        let mut shape = self.x_shape.clone();
+        *shape.last_mut().unwrap() = self.n as i64;
+        shape
+    }
+
+    fn cpu(&self) -> Vec<T> {
+        let plan = self.plan();
+        let mut y = vec![T::from_f32(0.0); plan.rows * self.n];
+        cpu::matmul_bias_gelu(&plan, &self.x, &self.w, &self.bias, &mut y);
+        y
+    }
+}
+
+impl<T: Element> OpCase<T> for MatMulGeluCase<T> {
+    const OP: Op = Op::MatMulBiasGelu;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            epsilon: 0.0,
+            num_heads: 0,
+            silu: false,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        vec![
+            self.x_shape.clone(),
+            vec![self.n as i64, self.k() as i64],
+            vec![self.n as i64],
+        ]
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.w, &self.bias]
+    }
+
+    fn written(&self) -> usize {
+        self.x.len() / self.k() * self.n
+    }
+}
+
+/// (X shape, N): a batch axis, one row, K and N not multiples of anything, the tiny model's FFN
+/// (3 frames of 28 tokens, 64 → 128), and a long sum (K = 1536, wan-1.3b's).
+const MATMUL_GELU_CASES: [(&[i64], usize); 5] = [
+    (&[2, 3, 16], 24),
+    (&[1, 7], 5),
+    (&[5, 13], 9),
+    (&[1, 84, 64], 128),
+    (&[3, 1536], 40),
+];
+
+fn check_matmul_gelu_cpu<T: Tolerance>() {
+    let mut rng = Rng(10);
+    for (shape, n) in MATMUL_GELU_CASES {
+        let case = MatMulGeluCase::<T>::new(&mut rng, shape, n);
+        let what = format!(
+            "{} MatMulBiasGelu {shape:?} N = {n}",
+            std::any::type_name::<T>()
+        );
+        let plan = case.plan();
+        assert_eq!((plan.d, plan.cols), (case.k(), n), "{what}");
+        assert_close(&case.cpu(), &case.reference(), &what);
+    }
+}
+
+#[test]
+fn matmul_bias_gelu_matches_the_reference() {
+    check_matmul_gelu_cpu::<f32>();
+    check_matmul_gelu_cpu::<f16>();
+}
+
 fn plan_of(op: Op, attrs: &Attrs, shapes: &[Vec<i64>]) -> Plan {
     let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
     plan(op, attrs, &shapes).unwrap()
@@ -1190,6 +1305,26 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         ),
         (8, 8, 4, 6, 2, 4)
     );
+    // MatMulBiasGelu: W of another K, or not a matrix; bias not of N elements.
+    let none = Attrs {
+        epsilon: 0.0,
+        num_heads: 0,
+        silu: false,
+    };
+    for w in [&[24, 8][..], &[24, 16, 1], &[0, 16]] {
+        let e = plan_error(Op::MatMulBiasGelu, none, &[&[2, 3, 16], w, &[24]]);
+        assert!(
+            e.contains(&format!(
+                "ai.unstep MatMulBiasGelu: input W has shape {w:?}; with X [2, 3, 16] it must be [N, 16]"
+            )),
+            "{e}"
+        );
+    }
+    let e = plan_error(Op::MatMulBiasGelu, none, &[&[2, 3, 16], &[24, 16], &[16]]);
+    assert!(
+        e.contains("input bias has shape [16]; it must have N = 24 elements"),
+        "{e}"
+    );
     // X without a last axis.
     let e = plan_error(Op::BiasRmsNorm, plain, &[&[4, 0], &[0], &[0]]);
     assert!(e.contains("X has shape [4, 0]"), "{e}");
@@ -1318,6 +1453,18 @@ fn check_through_onnx_runtime<T: Tolerance>() {
     let out = run(&mut s, Op::BiasGelu, &case.shapes(), &case.inputs()).unwrap();
     assert_eq!(out[0].0, GELU_SHAPES[0]);
     assert_close(&out[0].1, &case.reference(), &format!("{t} BiasGelu Y"));
+
+    // MatMulBiasGelu: Y has N on its last axis (from W's axis 0).
+    let (shape, n) = MATMUL_GELU_CASES[0];
+    let case = MatMulGeluCase::<T>::new(&mut rng, shape, n);
+    let mut s = session::<T>(Op::MatMulBiasGelu, &[]).unwrap();
+    let out = run(&mut s, Op::MatMulBiasGelu, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, case.y_shape());
+    assert_close(
+        &out[0].1,
+        &case.reference(),
+        &format!("{t} MatMulBiasGelu Y"),
+    );
 
     // PrefixBiasRmsNorm: Y's axis 1 is the prefix's plus X's.
     for (x_shape, p) in [(&[1, 4, 3, 5, 96][..], 2), (&[1, 7, 64], 0)] {
@@ -1664,7 +1811,7 @@ fn elementwise_launches_match_their_entry_points() {
 fn nvrtc_compiles_the_kernels() {
     cuda::check_nvrtc().unwrap();
     let ptx = String::from_utf8(cuda::compile("compute_90").unwrap()).unwrap();
-    for op in Op::ALL {
+    for op in Op::ALL.into_iter().filter(|op| !op.is_gemm()) {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
             for layout in cuda::Layout::KINDS {
                 let name = cuda::entry_point(op, ty, layout).unwrap();
@@ -1745,26 +1892,9 @@ mod gpu {
         // (it is non-blocking): without this, a kernel could read a buffer still being written.
         driver::ctx::synchronize().unwrap();
         kernel.launch(&plan, attrs, &pointers, stream).unwrap();
-        let mut micros = 0.0;
-        if repeats > 0 {
-            use sys::CUevent_flags::CU_EVENT_DEFAULT;
-            let (start, end) = (
-                driver::event::create(CU_EVENT_DEFAULT).unwrap(),
-                driver::event::create(CU_EVENT_DEFAULT).unwrap(),
-            );
-            // SAFETY: events and stream of the current context.
-            unsafe {
-                driver::event::record(start, stream).unwrap();
-                for _ in 0..repeats {
-                    kernel.launch(&plan, attrs, &pointers, stream).unwrap();
-                }
-                driver::event::record(end, stream).unwrap();
-                driver::event::synchronize(end).unwrap();
-                micros = driver::event::elapsed(start, end).unwrap() as f64 * 1e3 / repeats as f64;
-                driver::event::destroy(start).unwrap();
-                driver::event::destroy(end).unwrap();
-            }
-        }
+        let micros = mean_micros(stream, repeats, || {
+            kernel.launch(&plan, attrs, &pointers, stream).unwrap();
+        });
         // SAFETY: the test's stream.
         unsafe { driver::stream::synchronize(stream) }.unwrap();
         let outputs = bufs[inputs.len()..]
@@ -1777,6 +1907,69 @@ mod gpu {
             )
             .collect();
         (outputs, micros)
+    }
+
+    /// The mean time of one of `repeats` calls of `launch` (each queueing work on `stream`), in
+    /// microseconds, from events on the stream; 0 for no repeats.
+    fn mean_micros(stream: sys::CUstream, repeats: usize, mut launch: impl FnMut()) -> f64 {
+        if repeats == 0 {
+            return 0.0;
+        }
+        use sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let (start, end) = (
+            driver::event::create(CU_EVENT_DEFAULT).unwrap(),
+            driver::event::create(CU_EVENT_DEFAULT).unwrap(),
+        );
+        // SAFETY: events and stream of the current context.
+        unsafe {
+            driver::event::record(start, stream).unwrap();
+            for _ in 0..repeats {
+                launch();
+            }
+            driver::event::record(end, stream).unwrap();
+            driver::event::synchronize(end).unwrap();
+            let micros = driver::event::elapsed(start, end).unwrap() as f64 * 1e3 / repeats as f64;
+            driver::event::destroy(start).unwrap();
+            driver::event::destroy(end).unwrap();
+            micros
+        }
+    }
+
+    /// Runs a MatMulBiasGelu case with the cuBLASLt kernel ([`gemm::GemmKernel::launch`]) on
+    /// `stream` and returns Y; with `repeats`, also prints the mean time of one call and its
+    /// rate.
+    fn run_gemm<T: Element>(
+        case: &MatMulGeluCase<T>,
+        stream: sys::CUstream,
+        repeats: usize,
+        what: &str,
+    ) -> Vec<T> {
+        let plan = case.plan();
+        let mut kernel = gemm::GemmKernel::new(T::into_tensor_element_type(), 0).unwrap();
+        let n = plan.rows * plan.cols;
+        let bufs: Vec<DeviceBuf> = case
+            .inputs()
+            .iter()
+            .map(|data| upload(data))
+            .chain([upload(&vec![T::from_f32(f32::NAN); n])])
+            .collect();
+        let pointers: Vec<u64> = bufs.iter().map(|b| b.0).collect();
+        // As in `run_cuda`: the uploads may still be on their way.
+        driver::ctx::synchronize().unwrap();
+        kernel.launch(&plan, &pointers, stream).unwrap();
+        let micros = mean_micros(stream, repeats, || {
+            kernel.launch(&plan, &pointers, stream).unwrap();
+        });
+        if repeats > 0 {
+            let flops = 2.0 * (plan.rows * plan.d * plan.cols) as f64;
+            eprintln!(
+                "{what}: {micros:.1} µs per call, {:.0} TFLOP/s",
+                flops / micros / 1e6
+            );
+        }
+        // SAFETY: the test's stream.
+        unsafe { driver::stream::synchronize(stream) }.unwrap();
+        download::<T>(&bufs[3], n)
     }
 
     /// GPU against CPU kernel: float32 within 1e-5 (only the row sums' order differs: the CUDA
@@ -1961,6 +2154,35 @@ mod gpu {
             let gpu = run_case(&case, stream, &what);
             assert_matches_cpu(&gpu[0], &case.cpu(), &what);
             assert_close(&gpu[0], &case.reference(), &what);
+        }
+
+        // MatMulBiasGelu: the test cases, and wan-1.3b's FFN (4680 tokens, 1536 → 8960, timed).
+        // Against the CPU: the sums run in another order and cuBLASLt's epilogue has its own
+        // tanh, so within a few units in the last place rather than one.
+        let gemm_cases = MATMUL_GELU_CASES
+            .into_iter()
+            .map(|case| (case, 0))
+            .chain([((&[1, 4680, 1536][..], 8960), 20)]);
+        for ((shape, n), repeats) in gemm_cases {
+            let case = MatMulGeluCase::<T>::new(&mut rng, shape, n);
+            let what = format!("{t} MatMulBiasGelu {shape:?} N = {n}");
+            let gpu = run_gemm(&case, stream, repeats, &what);
+            let cpu = case.cpu();
+            let ulps = if T::into_tensor_element_type() == TensorElementType::Float16 {
+                4.0 / 1024.0
+            } else {
+                1e-4
+            };
+            for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+                let (g, c) = (g.to_f32() as f64, c.to_f32() as f64);
+                assert!(
+                    (g - c).abs() <= 1e-3 + ulps * g.abs().max(c.abs()),
+                    "{what}[{i}]: GPU {g}, CPU {c}"
+                );
+            }
+            if repeats == 0 {
+                assert_close(&gpu, &case.reference(), &what);
+            }
         }
 
         // QkvNormRopeCache: the test cases, and wan-1.3b's last block (T = 4680 of L = 32760

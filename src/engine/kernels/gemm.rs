@@ -1,0 +1,347 @@
+//! `MatMulBiasGelu` on CUDA: one cuBLASLt matmul whose epilogue adds the bias and applies GELU
+//! (`CUBLASLT_EPILOGUE_GELU_BIAS`, GELU's tanh form) before the product is rounded and stored.
+//! Against ONNX Runtime's `MatMul` followed by `BiasGelu`, the N-wide product is written and read
+//! once less (the DiT's FFN: 4,680 × 8,960 half floats per call).
+//!
+//! - cuBLASLt (`libcublasLt.so.13`, beside the cuBLAS ONNX Runtime's CUDA provider loads) is
+//!   loaded at run time, like the driver: a missing library is an error when a session creates
+//!   the kernel.
+//! - Row-major `Y[M, N] = X[M, K] · W[N, K]ᵀ` is column-major `Yᵀ = op(W)·Xᵀ` with op(W) the
+//!   transpose of the K × N column-major view of W: cuBLAS's "TN" product, as `torch.nn.Linear`
+//!   calls it. The bias runs along Yᵀ's rows, as the epilogue wants it.
+//! - Accumulation and the epilogue are float32 (`CUBLAS_COMPUTE_32F`, also for float32 tensors:
+//!   no TF32); the output is rounded to T once.
+//! - One handle per device, and one workspace of [`WORKSPACE_BYTES`] per device and stream
+//!   (allocated on first use, kept for the process): the calls of one stream run in order, so
+//!   they can share it. The algorithm is cuBLASLt's first heuristic choice for the call's sizes
+//!   and pointer alignment, kept per kernel for the next calls of the same sizes.
+
+use std::ffi::c_void;
+use std::mem::size_of;
+use std::sync::{Mutex, PoisonError};
+
+use cudarc::cublaslt::result::{self as lt, CublasError};
+use cudarc::cublaslt::sys as lt_sys;
+use cudarc::driver::{result as driver, sys};
+use ort::operator::ComputeContext;
+use ort::value::TensorElementType;
+
+use super::cuda::{CurrentContext, Handle, REMEDY, prepare, primary_context};
+use super::{Attrs, DOMAIN, Op, Plan, op_error};
+
+/// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
+pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// `cublasOperation_t::CUBLAS_OP_N` and `CUBLAS_OP_T` (int32 values of the TRANSA/TRANSB
+/// attributes).
+const OP_N: i32 = 0;
+const OP_T: i32 = 1;
+
+/// Loads cuBLASLt (no GPU needed).
+pub(super) fn check_cublaslt() -> Result<(), String> {
+    // SAFETY: only opens the library, as `cuda::check_nvrtc` does.
+    if unsafe { lt_sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(format!(
+        "{DOMAIN} MatMulBiasGelu: could not load cuBLASLt (libcublasLt.so.13); put CUDA 13's \
+         cuBLAS on LD_LIBRARY_PATH (`pip install nvidia-cublas==13.*` puts it in \
+         site-packages/nvidia/cu13/lib), {REMEDY}"
+    ))
+}
+
+/// The cuBLASLt handle of device `ordinal`, created on first use with the device's primary
+/// context current, and never destroyed.
+fn handle(ordinal: i32) -> Result<Handle<lt_sys::cublasLtHandle_t>, String> {
+    type Handles = Vec<(i32, Handle<lt_sys::cublasLtHandle_t>)>;
+    static HANDLES: Mutex<Handles> = Mutex::new(Vec::new());
+    let mut handles = HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, h)) = handles.iter().find(|(o, _)| *o == ordinal) {
+        return Ok(*h);
+    }
+    let h =
+        lt::create_handle().map_err(|e| format!("cublasLtCreate on CUDA device {ordinal}: {e}"))?;
+    handles.push((ordinal, Handle(h)));
+    Ok(Handle(h))
+}
+
+/// The workspace of `stream` on device `ordinal` (the device's primary context is current),
+/// allocated on first use and never freed.
+fn workspace(ordinal: i32, stream: sys::CUstream) -> Result<u64, String> {
+    type Workspaces = Vec<(i32, usize, u64)>;
+    static WORKSPACES: Mutex<Workspaces> = Mutex::new(Vec::new());
+    let mut workspaces = WORKSPACES.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = stream as usize;
+    if let Some((_, _, ptr)) = workspaces
+        .iter()
+        .find(|(o, s, _)| *o == ordinal && *s == key)
+    {
+        return Ok(*ptr);
+    }
+    // SAFETY: a plain allocation in the current (primary) context, kept for the process.
+    let ptr = unsafe { driver::malloc_sync(WORKSPACE_BYTES) }.map_err(|e| {
+        format!(
+            "cuMemAlloc of the {} MiB cuBLASLt workspace on CUDA device {ordinal}: {e}",
+            WORKSPACE_BYTES >> 20
+        )
+    })?;
+    workspaces.push((ordinal, key, ptr));
+    Ok(ptr)
+}
+
+/// cuBLASLt's types for an element type: the matrices' and the scale's (alpha, beta).
+fn data_type(ty: TensorElementType) -> Option<lt_sys::cudaDataType> {
+    match ty {
+        TensorElementType::Float32 => Some(lt_sys::cudaDataType::CUDA_R_32F),
+        TensorElementType::Float16 => Some(lt_sys::cudaDataType::CUDA_R_16F),
+        _ => None,
+    }
+}
+
+/// The descriptors and algorithm of one call shape: M rows, K, N, and the alignment of the
+/// pointers the algorithm was chosen for.
+struct Prepared {
+    key: (usize, usize, usize, usize),
+    desc: Handle<lt_sys::cublasLtMatmulDesc_t>,
+    /// A (W, K × N column-major), B (X, K × M), C = D (Y, N × M).
+    layouts: [Handle<lt_sys::cublasLtMatrixLayout_t>; 3],
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        // SAFETY: created by `GemmKernel::prepare` and used by nothing else; a call still queued
+        // on a stream took its own copy of what it needs.
+        unsafe {
+            for layout in self.layouts.iter().filter(|l| !l.0.is_null()) {
+                let _ = lt::destroy_matrix_layout(layout.0);
+            }
+            let _ = lt::destroy_matmul_desc(self.desc.0);
+        }
+    }
+}
+
+/// A `MatMulBiasGelu` node's CUDA kernel.
+pub(super) struct GemmKernel {
+    ty: TensorElementType,
+    ordinal: i32,
+    context: Handle<sys::CUcontext>,
+    /// The shapes seen so far (one or two in a session).
+    prepared: Vec<Prepared>,
+}
+
+impl GemmKernel {
+    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        if data_type(ty).is_none() {
+            return Err(format!(
+                "{DOMAIN} MatMulBiasGelu: element type {ty:?} is not supported (float32 and \
+                 float16 are)"
+            ));
+        }
+        check_cublaslt()?;
+        let context = primary_context(ordinal)?;
+        Ok(Self {
+            ty,
+            ordinal,
+            context,
+            prepared: Vec::new(),
+        })
+    }
+
+    /// Checks the call (as the row kernels do) and queues the matmul on ONNX Runtime's stream.
+    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
+        let op = Op::MatMulBiasGelu;
+        let Some((plan, pointers, stream)) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
+            return Ok(());
+        };
+        self.launch(&plan, &pointers, stream)
+            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
+    }
+
+    /// Queues `Y = GELU(X·Wᵀ + bias)` on `stream` over `pointers` (X, W, bias, Y: device
+    /// addresses of this device) with the sizes of `plan` (checked against the contract).
+    pub(crate) fn launch(
+        &mut self,
+        plan: &Plan,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        let [x, w, bias, y] = pointers[..] else {
+            return Err(format!(
+                "{} pointers, expected X, W, bias and Y",
+                pointers.len()
+            ));
+        };
+        if plan.rows == 0 {
+            return Ok(());
+        }
+        let _current =
+            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        let handle = handle(self.ordinal)?;
+        let workspace = workspace(self.ordinal, stream)?;
+        // The largest power of two up to 256 bytes that all of X, W and Y start on: an
+        // algorithm chosen for stricter alignment must not see these pointers.
+        let alignment = [x, w, y]
+            .iter()
+            .map(|&p| 1usize << p.trailing_zeros().min(8))
+            .min()
+            .unwrap_or(256);
+        let key = (plan.rows, plan.d, plan.cols, alignment);
+        let index = match self.prepared.iter().position(|p| p.key == key) {
+            Some(index) => index,
+            None => {
+                let prepared = self
+                    .prepare(handle, key)
+                    .map_err(|(what, e)| format!("{what}: {e}"))?;
+                self.prepared.push(prepared);
+                self.prepared.len() - 1
+            }
+        };
+        let prepared = &self.prepared[index];
+        let bias_ptr = bias as *const c_void;
+        let (alpha, beta) = (1f32, 0f32);
+        let [a, b, c] = prepared.layouts;
+        // SAFETY: the descriptors are alive (owned by `prepared`); the bias attribute is a
+        // pointer-sized value; X, W, bias and Y are device memory of this device holding the
+        // plan's sizes; the workspace is this stream's and of the size the preference allowed;
+        // alpha and beta are float32 host scalars (scale type 32F, default host pointer mode),
+        // read before cublasLtMatmul returns.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                prepared.desc.0,
+                lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                (&bias_ptr as *const *const c_void).cast(),
+                size_of::<*const c_void>(),
+            )
+            .map_err(|e| format!("cublasLtMatmulDescSetAttribute (bias): {e}"))?;
+            lt::matmul(
+                handle.0,
+                prepared.desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                w as *const c_void,
+                a.0,
+                x as *const c_void,
+                b.0,
+                y as *const c_void,
+                c.0,
+                y as *mut c_void,
+                c.0,
+                &prepared.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream as lt_sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| {
+            format!(
+                "cublasLtMatmul ({} × {} × {}): {e}",
+                plan.rows, plan.d, plan.cols
+            )
+        })
+    }
+
+    /// The descriptors of a call of M rows, K, N at `alignment` bytes, and cuBLASLt's first
+    /// heuristic choice of algorithm for them; on failure, which call failed and why.
+    fn prepare(
+        &self,
+        handle: Handle<lt_sys::cublasLtHandle_t>,
+        key: (usize, usize, usize, usize),
+    ) -> Result<Prepared, (&'static str, CublasError)> {
+        let (m, k, n, alignment) = key;
+        let ty = data_type(self.ty).expect("checked in new");
+        let scale = lt_sys::cudaDataType::CUDA_R_32F;
+        let desc = lt::create_matmul_desc(lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, scale)
+            .map_err(|e| ("cublasLtMatmulDescCreate", e))?;
+        // From here `prepared` owns what is created, so that an early return destroys it.
+        let mut prepared = Prepared {
+            key,
+            desc: Handle(desc),
+            layouts: [Handle(std::ptr::null_mut()); 3],
+            algo: lt_sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        };
+        use lt_sys::cublasLtMatmulDescAttributes_t as Desc;
+        let epilogue = lt_sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS;
+        // SAFETY: each value is of the attribute's type and size (int32 operations, the
+        // epilogue enum as uint32).
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                Desc::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&OP_T as *const i32).cast(),
+                4,
+            )
+            .map_err(|e| ("cublasLtMatmulDescSetAttribute (transa)", e))?;
+            lt::set_matmul_desc_attribute(
+                desc,
+                Desc::CUBLASLT_MATMUL_DESC_TRANSB,
+                (&OP_N as *const i32).cast(),
+                4,
+            )
+            .map_err(|e| ("cublasLtMatmulDescSetAttribute (transb)", e))?;
+            lt::set_matmul_desc_attribute(
+                desc,
+                Desc::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                (&epilogue as *const lt_sys::cublasLtEpilogue_t).cast(),
+                size_of::<lt_sys::cublasLtEpilogue_t>(),
+            )
+            .map_err(|e| ("cublasLtMatmulDescSetAttribute (epilogue)", e))?;
+        }
+        let (m64, k64, n64) = (m as u64, k as u64, n as u64);
+        let shapes = [
+            (k64, n64, k as i64),
+            (k64, m64, k as i64),
+            (n64, m64, n as i64),
+        ];
+        for (slot, (rows, cols, ld)) in prepared.layouts.iter_mut().zip(shapes) {
+            *slot = Handle(
+                lt::create_matrix_layout(ty, rows, cols, ld)
+                    .map_err(|e| ("cublasLtMatrixLayoutCreate", e))?,
+            );
+        }
+        let preference =
+            lt::create_matmul_pref().map_err(|e| ("cublasLtMatmulPreferenceCreate", e))?;
+        let chosen = (|| {
+            use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+            let bytes = WORKSPACE_BYTES as u64;
+            let align = alignment as u32;
+            // SAFETY: values of the attributes' types (uint64 bytes, uint32 alignments); the
+            // descriptors are alive.
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    preference,
+                    Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    (&bytes as *const u64).cast(),
+                    8,
+                )
+                .map_err(|e| ("cublasLtMatmulPreferenceSetAttribute (workspace)", e))?;
+                for attr in [
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                ] {
+                    lt::set_matmul_pref_attribute(
+                        preference,
+                        attr,
+                        (&align as *const u32).cast(),
+                        4,
+                    )
+                    .map_err(|e| ("cublasLtMatmulPreferenceSetAttribute (alignment)", e))?;
+                }
+                let [a, b, c] = prepared.layouts;
+                lt::get_matmul_algo_heuristic(handle.0, desc, a.0, b.0, c.0, c.0, preference)
+                    .map_err(|e| {
+                        (
+                            "cublasLtMatmulAlgoGetHeuristic (no algorithm for these sizes)",
+                            e,
+                        )
+                    })
+            }
+        })();
+        // SAFETY: created above, used by nothing else.
+        let _ = unsafe { lt::destroy_matmul_pref(preference) };
+        prepared.algo = chosen?.algo;
+        Ok(prepared)
+    }
+}
