@@ -162,13 +162,30 @@ def ffn(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     return seq[2](ffn_hidden(seq, x))
 
 
+def frozen(t: torch.Tensor) -> torch.Tensor:
+    """`t`, computed from weights only, as a constant of the exported graph: without this the
+    graph recomputes it from the weights on every run (ONNX Runtime folds constants on the CPU,
+    which has no float16 MatMul or Einsum, so a float16 graph kept them: 62 small GEMMs per DiT
+    pass, the upsampling convolutions' folded kernels on every decoder call).  The value is the
+    eager one, computed once at export; outside an export `t` itself."""
+    if not exporting():
+        return t
+    import warnings
+
+    with torch.no_grad(), warnings.catch_warnings():
+        # Leaving the trace is the point here: the tracer's warning about it is not news.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        data = t.detach().to("cpu", torch.float32).numpy().copy()
+        return torch.from_numpy(data).to(device=t.device, dtype=t.dtype)
+
+
 def value_and_output(v: nn.Module, o: nn.Module):
     """The value and output projections of an attention.  Exported graphs drop the value bias b_v
     and add W_o·b_v to the output bias: every attention row is a convex combination of values
     (softmax weights sum to 1), so attention(q, k, v + b_v) = attention(q, k, v) + b_v exactly.
     The keys/values a graph returns for the KV cache are then bias-free too, consistently."""
     if exporting() and isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and v.bias is not None:
-        bias = F.linear(v.bias, o.weight) + (o.bias if o.bias is not None else 0)
+        bias = frozen(F.linear(v.bias, o.weight) + (o.bias if o.bias is not None else 0))
         return (lambda x: F.linear(x, v.weight)), (lambda y: F.linear(y, o.weight, bias))
     return v, o
 
@@ -552,7 +569,7 @@ def value_and_output_parts(v: nn.Module, o: nn.Module):
     exactly where `value_and_output` folds it, so `new_v` means the same in both DiT graphs."""
     out, bias = linear_parts(o)
     if isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and v.bias is not None:
-        return (lambda x: F.linear(x, v.weight)), out, out(v.bias) + bias
+        return (lambda x: F.linear(x, v.weight)), out, frozen(out(v.bias) + bias)
     return v, out, bias
 
 

@@ -232,7 +232,8 @@ class ResidualBlock(nn.Module):
         else:
             h, h_carry = x, carry
         y = norm_silu_conv(norm1, conv1, x, ctx, norm_bias=carry, conv_bias=False)
-        out_carry = conv2.bias if h_carry is None else conv2.bias + h_carry
+        # Weights only: one constant of the exported graph, not a product and sums on every call.
+        out_carry = conv2.bias if h_carry is None else fused.frozen(conv2.bias + h_carry)
         if materialize:
             return norm_silu_conv(norm2, conv2, y, ctx, norm_bias=conv1.bias, conv_bias=out_carry) + h, None
         return norm_silu_conv(norm2, conv2, y, ctx, norm_bias=conv1.bias, conv_bias=False) + h, out_carry
@@ -309,8 +310,8 @@ def subpixel_upsample_conv(conv: nn.Conv2d, y: torch.Tensor, bias: bool = True) 
     fold = [[[1.0 if (p + d - 1) // 2 + 1 == a else 0.0 for d in range(3)] for a in range(3)] for p in range(2)]
     fold = torch.tensor(fold, dtype=w.dtype, device=w.device)
     # k[o, p, q, i, a, b] = sum_{dy, dx} fold[p, a, dy] * fold[q, b, dx] * w[o, i, dy, dx]
-    k = torch.einsum("pay,qbx,oiyx->opqiab", fold, fold, w).reshape(co * 4, w.shape[1], 3, 3)
-    b = None if conv.bias is None or not bias else conv.bias.repeat_interleave(4)
+    k = fused.frozen(torch.einsum("pay,qbx,oiyx->opqiab", fold, fold, w).reshape(co * 4, w.shape[1], 3, 3))
+    b = None if conv.bias is None or not bias else fused.frozen(conv.bias.repeat_interleave(4))
     return F.pixel_shuffle(F.conv2d(y, k, b, padding=1), 2)
 
 
