@@ -81,14 +81,15 @@ pub fn probe_environment(explicit: Option<&Path>) -> Vec<Check> {
 }
 
 /// Whether the runner's fused CUDA kernels (`runtime.dit_kernels`, `runtime.vae_kernels`) can be
-/// compiled: NVRTC must load. Not needed on the CPU provider, or with both set to `onnxruntime`.
+/// built: NVRTC and cuBLASLt must load. Not needed on the CPU provider, or with both set to
+/// `onnxruntime`.
 pub fn fused_kernels_check() -> Check {
-    let name = "nvrtc (fused kernels)".to_string();
-    match super::kernels::nvrtc_available() {
+    let name = "nvrtc and cublasLt (fused kernels)".to_string();
+    match super::kernels::cuda_libraries_available() {
         Ok(()) => Check {
             name,
             ok: true,
-            detail: "libnvrtc loads: the fused kernels compile on CUDA".into(),
+            detail: "libnvrtc and libcublasLt load: the fused kernels build on CUDA".into(),
             fix: None,
         },
         Err(error) => Check {

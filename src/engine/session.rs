@@ -278,13 +278,13 @@ impl FusedKernels {
         let unavailable = |reason: String| Err(part.unavailable(provider, reason));
         match self {
             FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
-            // Without NVRTC the kernels cannot be compiled: `auto` keeps ONNX Runtime's (and the
-            // records say so); asking for `unstep` by name is an error at session build.
+            // Without NVRTC or cuBLASLt the kernels cannot be built: `auto` keeps ONNX Runtime's
+            // (and the records say so); asking for `unstep` by name is an error at session build.
             FusedKernels::Auto => Ok(
                 if matches!(provider, Provider::Cuda(_))
                     && present
                     && supported
-                    && super::kernels::nvrtc_available().is_ok()
+                    && super::kernels::cuda_libraries_available().is_ok()
                 {
                     FusedKernels::Unstep
                 } else {

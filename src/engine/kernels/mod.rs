@@ -103,10 +103,11 @@ use super::{onnx_graph, ort_lib};
 
 pub(crate) const DOMAIN: &str = "ai.unstep";
 
-/// Whether the CUDA kernels could be compiled here: NVRTC loads (no GPU needed). For
-/// `runner doctor`.
-pub(crate) fn nvrtc_available() -> Result<(), String> {
-    cuda::check_nvrtc()
+/// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`) and
+/// cuBLASLt (`MatMulBiasGelu`) load; no GPU needed. For `runner doctor` and `auto`.
+pub(crate) fn cuda_libraries_available() -> Result<(), String> {
+    cuda::check_nvrtc()?;
+    gemm::check_cublaslt()
 }
 
 /// The `ai.unstep` operator domain for a session: CUDA kernels when `cuda` is true (inputs and
