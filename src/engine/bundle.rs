@@ -167,9 +167,15 @@ pub struct Graphs {
     pub text_encoder: String,
     pub dit: String,
     /// The DiT with the runner's own fused operators (`ai.unstep`, exporter 0.4.0 and later):
-    /// same inputs and outputs as `dit`, loadable only by the runner (docs/bundle.md).
+    /// same inputs and outputs as `dit` up to exporter 0.8.0, loadable only by the runner
+    /// (docs/bundle.md); from 0.9.0 it takes the context's keys and values (`dit_context`'s
+    /// outputs) instead of the context.
     #[serde(default)]
     pub dit_fused: Option<String>,
+    /// The text context → every layer's cross-attention keys and values, once per prompt, for a
+    /// `dit_fused` that takes them (exporter 0.9.0 and later).
+    #[serde(default)]
+    pub dit_context: Option<String>,
     pub vae_first: String,
     pub vae_step: String,
     /// The VAE decoder's graphs with the runner's fused operators (exporter 0.5.0 and later):
@@ -449,6 +455,7 @@ impl Bundle {
             ("text_encoder", Some(&m.graphs.text_encoder)),
             ("dit", Some(&m.graphs.dit)),
             ("dit_fused", m.graphs.dit_fused.as_ref()),
+            ("dit_context", m.graphs.dit_context.as_ref()),
             ("vae_first", Some(&m.graphs.vae_first)),
             ("vae_step", Some(&m.graphs.vae_step)),
             ("vae_first_fused", m.graphs.vae_first_fused.as_ref()),

@@ -36,8 +36,8 @@ use super::generate::{
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
 use super::session::{
-    GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, build_small_session, float_type,
-    indexed_names, vae_cache_count,
+    ContextInterface, GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions,
+    build_small_session, context_names, float_type, indexed_names, vae_cache_count,
 };
 
 type View = DynTensorRefMut<'static>;
@@ -276,6 +276,12 @@ pub(crate) struct DeviceLoop {
     /// Where the last block's passes write their keys and values (`[keys, values]`).
     kv_scratch: [Buf; 2],
     context: Buf,
+    /// With [`ContextInterface::KeysValues`], every layer's cross-attention keys and values of
+    /// the prompt (`[ctx_k.{i}, ctx_v.{i}]`, `dit_context`'s outputs, once per prompt); none
+    /// otherwise.
+    context_kv: Vec<[Buf; 2]>,
+    context_names: Vec<[String; 2]>,
+    context_interface: ContextInterface,
     /// Latents of the block being denoised, float32, and the same in the bundle's type.
     x: Buf,
     x_model: Buf,
@@ -491,11 +497,26 @@ impl DeviceLoop {
         };
         let vae_cache = [cache_set(0)?, cache_set(1)?];
         let frame_elems = 3 * d.video_frames() * d.frame_px();
+        let context_interface = sessions.context_interface;
+        let context_kv = match context_interface {
+            ContextInterface::Text => Vec::new(),
+            ContextInterface::KeysValues => (0..d.layers)
+                .map(|_| {
+                    Ok([
+                        buf(model, d.text_len * d.dim)?,
+                        buf(model, d.text_len * d.dim)?,
+                    ])
+                })
+                .collect::<Result<_, GenerateError>>()?,
+        };
         let mut this = Self {
             kv_k,
             kv_v,
             kv_scratch,
             context: buf(model, d.text_len * d.text_dim)?,
+            context_kv,
+            context_names: context_names(d.layers),
+            context_interface,
             x: buf(f32_, block)?,
             x_model: buf(model, block)?,
             x0: buf(f32_, block)?,
@@ -720,10 +741,14 @@ impl DeviceLoop {
         let timed_start = Instant::now();
         let GraphSessions {
             dit,
+            dit_context,
             vae_first,
             vae_step,
             ..
         } = sessions;
+        if let Some(session) = dit_context {
+            self.context_keys_values(session, &mut times)?;
+        }
         let VaeParts {
             latent_frame,
             layout,
@@ -942,6 +967,34 @@ impl DeviceLoop {
         Ok(())
     }
 
+    /// Runs `dit_context` on the prompt's context into the loop's buffers of the cross-attention
+    /// keys and values (the first DiT work of the timed region, once per prompt).
+    fn context_keys_values(
+        &self,
+        session: &mut Session,
+        times: &mut PhaseTimes,
+    ) -> Result<(), GenerateError> {
+        let e = run_err("dit_context");
+        let d = self.d;
+        let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
+        let context = [1, d.text_len as i64, d.text_dim as i64];
+        binding
+            .input("context", self.view(&self.context, 0, &context)?)
+            .map_err(e)?;
+        let shape = [1, d.text_len as i64, d.dim as i64];
+        for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
+            for (name, buf) in names.iter().zip(bufs) {
+                binding
+                    .output(name, self.view(buf, 0, &shape)?)
+                    .map_err(e)?;
+            }
+        }
+        let start = Instant::now();
+        session.run_binding(&binding.binding).map_err(e)?;
+        times.session_run += start.elapsed();
+        Ok(())
+    }
+
     /// Copies a prompt's context into the loop's context buffer.
     fn upload_context(&mut self, context: &HostContext) -> Result<(), GenerateError> {
         let (identity, mem) = (&mut self.graphs.identity_model, &self.mem);
@@ -969,12 +1022,22 @@ impl DeviceLoop {
         binding
             .input("x", self.view(&self.x_model, 0, &x_shape)?)
             .map_err(e)?;
-        binding
-            .input(
-                "context",
-                self.view(&self.context, 0, &[1, d.text_len as i64, d.text_dim as i64])?,
-            )
-            .map_err(e)?;
+        match self.context_interface {
+            ContextInterface::Text => {
+                let context = [1, d.text_len as i64, d.text_dim as i64];
+                binding
+                    .input("context", self.view(&self.context, 0, &context)?)
+                    .map_err(e)?;
+            }
+            ContextInterface::KeysValues => {
+                let shape = [1, d.text_len as i64, d.dim as i64];
+                for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
+                    for (name, buf) in names.iter().zip(bufs) {
+                        binding.input(name, self.view(buf, 0, &shape)?).map_err(e)?;
+                    }
+                }
+            }
+        }
         binding
             .input("frame_offset", self.view(&self.offsets, block, &[1])?)
             .map_err(e)?;

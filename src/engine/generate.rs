@@ -17,8 +17,8 @@ use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::noise::fill_normal;
 use super::schedule::{Emit, MethodSettings, NoiseLevel, Schedule, ScheduleError};
 use super::session::{
-    GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, SessionError, indexed_names,
-    vae_cache_count,
+    ContextInterface, GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, SessionError,
+    context_names, indexed_names, vae_cache_count,
 };
 
 /// Per-prompt options of a generation.
@@ -278,6 +278,9 @@ struct VaeCache {
 /// Host buffers reused by every prompt.
 struct Buffers {
     context: Vec<f32>,
+    /// With [`ContextInterface::KeysValues`], every layer's cross-attention keys and values of
+    /// the prompt (`dit_context`'s outputs, `[ctx_k.{i}, ctx_v.{i}]`); empty otherwise.
+    context_kv: Vec<[Vec<f32>; 2]>,
     x: Vec<f32>,
     x0: Vec<f32>,
     flow: Vec<f32>,
@@ -390,8 +393,16 @@ impl Generator {
             values: (0..caches).map(|_| None).collect(),
         };
         let frame_elems = dims.channels * dims.h * dims.w;
+        let context_kv = match sessions.context_interface {
+            ContextInterface::KeysValues if device.is_none() => {
+                let n = dims.text_len * dims.dim;
+                (0..layers).map(|_| [vec![0.0; n], vec![0.0; n]]).collect()
+            }
+            _ => Vec::new(),
+        };
         let buffers = Buffers {
             context: vec![0.0; dims.text_len * dims.text_dim],
+            context_kv,
             x: vec![0.0; host(dims.block_elems())],
             x0: vec![0.0; host(dims.block_elems())],
             flow: vec![0.0; host(dims.block_elems())],
@@ -501,6 +512,7 @@ impl Generator {
 
         // The timed region: from the moment the context is ready.
         let timed_start = Instant::now();
+        self.context_keys_values(&mut times)?;
         self.denoise(prompt_index, &options.method, &schedule, &mut times)?;
         let dit_end = Instant::now();
         times.dit = dit_end - timed_start;
@@ -617,6 +629,32 @@ impl Generator {
         Ok(())
     }
 
+    /// With a `dit_context` graph, runs it on `buffers.context` into `buffers.context_kv`.
+    fn context_keys_values(&mut self, times: &mut PhaseTimes) -> Result<(), GenerateError> {
+        const GRAPH: &str = "dit_context";
+        let Some(session) = self.sessions.dit_context.as_mut() else {
+            return Ok(());
+        };
+        let d = self.dims;
+        let context = TensorRef::from_array_view((
+            [1i64, d.text_len as i64, d.text_dim as i64],
+            self.buffers.context.as_slice(),
+        ))
+        .map_err(run_error(GRAPH))?;
+        let run_start = Instant::now();
+        let outputs = session
+            .run(ort::inputs!["context" => context])
+            .map_err(run_error(GRAPH))?;
+        times.session_run += run_start.elapsed();
+        let names = context_names(d.layers);
+        for (names, bufs) in names.iter().zip(self.buffers.context_kv.iter_mut()) {
+            for (name, buf) in names.iter().zip(bufs.iter_mut()) {
+                copy_output(&outputs, GRAPH, name, buf)?;
+            }
+        }
+        Ok(())
+    }
+
     /// One DiT pass over `buffers.x`; the flow goes to `buffers.flow`. On the clean-cache pass the
     /// new keys and values are written straight after the cache's current end.
     fn dit_pass(
@@ -656,15 +694,28 @@ impl Generator {
                 .map_err(run_error)?
                 .into(),
         ));
-        inputs.push((
-            "context".into(),
-            TensorRef::from_array_view((
-                [1i64, d.text_len as i64, d.text_dim as i64],
-                buf.context.as_slice(),
-            ))
-            .map_err(run_error)?
-            .into(),
-        ));
+        if buf.context_kv.is_empty() {
+            inputs.push((
+                "context".into(),
+                TensorRef::from_array_view((
+                    [1i64, d.text_len as i64, d.text_dim as i64],
+                    buf.context.as_slice(),
+                ))
+                .map_err(run_error)?
+                .into(),
+            ));
+        }
+        let kv_shape = [1i64, d.text_len as i64, d.dim as i64];
+        for (layer, bufs) in buf.context_kv.iter().enumerate() {
+            for (kind, data) in ["ctx_k", "ctx_v"].iter().zip(bufs) {
+                inputs.push((
+                    format!("{kind}.{layer}").into(),
+                    TensorRef::from_array_view((kv_shape, data.as_slice()))
+                        .map_err(run_error)?
+                        .into(),
+                ));
+            }
+        }
         inputs.push((
             "frame_offset".into(),
             TensorRef::from_array_view(([1i64], &offset[..]))

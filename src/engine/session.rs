@@ -385,6 +385,43 @@ pub struct GraphSessions {
     pub vae_kernels: FusedKernels,
     /// How the DiT graph takes its KV cache.
     pub kv_interface: KvInterface,
+    /// How the DiT graph takes the text context.
+    pub context_interface: ContextInterface,
+    /// The bundle's `dit_context` graph, for a DiT that takes the context's keys and values
+    /// ([`ContextInterface::KeysValues`]).
+    pub dit_context: Option<Session>,
+}
+
+/// How a DiT graph takes the text context, read from its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextInterface {
+    /// Input `context` `[1, text_len, text_dim]`: the graph embeds it and projects every layer's
+    /// cross-attention keys and values from it, in every pass (`dit.onnx`, and `dit_fused.onnx`
+    /// up to exporter 0.8.0).
+    Text,
+    /// Inputs `ctx_k.{i}` / `ctx_v.{i}` `[1, text_len, D]`: those keys and values, which depend on
+    /// the prompt alone; the bundle's `dit_context` graph computes them from the context once per
+    /// prompt (`dit_fused.onnx` of exporter 0.9.0 and later).
+    KeysValues,
+}
+
+impl ContextInterface {
+    /// The interface of a DiT session: keys and values when it has an input `ctx_k.0`.
+    fn of(dit: &Session) -> Self {
+        if dit.inputs().iter().any(|input| input.name() == "ctx_k.0") {
+            ContextInterface::KeysValues
+        } else {
+            ContextInterface::Text
+        }
+    }
+}
+
+/// `[ctx_k.{i}, ctx_v.{i}]` per layer: `dit_context`'s outputs and the DiT's inputs of
+/// [`ContextInterface::KeysValues`].
+pub(crate) fn context_names(layers: usize) -> Vec<[String; 2]> {
+    (0..layers)
+        .map(|i| [format!("ctx_k.{i}"), format!("ctx_v.{i}")])
+        .collect()
 }
 
 /// How a DiT graph takes the KV cache, read from its inputs.
@@ -507,6 +544,25 @@ impl GraphSessions {
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
         let kv_interface = KvInterface::of(&dit);
+        let context_interface = ContextInterface::of(&dit);
+        let dit_context = match context_interface {
+            ContextInterface::Text => None,
+            ContextInterface::KeysValues => {
+                let Some(graph) = &bundle.manifest.graphs.dit_context else {
+                    return Err(BundleError::GraphContract {
+                        role: "dit",
+                        name: names.dit.to_string(),
+                        problem: "it takes the context's keys and values (ctx_k.0, ...) but \
+                                  [graphs] has no dit_context graph that computes them"
+                            .into(),
+                    }
+                    .into());
+                };
+                Some(build_graph_session(
+                    runtime, bundle, graph, options, false, None,
+                )?)
+            }
+        };
         let sessions = Self {
             text_encoder: if text_encoder {
                 Some(text_encoder_session(runtime, bundle, options)?)
@@ -538,6 +594,8 @@ impl GraphSessions {
             )?,
             vae_kernels,
             kv_interface,
+            context_interface,
+            dit_context,
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
@@ -567,9 +625,24 @@ impl GraphSessions {
         let mut dit = Contract::new("dit", names.dit);
         dit.input("x", f32_, 5)
             .input("timestep", timestep_ty, 2)
-            .input("context", f32_, 3)
             .input("frame_offset", i64_, 1)
             .output("flow", f32_, 5);
+        match (self.context_interface, &self.dit_context) {
+            (ContextInterface::Text, _) => {
+                dit.input("context", f32_, 3);
+            }
+            (ContextInterface::KeysValues, Some(session)) => {
+                let graph = m.graphs.dit_context.as_deref().unwrap_or_default();
+                let mut context = Contract::new("dit_context", graph);
+                context.input("context", f32_, 3);
+                for name in context_names(layers).iter().flatten() {
+                    dit.input(name, f32_, 3);
+                    context.output(name, f32_, 3);
+                }
+                context.check(session)?;
+            }
+            (ContextInterface::KeysValues, None) => unreachable!("built with the DiT's session"),
+        }
         let kv = KvNames::new(self.kv_interface, layers);
         for name in kv.inputs.iter().flatten() {
             dit.input(name, f32_, 3);

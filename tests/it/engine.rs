@@ -579,6 +579,25 @@ fn a_dit_graph_without_the_contract_inputs_is_refused() {
     );
 }
 
+/// A fused DiT that takes the context's keys and values (`ctx_k.{i}`) needs the `dit_context`
+/// graph that computes them: without it the worker refuses the bundle before generating.
+#[test]
+fn a_fused_dit_without_its_context_graph_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    edit_toml(&bundle, "dit_context = \"dit_context.onnx\"\n", "");
+    assert_refused(
+        &bundle,
+        dir.path(),
+        &["--dit-kernels", "unstep"],
+        &[
+            "graph `dit` (dit_fused.onnx)",
+            "ctx_k.0",
+            "no dit_context graph",
+        ],
+    );
+}
+
 #[test]
 fn a_dit_graph_for_fewer_layers_is_refused() {
     let dir = tempfile::tempdir().unwrap();

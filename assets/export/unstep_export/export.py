@@ -30,9 +30,12 @@ FUSED_PRECISIONS = ("fp32", "fp16")
 
 
 class DitGraph(nn.Module):
-    """Flattens the DiT's list arguments into named graph inputs/outputs.  With `cache_inputs`
-    (dit_fused.onnx) the per-layer inputs are the KV cache buffers [1, P + T, D] that the graph
-    fills in place, and `flow` is the only output."""
+    """Flattens the DiT's list arguments into named graph inputs/outputs: (x, timestep, context,
+    frame_offset, past_k.0, past_v.0, ...) -> (flow, new_k.0, new_v.0, ...).  With `cache_inputs`
+    (dit_fused.onnx) the inputs are (x, timestep, frame_offset, kv_k.0, kv_v.0, ..., ctx_k.0,
+    ctx_v.0, ...): the KV cache buffers [1, P + T, D] that the graph fills in place, then the
+    cross-attentions' keys and values of the context (dit_context.onnx); `flow` is the only
+    output."""
 
     def __init__(self, dit, cache_inputs: bool = False):
         super().__init__()
@@ -40,7 +43,13 @@ class DitGraph(nn.Module):
         self.layers = len(dit.blocks)
         self.cache_inputs = cache_inputs
 
-    def forward(self, x, timestep, context, frame_offset, *past):
+    def forward(self, x, timestep, *rest):
+        if self.cache_inputs:
+            frame_offset, rest = rest[0], rest[1:]
+            past, ctx = rest[: 2 * self.layers], rest[2 * self.layers:]
+            context = [(k, v) for k, v in zip(ctx[0::2], ctx[1::2])]
+        else:
+            context, frame_offset, past = rest[0], rest[1], rest[2:]
         past_k = list(past[0::2])
         past_v = list(past[1::2])
         flow, nk, nv = self.dit(x, timestep, context, frame_offset, past_k, past_v)
@@ -50,6 +59,19 @@ class DitGraph(nn.Module):
         for k, v in zip(nk, nv):
             out += [k, v]
         return tuple(out)
+
+
+class ContextGraph(nn.Module):
+    """dit_context.onnx: the text context [1, text_len, text_dim] -> per layer the
+    cross-attention's keys and values [1, text_len, D] (`ctx_k.{i}`, `ctx_v.{i}`), which
+    dit_fused.onnx takes as inputs: computed once per prompt instead of in every DiT pass."""
+
+    def __init__(self, dit):
+        super().__init__()
+        self.dit = dit
+
+    def forward(self, context):
+        return tuple(t for kv in self.dit.context_kv(context) for t in kv)
 
 
 class VaeGraph(nn.Module):
@@ -144,9 +166,19 @@ def export_dit(dit, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool
             dyn[name] = {1: "P"}  # dit_fused: the axis is P + T
     shapes = [tuple(x.shape)] + ([] if fused_ops else [(1, T, D)] * (2 * L))
     name, opsets = ("dit_fused.onnx", FUSED_CUSTOM_OPSETS) if fused_ops else ("dit.onnx", None)
+    args = (x, ts, ctx, off, *past)
+    if fused_ops:
+        # The context's keys and values instead of the context: dit_context.onnx computes them
+        # once per prompt.
+        ctx_names = [n for i in range(L) for n in (f"ctx_k.{i}", f"ctx_v.{i}")]
+        ctx_kv = [torch.randn(1, cfg.text_len, D, dtype=dtype, device=device) for _ in ctx_names]
+        in_names = [n for n in in_names if n != "context"] + ctx_names
+        args = (x, ts, off, *past, *ctx_kv)
+        _export(ContextGraph(dit), (ctx,), out / "dit_context.onnx", ["context"], ctx_names,
+                [(1, cfg.text_len, D)] * (2 * L))
     with fused.fused_dit() if fused_ops else contextlib.nullcontext():
-        _export(DitGraph(dit, cache_inputs=fused_ops), (x, ts, ctx, off, *past), out / name, in_names, out_names,
-                shapes, dyn, custom_opsets=opsets)
+        _export(DitGraph(dit, cache_inputs=fused_ops), args, out / name, in_names, out_names, shapes, dyn,
+                custom_opsets=opsets)
 
 
 def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool = False):
@@ -239,6 +271,8 @@ def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""
     ]
     if (out / "dit_fused.onnx").is_file():
         lines.append('dit_fused = "dit_fused.onnx"')
+    if (out / "dit_context.onnx").is_file():
+        lines.append('dit_context = "dit_context.onnx"')
     lines += [
         'vae_first = "vae_first.onnx"',
         'vae_step = "vae_step.onnx"',

@@ -110,21 +110,33 @@ class SelfAttention(AttentionProjections):
 
 class CrossAttention(AttentionProjections):
     def forward(self, x, context):
+        """context: the embedded text context, or in the structure of dit_fused its (keys, values)
+        from `context_kv`."""
         if fused.fused_dit_active():
-            return self.forward_fused(x, context)
+            kv = context if isinstance(context, tuple) else self.context_kv(context)
+            return self.forward_fused(x, kv)
         q = self.norm_q(self.q(x))
         k = self.norm_k(self.k(context))
         value, output = fused.value_and_output(self.v, self.o)
         return output(attention(q, k, value(context), self.heads))
 
-    def forward_fused(self, x, context):
-        """dit_fused: q as one BiasRmsNorm after a bias-free projection; the context side as in
-        `forward`.  Returns the bias-free output projection and its (folded) bias."""
+    def context_kv(self, context):
+        """The keys and values of the (embedded) text context: k = norm_k(context W_k + b_k) and
+        the values without the bias `value_and_output_parts` folds into the output's.  They depend
+        on the prompt alone, so dit_fused takes them as inputs (`ctx_k.{i}`, `ctx_v.{i}`) and
+        dit_context.onnx computes them once per prompt."""
+        value, _, _ = fused.value_and_output_parts(self.v, self.o)
+        return self.norm_k(self.k(context)), value(context)
+
+    def forward_fused(self, x, context_kv):
+        """dit_fused: q as one BiasRmsNorm after a bias-free projection, against the context's
+        keys and values (`context_kv`).  Returns the bias-free output projection and its (folded)
+        bias."""
         q_lin, q_bias = fused.linear_parts(self.q)
         q = fused.bias_rms_norm(q_lin(x), q_bias, self.norm_q.weight, self.norm_q.eps)
-        k = self.norm_k(self.k(context))
-        value, output, o_bias = fused.value_and_output_parts(self.v, self.o)
-        return output(attention(q, k, value(context), self.heads)), o_bias
+        k, v = context_kv
+        _, output, o_bias = fused.value_and_output_parts(self.v, self.o)
+        return output(attention(q, k, v, self.heads)), o_bias
 
 
 class Block(nn.Module):
@@ -169,12 +181,13 @@ class Block(nn.Module):
         y = fused.modulated_layer_norm(x.unflatten(1, (frames, -1)), 1 + e[1], e[0], self.norm1.eps, self.norm1)
         return y.flatten(1, 2)
 
-    def forward_fused(self, x, y, e, next_scale, next_shift, next_eps: float, context, cos, sin, past_k, past_v,
+    def forward_fused(self, x, y, e, next_scale, next_shift, next_eps: float, context_kv, cos, sin, past_k, past_v,
                       frames: int):
         """The structure of dit_fused.onnx.  x: residual stream; y: this layer's modulated input
         norm, computed by the previous layer's last op (None for layer 0: one LayerNormalization
         here); e: this layer's modulation chunks; next_*: the scale, shift and eps of the norm that
-        follows this layer (the next layer's norm1, or the head's).
+        follows this layer (the next layer's norm1, or the head's); context_kv: the cross-attention's
+        keys and values of the text context.
         Returns (residual, the next modulated input norm, new k, new v); exporting, past_k/past_v
         are the cache inputs [1, P + T, D] that the graph fills, and new k, v are None."""
         if y is None:
@@ -182,7 +195,7 @@ class Block(nn.Module):
         o, o_bias, k, v = self.self_attn(y, cos, sin, past_k, past_v)
         # x + (o + b_o) * gate, and norm3 (affine) of that for the cross-attention
         x, y = fused.gated_residual_layer_norm(x, o, o_bias, e[2], self.norm3.weight, self.norm3.bias, self.norm3.eps)
-        o, o_bias = self.cross_attn(y, context)
+        o, o_bias = self.cross_attn(y, tuple(context_kv))
         ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)  # the cross-attention is not gated
         x, y = fused.gated_residual_layer_norm(x, o, o_bias, ones, 1 + e[4], e[3], self.norm2.eps)
         second, b2 = fused.linear_parts(self.ffn[2])
@@ -261,8 +274,15 @@ class CausalDiT(nn.Module):
         ang = torch.cat([at, hw], dim=-1).reshape(frames * tpf, -1)
         return torch.cos(ang), torch.sin(ang)
 
+    def context_kv(self, context):
+        """[(k, v)] per layer: the cross-attentions' keys and values of the text context
+        [1, text_len, text_dim] (`CrossAttention.context_kv`), each [1, text_len, D]."""
+        ctx = self.text_embedding(context.to(self.patch_embedding.weight.dtype))
+        return [blk.cross_attn.context_kv(ctx) for blk in self.blocks]
+
     def forward(self, x, timestep, context, frame_offset, past_k, past_v):
-        """x [1,16,F,h,w]; timestep float32 [1,F]; context [1,text_len,text_dim];
+        """x [1,16,F,h,w]; timestep float32 [1,F]; context [1,text_len,text_dim], or in the
+        structure of dit_fused (`fused.fused_dit()`) optionally its `context_kv` list;
         frame_offset int64 [1]; past_k/past_v: lists of [1,P,D].  Returns flow and new k/v lists."""
         cfg = self.cfg
         frames = x.shape[2]
@@ -272,13 +292,14 @@ class CausalDiT(nn.Module):
         h = self.patch_embedding(x.to(dtype)).flatten(2).transpose(1, 2)  # [1, F*hp*wp, D]
         e = self.time_embedding(sinusoidal_embedding(timestep, cfg.freq_dim).to(dtype))  # [1,F,D]
         e0 = self.time_projection(e).unflatten(2, (6, cfg.dim))  # [1,F,6,D]
-        ctx = self.text_embedding(context.to(dtype))
         cos, sin = self.rope(frame_offset, frames)
 
         new_k, new_v = [], []
         if fused.fused_dit_active():
-            out, new_k, new_v = self._blocks_fused(h, e, e0, ctx, cos, sin, past_k, past_v, frames)
+            ctx_kv = context if isinstance(context, (list, tuple)) else self.context_kv(context)
+            out, new_k, new_v = self._blocks_fused(h, e, e0, ctx_kv, cos, sin, past_k, past_v, frames)
         else:
+            ctx = self.text_embedding(context.to(dtype))
             for i, blk in enumerate(self.blocks):
                 h, k, v = blk(h, e0, ctx, cos, sin, past_k[i], past_v[i], frames)
                 new_k.append(k)
@@ -291,10 +312,11 @@ class CausalDiT(nn.Module):
         out = out.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(1, c, frames * pt, hp * ph, wp * pw)
         return out, new_k, new_v
 
-    def _blocks_fused(self, h, e, e0, ctx, cos, sin, past_k, past_v, frames: int):
+    def _blocks_fused(self, h, e, e0, ctx_kv, cos, sin, past_k, past_v, frames: int):
         """The blocks and head in the structure of dit_fused.onnx (fused.fused_dit): each norm
         after layer 0's input norm is computed by the GatedResidualLayerNorm of the residual before
-        it, the last one with the head's modulation and eps."""
+        it, the last one with the head's modulation and eps; layer i's cross-attention reads the
+        context's keys and values ctx_kv[i]."""
         chunks = [blk.modulation_chunks(e0) for blk in self.blocks]
         head = self.head.modulation_chunks(e)
         y = None  # layer 0 computes its own input norm
@@ -306,7 +328,7 @@ class CausalDiT(nn.Module):
             else:
                 scale, shift, eps = 1 + head[1], head[0], self.head.norm.eps
             # Called as a module, so that the graph's node names keep the /dit/blocks.{i}/ scope.
-            h, y, k, v = blk(h, e0, ctx, cos, sin, past_k[i], past_v[i], frames,
+            h, y, k, v = blk(h, e0, ctx_kv[i], cos, sin, past_k[i], past_v[i], frames,
                              fused_args=(y, chunks[i], scale, shift, eps))
             new_k.append(k)
             new_v.append(v)

@@ -233,7 +233,8 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     anything computed from `x` (the context-side key norms and the text embedding's GELU may stay),
     so dit.onnx's FastGelu less one per layer; each BiasGelu takes a MatMul's output and its bias has
     that output's width; each MatMulBiasGelu takes a constant [N, D] weight and an [N] bias;
-    exactly one LayerNormalization; every ai.unstep node's inputs and outputs
+    exactly one LayerNormalization; no text embedding and no context keys or values (they are
+    dit_context.onnx's outputs, `ctx_k.{i}`, `ctx_v.{i}` inputs here); every ai.unstep node's inputs and outputs
     of one float type; dit.onnx's x, timestep, context, frame_offset, then
     `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`, `past_v.{i}` (axis 1 now P + T), and
     dit.onnx's `flow` as the only output.  The cache inputs of layer i are read by that layer's
@@ -253,12 +254,14 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     model = onnx.load(str(fused_path), load_external_data=False)
     graph = model.graph
     std_in = {v.name: v.type.SerializeToString() for v in std.graph.input}
-    want_in = _io_signature(std.graph.input)[:4]
+    want_in = [(n, std_in.get(n)) for n in ("x", "timestep", "frame_offset")]
     for i in range(layers):
         want_in += [(f"kv_k.{i}", std_in.get(f"past_k.{i}")), (f"kv_v.{i}", std_in.get(f"past_v.{i}"))]
-    if _io_signature(graph.input) != want_in:
-        problems.append(f"inputs {[v.name for v in graph.input]}: expected {[n for n, _ in want_in]} typed like "
-                        f"dit.onnx's x, timestep, context, frame_offset, past_k.i, past_v.i")
+    ctx_names = [n for i in range(layers) for n in (f"ctx_k.{i}", f"ctx_v.{i}")]
+    got_in = _io_signature(graph.input)
+    if got_in[: len(want_in)] != want_in or [n for n, _ in got_in[len(want_in):]] != ctx_names:
+        problems.append(f"inputs {[v.name for v in graph.input]}: expected {[n for n, _ in want_in] + ctx_names}, "
+                        f"the first typed like dit.onnx's x, timestep, frame_offset, past_k.i, past_v.i")
     if _io_signature(graph.output) != _io_signature(std.graph.output)[:1]:
         problems.append(f"outputs {[v.name for v in graph.output]}: expected dit.onnx's flow only")
     opsets = {o.domain: o.version for o in model.opset_import}
@@ -298,10 +301,15 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     for n in graph.node:
         if n.op_type in ("SimplifiedLayerNormalization", "FastGelu") and n.input[0] in tainted:
             problems.append(f"{n.op_type} on token activations: {n.name}")
-    want_gelu = std_counts[("com.microsoft", "FastGelu")] - layers
-    if counts[("com.microsoft", "FastGelu")] != want_gelu:
-        problems.append(f"FastGelu: {counts[('com.microsoft', 'FastGelu')]} nodes, expected {want_gelu} (dit.onnx's "
-                        f"{std_counts[('com.microsoft', 'FastGelu')]} less one per layer: the FFN's are BiasGelu)")
+    # dit.onnx's FastGelu are the FFNs' (BiasGelu or MatMulBiasGelu here) and the text embedding's
+    # (in dit_context.onnx now): none is left.
+    if counts[("com.microsoft", "FastGelu")]:
+        problems.append(f"FastGelu: {counts[('com.microsoft', 'FastGelu')]} nodes, expected none (the FFNs' are "
+                        f"MatMulBiasGelu or BiasGelu, the text embedding's is in dit_context.onnx)")
+    for n in graph.node:
+        if n.op_type == "SimplifiedLayerNormalization":
+            problems.append(f"{n.name}: SimplifiedLayerNormalization left (the context keys' norms are in "
+                            f"dit_context.onnx)")
 
     # The cache inputs: written by QkvNormRopeCache, then read by the attention that takes its Q.
     index = _GraphIndex(graph)
@@ -345,11 +353,18 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         if position[id(attn[0])] < position[id(node)]:
             problems.append(f"{attn[0].name} comes before {node.name}")
     whole_ffn = counts[(UNSTEP_DOMAIN, "MatMulBiasGelu")]
-    want_mm = std_counts[("ai.onnx", "MatMul")] - 2 * plain_qkv - whole_ffn
+    # The context side (the text embedding, each layer's context keys and values) is in
+    # dit_context.onnx beside it.
+    context_graph = onnx.load(str(Path(fused_path).with_name("dit_context.onnx")), load_external_data=False)
+    context_mm = sum(1 for n in context_graph.graph.node if n.op_type == "MatMul")
+    if context_mm != 2 * layers + 2:
+        problems.append(f"dit_context.onnx: {context_mm} MatMul nodes, expected {2 * layers + 2} (the text "
+                        f"embedding's 2, each layer's context keys and values)")
+    want_mm = std_counts[("ai.onnx", "MatMul")] - 2 * plain_qkv - whole_ffn - context_mm
     if counts[("ai.onnx", "MatMul")] != want_mm:
         problems.append(f"MatMul: {counts[('ai.onnx', 'MatMul')]} nodes, expected {want_mm} (dit.onnx's "
-                        f"{std_counts[('ai.onnx', 'MatMul')]} less 2 for each of {plain_qkv} fused q|k|v projections "
-                        f"and 1 for each of {whole_ffn} MatMulBiasGelu)")
+                        f"{std_counts[('ai.onnx', 'MatMul')]} less 2 for each of {plain_qkv} fused q|k|v projections, "
+                        f"1 for each of {whole_ffn} MatMulBiasGelu and dit_context.onnx's {context_mm})")
 
     # Element types and shapes of the ai.unstep nodes' operands.
     info = _value_types(model)
@@ -717,14 +732,20 @@ def run_fused_reference(path, feed: dict):
 
 def run_fused_dit(path, feed: dict, tokens: int):
     """dit_fused.onnx in onnx.reference (numpy operators) on the inputs of a dit.onnx run:
-    `kv_k.{i}` = concat(past_k.{i}, zeros[T]), likewise `kv_v.{i}`.  Returns (flow, new_k, new_v,
+    `kv_k.{i}` = concat(past_k.{i}, zeros[T]), likewise `kv_v.{i}`, and `ctx_k.{i}`, `ctx_v.{i}`
+    from dit_context.onnx (beside it) on `context`.  Returns (flow, new_k, new_v,
     problems): new_k/new_v are the last T rows of the cache arrays after the run (what the
     QkvNormRopeCache nodes wrote in place), problems says where the writes did not reach the fed
     arrays or touched the past rows."""
     from onnx.reference import ReferenceEvaluator
 
     layers = sum(1 for k in feed if k.startswith("past_k."))
-    fused_feed = {k: v for k, v in feed.items() if not k.startswith("past_")}
+    fused_feed = {k: v for k, v in feed.items() if not k.startswith("past_") and k != "context"}
+    # The context's keys and values, from dit_context.onnx beside it (onnx.reference as well).
+    context_graph = Path(path).with_name("dit_context.onnx")
+    ctx = ReferenceEvaluator(str(context_graph), new_ops=_unstep_reference_ops()).run(None, {"context": feed["context"]})
+    for i in range(layers):
+        fused_feed[f"ctx_k.{i}"], fused_feed[f"ctx_v.{i}"] = ctx[2 * i], ctx[2 * i + 1]
     for i in range(layers):
         for kind in "kv":
             p = feed[f"past_{kind}.{i}"]
