@@ -758,6 +758,13 @@ fn qkv_norm_rope_cache_matches_the_reference_and_keeps_the_earlier_rows() {
     check_qkv_cpu::<f16>();
 }
 
+/// The attributes of the operators that have none (BiasGelu, MatMulBiasGelu).
+const NO_ATTRS: Attrs = Attrs {
+    epsilon: 0.0,
+    num_heads: 0,
+    silu: false,
+};
+
 /// One BiasGelu case: X, bias and the reference.
 struct GeluCase<T> {
     x_shape: Vec<i64>,
@@ -803,11 +810,7 @@ impl<T: Element> OpCase<T> for GeluCase<T> {
     const OP: Op = Op::BiasGelu;
 
     fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: 0.0,
-            num_heads: 0,
-            silu: false,
-        }
+        NO_ATTRS
     }
 
     fn shapes(&self) -> Vec<Vec<i64>> {
@@ -901,11 +904,7 @@ impl<T: Element> OpCase<T> for MatMulGeluCase<T> {
     const OP: Op = Op::MatMulBiasGelu;
 
     fn attrs(&self) -> Attrs {
-        Attrs {
-            epsilon: 0.0,
-            num_heads: 0,
-            silu: false,
-        }
+        NO_ATTRS
     }
 
     fn shapes(&self) -> Vec<Vec<i64>> {
@@ -1306,11 +1305,7 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         (8, 8, 4, 6, 2, 4)
     );
     // MatMulBiasGelu: W of another K, or not a matrix; bias not of N elements.
-    let none = Attrs {
-        epsilon: 0.0,
-        num_heads: 0,
-        silu: false,
-    };
+    let none = NO_ATTRS;
     for w in [&[24, 8][..], &[24, 16, 1], &[0, 16]] {
         let e = plan_error(Op::MatMulBiasGelu, none, &[&[2, 3, 16], w, &[24]]);
         assert!(
