@@ -133,6 +133,11 @@ def show(rep, top, width):
           f"{nk:,} kernels, {sum(1 for k, _ in rep.rows if k == 'kernel'):,} distinct names")
     if rep.m("n_records_dropped"):
         print(f"   WARNING: {rep.m('n_records_dropped'):,} records dropped by CUPTI")
+    if gbusy > span:
+        # A difference of two runs: their start-ups (session creation, first-call tuning) can
+        # differ by more than the work between them, so the span difference undercounts it.
+        print("   NOTE: busy exceeds span: the two runs' spans differ by less than their work; "
+              "read the per-kernel rows, not the span or the idle total")
 
     work = {k: v for k, v in rep.rows.items() if k[0] != "gap"}
     gaps = {k: v for k, v in rep.rows.items() if k[0] == "gap"}
