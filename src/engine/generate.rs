@@ -279,8 +279,10 @@ struct VaeCache {
 struct Buffers {
     context: Vec<f32>,
     /// With [`ContextInterface::KeysValues`], every layer's cross-attention keys and values of
-    /// the prompt (`dit_context`'s outputs, `[ctx_k.{i}, ctx_v.{i}]`); empty otherwise.
+    /// the prompt (`dit_context`'s outputs, named as `context_names`); empty otherwise.
     context_kv: Vec<[Vec<f32>; 2]>,
+    /// `[ctx_k.{i}, ctx_v.{i}]` per layer.
+    context_names: Vec<[String; 2]>,
     x: Vec<f32>,
     x0: Vec<f32>,
     flow: Vec<f32>,
@@ -403,6 +405,7 @@ impl Generator {
         let buffers = Buffers {
             context: vec![0.0; dims.text_len * dims.text_dim],
             context_kv,
+            context_names: context_names(layers),
             x: vec![0.0; host(dims.block_elems())],
             x0: vec![0.0; host(dims.block_elems())],
             flow: vec![0.0; host(dims.block_elems())],
@@ -646,8 +649,8 @@ impl Generator {
             .run(ort::inputs!["context" => context])
             .map_err(run_error(GRAPH))?;
         times.session_run += run_start.elapsed();
-        let names = context_names(d.layers);
-        for (names, bufs) in names.iter().zip(self.buffers.context_kv.iter_mut()) {
+        let buf = &mut self.buffers;
+        for (names, bufs) in buf.context_names.iter().zip(buf.context_kv.iter_mut()) {
             for (name, buf) in names.iter().zip(bufs.iter_mut()) {
                 copy_output(&outputs, GRAPH, name, buf)?;
             }
@@ -706,10 +709,10 @@ impl Generator {
             ));
         }
         let kv_shape = [1i64, d.text_len as i64, d.dim as i64];
-        for (layer, bufs) in buf.context_kv.iter().enumerate() {
-            for (kind, data) in ["ctx_k", "ctx_v"].iter().zip(bufs) {
+        for (names, bufs) in buf.context_names.iter().zip(&buf.context_kv) {
+            for (name, data) in names.iter().zip(bufs) {
                 inputs.push((
-                    format!("{kind}.{layer}").into(),
+                    Cow::Borrowed(name.as_str()),
                     TensorRef::from_array_view((kv_shape, data.as_slice()))
                         .map_err(run_error)?
                         .into(),
