@@ -447,6 +447,11 @@ impl Generator {
         self.sessions.kv_interface
     }
 
+    /// How the DiT session takes the text context (and so whether `dit_context` runs).
+    pub fn context_interface(&self) -> ContextInterface {
+        self.sessions.context_interface
+    }
+
     pub fn bundle(&self) -> &Bundle {
         &self.bundle
     }

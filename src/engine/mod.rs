@@ -48,6 +48,6 @@ pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};
 pub use schedule::{Emit, MethodSettings, Schedule, ScheduleError};
 pub use session::{
-    ArenaExtend, AttentionKernel, ConvAlgoSearch, CudaOptions, FusedKernels, FusedPart,
-    KvInterface, Provider, RuntimeOptions, SessionError, TensorRtOptions,
+    ArenaExtend, AttentionKernel, ContextInterface, ConvAlgoSearch, CudaOptions, FusedKernels,
+    FusedPart, KvInterface, Provider, RuntimeOptions, SessionError, TensorRtOptions,
 };

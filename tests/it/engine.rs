@@ -1042,6 +1042,13 @@ fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
         [&stock, &fused, &fused_device, &fused_vae].map(|g| g.kv_interface()),
         [PastAndNew, InPlace, InPlace, PastAndNew]
     );
+    // The fused DiT takes the context's keys and values, from dit_context once per prompt;
+    // dit.onnx the context.
+    use unstep::engine::ContextInterface::{KeysValues, Text};
+    assert_eq!(
+        [&stock, &fused, &fused_device, &fused_vae].map(|g| g.context_interface()),
+        [Text, KeysValues, KeysValues, Text]
+    );
     // `auto` keeps ONNX Runtime's kernels on the CPU provider.
     let auto = generator();
     assert_eq!(
