@@ -14,6 +14,10 @@ pub(crate) trait Element:
     fn to_f32(self) -> f32;
     /// Rounds to nearest, ties to even (as `cvt.rn.f16.f32` on the GPU).
     fn from_f32(v: f32) -> Self;
+    /// The values as float32: borrowed when they are float32 already.
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+        values.iter().map(|v| v.to_f32()).collect()
+    }
 }
 
 impl Element for f32 {
@@ -22,6 +26,9 @@ impl Element for f32 {
     }
     fn from_f32(v: f32) -> Self {
         v
+    }
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+        std::borrow::Cow::Borrowed(values)
     }
 }
 
@@ -160,13 +167,13 @@ pub(crate) fn bias_gelu<T: Element>(plan: &Plan, x: &[T], bias: &[T], y: &mut [T
 }
 
 /// `MatMulBiasGelu`: `y[r, n] = GELU(Σ_k x[r, k]·w[n, k] + bias[n])` for `plan.rows` rows of
-/// K = `plan.d` and N = `plan.cols`; the product in float32 (ndarray's matrix multiply), each
-/// element rounded to T once, after the GELU.
+/// K = `plan.d` and N = `plan.cols`; the product in float32 (ndarray's matrix multiply, on the
+/// inputs themselves when they are float32), each element rounded to T once, after the GELU.
 pub(crate) fn matmul_bias_gelu<T: Element>(plan: &Plan, x: &[T], w: &[T], bias: &[T], y: &mut [T]) {
     let (m, k, n) = (plan.rows, plan.d, plan.cols);
-    let wide = |v: &[T]| v.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
-    let x = ndarray::Array2::from_shape_vec((m, k), wide(&x[..m * k])).expect("M·K elements");
-    let w = ndarray::Array2::from_shape_vec((n, k), wide(&w[..n * k])).expect("N·K elements");
+    let (x, w) = (T::widen(&x[..m * k]), T::widen(&w[..n * k]));
+    let x = ndarray::ArrayView2::from_shape((m, k), &x[..]).expect("M·K elements");
+    let w = ndarray::ArrayView2::from_shape((n, k), &w[..]).expect("N·K elements");
     let product = x.dot(&w.t());
     let product = product.as_slice().expect("a new array is contiguous");
     y.par_chunks_mut(n)
