@@ -1637,6 +1637,26 @@ fn the_cuda_domain_without_cuda_says_what_is_missing() {
     }
 }
 
+/// MatMulBiasGelu's CUDA kernel refuses another element type before loading anything, and
+/// without cuBLASLt or the CUDA driver (this machine, CI) says what is missing and what to do;
+/// with both it is a kernel.
+#[test]
+fn the_matmul_kernel_says_what_it_cannot_do() {
+    let e = gemm::GemmKernel::new(TensorElementType::Int8, 0)
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("ai.unstep MatMulBiasGelu: element type Int8 is not supported"),
+        "{e}"
+    );
+    if let Err(e) = gemm::GemmKernel::new(TensorElementType::Float16, 0) {
+        assert!(
+            e.contains("could not load") && e.contains("`--dit-kernels onnxruntime`"),
+            "{e}"
+        );
+    }
+}
+
 // --- The CUDA source ---------------------------------------------------------------------------
 
 /// The host's launch sizes are the source's: `#define NAME value` of kernels.cu.
