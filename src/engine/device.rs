@@ -277,11 +277,10 @@ pub(crate) struct DeviceLoop {
     kv_scratch: [Buf; 2],
     context: Buf,
     /// With [`ContextInterface::KeysValues`], every layer's cross-attention keys and values of
-    /// the prompt (`[ctx_k.{i}, ctx_v.{i}]`, `dit_context`'s outputs, once per prompt); none
-    /// otherwise.
+    /// the prompt (`[ctx_k.{i}, ctx_v.{i}]`, `dit_context`'s outputs, once per prompt); empty
+    /// when the DiT takes `context` itself.
     context_kv: Vec<[Buf; 2]>,
     context_names: Vec<[String; 2]>,
-    context_interface: ContextInterface,
     /// Latents of the block being denoised, float32, and the same in the bundle's type.
     x: Buf,
     x_model: Buf,
@@ -497,8 +496,7 @@ impl DeviceLoop {
         };
         let vae_cache = [cache_set(0)?, cache_set(1)?];
         let frame_elems = 3 * d.video_frames() * d.frame_px();
-        let context_interface = sessions.context_interface;
-        let context_kv = match context_interface {
+        let context_kv = match sessions.context_interface() {
             ContextInterface::Text => Vec::new(),
             ContextInterface::KeysValues => (0..d.layers)
                 .map(|_| {
@@ -516,7 +514,6 @@ impl DeviceLoop {
             context: buf(model, d.text_len * d.text_dim)?,
             context_kv,
             context_names: context_names(d.layers),
-            context_interface,
             x: buf(f32_, block)?,
             x_model: buf(model, block)?,
             x0: buf(f32_, block)?,
@@ -1022,20 +1019,17 @@ impl DeviceLoop {
         binding
             .input("x", self.view(&self.x_model, 0, &x_shape)?)
             .map_err(e)?;
-        match self.context_interface {
-            ContextInterface::Text => {
-                let context = [1, d.text_len as i64, d.text_dim as i64];
-                binding
-                    .input("context", self.view(&self.context, 0, &context)?)
-                    .map_err(e)?;
-            }
-            ContextInterface::KeysValues => {
-                let shape = [1, d.text_len as i64, d.dim as i64];
-                for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
-                    for (name, buf) in names.iter().zip(bufs) {
-                        binding.input(name, self.view(buf, 0, &shape)?).map_err(e)?;
-                    }
-                }
+        // The context itself, or (from `dit_context`) its keys and values, as the host loop does.
+        if self.context_kv.is_empty() {
+            let context = [1, d.text_len as i64, d.text_dim as i64];
+            binding
+                .input("context", self.view(&self.context, 0, &context)?)
+                .map_err(e)?;
+        }
+        let shape = [1, d.text_len as i64, d.dim as i64];
+        for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
+            for (name, buf) in names.iter().zip(bufs) {
+                binding.input(name, self.view(buf, 0, &shape)?).map_err(e)?;
             }
         }
         binding

@@ -395,7 +395,7 @@ impl Generator {
             values: (0..caches).map(|_| None).collect(),
         };
         let frame_elems = dims.channels * dims.h * dims.w;
-        let context_kv = match sessions.context_interface {
+        let context_kv = match sessions.context_interface() {
             ContextInterface::KeysValues if device.is_none() => {
                 let n = dims.text_len * dims.dim;
                 (0..layers).map(|_| [vec![0.0; n], vec![0.0; n]]).collect()
@@ -449,7 +449,7 @@ impl Generator {
 
     /// How the DiT session takes the text context (and so whether `dit_context` runs).
     pub fn context_interface(&self) -> ContextInterface {
-        self.sessions.context_interface
+        self.sessions.context_interface()
     }
 
     pub fn bundle(&self) -> &Bundle {

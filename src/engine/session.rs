@@ -385,11 +385,20 @@ pub struct GraphSessions {
     pub vae_kernels: FusedKernels,
     /// How the DiT graph takes its KV cache.
     pub kv_interface: KvInterface,
-    /// How the DiT graph takes the text context.
-    pub context_interface: ContextInterface,
-    /// The bundle's `dit_context` graph, for a DiT that takes the context's keys and values
+    /// The bundle's `dit_context` graph, exactly when the DiT takes the context's keys and values
     /// ([`ContextInterface::KeysValues`]).
     pub dit_context: Option<Session>,
+}
+
+impl GraphSessions {
+    /// How the DiT graph takes the text context: from `dit_context` when that session exists.
+    pub fn context_interface(&self) -> ContextInterface {
+        if self.dit_context.is_some() {
+            ContextInterface::KeysValues
+        } else {
+            ContextInterface::Text
+        }
+    }
 }
 
 /// How a DiT graph takes the text context, read from its inputs.
@@ -405,23 +414,15 @@ pub enum ContextInterface {
     KeysValues,
 }
 
-impl ContextInterface {
-    /// The interface of a DiT session: keys and values when it has an input `ctx_k.0`.
-    fn of(dit: &Session) -> Self {
-        if dit.inputs().iter().any(|input| input.name() == "ctx_k.0") {
-            ContextInterface::KeysValues
-        } else {
-            ContextInterface::Text
-        }
-    }
+/// Whether `session`'s graph has an input `name`.
+fn has_input(session: &Session, name: &str) -> bool {
+    session.inputs().iter().any(|input| input.name() == name)
 }
 
 /// `[ctx_k.{i}, ctx_v.{i}]` per layer: `dit_context`'s outputs and the DiT's inputs of
 /// [`ContextInterface::KeysValues`].
 pub(crate) fn context_names(layers: usize) -> Vec<[String; 2]> {
-    (0..layers)
-        .map(|i| [format!("ctx_k.{i}"), format!("ctx_v.{i}")])
-        .collect()
+    layer_pairs("ctx_k", "ctx_v", layers)
 }
 
 /// How a DiT graph takes the KV cache, read from its inputs.
@@ -442,7 +443,7 @@ pub enum KvInterface {
 impl KvInterface {
     /// The interface of a DiT session: in place when it has an input `kv_k.0`.
     fn of(dit: &Session) -> Self {
-        if dit.inputs().iter().any(|input| input.name() == "kv_k.0") {
+        if has_input(dit, "kv_k.0") {
             KvInterface::InPlace
         } else {
             KvInterface::PastAndNew
@@ -465,12 +466,15 @@ pub(crate) fn indexed_names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}.{i}")).collect()
 }
 
+/// `[{k}.{i}, {v}.{i}]` for each of `layers` layers.
+fn layer_pairs(k: &str, v: &str, layers: usize) -> Vec<[String; 2]> {
+    let (k, v) = (indexed_names(k, layers), indexed_names(v, layers));
+    k.into_iter().zip(v).map(|(k, v)| [k, v]).collect()
+}
+
 impl KvNames {
     pub(crate) fn new(interface: KvInterface, layers: usize) -> Self {
-        let names = |k: &str, v: &str| {
-            let (k, v) = (indexed_names(k, layers), indexed_names(v, layers));
-            k.into_iter().zip(v).map(|(k, v)| [k, v]).collect()
-        };
+        let names = |k, v| layer_pairs(k, v, layers);
         let (inputs, outputs) = match interface {
             KvInterface::PastAndNew => (names("past_k", "past_v"), names("new_k", "new_v")),
             KvInterface::InPlace => (names("kv_k", "kv_v"), Vec::new()),
@@ -544,24 +548,23 @@ impl GraphSessions {
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
         let kv_interface = KvInterface::of(&dit);
-        let context_interface = ContextInterface::of(&dit);
-        let dit_context = match context_interface {
-            ContextInterface::Text => None,
-            ContextInterface::KeysValues => {
-                let Some(graph) = &bundle.manifest.graphs.dit_context else {
-                    return Err(BundleError::GraphContract {
-                        role: "dit",
-                        name: names.dit.to_string(),
-                        problem: "it takes the context's keys and values (ctx_k.0, ...) but \
-                                  [graphs] has no dit_context graph that computes them"
-                            .into(),
-                    }
-                    .into());
-                };
-                Some(build_graph_session(
-                    runtime, bundle, graph, options, false, None,
-                )?)
-            }
+        // A DiT that takes the context's keys and values needs the graph that computes them.
+        let dit_context = if has_input(&dit, "ctx_k.0") {
+            let Some(graph) = &bundle.manifest.graphs.dit_context else {
+                return Err(BundleError::GraphContract {
+                    role: "dit",
+                    name: names.dit.to_string(),
+                    problem: "it takes the context's keys and values (ctx_k.0, ...) but [graphs] \
+                              has no dit_context graph that computes them"
+                        .into(),
+                }
+                .into());
+            };
+            Some(build_graph_session(
+                runtime, bundle, graph, options, false, None,
+            )?)
+        } else {
+            None
         };
         let sessions = Self {
             text_encoder: if text_encoder {
@@ -594,7 +597,6 @@ impl GraphSessions {
             )?,
             vae_kernels,
             kv_interface,
-            context_interface,
             dit_context,
         };
         sessions.check_contract(bundle)?;
@@ -627,11 +629,11 @@ impl GraphSessions {
             .input("timestep", timestep_ty, 2)
             .input("frame_offset", i64_, 1)
             .output("flow", f32_, 5);
-        match (self.context_interface, &self.dit_context) {
-            (ContextInterface::Text, _) => {
+        match &self.dit_context {
+            None => {
                 dit.input("context", f32_, 3);
             }
-            (ContextInterface::KeysValues, Some(session)) => {
+            Some(session) => {
                 let graph = m.graphs.dit_context.as_deref().unwrap_or_default();
                 let mut context = Contract::new("dit_context", graph);
                 context.input("context", f32_, 3);
@@ -641,7 +643,6 @@ impl GraphSessions {
                 }
                 context.check(session)?;
             }
-            (ContextInterface::KeysValues, None) => unreachable!("built with the DiT's session"),
         }
         let kv = KvNames::new(self.kv_interface, layers);
         for name in kv.inputs.iter().flatten() {

@@ -360,9 +360,9 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
     };
     let arch = format!("sm_{}{}", attribute(MAJOR)?, attribute(MINOR)?);
     let image = compile(&arch).map_err(|e| format!("{e}; {REMEDY}"))?;
-    // SAFETY: `device` came from cuDeviceGet. The reference is never released.
-    let context = unsafe { driver::primary_ctx::retain(device) }
-        .map_err(|e| fail("cuDevicePrimaryCtxRetain", e))?;
+    let context = primary_context(ordinal)
+        .map_err(|e| format!("unstep CUDA kernels: {e}"))?
+        .0;
     let _current = CurrentContext::enter(context).map_err(|e| fail("cuCtxPushCurrent", e))?;
     // SAFETY: `image` is a complete cubin; the context is current.
     let module = unsafe { driver::module::load_data(image.as_ptr().cast()) }.map_err(|e| {
@@ -423,18 +423,25 @@ impl Drop for CurrentContext {
     }
 }
 
+/// A checked call of an operator on CUDA, ready to launch.
+pub(super) struct Call {
+    pub(super) plan: Plan,
+    /// Device addresses of the inputs, then the outputs, in the operator's order.
+    pub(super) pointers: Vec<u64>,
+    /// ONNX Runtime's compute stream.
+    pub(super) stream: sys::CUstream,
+}
+
 /// Checks a call of `op` on CUDA device `ordinal` with element type `ty` against the contract
-/// (types, devices, shapes, alignment to element pairs) and allocates its outputs: the call's
-/// plan, the device addresses of its inputs then outputs (in the operator's order), and ONNX
-/// Runtime's compute stream; `None` when the outputs are empty (nothing to launch).
-#[allow(clippy::type_complexity)]
+/// (types, devices, shapes, alignment to element pairs) and allocates its outputs; `None` when
+/// the outputs are empty (nothing to launch).
 pub(super) fn prepare(
     op: Op,
     ty: TensorElementType,
     ordinal: i32,
     attrs: &Attrs,
     ctx: &ComputeContext,
-) -> ort::Result<Option<(Plan, Vec<u64>, sys::CUstream)>> {
+) -> ort::Result<Option<Call>> {
     let fail = |message: String| op_error(op, format!("(CUDA) {message}"));
     let elem_bytes = elem_bytes(ty);
     // `kind` and `name` are formatted only when the check fails: this runs on every call.
@@ -498,7 +505,11 @@ pub(super) fn prepare(
         .stream()?
         .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
         .as_ptr() as sys::CUstream;
-    Ok(Some((plan, pointers, stream)))
+    Ok(Some(Call {
+        plan,
+        pointers,
+        stream,
+    }))
 }
 
 /// The bytes of one element of `ty` (float16 or float32).
@@ -558,12 +569,11 @@ impl CudaKernel {
 
     /// Checks the call and launches the kernel on ONNX Runtime's stream.
     pub(super) fn compute(&self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let Some((plan, pointers, stream)) = prepare(self.op, self.ty, self.ordinal, attrs, ctx)?
-        else {
+        let Some(call) = prepare(self.op, self.ty, self.ordinal, attrs, ctx)? else {
             return Ok(());
         };
         // The launch refuses a D the kernels cannot take (odd, or past MAX_D).
-        self.launch(&plan, attrs, &pointers, stream)
+        self.launch(&call.plan, attrs, &call.pointers, call.stream)
             .map_err(|message| op_error(self.op, format!("(CUDA) {message}")))
     }
 

@@ -151,10 +151,10 @@ impl GemmKernel {
     /// Checks the call (as the row kernels do) and queues the matmul on ONNX Runtime's stream.
     pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
         let op = Op::MatMulBiasGelu;
-        let Some((plan, pointers, stream)) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
+        let Some(call) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
             return Ok(());
         };
-        self.launch(&plan, &pointers, stream)
+        self.launch(&call.plan, &call.pointers, call.stream)
             .map_err(|message| op_error(op, format!("(CUDA) {message}")))
     }
 

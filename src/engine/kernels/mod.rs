@@ -70,13 +70,14 @@
 //!    and read the N-wide product once more.
 //!
 //! Every output has X's shape, but Q's last axis is D, Y of `PrefixBiasRmsNorm` has P + T on
-//! axis 1 and its tail prefix's shape, and Y of `MatMulBiasGelu` has N on its last axis. A shape that breaks the contract is an error naming the
-//! operator, the input and the shapes. The CUDA kernels keep a row in registers: they also need D even and
-//! at most 2048 (wan-1.3b's is 1536), and every tensor aligned to a pair of elements (ONNX
-//! Runtime's allocations are); a call outside that is an error, not a slow path. They work a row
-//! with a group of up to 32 threads and 16-byte accesses when D ≤ 512 is a multiple of 16 bytes
-//! and the tensors are aligned to it (the VAE's channels-last rows, D = 96 to 384), and with one
-//! block of 128 threads otherwise (the DiT's D = 1536); see `cuda.rs`.
+//! axis 1 and its tail prefix's shape, and Y of `MatMulBiasGelu` has N on its last axis. A shape
+//! that breaks the contract is an error naming the operator, the input and the shapes. The CUDA
+//! kernels keep a row in registers: they also need D even and at most 2048 (wan-1.3b's is 1536),
+//! and every tensor aligned to a pair of elements (ONNX Runtime's allocations are); a call outside
+//! that is an error, not a slow path. They work a row with a group of up to 32 threads and
+//! 16-byte accesses when D ≤ 512 is a multiple of 16 bytes and the tensors are aligned to it (the
+//! VAE's channels-last rows, D = 96 to 384), and with one block of 128 threads otherwise (the
+//! DiT's D = 1536); see `cuda.rs`.
 //!
 //! Tests: `tests.rs` checks the CPU kernels against a float64 reference, directly and through
 //! ONNX Runtime; its ignored tests compile `kernels.cu` with NVRTC (no GPU needed) and check the

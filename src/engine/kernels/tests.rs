@@ -100,6 +100,12 @@ fn reference_silu(n: f64) -> f64 {
     n / (1.0 + (-n).exp())
 }
 
+/// GELU's tanh form, `0.5·v·(1 + tanh(sqrt(2/π)·(v + 0.044715·v³)))`.
+fn reference_gelu(v: f64) -> f64 {
+    let z = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+    0.5 * v * (1.0 + z.tanh())
+}
+
 /// The rotary embedding of `u` per head: head h's column pair (h·hd + 2q, h·hd + 2q + 1) turns by
 /// angle column q of table row r % Tc.
 fn reference_rope(u: &[f64], cos: &[f64], sin: &[f64], d: usize, heads: usize) -> Vec<f64> {
@@ -783,18 +789,14 @@ impl<T: Element> GeluCase<T> {
         }
     }
 
-    /// `0.5·v·(1 + tanh(sqrt(2/π)·(v + 0.044715·v³)))` in float64.
+    /// `reference_gelu(X + bias)` in float64.
     fn reference(&self) -> Vec<f64> {
         let d = self.bias.len();
         let bias = wide(&self.bias);
         wide(&self.x)
             .iter()
             .enumerate()
-            .map(|(i, &x)| {
-                let v = x + bias[i % d];
-                let z = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
-                0.5 * v * (1.0 + z.tanh())
-            })
+            .map(|(i, &x)| reference_gelu(x + bias[i % d]))
             .collect()
     }
 
@@ -879,8 +881,7 @@ impl<T: Element> MatMulGeluCase<T> {
         for x_row in x.chunks(k) {
             for (c, w_row) in w.chunks(k).enumerate() {
                 let v = x_row.iter().zip(w_row).map(|(a, b)| a * b).sum::<f64>() + bias[c];
-                let z = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
-                y.push(0.5 * v * (1.0 + z.tanh()));
+                y.push(reference_gelu(v));
             }
         }
         y
