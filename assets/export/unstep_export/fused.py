@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -170,8 +171,6 @@ def frozen(t: torch.Tensor) -> torch.Tensor:
     eager one, computed once at export; outside an export `t` itself."""
     if not exporting():
         return t
-    import warnings
-
     with torch.no_grad(), warnings.catch_warnings():
         # Leaving the trace is the point here: the tracer's warning about it is not news.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -336,21 +335,23 @@ def prefix_bias_rms_norm_reference(x, bias, weight, prefix, eps: float):
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
+def _gelu_tanh(v):
+    """0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), in v's (float32) arithmetic."""
+    return 0.5 * v * (1.0 + torch.tanh(_GELU_C * (v + 0.044715 * v * v * v)))
+
+
 def bias_gelu_reference(x, bias):
     """ai.unstep::BiasGelu: with v = x + bias (bias [D] per column of the last axis),
     0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) in float32, rounded to x's type once."""
     d = x.shape[-1]
     v = x.float().reshape(-1, d) + bias.float().reshape(d)
-    y = 0.5 * v * (1.0 + torch.tanh(_GELU_C * (v + 0.044715 * v * v * v)))
-    return y.reshape(x.shape).to(x.dtype)
+    return _gelu_tanh(v).reshape(x.shape).to(x.dtype)
 
 
 def matmul_bias_gelu_reference(x, weight, bias):
     """ai.unstep::MatMulBiasGelu: v = x W^T + bias (W [N, K], the linear layer's weight; bias
     [N]), then BiasGelu's GELU, all in float32 and rounded to x's type once."""
-    v = F.linear(x.float(), weight.float(), bias.float())
-    y = 0.5 * v * (1.0 + torch.tanh(_GELU_C * (v + 0.044715 * v * v * v)))
-    return y.to(x.dtype)
+    return _gelu_tanh(F.linear(x.float(), weight.float(), bias.float())).to(x.dtype)
 
 
 def gated_residual_layer_norm_reference(r, x, bias, gate, scale, shift, eps: float):
@@ -598,10 +599,9 @@ def ffn_hidden(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     `BiasGelu` (eager: their reference arithmetic)."""
     first, act, _ = seq
     if fused_dit_active():
-        if isinstance(first, nn.Linear):
-            bias = first.bias if first.bias is not None else torch.zeros_like(first.weight[:, 0])
-            return matmul_bias_gelu(x, first.weight, bias)
         product, bias = linear_parts(first)
+        if isinstance(first, nn.Linear):
+            return matmul_bias_gelu(x, first.weight, bias)
         return bias_gelu(product(x), bias)
     if exporting() and isinstance(first, nn.Linear) and first.bias is not None:
         return _FastGeluBias.apply(F.linear(x, first.weight), first.bias)

@@ -110,11 +110,10 @@ class SelfAttention(AttentionProjections):
 
 class CrossAttention(AttentionProjections):
     def forward(self, x, context):
-        """context: the embedded text context, or in the structure of dit_fused its (keys, values)
-        from `context_kv`."""
+        """context: the embedded text context; in the structure of dit_fused (`fused.fused_dit()`,
+        where `Block.forward_fused` calls it) its (keys, values) from `context_kv`."""
         if fused.fused_dit_active():
-            kv = context if isinstance(context, tuple) else self.context_kv(context)
-            return self.forward_fused(x, kv)
+            return self.forward_fused(x, context)
         q = self.norm_q(self.q(x))
         k = self.norm_k(self.k(context))
         value, output = fused.value_and_output(self.v, self.o)
@@ -195,7 +194,7 @@ class Block(nn.Module):
         o, o_bias, k, v = self.self_attn(y, cos, sin, past_k, past_v)
         # x + (o + b_o) * gate, and norm3 (affine) of that for the cross-attention
         x, y = fused.gated_residual_layer_norm(x, o, o_bias, e[2], self.norm3.weight, self.norm3.bias, self.norm3.eps)
-        o, o_bias = self.cross_attn(y, tuple(context_kv))
+        o, o_bias = self.cross_attn(y, context_kv)
         ones = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)  # the cross-attention is not gated
         x, y = fused.gated_residual_layer_norm(x, o, o_bias, ones, 1 + e[4], e[3], self.norm2.eps)
         second, b2 = fused.linear_parts(self.ffn[2])

@@ -133,9 +133,10 @@ def _io_signature(values):
     return [(v.name, v.type.SerializeToString()) for v in values]
 
 
-# Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0.
-# (QkvNormRopeCache's output Q is QKV's type with the last axis divided by 3.)
-_SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS if op != "QkvNormRopeCache"} | {
+# Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0,
+# but for the last axis of QkvNormRopeCache's Q (QKV's divided by 3) and MatMulBiasGelu's Y (W's
+# rows), which `_value_types` sets.
+_SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS} | {
     ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
     ("", "SimplifiedLayerNormalization")}
 
@@ -152,18 +153,21 @@ def _value_types(model) -> dict:
         g = m.graph
         types = {v.name: v.type for v in list(g.input) + list(g.output) + list(g.value_info)
                  if v.type.tensor_type.elem_type}
+        weights = {t.name: list(t.dims) for t in g.initializer}
         added = 0
         for n in g.node:
-            qkv = (n.domain, n.op_type) == ("ai.unstep", "QkvNormRopeCache")
-            if ((n.domain, n.op_type) in _SAME_AS_INPUT0 or qkv) and n.input[0] in types:
+            if (n.domain, n.op_type) in _SAME_AS_INPUT0 and n.input[0] in types:
                 for o in n.output:
                     if o not in types:
                         v = g.value_info.add()
                         v.name = o
                         v.type.CopyFrom(types[n.input[0]])
-                        if qkv and v.type.tensor_type.shape.dim:
-                            last = v.type.tensor_type.shape.dim[-1]
-                            if last.HasField("dim_value"):
+                        dims = v.type.tensor_type.shape.dim
+                        if n.op_type in ("QkvNormRopeCache", "MatMulBiasGelu") and dims:
+                            last, w = dims[-1], weights.get(n.input[1])
+                            if n.op_type == "MatMulBiasGelu" and w:
+                                last.dim_value = w[0]
+                            elif n.op_type == "QkvNormRopeCache" and last.HasField("dim_value"):
                                 last.dim_value //= 3
                             else:
                                 last.Clear()
@@ -229,19 +233,19 @@ class _GraphIndex:
 def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list:
     """dit_fused.onnx against the contract of docs/bundle.md (no ONNX Runtime): per layer one
     QkvNormRopeCache, one BiasRmsNorm, three GatedResidualLayerNorm, one MatMulBiasGelu or BiasGelu
-    and no BiasRmsNormRope; no RotaryEmbedding and no SimplifiedLayerNormalization or FastGelu on
-    anything computed from `x` (the context-side key norms and the text embedding's GELU may stay),
-    so dit.onnx's FastGelu less one per layer; each BiasGelu takes a MatMul's output and its bias has
-    that output's width; each MatMulBiasGelu takes a constant [N, D] weight and an [N] bias;
-    exactly one LayerNormalization; no text embedding and no context keys or values (they are
-    dit_context.onnx's outputs, `ctx_k.{i}`, `ctx_v.{i}` inputs here); every ai.unstep node's inputs and outputs
-    of one float type; dit.onnx's x, timestep, context, frame_offset, then
-    `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`, `past_v.{i}` (axis 1 now P + T), and
-    dit.onnx's `flow` as the only output.  The cache inputs of layer i are read by that layer's
+    and no BiasRmsNormRope; no RotaryEmbedding, no SimplifiedLayerNormalization and no FastGelu
+    (the context side, with the text embedding's GELU and the context keys' norms, is
+    dit_context.onnx beside it); each BiasGelu takes a MatMul's output and its bias has that
+    output's width; each MatMulBiasGelu takes a constant [N, D] weight and an [N] bias; exactly one
+    LayerNormalization; every ai.unstep node's inputs and outputs of one float type; dit.onnx's x,
+    timestep, frame_offset, then `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`,
+    `past_v.{i}` (axis 1 now P + T), then `ctx_k.{i}`, `ctx_v.{i}`, and dit.onnx's `flow` as the
+    only output.  The cache inputs of layer i are read by that layer's
     QkvNormRopeCache (K, V, which it writes) and by the MultiHeadAttention that takes its Q, and by
     nothing else (so no Concat of the cache); its QKV is one MatMul by a [D, 3D] constant (or, with
     --svd-rank factors, a Concat of three products), so the graph has dit.onnx's MatMuls less two
-    per such layer and one per MatMulBiasGelu.  Returns the problems (empty when it passes) and prints the node counts."""
+    per such layer, one per MatMulBiasGelu and dit_context.onnx's.  Returns the problems (empty when
+    it passes) and prints the node counts."""
     import collections
     import re
 
@@ -293,14 +297,6 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     if counts[("ai.onnx", "LayerNormalization")] != 1:
         problems.append(f"{counts[('ai.onnx', 'LayerNormalization')]} LayerNormalization nodes, expected 1 (layer 0)")
 
-    # Tensors computed from the token activations (anything downstream of the input x).
-    tainted = {"x"}
-    for n in graph.node:  # the exporter writes nodes in topological order
-        if any(i in tainted for i in n.input):
-            tainted.update(n.output)
-    for n in graph.node:
-        if n.op_type in ("SimplifiedLayerNormalization", "FastGelu") and n.input[0] in tainted:
-            problems.append(f"{n.op_type} on token activations: {n.name}")
     # dit.onnx's FastGelu are the FFNs' (BiasGelu or MatMulBiasGelu here) and the text embedding's
     # (in dit_context.onnx now): none is left.
     if counts[("com.microsoft", "FastGelu")]:
