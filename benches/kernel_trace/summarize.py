@@ -12,9 +12,9 @@ Per report: span, kernel busy (union of kernel intervals), busy/span (GPU utilis
 top N rows by total time with their percent of kernel_sum, and the kernel time grouped into
 categories by regex on the kernel name, then the device's idle gaps by the pair of records
 around them (rows of kind "gap": every gap of 10 us or more charged to the record that ended
-before it and the one that starts it, shorter ones in one row). With several reports, a merged section follows (rows
-with the same kind and name are added; span and busy are added too, i.e. the processes are
-taken as if they had run one after the other).
+before it and the one that starts it, shorter ones in one row). With several reports, a merged
+section follows (rows with the same kind and name are added; span and busy are added too, i.e.
+the processes are taken as if they had run one after the other).
 """
 import argparse
 import re
