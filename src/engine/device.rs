@@ -972,24 +972,34 @@ impl DeviceLoop {
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
         let e = run_err("dit_context");
-        let d = self.d;
         let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
-        let context = [1, d.text_len as i64, d.text_dim as i64];
-        binding
-            .input("context", self.view(&self.context, 0, &context)?)
-            .map_err(e)?;
-        let shape = [1, d.text_len as i64, d.dim as i64];
-        for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
-            for (name, buf) in names.iter().zip(bufs) {
-                binding
-                    .output(name, self.view(buf, 0, &shape)?)
-                    .map_err(e)?;
-            }
+        binding.input("context", self.context_view()?).map_err(e)?;
+        for (name, view) in self.context_kv_views()? {
+            binding.output(name, view).map_err(e)?;
         }
         let start = Instant::now();
         session.run_binding(&binding.binding).map_err(e)?;
         times.session_run += start.elapsed();
         Ok(())
+    }
+
+    /// The prompt's text context `[1, text_len, text_dim]`.
+    fn context_view(&self) -> Result<View, GenerateError> {
+        let d = self.d;
+        self.view(&self.context, 0, &[1, d.text_len as i64, d.text_dim as i64])
+    }
+
+    /// The context's keys and values `[1, text_len, D]` by name: `dit_context`'s outputs and the
+    /// DiT's inputs (none when the DiT takes the context itself).
+    fn context_kv_views(&self) -> Result<Vec<(&str, View)>, GenerateError> {
+        let shape = [1, self.d.text_len as i64, self.d.dim as i64];
+        let mut views = Vec::with_capacity(2 * self.context_kv.len());
+        for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
+            for (name, buf) in names.iter().zip(bufs) {
+                views.push((name.as_str(), self.view(buf, 0, &shape)?));
+            }
+        }
+        Ok(views)
     }
 
     /// Copies a prompt's context into the loop's context buffer.
@@ -1021,16 +1031,10 @@ impl DeviceLoop {
             .map_err(e)?;
         // The context itself, or (from `dit_context`) its keys and values, as the host loop does.
         if self.context_kv.is_empty() {
-            let context = [1, d.text_len as i64, d.text_dim as i64];
-            binding
-                .input("context", self.view(&self.context, 0, &context)?)
-                .map_err(e)?;
+            binding.input("context", self.context_view()?).map_err(e)?;
         }
-        let shape = [1, d.text_len as i64, d.dim as i64];
-        for (names, bufs) in self.context_names.iter().zip(&self.context_kv) {
-            for (name, buf) in names.iter().zip(bufs) {
-                binding.input(name, self.view(buf, 0, &shape)?).map_err(e)?;
-            }
+        for (name, view) in self.context_kv_views()? {
+            binding.input(name, view).map_err(e)?;
         }
         binding
             .input("frame_offset", self.view(&self.offsets, block, &[1])?)
