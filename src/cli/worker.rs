@@ -107,9 +107,10 @@ pub struct WorkerArgs {
     /// always use them).
     #[arg(long)]
     pub prefer_nhwc: bool,
-    /// CUDA graph capture: not available (refused before any work); kept so that a command
-    /// line with it fails with a reason instead of an unknown flag.
-    #[arg(long, hide = true)]
+    /// CUDA: capture the DiT's passes as CUDA graphs, one per block shape, and replay them
+    /// (ONNX Runtime's `enable_cuda_graph`, in the DiT's session). The first prompt of the process
+    /// captures them and decodes after the DiT; later prompts replay them.
+    #[arg(long)]
     pub cuda_graphs: bool,
     /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).
     #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_attention)]
@@ -241,6 +242,13 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     let indices = parse_indices(args.indices.as_deref().unwrap_or_default(), prompts.len())
         .map_err(WorkerError::Usage)?;
     let options = generate_options(args);
+    if args.cuda_graphs && args.provider != ProviderArg::Cuda {
+        return Err(WorkerError::Usage(
+            "--cuda-graphs needs --provider cuda (ONNX Runtime's CUDA provider captures the \
+             graphs); leave the flag out on this provider"
+                .into(),
+        ));
+    }
     let runtime = runtime_options(args);
     let export = ExportSettings {
         frames_per_block: args.frames_per_block,
@@ -272,7 +280,7 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
     )?;
     if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
         eprintln!(
-            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}, {} loop",
+            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}, {} loop{}",
             ort.version,
             ort.location.path.display(),
             ort.location.source,
@@ -284,6 +292,11 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
                 "device (io binding)"
             } else {
                 "host"
+            },
+            if runtime.cuda_graphs() {
+                ", DiT as CUDA graphs"
+            } else {
+                ""
             }
         );
     }

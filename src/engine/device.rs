@@ -297,9 +297,85 @@ pub(crate) struct DeviceLoop {
     vae: Option<VaeParts>,
     /// Decode each block while the DiT generates the next (SPEC §6).
     overlap_vae: bool,
+    /// CUDA graphs of the DiT's session, one per block shape (`runtime.cuda_graphs`).
+    capture: Option<GraphCapture>,
     names: KvNames,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     memory: Option<super::cuda_memory::MemoryProbe>,
+}
+
+/// The DiT's CUDA graphs (ONNX Runtime's `enable_cuda_graph`, in the DiT's session only).
+///
+/// ONNX Runtime replays a captured graph with the addresses and shapes of its capture. Every pass
+/// of a block binds the same views (the KV cache's prefix and the block's rows, `x`, `flow`, the
+/// context's keys and values, the block's frame offset) and its timestep is copied into one
+/// buffer before the pass, so one graph per block shape serves all its passes, in every prompt.
+/// A shape's first two passes run as usual (`gpu_graph_id = -1`): the first sizes the arena, the
+/// second allocates ONNX Runtime's memory pattern, so the capture (the third) allocates nothing
+/// new; later passes replay it.
+///
+/// While a capture may happen the decoder does not run beside the DiT: ONNX Runtime captures in
+/// CUDA's global mode, in which another thread's allocation or synchronisation breaks the capture.
+/// The first prompt of a process therefore decodes after the DiT; later prompts overlap again.
+struct GraphCapture {
+    ids: GraphIds,
+    /// The timestep of the pass being run, `[1, frames_per_block]` float32, at one address.
+    timestep: Buf,
+}
+
+/// Which graph each pass of the DiT runs as.
+#[derive(Default, Debug)]
+struct GraphIds {
+    /// Per block shape: its graph id and the passes run so far with that shape.
+    shapes: Vec<(BlockShape, i32, u32)>,
+    /// Set when a buffer of the DiT's arena was reallocated after a capture: the chunks a graph
+    /// captured may now hold that buffer, so no graph is replayed again.
+    stale: bool,
+}
+
+/// What distinguishes one block's DiT binding from another's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct BlockShape {
+    block: usize,
+    past_start: usize,
+    kv_len: usize,
+}
+
+/// Regular runs of a block shape before its capture (see [`GraphCapture`]).
+const RUNS_BEFORE_CAPTURE: u32 = 2;
+
+impl GraphIds {
+    /// The `gpu_graph_id` of the next pass with this shape: -1 (a plain run) for its first
+    /// passes or when the graphs went stale, else the shape's graph (captured on first use).
+    fn next_id(&mut self, shape: BlockShape) -> i32 {
+        if self.stale {
+            return -1;
+        }
+        let next = self.shapes.len() as i32 + 1;
+        let entry = match self.shapes.iter_mut().find(|(s, ..)| *s == shape) {
+            Some(entry) => entry,
+            None => {
+                self.shapes.push((shape, next, 0));
+                self.shapes.last_mut().expect("just pushed")
+            }
+        };
+        entry.2 += 1;
+        if entry.2 <= RUNS_BEFORE_CAPTURE {
+            -1
+        } else {
+            entry.1
+        }
+    }
+
+    /// Whether every one of these shapes has its graph (no pass of them will capture).
+    fn captured(&self, shapes: &[BlockShape]) -> bool {
+        self.stale
+            || shapes.iter().all(|shape| {
+                self.shapes
+                    .iter()
+                    .any(|(s, _, runs)| s == shape && *runs > RUNS_BEFORE_CAPTURE)
+            })
+    }
 }
 
 /// What the VAE decoder needs: its own small-graph sessions and buffers read through views.
@@ -543,6 +619,14 @@ impl DeviceLoop {
                 },
             }),
             overlap_vae: runtime.overlap_vae,
+            capture: if runtime.cuda_graphs() {
+                Some(GraphCapture {
+                    ids: GraphIds::default(),
+                    timestep: buf(f32_, d.frames_per_block)?,
+                })
+            } else {
+                None
+            },
             names: KvNames::new(sessions.kv_interface, d.layers),
             memory: if on_gpu {
                 super::cuda_memory::MemoryProbe::open()
@@ -686,26 +770,38 @@ impl DeviceLoop {
         let total_draws = d.blocks() * draws;
         // Tables sized for the default schedule; a longer one gets larger buffers once.
         let grow =
-            |buf: &mut Buf, ty, len: usize, alloc: &Allocator| -> Result<(), GenerateError> {
+            |buf: &mut Buf, ty, len: usize, alloc: &Allocator| -> Result<bool, GenerateError> {
                 if buf.len < len {
                     *buf = Buf::new(alloc, ty, len).map_err(run_err("device setup"))?;
+                    return Ok(true);
                 }
-                Ok(())
+                Ok(false)
             };
         let f32_ = TensorElementType::Float32;
-        grow(&mut self.noise, f32_, total_draws * block, &self.alloc)?;
-        grow(
-            &mut self.coefficients,
-            f32_,
-            2 * (2 * steps + 3),
-            &self.alloc,
-        )?;
-        grow(
-            &mut self.timesteps,
-            f32_,
-            (steps + 1) * d.frames_per_block,
-            &self.alloc,
-        )?;
+        let grown = grow(&mut self.noise, f32_, total_draws * block, &self.alloc)?
+            | grow(
+                &mut self.coefficients,
+                f32_,
+                2 * (2 * steps + 3),
+                &self.alloc,
+            )?
+            | grow(
+                &mut self.timesteps,
+                f32_,
+                (steps + 1) * d.frames_per_block,
+                &self.alloc,
+            )?;
+        if let Some(GraphCapture { ids, .. }) = &mut self.capture
+            && grown
+            && !ids.shapes.is_empty()
+            && !ids.stale
+        {
+            ids.stale = true;
+            eprintln!(
+                "warning: the schedule outgrew the loop's buffers after the DiT's CUDA graphs were \
+                 captured; this process runs the DiT without them from now on"
+            );
+        }
         let mut host_noise = vec![0.0f32; total_draws * block];
         {
             use rayon::prelude::*;
@@ -752,7 +848,11 @@ impl DeviceLoop {
             bufs,
         } = vae;
         let bufs: &VaeBufs = bufs;
-        let overlap = self.overlap_vae && !options.latents_only;
+        // No decoder beside a DiT pass that may capture a CUDA graph (see `GraphCapture`).
+        let shapes = self.block_shapes(method);
+        let overlap = self.overlap_vae
+            && !options.latents_only
+            && self.capture.as_ref().is_none_or(|c| c.ids.captured(&shapes));
         let (dit_result, dit_end, decoded) = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<usize>();
             let decoder = if overlap {
@@ -763,6 +863,7 @@ impl DeviceLoop {
             };
             let dit_result = self.denoise(
                 dit,
+                &shapes,
                 &bufs.latents,
                 schedule,
                 &plan,
@@ -857,6 +958,7 @@ impl DeviceLoop {
     fn denoise(
         &mut self,
         dit: &mut Session,
+        shapes: &[BlockShape],
         latents: &Buf,
         schedule: &Schedule,
         plan: &Plan,
@@ -868,12 +970,8 @@ impl DeviceLoop {
         let d = self.d;
         let steps = schedule.steps.len();
         let block = d.block_elems();
-        let window_tokens = (method.attention_window >= 0)
-            .then(|| method.attention_window as usize * d.tokens_per_frame);
-        let mut kv_len = 0usize;
-        for b in 0..d.blocks() {
-            let past_start = window_tokens.map_or(0, |w| kv_len.saturating_sub(w));
-            let mut binding = self.dit_binding(dit, b, past_start, kv_len)?;
+        for (b, &shape) in shapes.iter().enumerate() {
+            let mut binding = self.dit_binding(dit, shape)?;
             let noise_at = |k: usize| (b * draws + k) * block;
             // x = ε_0 (and its bundle-typed copy for the DiT).
             let (x, xm, x0, flow, scratch, nz) = (
@@ -899,7 +997,7 @@ impl DeviceLoop {
                 times,
             )?;
             for j in 0..steps {
-                self.dit_pass(dit, &mut binding, j, times)?;
+                self.dit_pass(dit, &mut binding, shape, j, times)?;
                 self.axpby(
                     true,
                     (x, 0),
@@ -934,9 +1032,8 @@ impl DeviceLoop {
                     (xm, 0),
                     times,
                 )?;
-                self.dit_pass(dit, &mut binding, steps, times)?;
+                self.dit_pass(dit, &mut binding, shape, steps, times)?;
             }
-            kv_len += d.block_tokens();
             match method.emit {
                 Emit::CachePass => self.axpby(
                     true,
@@ -1014,17 +1111,42 @@ impl DeviceLoop {
         .map_err(e)
     }
 
-    /// The DiT binding of one block: everything but the timestep is the same for all its passes.
-    fn dit_binding(
-        &self,
-        dit: &Session,
-        block: usize,
-        past_start: usize,
-        kv_len: usize,
-    ) -> Result<Bound, GenerateError> {
+    /// Each block's rows of the KV cache: the earlier blocks' (`kv_len`), of which the DiT takes
+    /// those from `past_start` (the attention window's first).
+    fn block_shapes(&self, method: &super::schedule::MethodSettings) -> Vec<BlockShape> {
+        let d = self.d;
+        let window_tokens = (method.attention_window >= 0)
+            .then(|| method.attention_window as usize * d.tokens_per_frame);
+        (0..d.blocks())
+            .map(|block| {
+                let kv_len = block * d.block_tokens();
+                BlockShape {
+                    block,
+                    past_start: window_tokens.map_or(0, |w| kv_len.saturating_sub(w)),
+                    kv_len,
+                }
+            })
+            .collect()
+    }
+
+    /// The DiT binding of one block: the same for all its passes, but for the timestep, which
+    /// `dit_pass` binds (or, with CUDA graphs, copies into the one buffer bound here).
+    fn dit_binding(&self, dit: &Session, shape: BlockShape) -> Result<Bound, GenerateError> {
         let e = run_err("dit");
         let d = self.d;
+        let BlockShape {
+            block,
+            past_start,
+            kv_len,
+        } = shape;
+
         let mut binding = dit.create_binding().map(Bound::new).map_err(e)?;
+        if let Some(capture) = &self.capture {
+            let f = d.frames_per_block as i64;
+            binding
+                .input("timestep", self.view(&capture.timestep, 0, &[1, f])?)
+                .map_err(e)?;
+        }
         let x_shape = d.block_shape();
         binding
             .input("x", self.view(&self.x_model, 0, &x_shape)?)
@@ -1078,22 +1200,46 @@ impl DeviceLoop {
 
     /// One DiT pass at level `level` (steps, then the clean level).
     fn dit_pass(
-        &self,
+        &mut self,
         dit: &mut Session,
         binding: &mut Bound,
+        shape: BlockShape,
         level: usize,
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
         let e = run_err("dit");
         let f = self.d.frames_per_block;
-        binding
-            .input(
-                "timestep",
-                self.view(&self.timesteps, level * f, &[1, f as i64])?,
-            )
-            .map_err(e)?;
+        let timestep = self.view(&self.timesteps, level * f, &[1, f as i64])?;
         let start = Instant::now();
-        dit.run_binding(&binding.binding).map_err(e)?;
+        match &mut self.capture {
+            None => {
+                binding.input("timestep", timestep).map_err(e)?;
+                dit.run_binding(&binding.binding).map_err(e)?;
+            }
+            Some(capture) => {
+                // The level's timestep into the buffer every pass of the graph reads.
+                let copy = run_err("timestep copy");
+                let identity = &mut self.graphs.identity_f32;
+                let mut copy_binding = identity.create_binding().map(Bound::new).map_err(copy)?;
+                copy_binding.input("x", timestep).map_err(copy)?;
+                copy_binding
+                    .output(
+                        "y",
+                        capture
+                            .timestep
+                            .view(&self.mem, 0, &[1, f as i64])
+                            .map_err(copy)?,
+                    )
+                    .map_err(copy)?;
+                identity.run_binding(&copy_binding.binding).map_err(copy)?;
+                let mut options = RunOptions::new().map_err(e)?;
+                options
+                    .set("gpu_graph_id", capture.ids.next_id(shape).to_string())
+                    .map_err(e)?;
+                dit.run_binding_with_options(&binding.binding, &options)
+                    .map_err(e)?;
+            }
+        }
         times.session_run += start.elapsed();
         Ok(())
     }
@@ -1289,6 +1435,64 @@ fn arena_summary(session: &Session, mem: &MemoryInfo<'static>) -> Option<String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shape(block: usize) -> BlockShape {
+        BlockShape {
+            block,
+            past_start: 0,
+            kv_len: block * 10,
+        }
+    }
+
+    /// Each block shape runs twice as usual, then captures its own graph once and replays it;
+    /// the next prompt replays every block's graph from its first pass.
+    #[test]
+    fn each_block_shape_runs_plainly_twice_then_captures_one_graph_and_replays_it() {
+        let mut ids = GraphIds::default();
+        let shapes = [shape(0), shape(1)];
+        assert!(!ids.captured(&shapes));
+        let first: Vec<i32> = (0..5).map(|_| ids.next_id(shapes[0])).collect();
+        assert_eq!(first, [-1, -1, 1, 1, 1]);
+        assert!(!ids.captured(&shapes), "block 1 has no graph yet");
+        let second: Vec<i32> = (0..5).map(|_| ids.next_id(shapes[1])).collect();
+        assert_eq!(second, [-1, -1, 2, 2, 2]);
+        assert!(ids.captured(&shapes));
+        // Another prompt: every pass replays.
+        assert_eq!(ids.next_id(shapes[0]), 1);
+        assert_eq!(ids.next_id(shapes[1]), 2);
+        // A shape not seen before (another attention window) is not captured yet.
+        let windowed = BlockShape {
+            past_start: 10,
+            ..shape(2)
+        };
+        assert!(!ids.captured(&[shape(0), windowed]));
+        assert_eq!(ids.next_id(windowed), -1);
+    }
+
+    /// A shape that ran only twice has no graph: its third pass would capture, so the decoder
+    /// must not run beside it.
+    #[test]
+    fn a_shape_is_captured_only_after_its_capturing_pass() {
+        let mut ids = GraphIds::default();
+        ids.next_id(shape(0));
+        ids.next_id(shape(0));
+        assert!(!ids.captured(&[shape(0)]));
+        assert_eq!(ids.next_id(shape(0)), 1);
+        assert!(ids.captured(&[shape(0)]));
+    }
+
+    /// Stale graphs are never replayed: every pass runs plainly, and nothing will capture.
+    #[test]
+    fn stale_graphs_are_never_replayed() {
+        let mut ids = GraphIds::default();
+        for _ in 0..3 {
+            ids.next_id(shape(0));
+        }
+        ids.stale = true;
+        assert_eq!(ids.next_id(shape(0)), -1);
+        assert_eq!(ids.next_id(shape(1)), -1);
+        assert!(ids.captured(&[shape(0), shape(1)]));
+    }
 
     /// Contexts encoded ahead reach the loop through `Buf::upload` on the bundle's float type; in
     /// half precision the values must come back bit for bit (CPU provider, real ONNX Runtime).

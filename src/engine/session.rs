@@ -129,8 +129,8 @@ pub struct CudaOptions {
     pub arena_extend: ArenaExtend,
     /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
     pub memory_limit: Option<usize>,
-    /// ONNX Runtime's CUDA graph capture, asked for: refused before any session is built
-    /// (`refuse_cuda_graphs`), never passed to the provider.
+    /// ONNX Runtime's CUDA graph capture (`enable_cuda_graph`) in the DiT's session only: the
+    /// device loop captures one graph per block shape and replays it (see `device.rs`).
     pub cuda_graphs: bool,
     /// NHWC convolutions (`prefer_nhwc`) in every session; the decoder's sessions use them
     /// whatever this says.
@@ -334,6 +334,28 @@ pub struct RuntimeOptions {
     pub vae_kernels: FusedKernels,
 }
 
+impl RuntimeOptions {
+    /// Whether the DiT's session captures CUDA graphs (`cuda_graphs` on the CUDA provider).
+    pub fn cuda_graphs(&self) -> bool {
+        matches!(
+            self.provider,
+            Provider::Cuda(CudaOptions {
+                cuda_graphs: true,
+                ..
+            })
+        )
+    }
+
+    /// The same options without CUDA graph capture: every session but the DiT's.
+    pub(crate) fn without_cuda_graphs(&self) -> RuntimeOptions {
+        let mut options = self.clone();
+        if let Provider::Cuda(cuda) = &mut options.provider {
+            cuda.cuda_graphs = false;
+        }
+        options
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error(transparent)]
@@ -525,9 +547,10 @@ impl GraphSessions {
         options: &RuntimeOptions,
         text_encoder: bool,
     ) -> Result<Self, SessionError> {
-        refuse_cuda_graphs(options)?;
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
-        let options = &resolve_attention(bundle, options)?;
+        let dit_options = &resolve_attention(bundle, options)?;
+        // Only the DiT's session captures CUDA graphs; every other one runs as usual.
+        let options = &dit_options.without_cuda_graphs();
         let dit_kernels = options
             .dit_kernels
             .resolve(FusedPart::Dit, &options.provider, bundle)?;
@@ -546,7 +569,7 @@ impl GraphSessions {
                 .map_err(|e| part.unavailable(&options.provider, e.to_string()))
         };
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
-        let dit = build_graph_session(runtime, bundle, names.dit, options, false, dit_ops)?;
+        let dit = build_graph_session(runtime, bundle, names.dit, dit_options, false, dit_ops)?;
         let kv_interface = KvInterface::of(&dit);
         // A DiT that takes the context's keys and values needs the graph that computes them.
         let dit_context = if has_input(&dit, "ctx_k.0") {
@@ -608,9 +631,9 @@ impl GraphSessions {
         bundle: &Bundle,
         options: &RuntimeOptions,
     ) -> Result<Session, SessionError> {
-        refuse_cuda_graphs(options)?;
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
-        text_encoder_session(runtime, bundle, &resolve_attention(bundle, options)?)
+        let options = resolve_attention(bundle, options)?.without_cuda_graphs();
+        text_encoder_session(runtime, bundle, &options)
     }
 
     /// Checks names, element types and ranks of every graph's inputs and outputs, so that a graph
@@ -836,23 +859,6 @@ fn build_graph_session(
         .map_err(load)
 }
 
-/// ONNX Runtime's CUDA graph capture replays a graph with the addresses of its capture; the
-/// generation loop binds each block's KV cache and timestep at new ones (asked for anyway, ort
-/// was seen to panic), so the setting is refused before any session is built.
-fn refuse_cuda_graphs(options: &RuntimeOptions) -> Result<(), SessionError> {
-    match &options.provider {
-        Provider::Cuda(CudaOptions {
-            cuda_graphs: true, ..
-        }) => Err(SessionError::NotAvailable {
-            setting: "CUDA graph capture (--cuda-graphs)",
-            reason: "the generation loop binds each block's KV cache and timestep at new \
-                     addresses, which a captured graph would replay stale; leave the flag out"
-                .into(),
-        }),
-        _ => Ok(()),
-    }
-}
-
 /// The decoder's sessions prefer NHWC convolutions on CUDA: cuDNN's fp16 convolutions run
 /// channels-last, and the exported norms are channels-last permutations that ONNX Runtime's
 /// transpose optimizer cancels against the ones it wraps around each NHWC convolution, where
@@ -877,7 +883,7 @@ pub(crate) fn build_small_session(
     let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
     let options = RuntimeOptions {
         optimized_model_dir: None,
-        ..options.clone()
+        ..options.without_cuda_graphs()
     };
     session_builder(runtime, name, &options)?
         .commit_from_memory(model)
@@ -1015,7 +1021,8 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_conv_algorithm_search(search)
         .with_arena_extend_strategy(arena)
         .with_prefer_nhwc(options.prefer_nhwc)
-        .with_conv_max_workspace(options.conv_max_workspace);
+        .with_conv_max_workspace(options.conv_max_workspace)
+        .with_cuda_graph(options.cuda_graphs);
     use ep::cuda::AttentionBackend as B;
     let kernel = match options.attention {
         AttentionKernel::Auto => None,

@@ -11,7 +11,7 @@ use super::diagnostic::{Diagnostic, Diagnostics, Excerpt, Origin, display_path};
 use super::layers::{Entry, Layer, env_layer, flag_layer, unknown_key};
 use super::paths;
 use super::schema::keys;
-use super::settings::{Kind, Manifest};
+use super::settings::{Kind, Manifest, Provider};
 use super::source::SourceFile;
 use super::values::{IndexList, RunName};
 
@@ -604,15 +604,17 @@ fn validate(
             ));
         }
     }
-    if m.runtime.cuda_graphs {
+    if m.runtime.cuda_graphs && m.runtime.provider != Provider::Cuda {
         errors.push(at_key(
-            Diagnostic::new(
-                "runtime.cuda_graphs is not available: the generation loop binds each block's KV \
-                 cache and timestep at new addresses, which a captured CUDA graph would replay stale",
-            )
-            .hint(
-                "remove `cuda_graphs` (or set it to false)",
-            ),
+            Diagnostic::new(format!(
+                "runtime.cuda_graphs needs the CUDA provider; runtime.provider is \"{}\"",
+                match m.runtime.provider {
+                    Provider::Cpu => "cpu",
+                    Provider::Tensorrt => "tensorrt",
+                    Provider::Cuda => "cuda",
+                }
+            ))
+            .hint("set runtime.provider = \"cuda\", or remove `cuda_graphs`"),
             "runtime.cuda_graphs",
             lookup,
         ));

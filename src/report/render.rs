@@ -66,6 +66,8 @@ pub struct Provenance {
     pub attention_resolved: Option<String>,
     pub dit_kernels: Option<String>,
     pub vae_kernels: Option<String>,
+    /// Whether the DiT's passes ran as CUDA graphs (`runtime.cuda_graphs`).
+    pub cuda_graphs: bool,
     /// "path (preset, exporter X)" of the bundle the workers ran.
     pub bundle: Option<String>,
     pub precision: String,
@@ -105,6 +107,10 @@ impl Provenance {
             attention_resolved: r.attention_backend.resolved.clone(),
             dit_kernels: r.dit_kernels.clone(),
             vae_kernels: r.vae_kernels.clone(),
+            cuda_graphs: r
+                .settings
+                .get("runtime.cuda_graphs")
+                .is_some_and(|s| s.value == serde_json::Value::Bool(true)),
             bundle: r
                 .bundle
                 .as_ref()
@@ -217,9 +223,14 @@ pub fn report_text(run: &LoadedRun) -> String {
         row(
             "kernels",
             format!(
-                "dit {}, vae {}",
+                "dit {}, vae {}{}",
                 opt(p.dit_kernels.as_deref()),
-                opt(p.vae_kernels.as_deref())
+                opt(p.vae_kernels.as_deref()),
+                if p.cuda_graphs {
+                    "; DiT as CUDA graphs"
+                } else {
+                    ""
+                }
             ),
         );
     }

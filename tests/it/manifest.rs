@@ -424,7 +424,7 @@ fn errors_are_located_and_hinted() {
         "cuda_graphs",
         Test::new().file(
             "m.toml",
-            "kind = \"probe\"\n[runtime]\ncuda_graphs = true\n",
+            "kind = \"probe\"\n[runtime]\nprovider = \"cpu\"\ncuda_graphs = true\n",
         ),
         &[],
         &["m.toml"],

@@ -323,3 +323,31 @@ fn a_corrupt_record_is_an_internal_error_and_a_torn_last_timing_is_ignored() {
         out.stderr
     );
 }
+
+/// `runtime.cuda_graphs` reaches run.json's settings through the manifest, and the report's
+/// kernels row says when the DiT ran as CUDA graphs (and says nothing when it did not).
+#[test]
+fn the_report_says_when_the_dit_ran_as_cuda_graphs() {
+    let t = Test::new();
+    fake_run(
+        &t,
+        "graphs",
+        &["runtime.cuda_graphs=true"],
+        &[3.0, 2.75],
+        true,
+        |_| {},
+    );
+    fake_run(&t, "plain", &[], &[3.0, 2.75], true, |_| {});
+    let graphs = t.cmd().args(["report", "graphs"]).run();
+    assert_eq!(graphs.code, 0, "{}", graphs.render());
+    assert_eq!(
+        row(&graphs.stdout, "kernels").join(" "),
+        "dit unstep, vae onnxruntime; DiT as CUDA graphs"
+    );
+    let plain = t.cmd().args(["report", "plain"]).run();
+    assert_eq!(plain.code, 0, "{}", plain.render());
+    assert_eq!(
+        row(&plain.stdout, "kernels").join(" "),
+        "dit unstep, vae onnxruntime"
+    );
+}
