@@ -109,7 +109,8 @@ pub struct WorkerArgs {
     pub prefer_nhwc: bool,
     /// CUDA: capture the DiT's passes as CUDA graphs, one per block shape, and replay them
     /// (ONNX Runtime's `enable_cuda_graph`, in the DiT's session). The first prompt of the process
-    /// captures them and decodes after the DiT; later prompts replay them.
+    /// captures them (one capture per block, the decoder waiting out each); later prompts replay
+    /// them.
     #[arg(long)]
     pub cuda_graphs: bool,
     /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).

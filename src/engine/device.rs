@@ -20,6 +20,7 @@
 //! check it against the golden files.
 
 use std::ffi::c_void;
+use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use ort::AsPointer;
@@ -314,9 +315,10 @@ pub(crate) struct DeviceLoop {
 /// second allocates ONNX Runtime's memory pattern, so the capture (the third) allocates nothing
 /// new; later passes replay it.
 ///
-/// While a capture may happen the decoder does not run beside the DiT: ONNX Runtime captures in
-/// CUDA's global mode, in which another thread's allocation or synchronisation breaks the capture.
-/// The first prompt of a process therefore decodes after the DiT; later prompts overlap again.
+/// ONNX Runtime captures in CUDA's global mode, in which another thread's allocation or
+/// synchronisation breaks the capture: a capturing pass holds the loop's gate, which the decoder
+/// beside the DiT takes around each of its runs, so the decoder waits out the seven captures of
+/// a process's first prompt and runs beside every other pass.
 struct GraphCapture {
     ids: GraphIds,
     /// The timestep of the pass being run, `[1, frames_per_block]` float32, at one address.
@@ -346,10 +348,11 @@ const RUNS_BEFORE_CAPTURE: u32 = 2;
 
 impl GraphIds {
     /// The `gpu_graph_id` of the next pass with this shape: -1 (a plain run) for its first
-    /// passes or when the graphs went stale, else the shape's graph (captured on first use).
-    fn next_id(&mut self, shape: BlockShape) -> i32 {
+    /// passes or when the graphs went stale, else the shape's graph; and whether that pass
+    /// captures it (its first use).
+    fn next_id(&mut self, shape: BlockShape) -> (i32, bool) {
         if self.stale {
-            return -1;
+            return (-1, false);
         }
         let next = self.shapes.len() as i32 + 1;
         let entry = match self.shapes.iter_mut().find(|(s, ..)| *s == shape) {
@@ -359,22 +362,12 @@ impl GraphIds {
                 self.shapes.last_mut().expect("just pushed")
             }
         };
-        entry.2 += 1;
+        entry.2 = entry.2.saturating_add(1);
         if entry.2 <= RUNS_BEFORE_CAPTURE {
-            -1
+            (-1, false)
         } else {
-            entry.1
+            (entry.1, entry.2 == RUNS_BEFORE_CAPTURE + 1)
         }
-    }
-
-    /// Whether every one of these shapes has its graph (no pass of them will capture).
-    fn captured(&self, shapes: &[BlockShape]) -> bool {
-        self.stale
-            || shapes.iter().all(|shape| {
-                self.shapes
-                    .iter()
-                    .any(|(s, _, runs)| s == shape && *runs > RUNS_BEFORE_CAPTURE)
-            })
     }
 }
 
@@ -848,22 +841,24 @@ impl DeviceLoop {
             bufs,
         } = vae;
         let bufs: &VaeBufs = bufs;
-        // No decoder beside a DiT pass that may capture a CUDA graph (see `GraphCapture`).
         let shapes = self.block_shapes(method);
-        let overlap = self.overlap_vae
-            && !options.latents_only
-            && self.capture.as_ref().is_none_or(|c| c.ids.captured(&shapes));
+        let overlap = self.overlap_vae && !options.latents_only;
+        // Held by a DiT pass that captures a CUDA graph and by the decoder around each of its runs
+        // (see `GraphCapture`).
+        let gate = std::sync::Mutex::new(());
+        let gate = &gate;
         let (dit_result, dit_end, decoded) = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<usize>();
             let decoder = if overlap {
                 let (lf, first, step) = (&mut *latent_frame, &mut *vae_first, &mut *vae_step);
-                Some(scope.spawn(move || decode_blocks(bufs, lf, first, step, rx)))
+                Some(scope.spawn(move || decode_blocks(bufs, lf, first, step, rx, Some(gate))))
             } else {
                 None
             };
             let dit_result = self.denoise(
                 dit,
                 &shapes,
+                gate,
                 &bufs.latents,
                 schedule,
                 &plan,
@@ -899,7 +894,7 @@ impl DeviceLoop {
                         let _ = tx.send(b);
                     }
                     drop(tx);
-                    decode_blocks(bufs, latent_frame, vae_first, vae_step, rx)?
+                    decode_blocks(bufs, latent_frame, vae_first, vae_step, rx, None)?
                 }
             };
             times.session_run += decode_run;
@@ -959,6 +954,7 @@ impl DeviceLoop {
         &mut self,
         dit: &mut Session,
         shapes: &[BlockShape],
+        gate: &std::sync::Mutex<()>,
         latents: &Buf,
         schedule: &Schedule,
         plan: &Plan,
@@ -997,7 +993,7 @@ impl DeviceLoop {
                 times,
             )?;
             for j in 0..steps {
-                self.dit_pass(dit, &mut binding, shape, j, times)?;
+                self.dit_pass(dit, &mut binding, shape, gate, j, times)?;
                 self.axpby(
                     true,
                     (x, 0),
@@ -1032,7 +1028,7 @@ impl DeviceLoop {
                     (xm, 0),
                     times,
                 )?;
-                self.dit_pass(dit, &mut binding, shape, steps, times)?;
+                self.dit_pass(dit, &mut binding, shape, gate, steps, times)?;
             }
             match method.emit {
                 Emit::CachePass => self.axpby(
@@ -1204,6 +1200,7 @@ impl DeviceLoop {
         dit: &mut Session,
         binding: &mut Bound,
         shape: BlockShape,
+        gate: &std::sync::Mutex<()>,
         level: usize,
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
@@ -1232,10 +1229,10 @@ impl DeviceLoop {
                     )
                     .map_err(copy)?;
                 identity.run_binding(&copy_binding.binding).map_err(copy)?;
+                let (id, capturing) = capture.ids.next_id(shape);
                 let mut options = RunOptions::new().map_err(e)?;
-                options
-                    .set("gpu_graph_id", capture.ids.next_id(shape).to_string())
-                    .map_err(e)?;
+                options.set("gpu_graph_id", id.to_string()).map_err(e)?;
+                let _held = capturing.then(|| gate.lock().unwrap_or_else(PoisonError::into_inner));
                 dit.run_binding_with_options(&binding.binding, &options)
                     .map_err(e)?;
             }
@@ -1254,6 +1251,7 @@ fn decode_blocks(
     vae_first: &mut Session,
     vae_step: &mut Session,
     blocks: std::sync::mpsc::Receiver<usize>,
+    gate: Option<&std::sync::Mutex<()>>,
 ) -> Result<Duration, GenerateError> {
     let d = v.d;
     let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
@@ -1265,6 +1263,8 @@ fn decode_blocks(
     let mut run = std::time::Duration::ZERO;
     for b in blocks {
         for f in 0..d.frames_per_block {
+            // Not while the DiT captures a CUDA graph beside this thread (see `GraphCapture`).
+            let _held = gate.map(|g| g.lock().unwrap_or_else(PoisonError::into_inner));
             let t = b * d.frames_per_block + f;
             // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
             let next_frame = if t == 0 {
@@ -1450,38 +1450,25 @@ mod tests {
     fn each_block_shape_runs_plainly_twice_then_captures_one_graph_and_replays_it() {
         let mut ids = GraphIds::default();
         let shapes = [shape(0), shape(1)];
-        assert!(!ids.captured(&shapes));
-        let first: Vec<i32> = (0..5).map(|_| ids.next_id(shapes[0])).collect();
-        assert_eq!(first, [-1, -1, 1, 1, 1]);
-        assert!(!ids.captured(&shapes), "block 1 has no graph yet");
-        let second: Vec<i32> = (0..5).map(|_| ids.next_id(shapes[1])).collect();
-        assert_eq!(second, [-1, -1, 2, 2, 2]);
-        assert!(ids.captured(&shapes));
-        // Another prompt: every pass replays.
-        assert_eq!(ids.next_id(shapes[0]), 1);
-        assert_eq!(ids.next_id(shapes[1]), 2);
-        // A shape not seen before (another attention window) is not captured yet.
+        let plain = (-1, false);
+        let first: Vec<_> = (0..5).map(|_| ids.next_id(shapes[0])).collect();
+        assert_eq!(first, [plain, plain, (1, true), (1, false), (1, false)]);
+        let second: Vec<_> = (0..5).map(|_| ids.next_id(shapes[1])).collect();
+        assert_eq!(second, [plain, plain, (2, true), (2, false), (2, false)]);
+        // Another prompt: every pass replays, none captures.
+        assert_eq!(ids.next_id(shapes[0]), (1, false));
+        assert_eq!(ids.next_id(shapes[1]), (2, false));
+        // A shape not seen before (another attention window) gets its own graph, after two
+        // plain passes.
         let windowed = BlockShape {
             past_start: 10,
             ..shape(2)
         };
-        assert!(!ids.captured(&[shape(0), windowed]));
-        assert_eq!(ids.next_id(windowed), -1);
+        let third: Vec<_> = (0..3).map(|_| ids.next_id(windowed)).collect();
+        assert_eq!(third, [plain, plain, (3, true)]);
     }
 
-    /// A shape that ran only twice has no graph: its third pass would capture, so the decoder
-    /// must not run beside it.
-    #[test]
-    fn a_shape_is_captured_only_after_its_capturing_pass() {
-        let mut ids = GraphIds::default();
-        ids.next_id(shape(0));
-        ids.next_id(shape(0));
-        assert!(!ids.captured(&[shape(0)]));
-        assert_eq!(ids.next_id(shape(0)), 1);
-        assert!(ids.captured(&[shape(0)]));
-    }
-
-    /// Stale graphs are never replayed: every pass runs plainly, and nothing will capture.
+    /// Stale graphs are never replayed: every pass runs plainly, and none captures.
     #[test]
     fn stale_graphs_are_never_replayed() {
         let mut ids = GraphIds::default();
@@ -1489,9 +1476,8 @@ mod tests {
             ids.next_id(shape(0));
         }
         ids.stale = true;
-        assert_eq!(ids.next_id(shape(0)), -1);
-        assert_eq!(ids.next_id(shape(1)), -1);
-        assert!(ids.captured(&[shape(0), shape(1)]));
+        assert_eq!(ids.next_id(shape(0)), (-1, false));
+        assert_eq!(ids.next_id(shape(1)), (-1, false));
     }
 
     /// Contexts encoded ahead reach the loop through `Buf::upload` on the bundle's float type; in
