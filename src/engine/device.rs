@@ -316,9 +316,9 @@ pub(crate) struct DeviceLoop {
 /// new; later passes replay it.
 ///
 /// ONNX Runtime captures in CUDA's global mode, in which another thread's allocation or
-/// synchronisation breaks the capture: a capturing pass holds the loop's gate, which the decoder
-/// beside the DiT takes around each of its runs, so the decoder waits out the seven captures of
-/// a process's first prompt and runs beside every other pass.
+/// synchronisation breaks the capture: a capturing pass and the decoder beside the DiT take turns
+/// through a [`CaptureGate`], so the decoder waits out the seven captures of a process's first
+/// prompt and runs beside every other pass.
 struct GraphCapture {
     ids: GraphIds,
     /// The timestep of the pass being run, `[1, frames_per_block]` float32, at one address.
@@ -368,6 +368,61 @@ impl GraphIds {
         } else {
             (entry.1, entry.2 == RUNS_BEFORE_CAPTURE + 1)
         }
+    }
+}
+
+/// Turns between the DiT's capturing passes and the decoder's runs (see [`GraphCapture`]): a
+/// capture waits for the decoder's run in progress, and a decoder run waits while a capture is
+/// wanted or under way, so a capture waits for one decoder run at most (a plain mutex lets the
+/// decoder take it back run after run).
+#[derive(Default)]
+struct CaptureGate {
+    state: std::sync::Mutex<GateState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// A capture asked for its turn, or has it.
+    capture: bool,
+    /// A decoder run is under way.
+    decoding: bool,
+}
+
+impl CaptureGate {
+    fn wait_while<'a>(
+        &'a self,
+        state: std::sync::MutexGuard<'a, GateState>,
+        busy: impl Fn(&GateState) -> bool,
+    ) -> std::sync::MutexGuard<'a, GateState> {
+        self.changed
+            .wait_while(state, |s| busy(s))
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` as a capture: after the decoder's run in progress, with no decoder run beside it.
+    fn capture<T>(&self, f: impl FnOnce() -> T) -> T {
+        let mut state = self.lock();
+        state.capture = true;
+        drop(self.wait_while(state, |s| s.decoding));
+        let out = f();
+        self.lock().capture = false;
+        self.changed.notify_all();
+        out
+    }
+
+    /// Runs `f` as a decoder run: when no capture is wanted or under way.
+    fn decode<T>(&self, f: impl FnOnce() -> T) -> T {
+        let state = self.lock();
+        self.wait_while(state, |s| s.capture).decoding = true;
+        let out = f();
+        self.lock().decoding = false;
+        self.changed.notify_all();
+        out
     }
 }
 
@@ -843,9 +898,8 @@ impl DeviceLoop {
         let bufs: &VaeBufs = bufs;
         let shapes = self.block_shapes(method);
         let overlap = self.overlap_vae && !options.latents_only;
-        // Held by a DiT pass that captures a CUDA graph and by the decoder around each of its runs
-        // (see `GraphCapture`).
-        let gate = std::sync::Mutex::new(());
+        // Turns between a DiT pass that captures a CUDA graph and the decoder's runs.
+        let gate = CaptureGate::default();
         let gate = &gate;
         let (dit_result, dit_end, decoded) = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<usize>();
@@ -954,7 +1008,7 @@ impl DeviceLoop {
         &mut self,
         dit: &mut Session,
         shapes: &[BlockShape],
-        gate: &std::sync::Mutex<()>,
+        gate: &CaptureGate,
         latents: &Buf,
         schedule: &Schedule,
         plan: &Plan,
@@ -1200,7 +1254,7 @@ impl DeviceLoop {
         dit: &mut Session,
         binding: &mut Bound,
         shape: BlockShape,
-        gate: &std::sync::Mutex<()>,
+        gate: &CaptureGate,
         level: usize,
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
@@ -1232,9 +1286,16 @@ impl DeviceLoop {
                 let (id, capturing) = capture.ids.next_id(shape);
                 let mut options = RunOptions::new().map_err(e)?;
                 options.set("gpu_graph_id", id.to_string()).map_err(e)?;
-                let _held = capturing.then(|| gate.lock().unwrap_or_else(PoisonError::into_inner));
-                dit.run_binding_with_options(&binding.binding, &options)
-                    .map_err(e)?;
+                let mut run = || {
+                    dit.run_binding_with_options(&binding.binding, &options)
+                        .map(drop)
+                };
+                if capturing {
+                    gate.capture(run)
+                } else {
+                    run()
+                }
+                .map_err(e)?;
             }
         }
         times.session_run += start.elapsed();
@@ -1251,7 +1312,7 @@ fn decode_blocks(
     vae_first: &mut Session,
     vae_step: &mut Session,
     blocks: std::sync::mpsc::Receiver<usize>,
-    gate: Option<&std::sync::Mutex<()>>,
+    gate: Option<&CaptureGate>,
 ) -> Result<Duration, GenerateError> {
     let d = v.d;
     let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
@@ -1264,68 +1325,74 @@ fn decode_blocks(
     for b in blocks {
         for f in 0..d.frames_per_block {
             // Not while the DiT captures a CUDA graph beside this thread (see `GraphCapture`).
-            let _held = gate.map(|g| g.lock().unwrap_or_else(PoisonError::into_inner));
-            let t = b * d.frames_per_block + f;
-            // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
-            let next_frame = if t == 0 {
-                0
-            } else {
-                1 + d.frames_per_step * (t - 1)
-            };
-            // z = lat[:, :, f] * std + mean, in the bundle's type.
-            {
-                let e = run_err("latent_frame");
-                let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
-                let lat_shape = d.block_shape();
-                let stat = [1, d.channels as i64, 1, 1, 1];
-                binding
-                    .input("lat", view(&v.latents, b * block, &lat_shape)?)
-                    .map_err(e)?;
-                binding
-                    .input("idx", view(&v.indices, f, &[1])?)
-                    .map_err(e)?;
-                binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
-                binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
-                binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
-                let start = Instant::now();
-                latent_frame.run_binding(&binding.binding).map_err(e)?;
-                run += start.elapsed();
-            }
-            let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
-            let e = run_err(graph);
-            let n = if t == 0 { 1 } else { d.frames_per_step };
-            let session = if t == 0 {
-                &mut *vae_first
-            } else {
-                &mut *vae_step
-            };
-            let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
-            binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
-            let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
-            for (j, shape) in v.cache_shapes.iter().enumerate() {
-                if t > 0 {
+            let mut frame = || -> Result<(), GenerateError> {
+                let t = b * d.frames_per_block + f;
+                // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
+                let next_frame = if t == 0 {
+                    0
+                } else {
+                    1 + d.frames_per_step * (t - 1)
+                };
+                // z = lat[:, :, f] * std + mean, in the bundle's type.
+                {
+                    let e = run_err("latent_frame");
+                    let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
+                    let lat_shape = d.block_shape();
+                    let stat = [1, d.channels as i64, 1, 1, 1];
                     binding
-                        .input(v.cache_in[j].as_str(), view(&cache_in[j], 0, shape)?)
+                        .input("lat", view(&v.latents, b * block, &lat_shape)?)
+                        .map_err(e)?;
+                    binding
+                        .input("idx", view(&v.indices, f, &[1])?)
+                        .map_err(e)?;
+                    binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
+                    binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
+                    binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+                    let start = Instant::now();
+                    latent_frame.run_binding(&binding.binding).map_err(e)?;
+                    run += start.elapsed();
+                }
+                let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
+                let e = run_err(graph);
+                let n = if t == 0 { 1 } else { d.frames_per_step };
+                let session = if t == 0 {
+                    &mut *vae_first
+                } else {
+                    &mut *vae_step
+                };
+                let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
+                binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+                let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
+                for (j, shape) in v.cache_shapes.iter().enumerate() {
+                    if t > 0 {
+                        binding
+                            .input(v.cache_in[j].as_str(), view(&cache_in[j], 0, shape)?)
+                            .map_err(e)?;
+                    }
+                    binding
+                        .output(v.cache_out[j].as_str(), view(&cache_out[j], 0, shape)?)
                         .map_err(e)?;
                 }
+                let frames_shape = [1, 3, n as i64, d.height as i64, d.width as i64];
                 binding
-                    .output(v.cache_out[j].as_str(), view(&cache_out[j], 0, shape)?)
+                    .output(
+                        "frames",
+                        view(&v.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
+                    )
                     .map_err(e)?;
-            }
-            let frames_shape = [1, 3, n as i64, d.height as i64, d.width as i64];
-            binding
-                .output(
-                    "frames",
-                    view(&v.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
-                )
-                .map_err(e)?;
-            let start = Instant::now();
-            if t == 0 {
-                run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
-            } else {
-                session.run_binding(&binding.binding).map_err(e)?;
-            }
-            run += start.elapsed();
+                let start = Instant::now();
+                if t == 0 {
+                    run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
+                } else {
+                    session.run_binding(&binding.binding).map_err(e)?;
+                }
+                run += start.elapsed();
+                Ok(())
+            };
+            match gate {
+                Some(gate) => gate.decode(frame),
+                None => frame(),
+            }?;
         }
     }
     Ok(run)
@@ -1466,6 +1533,42 @@ mod tests {
         };
         let third: Vec<_> = (0..3).map(|_| ids.next_id(windowed)).collect();
         assert_eq!(third, [plain, plain, (3, true)]);
+    }
+
+    /// A capture asked for while the decoder runs waits for that run alone: the decoder starts no
+    /// run while the capture is wanted or under way (real threads; the decoder's first run lasts
+    /// until the capture has asked for its turn).
+    #[test]
+    fn a_capture_waits_for_the_decoder_run_in_progress_and_no_more() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let gate = CaptureGate::default();
+        let decoding = AtomicBool::new(false);
+        let finished = AtomicUsize::new(0);
+        let (started, first_started) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for run in 0..4 {
+                    gate.decode(|| {
+                        decoding.store(true, Ordering::SeqCst);
+                        if run == 0 {
+                            started.send(()).unwrap();
+                            while !gate.lock().capture {
+                                std::thread::yield_now();
+                            }
+                        }
+                        decoding.store(false, Ordering::SeqCst);
+                        finished.fetch_add(1, Ordering::SeqCst);
+                    });
+                }
+            });
+            first_started.recv().unwrap();
+            let seen = gate.capture(|| {
+                assert!(!decoding.load(Ordering::SeqCst), "a decoder run beside the capture");
+                finished.load(Ordering::SeqCst)
+            });
+            assert_eq!(seen, 1, "the capture waited for the run in progress and no other");
+        });
+        assert_eq!(finished.load(Ordering::SeqCst), 4, "the decoder went on after it");
     }
 
     /// Stale graphs are never replayed: every pass runs plainly, and none captures.

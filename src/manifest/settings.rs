@@ -149,7 +149,8 @@ pub struct Runtime {
     pub cudnn_conv_algo_search: ConvAlgoSearch,
     /// CUDA provider: capture the DiT's passes as CUDA graphs, one per block shape, and replay
     /// them (ONNX Runtime's `enable_cuda_graph`, in the DiT's session). Each process captures
-    /// them in its first prompt (slower: one capture per block, the decoder waiting out each).
+    /// them in its first prompt (seconds slower); every later prompt is faster (about 30 ms on
+    /// wan-1.3b), so they pay off in speed probes and in long processes.
     pub cuda_graphs: bool,
     /// How the CUDA memory arena grows: `same_as_requested` (measured on an H200: 36.5 GiB in
     /// use for wan-1.3b at the same speed) or `next_power_of_two` (40.6 GiB).
