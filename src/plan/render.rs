@@ -57,14 +57,19 @@ pub fn text(plan: &Plan, r: &Resolved) -> String {
     let devices: Vec<&str> = plan.slots.iter().map(|sl| sl.device.as_str()).collect();
     let _ = writeln!(
         s,
-        "  provider      {} on {} [{}]",
+        "  provider      {} on {} [{}]{}",
         word(&plan.provider),
         if plan.provider == crate::manifest::Provider::Cpu {
             "cpu slots"
         } else {
             "GPUs"
         },
-        devices.join(", ")
+        devices.join(", "),
+        if m.runtime.cuda_graphs {
+            "; the DiT as CUDA graphs (captured in each process's first prompt)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         s,
