@@ -409,20 +409,27 @@ impl CaptureGate {
         let mut state = self.lock();
         state.capture = true;
         drop(self.wait_while(state, |s| s.decoding));
-        let out = f();
-        self.lock().capture = false;
-        self.changed.notify_all();
-        out
+        let _turn = Turn(self, |s: &mut GateState| s.capture = false);
+        f()
     }
 
     /// Runs `f` as a decoder run: when no capture is wanted or under way.
     fn decode<T>(&self, f: impl FnOnce() -> T) -> T {
         let state = self.lock();
         self.wait_while(state, |s| s.capture).decoding = true;
-        let out = f();
-        self.lock().decoding = false;
-        self.changed.notify_all();
-        out
+        let _turn = Turn(self, |s: &mut GateState| s.decoding = false);
+        f()
+    }
+}
+
+/// Ends a turn of the [`CaptureGate`] when dropped, also when the turn's work panics, so that the
+/// other thread never waits for a turn that will not end.
+struct Turn<'a, F: Fn(&mut GateState)>(&'a CaptureGate, F);
+
+impl<F: Fn(&mut GateState)> Drop for Turn<'_, F> {
+    fn drop(&mut self) {
+        (self.1)(&mut self.0.lock());
+        self.0.changed.notify_all();
     }
 }
 
@@ -1569,6 +1576,22 @@ mod tests {
             assert_eq!(seen, 1, "the capture waited for the run in progress and no other");
         });
         assert_eq!(finished.load(Ordering::SeqCst), 4, "the decoder went on after it");
+    }
+
+    /// A turn that panics still ends: the other side does not wait for it forever.
+    #[test]
+    fn a_panicking_turn_ends_its_turn() {
+        let gate = CaptureGate::default();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gate.decode(|| panic!("a decoder run failed"))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(gate.capture(|| 7), 7, "the capture got its turn");
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gate.capture(|| panic!("a capture failed"))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(gate.decode(|| 8), 8, "the decoder got its turn");
     }
 
     /// Stale graphs are never replayed: every pass runs plainly, and none captures.
