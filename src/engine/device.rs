@@ -1297,12 +1297,8 @@ impl DeviceLoop {
                     dit.run_binding_with_options(&binding.binding, &options)
                         .map(drop)
                 };
-                if capturing {
-                    gate.capture(run)
-                } else {
-                    run()
-                }
-                .map_err(e)?;
+                let result = if capturing { gate.capture(run) } else { run() };
+                result.map_err(e)?;
             }
         }
         times.session_run += start.elapsed();
@@ -1570,12 +1566,22 @@ mod tests {
             });
             first_started.recv().unwrap();
             let seen = gate.capture(|| {
-                assert!(!decoding.load(Ordering::SeqCst), "a decoder run beside the capture");
+                assert!(
+                    !decoding.load(Ordering::SeqCst),
+                    "a decoder run beside the capture"
+                );
                 finished.load(Ordering::SeqCst)
             });
-            assert_eq!(seen, 1, "the capture waited for the run in progress and no other");
+            assert_eq!(
+                seen, 1,
+                "the capture waited for the run in progress and no other"
+            );
         });
-        assert_eq!(finished.load(Ordering::SeqCst), 4, "the decoder went on after it");
+        assert_eq!(
+            finished.load(Ordering::SeqCst),
+            4,
+            "the decoder went on after it"
+        );
     }
 
     /// A turn that panics still ends: the other side does not wait for it forever.
