@@ -385,11 +385,6 @@ pub enum SessionError {
         provider: &'static str,
         reason: String,
     },
-    #[error("{setting} is not available: {reason}")]
-    NotAvailable {
-        setting: &'static str,
-        reason: String,
-    },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
 }
@@ -1020,9 +1015,9 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_device_id(options.device_id)
         .with_conv_algorithm_search(search)
         .with_arena_extend_strategy(arena)
+        .with_cuda_graph(options.cuda_graphs)
         .with_prefer_nhwc(options.prefer_nhwc)
-        .with_conv_max_workspace(options.conv_max_workspace)
-        .with_cuda_graph(options.cuda_graphs);
+        .with_conv_max_workspace(options.conv_max_workspace);
     use ep::cuda::AttentionBackend as B;
     let kernel = match options.attention {
         AttentionKernel::Auto => None,
