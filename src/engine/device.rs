@@ -328,8 +328,9 @@ struct GraphCapture {
 /// Which graph each pass of the DiT runs as.
 #[derive(Default, Debug)]
 struct GraphIds {
-    /// Per block shape: its graph id and the passes run so far with that shape.
-    shapes: Vec<(BlockShape, i32, u32)>,
+    /// The block shapes seen, each with the passes run so far with it; a shape's graph id is its
+    /// position here plus one (0 is ONNX Runtime's default id, -1 a plain run).
+    shapes: Vec<(BlockShape, u32)>,
     /// Set when a buffer of the DiT's arena was reallocated after a capture: the chunks a graph
     /// captured may now hold that buffer, so no graph is replayed again.
     stale: bool,
@@ -354,19 +355,19 @@ impl GraphIds {
         if self.stale {
             return (-1, false);
         }
-        let next = self.shapes.len() as i32 + 1;
-        let entry = match self.shapes.iter_mut().find(|(s, ..)| *s == shape) {
-            Some(entry) => entry,
+        let index = match self.shapes.iter().position(|(s, _)| *s == shape) {
+            Some(index) => index,
             None => {
-                self.shapes.push((shape, next, 0));
-                self.shapes.last_mut().expect("just pushed")
+                self.shapes.push((shape, 0));
+                self.shapes.len() - 1
             }
         };
-        entry.2 = entry.2.saturating_add(1);
-        if entry.2 <= RUNS_BEFORE_CAPTURE {
+        let runs = &mut self.shapes[index].1;
+        *runs = runs.saturating_add(1);
+        if *runs <= RUNS_BEFORE_CAPTURE {
             (-1, false)
         } else {
-            (entry.1, entry.2 == RUNS_BEFORE_CAPTURE + 1)
+            (index as i32 + 1, *runs == RUNS_BEFORE_CAPTURE + 1)
         }
     }
 }
@@ -903,7 +904,6 @@ impl DeviceLoop {
             bufs,
         } = vae;
         let bufs: &VaeBufs = bufs;
-        let shapes = self.block_shapes(method);
         let overlap = self.overlap_vae && !options.latents_only;
         // Turns between a DiT pass that captures a CUDA graph and the decoder's runs.
         let gate = CaptureGate::default();
@@ -912,13 +912,12 @@ impl DeviceLoop {
             let (tx, rx) = std::sync::mpsc::channel::<usize>();
             let decoder = if overlap {
                 let (lf, first, step) = (&mut *latent_frame, &mut *vae_first, &mut *vae_step);
-                Some(scope.spawn(move || decode_blocks(bufs, lf, first, step, rx, Some(gate))))
+                Some(scope.spawn(move || decode_blocks(bufs, lf, first, step, rx, gate)))
             } else {
                 None
             };
             let dit_result = self.denoise(
                 dit,
-                &shapes,
                 gate,
                 &bufs.latents,
                 schedule,
@@ -955,7 +954,7 @@ impl DeviceLoop {
                         let _ = tx.send(b);
                     }
                     drop(tx);
-                    decode_blocks(bufs, latent_frame, vae_first, vae_step, rx, None)?
+                    decode_blocks(bufs, latent_frame, vae_first, vae_step, rx, gate)?
                 }
             };
             times.session_run += decode_run;
@@ -1014,7 +1013,6 @@ impl DeviceLoop {
     fn denoise(
         &mut self,
         dit: &mut Session,
-        shapes: &[BlockShape],
         gate: &CaptureGate,
         latents: &Buf,
         schedule: &Schedule,
@@ -1027,7 +1025,7 @@ impl DeviceLoop {
         let d = self.d;
         let steps = schedule.steps.len();
         let block = d.block_elems();
-        for (b, &shape) in shapes.iter().enumerate() {
+        for (b, shape) in self.block_shapes(method).into_iter().enumerate() {
             let mut binding = self.dit_binding(dit, shape)?;
             let noise_at = |k: usize| (b * draws + k) * block;
             // x = ε_0 (and its bundle-typed copy for the DiT).
@@ -1315,7 +1313,7 @@ fn decode_blocks(
     vae_first: &mut Session,
     vae_step: &mut Session,
     blocks: std::sync::mpsc::Receiver<usize>,
-    gate: Option<&CaptureGate>,
+    gate: &CaptureGate,
 ) -> Result<Duration, GenerateError> {
     let d = v.d;
     let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
@@ -1328,7 +1326,7 @@ fn decode_blocks(
     for b in blocks {
         for f in 0..d.frames_per_block {
             // Not while the DiT captures a CUDA graph beside this thread (see `GraphCapture`).
-            let mut frame = || -> Result<(), GenerateError> {
+            let frame = || -> Result<(), GenerateError> {
                 let t = b * d.frames_per_block + f;
                 // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
                 let next_frame = if t == 0 {
@@ -1392,10 +1390,7 @@ fn decode_blocks(
                 run += start.elapsed();
                 Ok(())
             };
-            match gate {
-                Some(gate) => gate.decode(frame),
-                None => frame(),
-            }?;
+            gate.decode(frame)?;
         }
     }
     Ok(run)
