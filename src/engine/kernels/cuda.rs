@@ -13,9 +13,9 @@
 //!   ONNX Runtime allocates them on the device, as the operators are registered for
 //!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
 //!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
-//!   that stream with `cuLaunchKernel` (`PrefixBiasRmsNorm`: `BiasRmsNorm`'s, between two
-//!   `cuMemcpyDtoDAsync` of its prefix and tail on the same stream). Nothing synchronises: ONNX
-//!   Runtime orders the stream.
+//!   that stream with `cuLaunchKernel` (`PrefixBiasRmsNorm` too: its kernel copies the prefix
+//!   rows and writes the tail beside the normalised rows). Nothing synchronises: ONNX Runtime
+//!   orders the stream.
 //! - Each operator and element type has three kernels, one per row layout ([`Layout`]); each
 //!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row, with
 //!   16-byte accesses, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last rows, D = 96 to 384, a
@@ -171,8 +171,8 @@ pub(crate) fn check_d(op: Op, d: usize) -> Result<(), String> {
 pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Option<String> {
     let op = match op {
         Op::BiasRmsNormRope => "bias_rms_norm_rope",
-        // PrefixBiasRmsNorm launches BiasRmsNorm's kernels after the prefix's copy.
-        Op::BiasRmsNorm | Op::PrefixBiasRmsNorm => "bias_rms_norm",
+        Op::BiasRmsNorm => "bias_rms_norm",
+        Op::PrefixBiasRmsNorm => "prefix_bias_rms_norm",
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
         Op::QkvNormRopeCache => "qkv_norm_rope_cache",
         Op::BiasGelu => "bias_gelu",
@@ -579,9 +579,7 @@ impl CudaKernel {
 
     /// Launches the kernel of the call's layout ([`Layout::choose`]) on `stream` over `pointers`
     /// (device addresses of the inputs, then the outputs, in the operator's order) with the sizes
-    /// of `plan`. Checks nothing but the launch. `PrefixBiasRmsNorm` is a copy of the prefix into
-    /// the front of Y on the stream, `BiasRmsNorm`'s kernel writing the rows after it, then a
-    /// copy of Y's last prefix-sized rows into tail.
+    /// of `plan`. Checks nothing but the launch.
     pub(crate) fn launch(
         &self,
         plan: &Plan,
@@ -595,28 +593,7 @@ impl CudaKernel {
         check_d(op, plan.d)?;
         let _current = CurrentContext::enter(self.module.context.0)
             .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
-        if op != Op::PrefixBiasRmsNorm {
-            return self.launch_rows(op, plan, attrs, pointers.to_vec(), stream);
-        }
-        let [x, bias, weight, prefix, y, tail] = pointers[..] else {
-            unreachable!("four inputs and two outputs, asserted above")
-        };
-        let elem_bytes = self.elem_bytes();
-        let prefix_bytes = plan.prefix_rows * plan.d * elem_bytes;
-        let copy = |dst: u64, src: u64, what: &str| {
-            if prefix_bytes == 0 {
-                return Ok(());
-            }
-            // SAFETY: device memory of this context, each side holding at least the prefix's
-            // bytes there (checked against the contract), on `stream` like the kernel.
-            unsafe { driver::memcpy_dtod_async(dst, src, prefix_bytes, stream) }
-                .map_err(|e| format!("cuMemcpyDtoDAsync of the {what}: {e}"))
-        };
-        copy(y, prefix, "prefix")?;
-        let rows = vec![x, bias, weight, y + prefix_bytes as u64];
-        self.launch_rows(Op::BiasRmsNorm, plan, attrs, rows, stream)?;
-        let y_bytes = plan.output_rows() * plan.d * elem_bytes;
-        copy(tail, y + (y_bytes - prefix_bytes) as u64, "tail")
+        self.launch_rows(op, plan, attrs, pointers.to_vec(), stream)
     }
 
     /// The launch of `op`'s row (or elementwise) kernel over `pointers` (one per input and output
@@ -629,7 +606,9 @@ impl CudaKernel {
         mut pointers: Vec<u64>,
         stream: sys::CUstream,
     ) -> Result<(), String> {
-        if plan.rows == 0 {
+        // PrefixBiasRmsNorm's threads cover Y's rows: the prefix's, then the normalised ones.
+        let launch_rows = plan.output_rows();
+        if launch_rows == 0 {
             return Ok(());
         }
         let elem_bytes = self.elem_bytes();
@@ -647,7 +626,7 @@ impl CudaKernel {
             )
         } else {
             let layout = Layout::choose(plan.d, elem_bytes, alignment);
-            (layout, layout.launch_dims(plan.rows)?)
+            (layout, layout.launch_dims(launch_rows)?)
         };
         let (function, mut lanes) = match layout {
             Layout::Block => (self.block, 0i32),
@@ -664,6 +643,7 @@ impl CudaKernel {
         let mut table_rows = plan.table_rows as i64;
         let mut block_rows = plan.block_rows as i64;
         let mut cache_rows = plan.cache_rows as i64;
+        let mut prefix_rows = plan.prefix_rows as i64;
         let mut divs = plan.divs.map(|div| div as i64);
         let mut params: Vec<*mut c_void> = pointers
             .iter_mut()
@@ -683,7 +663,11 @@ impl CudaKernel {
                 params.push((&mut block_rows as *mut i64).cast());
                 params.push((&mut cache_rows as *mut i64).cast());
             }
-            Op::BiasRmsNorm | Op::PrefixBiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
+            Op::BiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
+            Op::PrefixBiasRmsNorm => {
+                params.push((&mut prefix_rows as *mut i64).cast());
+                params.push((&mut silu as *mut i32).cast());
+            }
             Op::BiasGelu => {}
             Op::MatMulBiasGelu => unreachable!("a cuBLASLt matmul (gemm.rs), not a row kernel"),
             Op::GatedResidualLayerNorm => {

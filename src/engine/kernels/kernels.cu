@@ -369,6 +369,75 @@ __device__ __forceinline__ void copy_rows(const typename E::T* __restrict__ x,
     store_row<E>(y, y_base, a, lay, units, true);
 }
 
+// PrefixBiasRmsNorm on the row layout L, one launch for the whole output: row r of Y (P + N
+// rows) is row r of `prefix` for r < P, else BiasRmsNorm (+ SiLU) of row r - P of x; the last P
+// rows of Y also go to `tail`. Prefix rows take part in the row sums (the group layout's shuffles
+// need every lane of the warp) but keep their values.
+template <class E, class L>
+__device__ __forceinline__ void prefix_bias_rms_norm(const typename E::T* __restrict__ x,
+                                                     const typename E::T* __restrict__ bias,
+                                                     const typename E::T* __restrict__ weight,
+                                                     const typename E::T* __restrict__ prefix,
+                                                     typename E::T* __restrict__ y,
+                                                     typename E::T* __restrict__ tail,
+                                                     i64 rows, int d, float eps,
+                                                     i64 prefix_rows, int act_silu, int lanes) {
+    constexpr int V = L::V;
+    constexpr int U = L::MAX_UNITS;
+    __shared__ float partial[WARPS];
+    const L lay(lanes);
+    const i64 row = lay.row();
+    const i64 out_rows = rows + prefix_rows;
+    const bool valid = row < out_rows;
+    const bool copied = row < prefix_rows;
+    const int t = lay.thread();
+    const int units = d / V;
+    const typename E::T* __restrict__ src = copied ? prefix : x;
+    const i64 base = (copied ? row : row - prefix_rows) * d;
+    float a[U][V];
+    float squares = 0.0f;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+        const int u = k * lay.width + t;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            a[k][e] = 0.0f;
+        }
+        if (valid && u < units) {
+            E::template load<V>(src, base + u * V, a[k]);
+            if (!copied) {
+                float bv[V];
+                E::template load<V>(bias, u * V, bv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    a[k][e] += bv[e];
+                    squares += a[k][e] * a[k][e];
+                }
+            }
+        }
+    }
+    squares = lay.sum(squares, partial);
+    if (!copied) {
+        const float inv = 1.0f / sqrtf(squares / (float)d + eps);
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            const int u = k * lay.width + t;
+            if (valid && u < units) {
+                float wv[V];
+                E::template load<V>(weight, u * V, wv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float n = a[k][e] * inv * wv[e];
+                    a[k][e] = act_silu ? silu<E>(n) : n;
+                }
+            }
+        }
+    }
+    store_row<E>(y, row * d, a, lay, units, valid);
+    const i64 tail_row = row - (out_rows - prefix_rows);
+    store_row<E>(tail, tail_row * d, a, lay, units, valid && tail_row >= 0);
+}
+
 // GatedResidualLayerNorm on the row layout L: s = stored(r + (x + bias) * gate); out_s = s;
 //   y = (s - mean(s)) / sqrt(mean((s - mean)^2) + eps) * scale + shift.
 // gate, scale and shift are row parameters: row `row` uses their block row / *_div.
@@ -476,6 +545,12 @@ __device__ __forceinline__ void gated_residual_layer_norm(
             i64 scale_div, i64 shift_div, int lanes) {                                         \
         gated_residual_layer_norm<E, L<E>>(r, x, bias, gate, scale, shift, out_s, y, rows, d,  \
                                            eps, gate_div, scale_div, shift_div, lanes);        \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(BLOCK) unstep_prefix_bias_rms_norm_##SUFFIX(  \
+        const T* x, const T* bias, const T* weight, const T* prefix, T* y, T* tail, i64 rows,  \
+        int d, float eps, i64 prefix_rows, int act_silu, int lanes) {                          \
+        prefix_bias_rms_norm<E, L<E>>(x, bias, weight, prefix, y, tail, rows, d, eps,          \
+                                      prefix_rows, act_silu, lanes);                           \
     }                                                                                          \
     /* Elementwise: the layout gives only its unit; grid-stride blocks (cuda.rs). */         \
     extern "C" __global__ void __launch_bounds__(BLOCK) unstep_bias_gelu_##SUFFIX(             \
