@@ -262,6 +262,39 @@ __device__ __forceinline__ void bias_gelu(const typename E::T* __restrict__ x,
     }
 }
 
+// Loads a row's units into `a` as the row kernels hold it (zeros past the row's end or for rows
+// past the last, `valid` false). With BIAS, adds `bias` and returns the sum of the squares of this
+// thread's elements; without, leaves the values as loaded and returns 0.
+template <class E, bool BIAS, class L>
+__device__ __forceinline__ float load_row(const typename E::T* __restrict__ x,
+                                          const typename E::T* __restrict__ bias, i64 base,
+                                          const L& lay, int units, bool valid,
+                                          float (&a)[L::MAX_UNITS][L::V]) {
+    constexpr int V = L::V;
+    float squares = 0.0f;
+#pragma unroll
+    for (int k = 0; k < L::MAX_UNITS; ++k) {
+        const int u = k * lay.width + lay.thread();
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            a[k][e] = 0.0f;
+        }
+        if (valid && u < units) {
+            E::template load<V>(x, base + u * V, a[k]);
+            if (BIAS) {
+                float bv[V];
+                E::template load<V>(bias, u * V, bv);
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    a[k][e] += bv[e];
+                    squares += a[k][e] * a[k][e];
+                }
+            }
+        }
+    }
+    return squares;
+}
+
 // BiasRmsNorm and, with ROPE, BiasRmsNormRope, on the row layout L:
 //   v = x + bias; u = v / sqrt(mean(v^2) + eps) * weight;
 //   not ROPE: y = u, or silu(u) when `act_silu` is nonzero;
@@ -289,26 +322,7 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
     const i64 base = row * io.x_stride + io.x_offset;
     const i64 y_base = io.y_row(row, d);
     float a[U][V];
-    float squares = 0.0f;
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-        const int u = k * lay.width + t;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-            a[k][e] = 0.0f;
-        }
-        if (valid && u < units) {
-            float bv[V];
-            E::template load<V>(x, base + u * V, a[k]);
-            E::template load<V>(bias, u * V, bv);
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-                a[k][e] += bv[e];
-                squares += a[k][e] * a[k][e];
-            }
-        }
-    }
-    squares = lay.sum(squares, partial);
+    const float squares = lay.sum(load_row<E, true>(x, bias, base, lay, units, valid, a), partial);
     const float inv = 1.0f / sqrtf(squares / (float)d + eps);
     const i64 table_row = ROPE ? (row % table_rows) * half_hd : 0;
     // The outputs into `a` first, then the stores: a load after a store in the same loop would
@@ -392,31 +406,11 @@ __device__ __forceinline__ void prefix_bias_rms_norm(const typename E::T* __rest
     const bool copied = row < prefix_rows;
     const int t = lay.thread();
     const int units = d / V;
-    const typename E::T* __restrict__ src = copied ? prefix : x;
     const i64 base = (copied ? row : row - prefix_rows) * d;
     float a[U][V];
-    float squares = 0.0f;
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-        const int u = k * lay.width + t;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-            a[k][e] = 0.0f;
-        }
-        if (valid && u < units) {
-            E::template load<V>(src, base + u * V, a[k]);
-            if (!copied) {
-                float bv[V];
-                E::template load<V>(bias, u * V, bv);
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    a[k][e] += bv[e];
-                    squares += a[k][e] * a[k][e];
-                }
-            }
-        }
-    }
-    squares = lay.sum(squares, partial);
+    const float squares = lay.sum(copied ? load_row<E, false>(prefix, bias, base, lay, units, valid, a)
+                                         : load_row<E, true>(x, bias, base, lay, units, valid, a),
+                                  partial);
     if (!copied) {
         const float inv = 1.0f / sqrtf(squares / (float)d + eps);
 #pragma unroll
