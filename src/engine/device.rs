@@ -1315,85 +1315,97 @@ fn decode_blocks(
     blocks: std::sync::mpsc::Receiver<usize>,
     gate: &CaptureGate,
 ) -> Result<Duration, GenerateError> {
-    let d = v.d;
     let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
-    let view = |b: &Buf, offset: usize, shape: &[i64]| {
-        b.view(&mem, offset, shape).map_err(run_err("device view"))
-    };
-    let block = d.block_elems();
-    let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
-    let mut run = std::time::Duration::ZERO;
+    let mut run = Duration::ZERO;
     for b in blocks {
-        for f in 0..d.frames_per_block {
+        for f in 0..v.d.frames_per_block {
             // Not while the DiT captures a CUDA graph beside this thread (see `GraphCapture`).
-            let frame = || -> Result<(), GenerateError> {
-                let t = b * d.frames_per_block + f;
-                // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
-                let next_frame = if t == 0 {
-                    0
-                } else {
-                    1 + d.frames_per_step * (t - 1)
-                };
-                // z = lat[:, :, f] * std + mean, in the bundle's type.
-                {
-                    let e = run_err("latent_frame");
-                    let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
-                    let lat_shape = d.block_shape();
-                    let stat = [1, d.channels as i64, 1, 1, 1];
-                    binding
-                        .input("lat", view(&v.latents, b * block, &lat_shape)?)
-                        .map_err(e)?;
-                    binding
-                        .input("idx", view(&v.indices, f, &[1])?)
-                        .map_err(e)?;
-                    binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
-                    binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
-                    binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
-                    let start = Instant::now();
-                    latent_frame.run_binding(&binding.binding).map_err(e)?;
-                    run += start.elapsed();
-                }
-                let graph: &'static str = if t == 0 { "vae_first" } else { "vae_step" };
-                let e = run_err(graph);
-                let n = if t == 0 { 1 } else { d.frames_per_step };
-                let session = if t == 0 {
-                    &mut *vae_first
-                } else {
-                    &mut *vae_step
-                };
-                let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
-                binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
-                let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
-                for (j, shape) in v.cache_shapes.iter().enumerate() {
-                    if t > 0 {
-                        binding
-                            .input(v.cache_in[j].as_str(), view(&cache_in[j], 0, shape)?)
-                            .map_err(e)?;
-                    }
-                    binding
-                        .output(v.cache_out[j].as_str(), view(&cache_out[j], 0, shape)?)
-                        .map_err(e)?;
-                }
-                let frames_shape = [1, 3, n as i64, d.height as i64, d.width as i64];
-                binding
-                    .output(
-                        "frames",
-                        view(&v.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
-                    )
-                    .map_err(e)?;
-                let start = Instant::now();
-                if t == 0 {
-                    run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
-                } else {
-                    session.run_binding(&binding.binding).map_err(e)?;
-                }
-                run += start.elapsed();
-                Ok(())
-            };
-            gate.decode(frame)?;
+            run +=
+                gate.decode(|| decode_frame(v, &mem, latent_frame, vae_first, vae_step, b, f))?;
         }
     }
     Ok(run)
+}
+
+/// Decodes latent frame `f` of block `b` into the video buffer: `latent_frame` (z = the frame's
+/// latents · std + mean, in the bundle's type), then `vae_first` (the video's first latent frame)
+/// or `vae_step` with the causal cache of the frame before. Returns the time spent in
+/// `Session::run`.
+fn decode_frame(
+    v: &VaeBufs,
+    mem: &MemoryInfo<'static>,
+    latent_frame: &mut Session,
+    vae_first: &mut Session,
+    vae_step: &mut Session,
+    b: usize,
+    f: usize,
+) -> Result<Duration, GenerateError> {
+    let d = v.d;
+    let view = |buf: &Buf, offset: usize, shape: &[i64]| {
+        buf.view(mem, offset, shape).map_err(run_err("device view"))
+    };
+    let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
+    let t = b * d.frames_per_block + f;
+    // Pixel frames before latent frame t: 1 for the first, `frames_per_step` for others.
+    let next_frame = if t == 0 {
+        0
+    } else {
+        1 + d.frames_per_step * (t - 1)
+    };
+    let mut run = Duration::ZERO;
+    {
+        let e = run_err("latent_frame");
+        let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
+        let stat = [1, d.channels as i64, 1, 1, 1];
+        binding
+            .input(
+                "lat",
+                view(&v.latents, b * d.block_elems(), &d.block_shape())?,
+            )
+            .map_err(e)?;
+        binding
+            .input("idx", view(&v.indices, f, &[1])?)
+            .map_err(e)?;
+        binding.input("std", view(&v.std, 0, &stat)?).map_err(e)?;
+        binding.input("mean", view(&v.mean, 0, &stat)?).map_err(e)?;
+        binding.output("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+        let start = Instant::now();
+        latent_frame.run_binding(&binding.binding).map_err(e)?;
+        run += start.elapsed();
+    }
+    let (graph, session, n) = if t == 0 {
+        ("vae_first", vae_first, 1)
+    } else {
+        ("vae_step", vae_step, d.frames_per_step)
+    };
+    let e = run_err(graph);
+    let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
+    binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
+    let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
+    for (j, shape) in v.cache_shapes.iter().enumerate() {
+        if t > 0 {
+            binding
+                .input(v.cache_in[j].as_str(), view(&cache_in[j], 0, shape)?)
+                .map_err(e)?;
+        }
+        binding
+            .output(v.cache_out[j].as_str(), view(&cache_out[j], 0, shape)?)
+            .map_err(e)?;
+    }
+    let frames_shape = [1, 3, n as i64, d.height as i64, d.width as i64];
+    binding
+        .output(
+            "frames",
+            view(&v.video, 3 * next_frame * d.frame_px(), &frames_shape)?,
+        )
+        .map_err(e)?;
+    let start = Instant::now();
+    if t == 0 {
+        run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
+    } else {
+        session.run_binding(&binding.binding).map_err(e)?;
+    }
+    Ok(run + start.elapsed())
 }
 
 /// Clamp and uint8 layout of every decoder call's frames into `[frames, H, W, 3]`.
