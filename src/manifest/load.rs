@@ -608,11 +608,7 @@ fn validate(
         errors.push(at_key(
             Diagnostic::new(format!(
                 "runtime.cuda_graphs needs the CUDA provider; runtime.provider is \"{}\"",
-                match m.runtime.provider {
-                    Provider::Cpu => "cpu",
-                    Provider::Tensorrt => "tensorrt",
-                    Provider::Cuda => "cuda",
-                }
+                crate::plan::render::word(&m.runtime.provider)
             ))
             .hint("set runtime.provider = \"cuda\", or remove `cuda_graphs`"),
             "runtime.cuda_graphs",
