@@ -281,6 +281,53 @@ pub(crate) fn qkv_norm_rope_cache<T: Element>(
 
 /// One call of `op` on the CPU provider: reads the inputs, checks them against the contract,
 /// allocates the outputs ([`Op::output_shape`]) and runs the kernel.
+/// `Attention` over `plan`'s rows: for each row of Q (batch b = r / S) and head h, the scores
+/// `Q_h · K_h[l] / sqrt(hd)` over the L keys of batch b, their softmax (the largest score
+/// subtracted before exp) and the weighted sum of `V_h[l]`, in float32, each element rounded once.
+pub(crate) fn attention<T: Element>(plan: &Plan, q: &[T], k: &[T], v: &[T], o: &mut [T]) {
+    let (d, s, l) = (plan.d, plan.block_rows, plan.cache_rows);
+    let hd = 2 * plan.half_hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    o.par_chunks_mut(d)
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .enumerate()
+        .for_each_init(
+            || (vec![0f32; l], vec![0f32; hd]),
+            |(scores, acc), (r, o_row)| {
+                let q_row = &q[r * d..][..d];
+                let keys = &k[(r / s) * l * d..][..l * d];
+                let values = &v[(r / s) * l * d..][..l * d];
+                for h in 0..d / hd {
+                    let qh = &q_row[h * hd..][..hd];
+                    let mut max = f32::NEG_INFINITY;
+                    for (j, score) in scores.iter_mut().enumerate() {
+                        let kh = &keys[j * d + h * hd..][..hd];
+                        let dot: f32 = qh
+                            .iter()
+                            .zip(kh)
+                            .map(|(a, b)| a.to_f32() * b.to_f32())
+                            .sum();
+                        *score = dot * scale;
+                        max = max.max(*score);
+                    }
+                    let mut total = 0f32;
+                    acc.fill(0.0);
+                    for (j, score) in scores.iter().enumerate() {
+                        let p = (score - max).exp();
+                        total += p;
+                        let vh = &values[j * d + h * hd..][..hd];
+                        for (a, x) in acc.iter_mut().zip(vh) {
+                            *a += p * x.to_f32();
+                        }
+                    }
+                    for (out, a) in o_row[h * hd..][..hd].iter_mut().zip(acc.iter()) {
+                        *out = T::from_f32(a / total);
+                    }
+                }
+            },
+        );
+}
+
 pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
     let names = op.inputs();
     let input = |i: usize| {
@@ -375,6 +422,11 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
             let mut y = output(0)?;
             let (_, y) = y.try_extract_tensor_mut::<T>()?;
             bias_gelu(&plan, data[0], data[1], y);
+        }
+        Op::Attention => {
+            let mut o = output(0)?;
+            let (_, o) = o.try_extract_tensor_mut::<T>()?;
+            attention(&plan, data[0], data[1], data[2], o);
         }
         Op::MatMulBiasGelu => {
             let mut y = output(0)?;

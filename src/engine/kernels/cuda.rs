@@ -176,8 +176,9 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
         Op::QkvNormRopeCache => "qkv_norm_rope_cache",
         Op::BiasGelu => "bias_gelu",
-        // A cuBLASLt matmul (gemm.rs), no kernel of kernels.cu.
-        Op::MatMulBiasGelu => return None,
+        // A cuBLASLt matmul (gemm.rs) and cuDNN's attention (attention.rs), no row kernel of
+        // kernels.cu.
+        Op::MatMulBiasGelu | Op::Attention => return None,
     };
     let ty = match ty {
         TensorElementType::Float32 => "f32",
@@ -373,7 +374,17 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
         )
     })?;
     let mut functions = Vec::new();
-    for op in Op::ALL.into_iter().filter(|op| !op.is_gemm()) {
+    for name in OTHER_ENTRY_POINTS {
+        let c_name = CString::new(name).expect("entry point names have no NUL byte");
+        // SAFETY: `module` was just loaded and is never unloaded.
+        let function = unsafe { driver::module::get_function(module, c_name) }
+            .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
+        functions.push((name.to_string(), Handle(function)));
+    }
+    let row_ops = Op::ALL
+        .into_iter()
+        .filter(|&op| entry_point(op, TensorElementType::Float32, Layout::Block).is_some());
+    for op in row_ops {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
             for layout in Layout::KINDS {
                 let name = entry_point(op, ty, layout)
@@ -394,6 +405,26 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
         context: Handle(context),
         functions,
     })
+}
+
+/// The entry points of `kernels.cu` that are no operator's row kernel: the attention's merge
+/// (attention.rs).
+pub(crate) const OTHER_ENTRY_POINTS: [&str; 1] = ["unstep_attention_merge_f16"];
+
+/// The function `name` of `kernels.cu` on device `ordinal` (compiled and loaded on first use)
+/// and the context it is loaded in.
+pub(super) fn device_function(
+    ordinal: i32,
+    name: &str,
+) -> Result<(Handle<sys::CUcontext>, Handle<sys::CUfunction>), String> {
+    let module = device_module(ordinal)?;
+    let function = module
+        .functions
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, f)| *f)
+        .ok_or_else(|| format!("unstep CUDA kernels: kernels.cu has no entry point {name}"))?;
+    Ok((module.context, function))
 }
 
 /// Makes a context current on this thread for the guard's life (the primary context of the
@@ -669,7 +700,9 @@ impl CudaKernel {
                 params.push((&mut silu as *mut i32).cast());
             }
             Op::BiasGelu => {}
-            Op::MatMulBiasGelu => unreachable!("a cuBLASLt matmul (gemm.rs), not a row kernel"),
+            Op::MatMulBiasGelu | Op::Attention => {
+                unreachable!("a cuBLASLt matmul or cuDNN's attention, not a row kernel")
+            }
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {
                     params.push((div as *mut i64).cast());

@@ -578,3 +578,49 @@ ENTRY_POINTS(F32, BlockQuad, THREADS, f32_q, float)
 ENTRY_POINTS(F16, BlockQuad, THREADS, f16_q, unsigned short)
 ENTRY_POINTS(F32, GroupRow, GROUP_THREADS, f32_g, float)
 ENTRY_POINTS(F16, GroupRow, GROUP_THREADS, f16_g, unsigned short)
+
+// Attention's last rows from `parts` partial results over disjoint runs of the keys (attention.rs):
+// runs [parts, rows, heads * hd] (float16, one run's rows after the other's), lse [parts, heads,
+// rows] (float32, the natural log-sum-exp of each run's scaled scores), out [rows, heads * hd].
+// With m the largest lse_p of a row and head and w_p = exp(lse_p - m):
+// out = sum_p w_p * run_p / sum_p w_p, in float32, rounded once. One warp per row and head; a
+// lane holds pairs of the head's hd elements (hd even, up to 256).
+#define MERGE_MAX_PARTS 4
+extern "C" __global__ void __launch_bounds__(256) unstep_attention_merge_f16(
+    const unsigned short* runs, const float* lse, unsigned short* out, int parts, i64 rows,
+    int heads, int hd) {
+    const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    const int lane = threadIdx.x % WARP;
+    if (item >= rows * heads) return;
+    const i64 r = item / heads;
+    const int h = (int)(item % heads);
+    const i64 d = (i64)heads * hd;
+    // The loops over the runs are unrolled to MERGE_MAX_PARTS, so that w stays in registers.
+    float w[MERGE_MAX_PARTS];
+    float m = lse[(i64)h * rows + r];
+#pragma unroll
+    for (int p = 1; p < MERGE_MAX_PARTS; ++p) {
+        if (p < parts) m = fmaxf(m, lse[((i64)p * heads + h) * rows + r]);
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int p = 0; p < MERGE_MAX_PARTS; ++p) {
+        w[p] = p < parts ? expf(lse[((i64)p * heads + h) * rows + r] - m) : 0.0f;
+        total += w[p];
+    }
+    const float inv = 1.0f / total;
+    for (int c = 2 * lane; c < hd; c += 2 * WARP) {
+        float a = 0.0f, b = 0.0f;
+#pragma unroll
+        for (int p = 0; p < MERGE_MAX_PARTS; ++p) {
+            if (p < parts) {
+                const unsigned int pair =
+                    *(const unsigned int*)(runs + ((i64)p * rows + r) * d + (i64)h * hd + c);
+                a += w[p] * h2f((unsigned short)(pair & 0xffff));
+                b += w[p] * h2f((unsigned short)(pair >> 16));
+            }
+        }
+        *(unsigned int*)(out + r * d + (i64)h * hd + c) =
+            (unsigned int)f2h(a * inv) | ((unsigned int)f2h(b * inv) << 16);
+    }
+}

@@ -69,7 +69,19 @@
 //!    matmul with its bias-and-GELU epilogue (`gemm.rs`), where a `MatMul` and a `BiasGelu` wrote
 //!    and read the N-wide product once more.
 //!
-//! Every output has X's shape, but Q's last axis is D, Y of `PrefixBiasRmsNorm` has P + T on
+//! 8. `Attention(Q, K, V) -> O`, attribute `num_heads`: a self-attention without mask. Q has
+//!    shape `[..., S, D]` (rank ≥ 2, X is Q here), K and V one shape `[..., L, D]` with Q's
+//!    leading axes and L ≥ 1; D = num_heads · hd with hd even. Row s of batch b and head h
+//!    (columns h·hd to (h + 1)·hd): with scores `z_l = Q[b, s, h]·K[b, l, h] / sqrt(hd)`,
+//!    `O[b, s, h] = Σ_l e^(z_l − max z) V[b, l, h] / Σ_l e^(z_l − max z)`. The CPU kernel works in
+//!    float32 and rounds once. The CUDA kernel is cuDNN's fused flash attention in float16
+//!    (float32 and a head size past 256 or not a multiple of 8 are errors there), which rounds
+//!    the softmax weights to float16 before their product with V, and runs a partial last wave
+//!    of thread blocks over runs of the keys that it then merges (`attention.rs`). The exporter
+//!    writes it for `dit_fused`'s self-attention, in place of ONNX Runtime's
+//!    `MultiHeadAttention`, so that the runner decides how a block's rows meet the GPU's waves.
+//!
+//! Every output has X's shape (O is Q's), but Q's last axis of `QkvNormRopeCache` is D, Y of `PrefixBiasRmsNorm` has P + T on
 //! axis 1 and its tail prefix's shape, and Y of `MatMulBiasGelu` has N on its last axis. A shape
 //! that breaks the contract is an error naming the operator, the input and the shapes. The CUDA
 //! kernels keep a row in registers: they also need D even and at most 2048 (wan-1.3b's is 1536),
@@ -83,6 +95,7 @@
 //! ONNX Runtime; its ignored tests compile `kernels.cu` with NVRTC (no GPU needed) and check the
 //! CUDA kernels against the CPU kernels on a GPU (`cuda_kernels_match_the_cpu_kernels`).
 
+mod attention;
 mod cpu;
 mod cuda;
 mod gemm;
@@ -108,7 +121,8 @@ pub(crate) const DOMAIN: &str = "ai.unstep";
 /// cuBLASLt (`MatMulBiasGelu`) load; no GPU needed. For `runner doctor` and `auto`.
 pub(crate) fn cuda_libraries_available() -> Result<(), String> {
     cuda::check_nvrtc()?;
-    gemm::check_cublaslt()
+    gemm::check_cublaslt()?;
+    attention::check_cudnn()
 }
 
 /// The `ai.unstep` operator domain for a session: CUDA kernels when `cuda` is true (inputs and
@@ -165,10 +179,11 @@ pub(crate) enum Op {
     BiasGelu,
     PrefixBiasRmsNorm,
     MatMulBiasGelu,
+    Attention,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 7] = [
+    pub(crate) const ALL: [Op; 8] = [
         Op::BiasRmsNormRope,
         Op::BiasRmsNorm,
         Op::GatedResidualLayerNorm,
@@ -176,6 +191,7 @@ impl Op {
         Op::BiasGelu,
         Op::PrefixBiasRmsNorm,
         Op::MatMulBiasGelu,
+        Op::Attention,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -187,6 +203,7 @@ impl Op {
             Op::BiasGelu => "BiasGelu",
             Op::PrefixBiasRmsNorm => "PrefixBiasRmsNorm",
             Op::MatMulBiasGelu => "MatMulBiasGelu",
+            Op::Attention => "Attention",
         }
     }
 
@@ -202,6 +219,7 @@ impl Op {
             Op::BiasGelu => &["X", "bias"],
             Op::PrefixBiasRmsNorm => &["X", "bias", "weight", "prefix"],
             Op::MatMulBiasGelu => &["X", "W", "bias"],
+            Op::Attention => &["Q", "K", "V"],
         }
     }
 
@@ -212,6 +230,7 @@ impl Op {
             Op::PrefixBiasRmsNorm => &["Y", "tail"],
             Op::GatedResidualLayerNorm => &["S", "Y"],
             Op::QkvNormRopeCache => &["Q"],
+            Op::Attention => &["O"],
         }
     }
 
@@ -223,7 +242,8 @@ impl Op {
             | Op::QkvNormRopeCache
             | Op::BiasGelu
             | Op::PrefixBiasRmsNorm
-            | Op::MatMulBiasGelu => 0,
+            | Op::MatMulBiasGelu
+            | Op::Attention => 0,
             Op::GatedResidualLayerNorm => 1,
         }
     }
@@ -249,7 +269,12 @@ impl Op {
 
     /// Whether the operator normalises (attribute `epsilon`).
     pub(crate) fn has_epsilon(self) -> bool {
-        !(self.elementwise() || self.is_gemm())
+        !(self.elementwise() || self.is_gemm() || self == Op::Attention)
+    }
+
+    /// Whether the node has the attribute `num_heads`.
+    pub(crate) fn has_heads(self) -> bool {
+        self.has_rope() || self == Op::Attention
     }
 
     /// Whether the operator turns rows by rotary tables (attribute `num_heads`).
@@ -324,7 +349,7 @@ impl Attrs {
             kctx.get::<f32>("epsilon")
                 .ok_or_else(|| missing("epsilon", "float"))?
         };
-        let num_heads = if op.has_rope() {
+        let num_heads = if op.has_heads() {
             let heads = kctx
                 .get::<i64>("num_heads")
                 .ok_or_else(|| missing("num_heads", "int"))?;
@@ -583,6 +608,36 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
             plan.block_rows = t;
             plan.cache_rows = cache_rows;
         }
+        Op::Attention => {
+            let heads = attrs.num_heads;
+            if heads == 0 || !d.is_multiple_of(2 * heads) {
+                return Err(fail(format!(
+                    "D = {d} (from Q {x:?}) is not a multiple of 2·num_heads = {}",
+                    2 * heads
+                )));
+            }
+            let (k, v) = (shapes[1], shapes[2]);
+            let rank = x.len();
+            let fits = rank >= 2
+                && k.len() == rank
+                && k[..rank - 2] == x[..rank - 2]
+                && k[rank - 1] as usize == d
+                && k[rank - 2] > 0;
+            if !fits {
+                return Err(fail(format!(
+                    "input K has shape {k:?}; with Q {x:?} it must be [..., L, {d}] with L ≥ 1 \
+                     and Q's leading axes (Q must have rank 2 or more)"
+                )));
+            }
+            if v != k {
+                return Err(fail(format!(
+                    "input V has shape {v:?} and K {k:?}; they must be equal"
+                )));
+            }
+            plan.block_rows = x[rank - 2].max(0) as usize;
+            plan.cache_rows = k[rank - 2] as usize;
+            plan.half_hd = d / heads / 2;
+        }
         Op::GatedResidualLayerNorm => {
             if shapes[0] != x {
                 return Err(fail(format!(
@@ -648,6 +703,8 @@ impl Operator for FusedOp {
                 .unwrap_or(0);
             let kernel = if self.op.is_gemm() {
                 gemm::GemmKernel::new(self.ty, ordinal).map(CudaCompute::Gemm)
+            } else if self.op == Op::Attention {
+                attention::AttentionKernel::new(self.ty, ordinal).map(CudaCompute::Attention)
             } else {
                 cuda::CudaKernel::new(self.op, self.ty, ordinal).map(CudaCompute::Rows)
             };
@@ -725,6 +782,7 @@ impl Operator for FusedOp {
 enum CudaCompute {
     Rows(cuda::CudaKernel),
     Gemm(gemm::GemmKernel),
+    Attention(attention::AttentionKernel),
 }
 
 /// A node's kernel.
@@ -740,6 +798,7 @@ impl Kernel for FusedKernel {
         match &mut self.cuda {
             Some(CudaCompute::Rows(kernel)) => return kernel.compute(&self.attrs, ctx),
             Some(CudaCompute::Gemm(kernel)) => return kernel.compute(&self.attrs, ctx),
+            Some(CudaCompute::Attention(kernel)) => return kernel.compute(&self.attrs, ctx),
             None => {}
         }
         match self.ty {

@@ -955,6 +955,193 @@ fn matmul_bias_gelu_matches_the_reference() {
     check_matmul_gelu_cpu::<f16>();
 }
 
+struct AttentionCase<T> {
+    q_shape: Vec<i64>,
+    kv_shape: Vec<i64>,
+    heads: usize,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+}
+
+impl<T: Element> AttentionCase<T> {
+    /// Q `[B, S, D]` in [-3, 3] (scores of a few units: a peaked softmax), K and V `[B, L, D]` in
+    /// [-1, 1].
+    fn new(rng: &mut Rng, [b, s, l, d]: [usize; 4], heads: usize) -> Self {
+        let (b, s, l, d) = (b as i64, s as i64, l as i64, d as i64);
+        let kv = shape_numel(&[b, l, d]);
+        Self {
+            q_shape: vec![b, s, d],
+            kv_shape: vec![b, l, d],
+            heads,
+            q: rng.vec(shape_numel(&[b, s, d]), -3.0, 3.0),
+            k: rng.vec(kv, -1.0, 1.0),
+            v: rng.vec(kv, -1.0, 1.0),
+        }
+    }
+
+    /// Per row and head, `softmax(Q_h·K_hᵀ / sqrt(hd)) V_h` in float64.
+    fn reference(&self) -> Vec<f64> {
+        let (s, l, d) = (
+            self.q_shape[1] as usize,
+            self.kv_shape[1] as usize,
+            *self.q_shape.last().unwrap() as usize,
+        );
+        let hd = d / self.heads;
+        let (q, k, v) = (wide(&self.q), wide(&self.k), wide(&self.v));
+        let mut o = vec![0f64; q.len()];
+        for (r, o_row) in o.chunks_mut(d).enumerate() {
+            let base = r / s * l * d;
+            for h in 0..self.heads {
+                let scores: Vec<f64> = (0..l)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|c| q[r * d + h * hd + c] * k[base + j * d + h * hd + c])
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for c in 0..hd {
+                    o_row[h * hd + c] = (0..l)
+                        .map(|j| weights[j] * v[base + j * d + h * hd + c])
+                        .sum::<f64>()
+                        / total;
+                }
+            }
+        }
+        o
+    }
+
+    fn cpu(&self) -> Vec<T> {
+        let plan = self.plan();
+        let mut o = vec![T::from_f32(0.0); self.q.len()];
+        cpu::attention(&plan, &self.q, &self.k, &self.v, &mut o);
+        o
+    }
+}
+
+impl<T: Element> OpCase<T> for AttentionCase<T> {
+    const OP: Op = Op::Attention;
+
+    fn attrs(&self) -> Attrs {
+        Attrs {
+            num_heads: self.heads,
+            ..NO_ATTRS
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        vec![
+            self.q_shape.clone(),
+            self.kv_shape.clone(),
+            self.kv_shape.clone(),
+        ]
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.q, &self.k, &self.v]
+    }
+
+    fn written(&self) -> usize {
+        self.q.len()
+    }
+}
+
+/// ([B, S, L, D], num_heads): a batch of 2 with more keys than rows, one row and one key, fewer
+/// keys than rows, the tiny model's self-attention (3 frames of 28 tokens after 2 blocks, 2 heads
+/// of 32), one head of 128.
+const ATTENTION_CASES: [([usize; 4], usize); 5] = [
+    ([2, 5, 7, 8], 2),
+    ([1, 1, 1, 4], 1),
+    ([1, 9, 3, 12], 3),
+    ([1, 84, 252, 64], 2),
+    ([1, 6, 40, 128], 1),
+];
+
+fn check_attention_cpu<T: Tolerance>() {
+    let mut rng = Rng(12);
+    for (sizes, heads) in ATTENTION_CASES {
+        let case = AttentionCase::<T>::new(&mut rng, sizes, heads);
+        let what = format!(
+            "{} Attention {sizes:?} heads {heads}",
+            std::any::type_name::<T>()
+        );
+        let plan = case.plan();
+        assert_eq!(
+            (
+                plan.rows,
+                plan.block_rows,
+                plan.cache_rows,
+                2 * plan.half_hd
+            ),
+            (sizes[0] * sizes[1], sizes[1], sizes[2], sizes[3] / heads),
+            "{what}"
+        );
+        assert_close(&case.cpu(), &case.reference(), &what);
+    }
+}
+
+#[test]
+fn attention_matches_the_reference() {
+    check_attention_cpu::<f32>();
+    check_attention_cpu::<f16>();
+}
+
+/// The split of a call's rows (attention.rs) on an H200 (132 SMs, two thread blocks of 64 rows
+/// each per SM: 264 per wave).
+#[test]
+fn the_attention_splits_only_a_partial_last_wave() {
+    use attention::{Split, split};
+    let whole = |rows| Split {
+        main_rows: rows,
+        parts: 1,
+    };
+    // wan-1.3b: 4,680 rows × 12 heads = 888 blocks, 3.36 waves: 4,224 rows (792 blocks, three
+    // waves), then 456 rows (96 blocks) over two halves of the keys (192 blocks, one wave).
+    for keys in [4680, 9360, 18720] {
+        assert_eq!(
+            split(1, 4680, keys, 12, 132, true),
+            Split {
+                main_rows: 4224,
+                parts: 2
+            },
+            "{keys} keys"
+        );
+    }
+    // Whole waves (22 tiles × 12 heads = one wave), less than a wave, another GPU, a batch.
+    assert_eq!(split(1, 22 * 64, 4680, 12, 132, true), whole(22 * 64));
+    assert_eq!(split(1, 1000, 4680, 12, 132, true), whole(1000));
+    assert_eq!(split(1, 4680, 18720, 12, 132, false), whole(4680));
+    assert_eq!(split(2, 4680, 18720, 12, 132, true), whole(4680));
+    // A last wave of one tile per head: four runs of the keys, or fewer where they do not divide
+    // the keys; none when no run of keys would be a tile long.
+    let rows = 22 * 64 + 10;
+    assert_eq!(
+        split(1, rows, 4680, 12, 132, true),
+        Split {
+            main_rows: 22 * 64,
+            parts: 4
+        }
+    );
+    assert_eq!(
+        split(1, rows, 4683, 12, 132, true),
+        Split {
+            main_rows: 22 * 64,
+            parts: 3
+        }
+    );
+    assert_eq!(split(1, rows, 4681, 12, 132, true), whole(rows));
+    assert_eq!(split(1, rows, 100, 12, 132, true), whole(rows));
+    // A last wave more than half full stays one call.
+    assert_eq!(
+        split(1, 22 * 64 * 2 - 64 * 8, 4680, 12, 132, true),
+        whole(22 * 64 * 2 - 64 * 8)
+    );
+}
+
 fn plan_of(op: Op, attrs: &Attrs, shapes: &[Vec<i64>]) -> Plan {
     let shapes: Vec<&[i64]> = shapes.iter().map(Vec::as_slice).collect();
     plan(op, attrs, &shapes).unwrap()
@@ -1190,6 +1377,34 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     );
     assert!(
         e.contains("input R has shape [6, 8] and X [1, 6, 8]"),
+        "{e}"
+    );
+    // Attention: heads that do not split D in even halves, K with other leading axes or width
+    // than Q, V unlike K.
+    let heads = |num_heads| Attrs { num_heads, ..plain };
+    let e = plan_error(
+        Op::Attention,
+        heads(3),
+        &[&[1, 4, 8], &[1, 6, 8], &[1, 6, 8]],
+    );
+    assert!(
+        e.contains("ai.unstep Attention") && e.contains("D = 8 (from Q [1, 4, 8])"),
+        "{e}"
+    );
+    for k in [&[2, 6, 8][..], &[1, 6, 16], &[6, 8], &[1, 0, 8]] {
+        let e = plan_error(Op::Attention, heads(2), &[&[1, 4, 8], k, k]);
+        assert!(
+            e.contains(&format!("input K has shape {k:?}; with Q [1, 4, 8]")),
+            "{e}"
+        );
+    }
+    let e = plan_error(
+        Op::Attention,
+        heads(2),
+        &[&[1, 4, 8], &[1, 6, 8], &[1, 5, 8]],
+    );
+    assert!(
+        e.contains("input V has shape [1, 5, 8] and K [1, 6, 8]"),
         "{e}"
     );
     // A prefix of another shape than X's off axis 1, and an X with a batch axis.
@@ -1488,6 +1703,13 @@ fn check_through_onnx_runtime<T: Tolerance>() {
             &format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}"),
         );
     }
+
+    // Attention: O has Q's shape.
+    let case = AttentionCase::<T>::new(&mut rng, [2, 5, 7, 8], 2);
+    let mut s = session::<T>(Op::Attention, &[Attr::Int("num_heads", 2)]).unwrap();
+    let out = run(&mut s, Op::Attention, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, case.q_shape);
+    assert_close(&out[0].1, &case.reference(), &format!("{t} Attention O"));
 
     let (x_shape, params) = GRLN_CASES[0];
     let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
@@ -1827,16 +2049,22 @@ fn elementwise_launches_match_their_entry_points() {
 fn nvrtc_compiles_the_kernels() {
     cuda::check_nvrtc().unwrap();
     let ptx = String::from_utf8(cuda::compile("compute_90").unwrap()).unwrap();
-    for op in Op::ALL.into_iter().filter(|op| !op.is_gemm()) {
+    let mut names: Vec<String> = cuda::OTHER_ENTRY_POINTS.map(String::from).to_vec();
+    for op in Op::ALL
+        .into_iter()
+        .filter(|op| !(op.is_gemm() || *op == Op::Attention))
+    {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
             for layout in cuda::Layout::KINDS {
-                let name = cuda::entry_point(op, ty, layout).unwrap();
-                assert!(
-                    ptx.contains(&format!(".entry {name}(")),
-                    "no entry point {name} in the PTX"
-                );
+                names.push(cuda::entry_point(op, ty, layout).unwrap());
             }
         }
+    }
+    for name in names {
+        assert!(
+            ptx.contains(&format!(".entry {name}(")),
+            "no entry point {name} in the PTX"
+        );
     }
     assert!(
         !ptx.contains(".local"),
@@ -1986,6 +2214,86 @@ mod gpu {
         // SAFETY: the test's stream.
         unsafe { driver::stream::synchronize(stream) }.unwrap();
         download::<T>(&bufs[3], n)
+    }
+
+    /// Runs an Attention case with cuDNN ([`attention::AttentionKernel::launch`], its split on or
+    /// off) on `stream`; returns O and, with `repeats`, the mean time of one call in µs.
+    fn run_attention(
+        case: &AttentionCase<f16>,
+        stream: sys::CUstream,
+        split: bool,
+        repeats: usize,
+    ) -> (Vec<f16>, f64) {
+        let plan = case.plan();
+        let mut kernel = attention::AttentionKernel::new(TensorElementType::Float16, 0).unwrap();
+        kernel.split_enabled = split;
+        let bufs: Vec<DeviceBuf> = case
+            .inputs()
+            .iter()
+            .map(|data| upload(data))
+            .chain([upload(&vec![f16::NAN; case.q.len()])])
+            .collect();
+        let pointers: Vec<u64> = bufs.iter().map(|b| b.0).collect();
+        driver::ctx::synchronize().unwrap();
+        kernel.launch(&plan, &pointers, stream).unwrap();
+        let micros = mean_micros(stream, repeats, || {
+            kernel.launch(&plan, &pointers, stream).unwrap();
+        });
+        // SAFETY: the test's stream.
+        unsafe { driver::stream::synchronize(stream) }.unwrap();
+        (download::<f16>(&bufs[3], case.q.len()), micros)
+    }
+
+    /// cuDNN's attention against the CPU kernel (float16 in, float32 softmax; cuDNN rounds the
+    /// softmax weights to float16 before their product with V: within 4e-3 of the outputs' unit
+    /// scale), split and whole; at wan-1.3b's largest call, the time of both.
+    #[test]
+    #[ignore = "needs a CUDA GPU, its driver, cuDNN and NVRTC on LD_LIBRARY_PATH"]
+    fn cuda_attention_matches_the_cpu_kernel() {
+        cuda::check_libraries().unwrap();
+        let device = driver::device::get(0).unwrap();
+        // SAFETY: as in `cuda_kernels_match_the_cpu_kernels`.
+        let stream = unsafe {
+            let context = driver::primary_ctx::retain(device).unwrap();
+            driver::ctx::set_current(context).unwrap();
+            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
+        };
+        let mut rng = Rng(13);
+        let close = |got: &[f16], want: &[f16], what: &str| {
+            let worst = got
+                .iter()
+                .zip(want)
+                .map(|(g, w)| (g.to_f32() - w.to_f32()).abs())
+                .fold(0f32, f32::max);
+            eprintln!("{what}: largest difference {worst:.2e}");
+            assert!(worst <= 4e-3, "{what}: largest difference {worst}");
+        };
+        // Small shapes (one call), then a block of wan-1.3b's rows (split on an H200).
+        for (sizes, heads) in [
+            ([1, 84, 252, 64], 2),
+            ([2, 100, 300, 256], 2),
+            ([1, 4680, 4680, 1536], 12),
+        ] {
+            let case = AttentionCase::<f16>::new(&mut rng, sizes, heads);
+            let cpu = case.cpu();
+            let what = format!("Attention {sizes:?} heads {heads}");
+            let (whole, _) = run_attention(&case, stream, false, 0);
+            close(&whole, &cpu, &format!("{what}, one call"));
+            let (split, _) = run_attention(&case, stream, true, 0);
+            close(&split, &cpu, &format!("{what}, split"));
+        }
+        let case = AttentionCase::<f16>::new(&mut rng, [1, 4680, 18720, 1536], 12);
+        let (whole, one) = run_attention(&case, stream, false, 50);
+        let (split, two) = run_attention(&case, stream, true, 50);
+        close(
+            &split,
+            &whole,
+            "Attention [1, 4680, 18720, 1536], split against one call",
+        );
+        eprintln!(
+            "Attention [1, 4680, 18720, 1536] heads 12: one call {one:.1} µs, split {two:.1} µs (ratio {:.3})",
+            two / one
+        );
     }
 
     /// GPU against CPU kernel: float32 within 1e-5 (only the row sums' order differs: the CUDA

@@ -1,0 +1,754 @@
+//! `Attention` on CUDA: cuDNN's fused flash attention (its SDPA forward operation, built through
+//! cuDNN's backend API), with the last, partial wave of a call split over the keys.
+//!
+//! - cuDNN (`libcudnn.so.9`, the one ONNX Runtime's CUDA provider loads) is loaded at run time;
+//!   a missing library is an error when a session creates the kernel. The kernel runs float16
+//!   only (cuDNN's flash attention has no float32 kernel).
+//! - Q, K, V and O are `[B, S, D]` / `[B, L, D]` rows of `num_heads` heads of hd = D / num_heads
+//!   (BSHD): cuDNN reads and writes them in place through strides, no transpose.
+//! - **The last wave.** On an H200 (sm_90) cuDNN runs 64 query rows of one head per thread block,
+//!   two blocks per SM. wan-1.3b's block of 4,680 rows × 12 heads is 888 thread blocks, 3.36 waves
+//!   of 264 in four: the last wave is a third full and takes as long as a full one
+//!   (`benches/attention_waves.py`). [`split`] runs the rows of the full waves in one call (4,224
+//!   rows, three waves) and the remaining rows in a second call whose batch is `parts` runs of
+//!   the keys (the rows repeated with a batch stride of 0), which also returns each run's
+//!   log-sum-exp; a small kernel (`unstep_attention_merge_f16` of `kernels.cu`) merges the runs
+//!   into the output: `O = Σ_p e^(lse_p − m) O_p / Σ_p e^(lse_p − m)` with m the largest lse_p.
+//!   Measured with PyTorch's cuDNN calls at 18,720 keys: 1,010.9 µs for one call, 775.2 + 132.3
+//!   µs split in two. Other devices, batches above 1, and calls whose last wave is more than half
+//!   full run as one call.
+//! - One cuDNN handle and one scratch buffer (cuDNN's workspace, the runs' outputs and
+//!   log-sum-exps) per device and stream, made on first use and kept for the process: a captured
+//!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
+//!   call (a process's plain passes come before any capture) and kept by the node.
+
+use std::ffi::{CStr, c_void};
+use std::sync::{Mutex, PoisonError};
+
+use cudarc::cudnn::sys as dnn;
+use cudarc::driver::{result as driver, sys};
+use ort::operator::ComputeContext;
+use ort::value::TensorElementType;
+
+use super::cuda::{CurrentContext, Handle, REMEDY, device_function, prepare, primary_context};
+use super::{Attrs, DOMAIN, Op, Plan, op_error};
+
+use dnn::cudnnBackendAttributeName_t as Attr;
+use dnn::cudnnBackendAttributeType_t as Type;
+use dnn::cudnnBackendDescriptorType_t as Kind;
+
+/// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
+pub(crate) const TILE_ROWS: usize = 64;
+/// cuDNN's thread blocks per SM on sm_90 at hd = 128.
+pub(crate) const BLOCKS_PER_SM: usize = 2;
+/// The most runs of the keys the tail is split into.
+pub(crate) const MAX_PARTS: usize = 4;
+/// The merge kernel's threads per block (one warp per row and head).
+const MERGE_THREADS: u32 = 256;
+
+/// The tensors of a cuDNN call, by unique id.
+const UID_Q: i64 = 1;
+const UID_K: i64 = 2;
+const UID_V: i64 = 3;
+const UID_O: i64 = 4;
+const UID_STATS: i64 = 5;
+const UID_SCALE: i64 = 6;
+
+/// Loads cuDNN (no GPU needed).
+pub(super) fn check_cudnn() -> Result<(), String> {
+    // SAFETY: only opens the library, as `cuda::check_nvrtc` does.
+    if unsafe { dnn::is_culib_present() } {
+        return Ok(());
+    }
+    Err(format!(
+        "{DOMAIN} Attention: could not load cuDNN (libcudnn.so.9); put cuDNN 9 on \
+         LD_LIBRARY_PATH (`pip install nvidia-cudnn-cu13` puts it in \
+         site-packages/nvidia/cudnn/lib), {REMEDY}"
+    ))
+}
+
+/// How a call's query rows run: the first `main_rows` in one call over all keys, the rest in one
+/// call over `parts` runs of the keys, merged (`parts` = 1: one call, nothing split).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Split {
+    pub(crate) main_rows: usize,
+    pub(crate) parts: usize,
+}
+
+/// The split of a call of `batch` × `rows` query rows of `heads` heads over `keys` keys on a
+/// device of `sms` SMs (`sm90`: compute capability 9.0, where the tile and occupancy above were
+/// measured). The rows of the full waves run as one call; the remaining rows run over as many
+/// runs of the keys as fit in one wave beside each other (at most [`MAX_PARTS`], dividing the
+/// keys), when that is two or more.
+pub(crate) fn split(
+    batch: usize,
+    rows: usize,
+    keys: usize,
+    heads: usize,
+    sms: usize,
+    sm90: bool,
+) -> Split {
+    let whole = Split {
+        main_rows: rows,
+        parts: 1,
+    };
+    let per_wave = sms * BLOCKS_PER_SM;
+    if !sm90 || batch != 1 || heads == 0 || per_wave == 0 {
+        return whole;
+    }
+    let blocks = rows.div_ceil(TILE_ROWS) * heads;
+    let full_waves = blocks / per_wave;
+    if full_waves == 0 || blocks.is_multiple_of(per_wave) {
+        return whole;
+    }
+    let main_rows = full_waves * per_wave / heads * TILE_ROWS;
+    if main_rows == 0 || main_rows >= rows {
+        return whole;
+    }
+    let tail_blocks = (rows - main_rows).div_ceil(TILE_ROWS) * heads;
+    let fit = (per_wave / tail_blocks).min(MAX_PARTS);
+    match (2..=fit)
+        .rev()
+        .find(|&p| keys.is_multiple_of(p) && keys / p >= TILE_ROWS)
+    {
+        Some(parts) => Split { main_rows, parts },
+        None => whole,
+    }
+}
+
+/// A cuDNN call's error: what failed and cuDNN's name for the status.
+fn check(status: dnn::cudnnStatus_t, what: &str) -> Result<(), String> {
+    if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: cuDNN returns a static NUL-terminated string for any status.
+    let name = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(status)) };
+    Err(format!("{what}: {}", name.to_string_lossy()))
+}
+
+/// A cuDNN backend descriptor, destroyed on drop.
+struct Desc(dnn::cudnnBackendDescriptor_t);
+
+// SAFETY: backend descriptors are plain host objects; a kernel uses its own from one thread at a
+// time (ONNX Runtime calls a node's compute from one thread at a time).
+unsafe impl Send for Desc {}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `Desc::new`, destroyed once.
+        let _ = unsafe { dnn::cudnnBackendDestroyDescriptor(self.0) };
+    }
+}
+
+impl Desc {
+    fn new(kind: Kind) -> Result<Self, String> {
+        let mut desc = std::ptr::null_mut();
+        // SAFETY: an out-parameter.
+        check(
+            unsafe { dnn::cudnnBackendCreateDescriptor(kind, &mut desc) },
+            &format!("cudnnBackendCreateDescriptor ({kind:?})"),
+        )?;
+        Ok(Self(desc))
+    }
+
+    /// Sets `attr` to `count` values of `ty` at `values`.
+    ///
+    /// # Safety
+    /// `values` points at `count` values of the C type of `ty`.
+    unsafe fn set(
+        &self,
+        attr: Attr,
+        ty: Type,
+        count: i64,
+        values: *const c_void,
+    ) -> Result<(), String> {
+        // SAFETY: the caller's promise; the descriptor is alive.
+        check(
+            unsafe { dnn::cudnnBackendSetAttribute(self.0, attr, ty, count, values) },
+            &format!("cudnnBackendSetAttribute ({attr:?})"),
+        )
+    }
+
+    fn set_i64s(&self, attr: Attr, values: &[i64]) -> Result<(), String> {
+        // SAFETY: int64 values.
+        unsafe {
+            self.set(
+                attr,
+                Type::CUDNN_TYPE_INT64,
+                values.len() as i64,
+                values.as_ptr().cast(),
+            )
+        }
+    }
+
+    fn set_desc(&self, attr: Attr, desc: &Desc) -> Result<(), String> {
+        // SAFETY: one descriptor handle.
+        unsafe {
+            self.set(
+                attr,
+                Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                1,
+                (&desc.0 as *const dnn::cudnnBackendDescriptor_t).cast(),
+            )
+        }
+    }
+
+    fn set_handle(&self, attr: Attr, handle: dnn::cudnnHandle_t) -> Result<(), String> {
+        // SAFETY: one handle.
+        unsafe {
+            self.set(
+                attr,
+                Type::CUDNN_TYPE_HANDLE,
+                1,
+                (&handle as *const dnn::cudnnHandle_t).cast(),
+            )
+        }
+    }
+
+    fn finalize(self, what: &str) -> Result<Self, String> {
+        // SAFETY: the descriptor is alive.
+        check(
+            unsafe { dnn::cudnnBackendFinalize(self.0) },
+            &format!("cudnnBackendFinalize ({what})"),
+        )?;
+        Ok(self)
+    }
+
+    /// A tensor: `dims` and `strides` in elements (B, H, S, hd order), 16-byte aligned.
+    fn tensor(
+        uid: i64,
+        ty: dnn::cudnnDataType_t,
+        dims: [i64; 4],
+        strides: [i64; 4],
+        by_value: bool,
+    ) -> Result<Self, String> {
+        let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
+        // SAFETY: one data type enum value.
+        unsafe {
+            t.set(
+                Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
+                Type::CUDNN_TYPE_DATA_TYPE,
+                1,
+                (&ty as *const dnn::cudnnDataType_t).cast(),
+            )?
+        };
+        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
+        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
+        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
+        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
+        if by_value {
+            let yes = true;
+            // SAFETY: one C bool.
+            unsafe {
+                t.set(
+                    Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE,
+                    Type::CUDNN_TYPE_BOOLEAN,
+                    1,
+                    (&yes as *const bool).cast(),
+                )?
+            };
+        }
+        t.finalize("tensor")
+    }
+}
+
+/// One cuDNN SDPA forward call, ready to execute: its execution plan (and what it was built
+/// from) and the bytes of workspace it needs.
+struct Sdpa {
+    plan: Desc,
+    workspace: usize,
+    with_stats: bool,
+    /// The descriptors the plan was built from, kept alive with it.
+    _parts: Vec<Desc>,
+}
+
+/// Q `[b, h, s, hd]` at `q_strides`, K and V `[b, h, l, hd]` at `kv_strides`, O at `o_strides`,
+/// and with `stats` the log-sum-exp `[b, h, s, 1]` (float32, packed).
+struct SdpaShape {
+    dims_q: [i64; 4],
+    q_strides: [i64; 4],
+    dims_kv: [i64; 4],
+    kv_strides: [i64; 4],
+    o_strides: [i64; 4],
+    stats: bool,
+}
+
+impl Sdpa {
+    fn build(handle: dnn::cudnnHandle_t, shape: &SdpaShape) -> Result<Self, String> {
+        use dnn::cudnnDataType_t::{CUDNN_DATA_FLOAT as F32, CUDNN_DATA_HALF as F16};
+        let q = Desc::tensor(UID_Q, F16, shape.dims_q, shape.q_strides, false)?;
+        let k = Desc::tensor(UID_K, F16, shape.dims_kv, shape.kv_strides, false)?;
+        let v = Desc::tensor(UID_V, F16, shape.dims_kv, shape.kv_strides, false)?;
+        let o = Desc::tensor(UID_O, F16, shape.dims_q, shape.o_strides, false)?;
+        let scale = Desc::tensor(UID_SCALE, F32, [1; 4], [1; 4], true)?;
+        let [b, h, s, _] = shape.dims_q;
+        let stats = if shape.stats {
+            Some(Desc::tensor(
+                UID_STATS,
+                F32,
+                [b, h, s, 1],
+                [h * s, s, 1, 1],
+                false,
+            )?)
+        } else {
+            None
+        };
+        let op = Desc::new(Kind::CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR)?;
+        op.set_desc(Attr::CUDNN_ATTR_OPERATION_SDPA_FWD_QDESC, &q)?;
+        op.set_desc(Attr::CUDNN_ATTR_OPERATION_SDPA_FWD_KDESC, &k)?;
+        op.set_desc(Attr::CUDNN_ATTR_OPERATION_SDPA_FWD_VDESC, &v)?;
+        op.set_desc(Attr::CUDNN_ATTR_OPERATION_SDPA_FWD_ODESC, &o)?;
+        if let Some(stats) = &stats {
+            op.set_desc(Attr::CUDNN_ATTR_OPERATION_SDPA_FWD_STATSDESC, stats)?;
+        }
+        op.set_desc(Attr::CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, &scale)?;
+        let op = op.finalize("SDPA forward operation")?;
+        let graph = Desc::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+        graph.set_handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
+        graph.set_desc(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op)?;
+        let graph = graph.finalize("operation graph")?;
+        let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+        heur.set_desc(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &graph)?;
+        let mode = dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A;
+        // SAFETY: one heuristics mode enum value.
+        unsafe {
+            heur.set(
+                Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
+                Type::CUDNN_TYPE_HEUR_MODE,
+                1,
+                (&mode as *const dnn::cudnnBackendHeurMode_t).cast(),
+            )?
+        };
+        let heur = heur.finalize("engine heuristics")?;
+        let mut count = 0i64;
+        // SAFETY: asks for the number of results only.
+        check(
+            unsafe {
+                dnn::cudnnBackendGetAttribute(
+                    heur.0,
+                    Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                    Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                    0,
+                    &mut count,
+                    std::ptr::null_mut(),
+                )
+            },
+            "cudnnBackendGetAttribute (heuristic results)",
+        )?;
+        let configs = (0..count.max(0))
+            .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut handles: Vec<dnn::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
+        let mut got = 0i64;
+        // SAFETY: `handles` holds `count` engine configuration descriptors for cuDNN to fill.
+        check(
+            unsafe {
+                dnn::cudnnBackendGetAttribute(
+                    heur.0,
+                    Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                    Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                    count,
+                    &mut got,
+                    handles.as_mut_ptr().cast(),
+                )
+            },
+            "cudnnBackendGetAttribute (heuristic results)",
+        )?;
+        let mut reasons = Vec::new();
+        for config in configs.into_iter().take(got.max(0) as usize) {
+            let built = (|| {
+                let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+                plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
+                plan.set_desc(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &config)?;
+                plan.finalize("execution plan")
+            })();
+            match built {
+                Ok(plan) => {
+                    let mut workspace = 0i64;
+                    let mut n = 0i64;
+                    // SAFETY: one int64 out-value.
+                    check(
+                        unsafe {
+                            dnn::cudnnBackendGetAttribute(
+                                plan.0,
+                                Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                Type::CUDNN_TYPE_INT64,
+                                1,
+                                &mut n,
+                                (&mut workspace as *mut i64).cast(),
+                            )
+                        },
+                        "cudnnBackendGetAttribute (workspace size)",
+                    )?;
+                    let mut parts = vec![q, k, v, o, scale, op, graph, heur, config];
+                    parts.extend(stats);
+                    return Ok(Self {
+                        plan,
+                        workspace: workspace.max(0) as usize,
+                        with_stats: shape.stats,
+                        _parts: parts,
+                    });
+                }
+                Err(e) => reasons.push(e),
+            }
+        }
+        Err(format!(
+            "cuDNN has no engine for this attention (Q {:?}, K and V {:?}, {} engine configurations tried{}{})",
+            shape.dims_q,
+            shape.dims_kv,
+            got,
+            if reasons.is_empty() { "" } else { ": " },
+            reasons.join("; ")
+        ))
+    }
+
+    /// Queues the call on the handle's stream: `[q, k, v, o, stats]` device addresses (stats
+    /// unused without them), its workspace, and the scores' scale.
+    fn execute(
+        &self,
+        handle: dnn::cudnnHandle_t,
+        [q, k, v, o, stats]: [u64; 5],
+        workspace: u64,
+        scale: &f32,
+    ) -> Result<(), String> {
+        let mut uids = vec![UID_Q, UID_K, UID_V, UID_O, UID_SCALE];
+        let mut pointers: Vec<*mut c_void> = vec![
+            q as _,
+            k as _,
+            v as _,
+            o as _,
+            (scale as *const f32).cast_mut().cast(),
+        ];
+        if self.with_stats {
+            uids.push(UID_STATS);
+            pointers.push(stats as _);
+        }
+        let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+        pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?;
+        let workspace = workspace as *mut c_void;
+        // SAFETY: one device pointer per id (the scale a host pointer, as a by-value tensor's
+        // is), and one workspace pointer.
+        unsafe {
+            pack.set(
+                Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                Type::CUDNN_TYPE_VOID_PTR,
+                pointers.len() as i64,
+                pointers.as_ptr().cast(),
+            )?;
+            pack.set(
+                Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                Type::CUDNN_TYPE_VOID_PTR,
+                1,
+                (&workspace as *const *mut c_void).cast(),
+            )?;
+        }
+        let pack = pack.finalize("variant pack")?;
+        // SAFETY: the plan and pack are alive; the pointers are device memory of the handle's
+        // device holding the plan's tensors; the scale is read before this returns.
+        check(
+            unsafe { dnn::cudnnBackendExecute(handle, self.plan.0, pack.0) },
+            "cudnnBackendExecute",
+        )
+    }
+}
+
+/// The cuDNN handle of `stream` on device `ordinal` (its primary context current), created on
+/// first use and never destroyed.
+fn handle(ordinal: i32, stream: sys::CUstream) -> Result<Handle<dnn::cudnnHandle_t>, String> {
+    type Handles = Vec<(i32, usize, Handle<dnn::cudnnHandle_t>)>;
+    static HANDLES: Mutex<Handles> = Mutex::new(Vec::new());
+    let mut handles = HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = stream as usize;
+    if let Some((_, _, h)) = handles.iter().find(|(o, s, _)| *o == ordinal && *s == key) {
+        return Ok(*h);
+    }
+    let mut h = std::ptr::null_mut();
+    // SAFETY: an out-parameter; the device's primary context is current.
+    check(
+        unsafe { dnn::cudnnCreate(&mut h) },
+        &format!("cudnnCreate on CUDA device {ordinal}"),
+    )?;
+    // SAFETY: the handle was just created; the stream belongs to the current context.
+    check(
+        unsafe { dnn::cudnnSetStream(h, stream as dnn::cudaStream_t) },
+        "cudnnSetStream",
+    )?;
+    handles.push((ordinal, key, Handle(h)));
+    Ok(Handle(h))
+}
+
+/// At least `bytes` of scratch for `stream` on device `ordinal`: the buffer of a smaller earlier
+/// request is kept (a captured graph may point at it) and a larger one allocated beside it.
+fn scratch(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, String> {
+    type Buffers = Vec<(i32, usize, usize, u64)>;
+    static BUFFERS: Mutex<Buffers> = Mutex::new(Vec::new());
+    let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = stream as usize;
+    if let Some((_, _, _, ptr)) = buffers
+        .iter()
+        .rev()
+        .find(|(o, s, n, _)| *o == ordinal && *s == key && *n >= bytes)
+    {
+        return Ok(*ptr);
+    }
+    // SAFETY: a plain allocation in the current (primary) context, kept for the process.
+    let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
+        format!(
+            "cuMemAlloc of {} KiB of attention scratch on CUDA device {ordinal}: {e}",
+            bytes.div_ceil(1024)
+        )
+    })?;
+    buffers.push((ordinal, key, bytes, ptr));
+    Ok(ptr)
+}
+
+/// The cuDNN calls of one call shape.
+struct Prepared {
+    /// (B, S, L, D).
+    key: (usize, usize, usize, usize),
+    split: Split,
+    main: Sdpa,
+    tail: Option<Sdpa>,
+    /// Scratch bytes: the workspace, then the tail's runs (half floats), then their log-sum-exps.
+    scratch_bytes: usize,
+    runs_offset: usize,
+    stats_offset: usize,
+}
+
+/// An `Attention` node's CUDA kernel.
+pub(super) struct AttentionKernel {
+    ordinal: i32,
+    context: Handle<sys::CUcontext>,
+    sms: usize,
+    sm90: bool,
+    merge: Handle<sys::CUfunction>,
+    prepared: Vec<Prepared>,
+    /// Whether a partial last wave is split ([`split`]); off only to measure against.
+    pub(crate) split_enabled: bool,
+}
+
+impl AttentionKernel {
+    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        if ty != TensorElementType::Float16 {
+            return Err(format!(
+                "{DOMAIN} Attention: element type {ty:?} is not supported on CUDA (cuDNN's fused \
+                 attention runs float16; export the bundle in fp16), {REMEDY}"
+            ));
+        }
+        check_cudnn()?;
+        let context = primary_context(ordinal)?;
+        let (module_context, merge) = device_function(ordinal, "unstep_attention_merge_f16")?;
+        debug_assert_eq!(module_context.0, context.0);
+        let fail =
+            |what: &str, e: driver::DriverError| format!("{what} on CUDA device {ordinal}: {e}");
+        let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
+        let attribute = |a| {
+            // SAFETY: `device` came from cuDeviceGet.
+            unsafe { driver::device::get_attribute(device, a) }
+                .map_err(|e| fail("cuDeviceGetAttribute", e))
+        };
+        use sys::CUdevice_attribute::{
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
+        };
+        let sm90 = (attribute(MAJOR)?, attribute(MINOR)?) == (9, 0);
+        Ok(Self {
+            ordinal,
+            context,
+            sms: attribute(SMS)?.max(0) as usize,
+            sm90,
+            merge,
+            prepared: Vec::new(),
+            split_enabled: true,
+        })
+    }
+
+    /// Checks the call and queues it on ONNX Runtime's stream.
+    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
+        let op = Op::Attention;
+        let Some(call) = prepare(op, TensorElementType::Float16, self.ordinal, attrs, ctx)? else {
+            return Ok(());
+        };
+        self.launch(&call.plan, &call.pointers, call.stream)
+            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
+    }
+
+    /// The split this kernel uses for a call of `plan`'s sizes.
+    pub(crate) fn split_of(&self, plan: &Plan) -> Split {
+        let heads = plan.d / (2 * plan.half_hd);
+        let split_here = self.split_enabled && self.sm90;
+        split(
+            plan.rows / plan.block_rows,
+            plan.block_rows,
+            plan.cache_rows,
+            heads,
+            self.sms,
+            split_here,
+        )
+    }
+
+    /// Queues `O = attention(Q, K, V)` on `stream` over `pointers` (Q, K, V, O: device addresses
+    /// of this device) with the sizes of `plan` (checked against the contract).
+    pub(crate) fn launch(
+        &mut self,
+        plan: &Plan,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        let [q, k, v, o] = pointers[..] else {
+            return Err(format!(
+                "{} pointers, expected Q, K, V and O",
+                pointers.len()
+            ));
+        };
+        if plan.rows == 0 {
+            return Ok(());
+        }
+        if let Some((name, p)) = [("Q", q), ("K", k), ("V", v), ("O", o)]
+            .into_iter()
+            .find(|(_, p)| p % 16 != 0)
+        {
+            return Err(format!(
+                "{name} at {p:#x} is not aligned to 16 bytes, as cuDNN needs"
+            ));
+        }
+        let hd = 2 * plan.half_hd;
+        if !hd.is_multiple_of(8) || hd > 256 {
+            return Err(format!(
+                "head size {hd}: cuDNN's fused attention takes a multiple of 8 up to 256"
+            ));
+        }
+        let _current =
+            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        let handle = handle(self.ordinal, stream)?;
+        let (s, l, d) = (plan.block_rows, plan.cache_rows, plan.d);
+        let key = (plan.rows / s, s, l, d);
+        let split = self.split_of(plan);
+        let index = match self
+            .prepared
+            .iter()
+            .position(|p| p.key == key && p.split == split)
+        {
+            Some(index) => index,
+            None => {
+                let prepared = self.prepare(handle.0, plan)?;
+                self.prepared.push(prepared);
+                self.prepared.len() - 1
+            }
+        };
+        let prepared = &self.prepared[index];
+        let scratch = scratch(self.ordinal, stream, prepared.scratch_bytes)?;
+        let scale = 1.0 / (hd as f32).sqrt();
+        prepared
+            .main
+            .execute(handle.0, [q, k, v, o, 0], scratch, &scale)?;
+        let Some(tail) = &prepared.tail else {
+            return Ok(());
+        };
+        let split = prepared.split;
+        let runs = scratch + prepared.runs_offset as u64;
+        let stats = scratch + prepared.stats_offset as u64;
+        let tail_q = q + (split.main_rows * d * 2) as u64;
+        tail.execute(handle.0, [tail_q, k, v, runs, stats], scratch, &scale)?;
+        // The merge kernel's arguments, in the order of its signature in kernels.cu.
+        let tail_rows = s - split.main_rows;
+        let (mut runs, mut stats, mut out) = (runs, stats, o + (split.main_rows * d * 2) as u64);
+        let (mut parts, mut rows) = (split.parts as i32, tail_rows as i64);
+        let (mut heads, mut head_size) = ((d / hd) as i32, hd as i32);
+        let warps = tail_rows * d / hd;
+        let blocks = warps.div_ceil((MERGE_THREADS / 32) as usize) as u32;
+        let mut params: Vec<*mut c_void> = vec![
+            (&mut runs as *mut u64).cast(),
+            (&mut stats as *mut u64).cast(),
+            (&mut out as *mut u64).cast(),
+            (&mut parts as *mut i32).cast(),
+            (&mut rows as *mut i64).cast(),
+            (&mut heads as *mut i32).cast(),
+            (&mut head_size as *mut i32).cast(),
+        ];
+        // SAFETY: the merge kernel of kernels.cu, loaded into the current context; one value per
+        // parameter, of its type; the runs and log-sum-exps were written by the tail call on the
+        // same stream, and O's last rows are the output's.
+        unsafe {
+            driver::launch_kernel(
+                self.merge.0,
+                (blocks, 1, 1),
+                (MERGE_THREADS, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| format!("cuLaunchKernel (merge): {e}"))
+    }
+
+    /// The cuDNN plans of a call of `plan`'s sizes.
+    fn prepare(&self, handle: dnn::cudnnHandle_t, plan: &Plan) -> Result<Prepared, String> {
+        let (s, l, d) = (plan.block_rows, plan.cache_rows, plan.d);
+        let batch = plan.rows / s;
+        let hd = 2 * plan.half_hd;
+        let heads = d / hd;
+        let split = self.split_of(plan);
+        let (b, h, s64, l64, d64, hd64) = (
+            batch as i64,
+            heads as i64,
+            s as i64,
+            l as i64,
+            d as i64,
+            hd as i64,
+        );
+        // BSHD rows: head h of row r at r·D + h·hd.
+        let main = Sdpa::build(
+            handle,
+            &SdpaShape {
+                dims_q: [b, h, split.main_rows as i64, hd64],
+                q_strides: [s64 * d64, hd64, d64, 1],
+                dims_kv: [b, h, l64, hd64],
+                kv_strides: [l64 * d64, hd64, d64, 1],
+                o_strides: [s64 * d64, hd64, d64, 1],
+                stats: false,
+            },
+        )
+        .map_err(|e| format!("{e} (the rows of the full waves)"))?;
+        let align = |n: usize| n.div_ceil(256) * 256;
+        if split.parts == 1 {
+            return Ok(Prepared {
+                key: (batch, s, l, d),
+                split,
+                scratch_bytes: main.workspace,
+                runs_offset: 0,
+                stats_offset: 0,
+                main,
+                tail: None,
+            });
+        }
+        let (parts, tail_rows) = (split.parts as i64, (s - split.main_rows) as i64);
+        let run_keys = l64 / parts;
+        let tail = Sdpa::build(
+            handle,
+            &SdpaShape {
+                dims_q: [parts, h, tail_rows, hd64],
+                // The same rows for every run of the keys.
+                q_strides: [0, hd64, d64, 1],
+                dims_kv: [parts, h, run_keys, hd64],
+                kv_strides: [run_keys * d64, hd64, d64, 1],
+                o_strides: [tail_rows * d64, hd64, d64, 1],
+                stats: true,
+            },
+        )
+        .map_err(|e| format!("{e} (the last rows, over {parts} runs of the keys)"))?;
+        let runs_offset = align(main.workspace.max(tail.workspace));
+        let stats_offset = runs_offset + align(split.parts * (s - split.main_rows) * d * 2);
+        let scratch_bytes = stats_offset + split.parts * heads * (s - split.main_rows) * 4;
+        Ok(Prepared {
+            key: (batch, s, l, d),
+            split,
+            main,
+            tail: Some(tail),
+            scratch_bytes,
+            runs_offset,
+            stats_offset,
+        })
+    }
+}
