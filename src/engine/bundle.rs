@@ -203,6 +203,23 @@ pub struct BundleManifest {
     pub files: BTreeMap<String, String>,
 }
 
+impl BundleManifest {
+    /// Whether `dit_fused` runs its self-attention with the runner's `ai.unstep` `Attention`
+    /// (exporter 0.10.0 and later) rather than ONNX Runtime's `MultiHeadAttention`. A version that
+    /// does not read as `major.minor.patch` counts as new.
+    pub fn fused_dit_has_runner_attention(&self) -> bool {
+        let parts: Option<Vec<u64>> = self
+            .exporter_version
+            .split('.')
+            .map(|p| p.parse().ok())
+            .collect();
+        match parts.as_deref() {
+            Some([major, minor, _]) => (*major, *minor) >= (0, 10),
+            _ => true,
+        }
+    }
+}
+
 /// Export settings a run asks for; `None` takes the bundle's value. A value that differs from the
 /// bundle's is refused, because it can only be changed by exporting again.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -624,6 +641,28 @@ fn unpack_zip(path: &Path, unpack_dir: &Path) -> Result<PathBuf, BundleError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runner_attention_comes_with_exporter_0_10_0() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+        let tmp = tempfile::tempdir().unwrap();
+        let mut manifest = Bundle::open(&dir, tmp.path()).unwrap().manifest;
+        for (version, runner) in [
+            ("0.9.0", false),
+            ("0.4.2", false),
+            ("0.10.0", true),
+            ("0.11.3", true),
+            ("1.0.0", true),
+            ("dev", true),
+        ] {
+            manifest.exporter_version = version.into();
+            assert_eq!(
+                manifest.fused_dit_has_runner_attention(),
+                runner,
+                "{version}"
+            );
+        }
+    }
 
     #[test]
     fn svd_rank_reads_none_or_positive_integers() {

@@ -81,15 +81,16 @@ pub fn probe_environment(explicit: Option<&Path>) -> Vec<Check> {
 }
 
 /// Whether the runner's fused CUDA kernels (`runtime.dit_kernels`, `runtime.vae_kernels`) can be
-/// built: NVRTC and cuBLASLt must load. Not needed on the CPU provider, or with both set to
-/// `onnxruntime`.
+/// built: NVRTC, cuBLASLt and cuDNN must load. Not needed on the CPU provider, or with both set
+/// to `onnxruntime`.
 pub fn fused_kernels_check() -> Check {
-    let name = "nvrtc and cublasLt (fused kernels)".to_string();
+    let name = "nvrtc, cublasLt and cudnn (fused kernels)".to_string();
     match super::kernels::cuda_libraries_available() {
         Ok(()) => Check {
             name,
             ok: true,
-            detail: "libnvrtc and libcublasLt load: the fused kernels build on CUDA".into(),
+            detail: "libnvrtc, libcublasLt and libcudnn load: the fused kernels build on CUDA"
+                .into(),
             fix: None,
         },
         Err(error) => Check {

@@ -188,8 +188,10 @@ impl Provider {
 /// standard graphs with ONNX Runtime's stock kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FusedKernels {
-    /// The runner's own on CUDA when the bundle has the fused graphs (fp16 or fp32) and NVRTC
-    /// loads, ONNX Runtime's otherwise.
+    /// The runner's own on CUDA when the bundle has the fused graphs (fp16 or fp32) and NVRTC,
+    /// cuBLASLt and cuDNN load, ONNX Runtime's otherwise. For the DiT of exporter 0.10.0 and
+    /// later, whose self-attention is the runner's cuDNN call, also only with an fp16 bundle and
+    /// `attention_backend` auto or cudnn_flash.
     #[default]
     Auto,
     /// The runner's own, on any provider but TensorRT (on the CPU, for tests and comparisons).
@@ -276,14 +278,40 @@ impl FusedKernels {
         let supported = m.precision != Precision::Bf16;
         let present = part.present(&m.graphs);
         let unavailable = |reason: String| Err(part.unavailable(provider, reason));
+        // From exporter 0.10.0 the fused DiT's self-attention is the runner's own (cuDNN's flash
+        // attention, fp16, on CUDA): another attention backend asked for, or an fp32 bundle, keeps
+        // the standard graph, whose every attention is ONNX Runtime's and follows the setting.
+        let attention_conflict = match provider {
+            Provider::Cuda(c) if part == FusedPart::Dit && m.fused_dit_has_runner_attention() => {
+                match c.attention.resolve(m.precision) {
+                    AttentionKernel::CudnnFlash => None,
+                    _ if m.precision == Precision::Fp32 => Some(
+                        "the fused DiT's self-attention (exporter 0.10.0 and later) is cuDNN's \
+                         flash attention, which runs fp16 bundles; this one is fp32"
+                            .to_string(),
+                    ),
+                    kernel => Some(format!(
+                        "the fused DiT's self-attention (exporter 0.10.0 and later) is the \
+                         runner's own call of cuDNN's flash attention, and attention_backend = \
+                         \"{}\" asks for ONNX Runtime's {} kernel; use attention_backend = \
+                         \"auto\" or \"cudnn_flash\" with them",
+                        c.attention.name(),
+                        kernel.name()
+                    )),
+                }
+            }
+            _ => None,
+        };
         match self {
             FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
-            // Without NVRTC or cuBLASLt the kernels cannot be built: `auto` keeps ONNX Runtime's
-            // (and the records say so); asking for `unstep` by name is an error at session build.
+            // Without NVRTC, cuBLASLt or cuDNN the kernels cannot be built: `auto` keeps ONNX
+            // Runtime's (and the records say so); asking for `unstep` by name is an error at
+            // session build.
             FusedKernels::Auto => Ok(
                 if matches!(provider, Provider::Cuda(_))
                     && present
                     && supported
+                    && attention_conflict.is_none()
                     && super::kernels::cuda_libraries_available().is_ok()
                 {
                     FusedKernels::Unstep
@@ -302,6 +330,8 @@ impl FusedKernels {
                     ))
                 } else if !supported {
                     unavailable("they exist for fp16 and fp32 bundles; this one is bf16".into())
+                } else if let Some(reason) = attention_conflict {
+                    unavailable(reason)
                 } else {
                     Ok(FusedKernels::Unstep)
                 }

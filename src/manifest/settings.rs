@@ -155,14 +155,17 @@ pub struct Runtime {
     /// How the CUDA memory arena grows: `same_as_requested` (measured on an H200: 36.5 GiB in
     /// use for wan-1.3b at the same speed) or `next_power_of_two` (40.6 GiB).
     pub cuda_arena: CudaArena,
-    /// Kernels for the DiT's norms, rotary embedding, bias and gated residual adds and its FFN's
-    /// first layer with GELU: `unstep` (the runner's own fused CUDA kernels, on the bundle's
-    /// `dit_fused` graph), `onnxruntime` (the stock kernels, on `dit`), or `auto` (the runner's on
-    /// CUDA when the bundle has `dit_fused` and NVRTC and cuBLASLt load).
+    /// Kernels for the DiT's norms, rotary embedding, bias and gated residual adds, its FFN's
+    /// first layer with GELU and (exporter 0.10.0 and later) its self-attention: `unstep` (the
+    /// runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime` (the
+    /// stock kernels, on `dit`), or `auto` (the runner's on CUDA when the bundle has `dit_fused`
+    /// and NVRTC, cuBLASLt and cuDNN load; with a 0.10.0 bundle, only for fp16 and
+    /// `attention_backend` auto or cudnn_flash).
     pub dit_kernels: FusedKernels,
     /// Kernels for the VAE decoder's norms and SiLU: `unstep` (the runner's own fused kernels,
     /// on the bundle's `vae_first_fused` / `vae_step_fused` graphs), `onnxruntime`, or `auto`
-    /// (the runner's on CUDA when the bundle has those graphs and NVRTC and cuBLASLt load).
+    /// (the runner's on CUDA when the bundle has those graphs and NVRTC, cuBLASLt and cuDNN
+    /// load).
     pub vae_kernels: FusedKernels,
 }
 

@@ -1116,16 +1116,64 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
     // ONNX Runtime's where it does not (this machine may have either).
     let compiles = unstep::engine::probe::fused_kernels_check().ok;
     let auto_on_cuda = if compiles { Unstep } else { Onnxruntime };
-    for part in [Dit, Vae] {
-        assert_eq!(ok(Auto, part, &cuda, &bundle), auto_on_cuda);
+    // The tiny bundle is fp32, and its dit_fused (exporter 0.10.0) runs the runner's attention,
+    // which cuDNN runs in fp16 only: its DiT keeps the standard graph on CUDA (below).
+    let fp16 = {
+        let mut b = bundle.clone();
+        b.manifest.precision = unstep::engine::Precision::Fp16;
+        b
+    };
+    for (part, bundle) in [(Dit, &fp16), (Vae, &bundle)] {
+        assert_eq!(ok(Auto, part, &cuda, bundle), auto_on_cuda);
         // Asked for by name, they are the runner's whatever NVRTC does (a missing NVRTC is an
         // error when the session is built).
-        assert_eq!(ok(Unstep, part, &cuda, &bundle), Unstep);
+        assert_eq!(ok(Unstep, part, &cuda, bundle), Unstep);
         // `auto` keeps ONNX Runtime's on the CPU and on TensorRT; `unstep` on TensorRT is an
         // error naming the way out.
-        assert_eq!(ok(Auto, part, &Provider::Cpu, &bundle), Onnxruntime);
-        assert_eq!(ok(Auto, part, &trt, &bundle), Onnxruntime);
+        assert_eq!(ok(Auto, part, &Provider::Cpu, bundle), Onnxruntime);
+        assert_eq!(ok(Auto, part, &trt, bundle), Onnxruntime);
     }
+    // The fused DiT's self-attention is cuDNN's flash attention: `auto` keeps the standard graph
+    // (every attention ONNX Runtime's) for an fp32 bundle or another attention backend, and
+    // `unstep` asked for by name says why not. Exporter 0.9.0's fused DiT had ONNX Runtime's.
+    use unstep::engine::AttentionKernel;
+    let cuda_with = |attention| {
+        Provider::Cuda(CudaOptions {
+            attention,
+            ..CudaOptions::default()
+        })
+    };
+    assert_eq!(ok(Auto, Dit, &cuda, &bundle), Onnxruntime);
+    let e = error(Dit, &cuda, &bundle);
+    assert!(
+        e.contains("fp16")
+            && e.contains("this one is fp32")
+            && e.contains("--dit-kernels onnxruntime"),
+        "{e}"
+    );
+    for kernel in [
+        AttentionKernel::Flash,
+        AttentionKernel::Efficient,
+        AttentionKernel::Math,
+    ] {
+        assert_eq!(ok(Auto, Dit, &cuda_with(kernel), &fp16), Onnxruntime);
+        let e = error(Dit, &cuda_with(kernel), &fp16);
+        assert!(
+            e.contains(&format!("attention_backend = \"{}\"", kernel.name()))
+                && e.contains("\"cudnn_flash\""),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        ok(Unstep, Dit, &cuda_with(AttentionKernel::CudnnFlash), &fp16),
+        Unstep
+    );
+    let mut older = fp16.clone();
+    older.manifest.exporter_version = "0.9.0".into();
+    assert_eq!(
+        ok(Unstep, Dit, &cuda_with(AttentionKernel::Flash), &older),
+        Unstep
+    );
     let e = error(Dit, &trt, &bundle);
     assert!(
         e.contains("tensorrt") && e.contains("--dit-kernels onnxruntime"),

@@ -37,7 +37,11 @@ graphs"):
 - `MatMulBiasGelu(X, W, bias) -> Y`               FFN: its whole first linear layer (W the
                                                   layer's [out, in] weight) + GELU (exporter
                                                   0.9.0): one cuBLASLt matmul with a bias-GELU
-                                                  epilogue in the runner.
+                                                  epilogue in the runner;
+- `Attention(Q, K, V) -> O`                       self-attention over the cache (exporter 0.10.0;
+                                                  `com.microsoft.MultiHeadAttention` before): the
+                                                  runner's kernel, cuDNN's flash attention with
+                                                  a partial last wave split over the keys.
 
 That structure (model.py, `Block.forward_fused`) is only taken inside `with fused_dit():`;
 eager PyTorch and `dit.onnx` never see it.
@@ -456,6 +460,20 @@ class _MatMulBiasGelu(torch.autograd.Function):
         return out
 
 
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, heads: int):  # noqa: D401 - torch.autograd API
+        from .attention import attention
+
+        return attention(q, k, v, heads)
+
+    @staticmethod
+    def symbolic(g, q, k, v, heads: int):
+        out = g.op(f"{UNSTEP_DOMAIN}::Attention", q, k, v, num_heads_i=int(heads))
+        out.setType(q.type())
+        return out
+
+
 class _GatedResidualLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, r, x, bias, gate, scale, shift, eps: float):  # noqa: D401 - torch.autograd API
@@ -538,6 +556,17 @@ def matmul_bias_gelu(x, weight, bias):
     if exporting():
         return _MatMulBiasGelu.apply(x, weight, bias)
     return matmul_bias_gelu_reference(x, weight, bias)
+
+
+def self_attention(q, k, v, heads: int):
+    """Softmax attention of q [B, S, D] over k, v [B, L, D] (heads of D / heads, no mask): one
+    `ai.unstep::Attention` when exporting (dit_fused.onnx's self-attention, whose kernel the runner
+    owns), `attention.attention` (PyTorch's SDPA) otherwise."""
+    if exporting():
+        return _Attention.apply(q, k, v, heads)
+    from .attention import attention
+
+    return attention(q, k, v, heads)
 
 
 def gated_residual_layer_norm(r, x, bias, gate, scale, shift, eps: float):

@@ -105,7 +105,7 @@ class SelfAttention(AttentionProjections):
         qkv_lin, q_bias, k_bias, output, o_bias = fused.qkv_parts(self.q, self.k, self.v, self.o)
         q, kk, vv, k, v = fused.qkv_norm_rope_cache(qkv_lin(x), q_bias, k_bias, self.norm_q.weight, self.norm_k.weight,
                                                     cos, sin, past_k, past_v, self.norm_q.eps, self.heads)
-        return output(attention(q, kk, vv, self.heads)), o_bias, k, v
+        return output(fused.self_attention(q, kk, vv, self.heads)), o_bias, k, v
 
 
 class CrossAttention(AttentionProjections):

@@ -120,10 +120,12 @@ def run_parity(args) -> int:
 
 # The ai.unstep operators each fused graph may use: (inputs, outputs).
 FUSED_DIT_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
-                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1), "MatMulBiasGelu": (3, 1)}
+                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1), "MatMulBiasGelu": (3, 1), "Attention": (3, 1)}
 FUSED_VAE_OPS = {"BiasRmsNorm": (3, 1), "PrefixBiasRmsNorm": (4, 2)}
-# Nodes per layer in dit_fused.onnx (exporter 0.7.0): BiasRmsNormRope is no longer used there.
-FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3}
+# Nodes per layer in dit_fused.onnx (exporter 0.7.0): BiasRmsNormRope is no longer used there;
+# the self-attention is the runner's Attention (exporter 0.10.0).
+FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3,
+                       "Attention": 1}
 # The FFN's first layer and GELU, one per layer: MatMulBiasGelu (exporter 0.9.0), or a MatMul and a
 # BiasGelu where the layer is --svd-rank factors (and in the graphs of 0.7.0 and 0.8.0).
 FUSED_DIT_GELU_OPS = ("MatMulBiasGelu", "BiasGelu")
@@ -241,7 +243,7 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     timestep, frame_offset, then `kv_k.{i}`, `kv_v.{i}` typed like dit.onnx's `past_k.{i}`,
     `past_v.{i}` (axis 1 now P + T), then `ctx_k.{i}`, `ctx_v.{i}`, and dit.onnx's `flow` as the
     only output.  The cache inputs of layer i are read by that layer's
-    QkvNormRopeCache (K, V, which it writes) and by the MultiHeadAttention that takes its Q, and by
+    QkvNormRopeCache (K, V, which it writes) and by the ai.unstep Attention that takes its Q, and by
     nothing else (so no Concat of the cache); its QKV is one MatMul by a [D, 3D] constant (or, with
     --svd-rank factors, a Concat of three products), so the graph has dit.onnx's MatMuls less two
     per such layer, one per MatMulBiasGelu and dit_context.onnx's.  Returns the problems (empty when
@@ -337,9 +339,9 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         elif qkv is None or qkv.op_type != "Concat":
             problems.append(f"{node.name}: QKV comes from {qkv.op_type if qkv else 'no node'}, expected one MatMul")
         attn = [n for n, j in consumers[node.output[0]]
-                if n.domain == "com.microsoft" and n.op_type == "MultiHeadAttention" and j == 0]
+                if n.domain == UNSTEP_DOMAIN and n.op_type == "Attention" and j == 0]
         if len(attn) != 1 or list(attn[0].input[1:]) != list(kv):
-            problems.append(f"{node.name}: Q does not go to one MultiHeadAttention(Q, {kv[0]}, {kv[1]})")
+            problems.append(f"{node.name}: Q does not go to one {UNSTEP_DOMAIN} Attention(Q, {kv[0]}, {kv[1]})")
             continue
         for j, name in enumerate(kv):
             readers = sorted((n.name, k) for n, k in consumers[name])
@@ -376,15 +378,23 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         rope = n.op_type in ("BiasRmsNormRope", "QkvNormRopeCache")
         gelu = n.op_type in FUSED_DIT_GELU_OPS
-        want = set() if gelu else {"epsilon"} | ({"num_heads"} if rope else set())
-        if set(attrs) != want or not (gelu or isinstance(attrs.get("epsilon"), float)):
+        attention = n.op_type == "Attention"
+        no_epsilon = gelu or attention
+        want = (set() if no_epsilon else {"epsilon"}) | ({"num_heads"} if rope or attention else set())
+        if set(attrs) != want or not (no_epsilon or isinstance(attrs.get("epsilon"), float)):
             problems.append(f"{n.name}: attributes {attrs}, expected {sorted(want)}")
-        if rope and attrs.get("num_heads") != heads:
+        if (rope or attention) and attrs.get("num_heads") != heads:
             problems.append(f"{n.name}: num_heads {attrs.get('num_heads')}, expected {heads}")
         for name in list(n.input) + list(n.output):
             elem = info.get(name, (None, None))[0]
             if elem != float_type:
                 problems.append(f"{n.name}: {name} has element type {elem}, the graph's is {float_type}")
+        if attention:
+            # Q [..., S, D] (QkvNormRopeCache's), K and V the layer's cache [..., L, D]; O Q's shape.
+            shapes = [info.get(name, (None, None))[1] for name in list(n.input) + list(n.output)]
+            if any(shape is None or len(shape) < 2 or shape[-1] != dim for shape in shapes):
+                problems.append(f"{n.name}: Q, K, V, O have shapes {shapes}, expected [..., {dim}] each")
+            continue
         if n.op_type == "MatMulBiasGelu":
             # W a constant [N, D] (the FFN's first layer's weight, out x in), bias [N], Y [..., N].
             w = const_shape(n.input[1])
@@ -554,19 +564,32 @@ def _unstep_reference_ops():
             y = np.float32(0.5) * v * (np.float32(1) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
             return (y.astype(x.dtype),)
 
+    def attention(q, k, v, num_heads):
+        """Softmax attention of [B, S, D] rows over [B, L, D] keys and values, per head, float32,
+        rounded once."""
+        b, sq, d = q.shape
+        hd = d // num_heads
+        qh = q.astype(np.float32).reshape(b, sq, num_heads, hd).transpose(0, 2, 1, 3)
+        kh = k.astype(np.float32).reshape(b, -1, num_heads, hd).transpose(0, 2, 1, 3)
+        vh = v.astype(np.float32).reshape(b, -1, num_heads, hd).transpose(0, 2, 1, 3)
+        a = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(np.float32(hd))
+        a = np.exp(a - a.max(axis=-1, keepdims=True))
+        a /= a.sum(axis=-1, keepdims=True)
+        return (a @ vh).transpose(0, 2, 1, 3).reshape(b, sq, d).astype(q.dtype)
+
+    class Attention(OpRun):
+        op_domain = "ai.unstep"
+
+        # onnx.reference also fills in the attributes of ONNX's own Attention (same name, default
+        # domain) with their defaults: only num_heads is this operator's.
+        def _run(self, q, k, v, num_heads=None, **_):
+            return (attention(q, k, v, num_heads),)
+
     class MultiHeadAttention(OpRun):
         op_domain = "com.microsoft"
 
         def _run(self, q, k, v, num_heads=None):
-            b, sq, d = q.shape
-            hd = d // num_heads
-            qh = q.astype(np.float32).reshape(b, sq, num_heads, hd).transpose(0, 2, 1, 3)
-            kh = k.astype(np.float32).reshape(b, -1, num_heads, hd).transpose(0, 2, 1, 3)
-            vh = v.astype(np.float32).reshape(b, -1, num_heads, hd).transpose(0, 2, 1, 3)
-            a = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(np.float32(hd))
-            a = np.exp(a - a.max(axis=-1, keepdims=True))
-            a /= a.sum(axis=-1, keepdims=True)
-            return ((a @ vh).transpose(0, 2, 1, 3).reshape(b, sq, d).astype(q.dtype),)
+            return (attention(q, k, v, num_heads),)
 
     class FastGelu(OpRun):
         op_domain = "com.microsoft"
@@ -584,7 +607,7 @@ def _unstep_reference_ops():
             return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
 
     return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, PrefixBiasRmsNorm, GatedResidualLayerNorm, BiasGelu,
-            MatMulBiasGelu,
+            MatMulBiasGelu, Attention,
             MultiHeadAttention, FastGelu, SimplifiedLayerNormalization]
 
 
