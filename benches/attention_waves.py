@@ -10,7 +10,11 @@ Prints, for wan-1.3b's attention (12 heads of 128, float16, no mask):
    layers, keys growing by a block of 4,680 rows) as isolated cuDNN calls;
 3. whether a second stream fills the device beside the DiT: a DiT-like stream (attention and the
    layer's matrix multiplies) and a decoder-like one (the VAE's two largest convolutions), alone
-   and together, at equal and unequal stream priorities.
+   and together, at equal and unequal stream priorities;
+4. the last wave split over the keys: the first 4,224 rows in one call (three full waves), the
+   remaining 456 rows with their keys cut in parts run as one batched call that also returns each
+   part's log-sum-exp, then merged; against one call of all 4,680 rows, with the error of the
+   merged result.
 """
 
 from __future__ import annotations
@@ -133,12 +137,48 @@ def streams() -> None:
             print("   " + ", ".join(cells))
 
 
+def cudnn_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, False, False)
+    return out[0], out[1]
+
+
+def split_tail() -> None:
+    keys, main_rows = 18720, 4224
+    q, k, v = rows(BLOCK_ROWS), rows(keys), rows(keys)
+    tail = BLOCK_ROWS - main_rows
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        reference = F.scaled_dot_product_attention(q, k, v)
+        one = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v))
+        head = per_call_us(lambda: F.scaled_dot_product_attention(q[:, :, :main_rows], k, v))
+    print(f"4. {keys} keys: one call of {BLOCK_ROWS} rows {one:.1f} us; the first {main_rows} rows {head:.1f} us")
+    for parts in (2, 3, 4):
+        # the tail's rows once per part (batch), each part a contiguous run of keys
+        qt = q[:, :, main_rows:].expand(parts, -1, -1, -1).contiguous()
+        kt = k.reshape(HEADS, parts, keys // parts, HEAD_DIM).transpose(0, 1)
+        vt = v.reshape(HEADS, parts, keys // parts, HEAD_DIM).transpose(0, 1)
+        kt, vt = kt.contiguous(), vt.contiguous()
+        o, lse = cudnn_with_lse(qt, kt, vt)
+        us = per_call_us(lambda: cudnn_with_lse(qt, kt, vt))
+        lse = lse.reshape(parts, HEADS, tail, 1).float()
+        weight = torch.softmax(lse, dim=0)
+        merged = (weight * o.float()).sum(0, keepdim=True).to(HALF)
+        err = (merged - reference[:, :, main_rows:]).abs().max().item()
+        print(
+            f"   tail of {tail} rows in {parts} key parts: {us:.1f} us (with LSE), head + tail {head + us:.1f} us "
+            f"against {one:.1f}; merged max abs error {err:.2e}"
+        )
+    o, lse = cudnn_with_lse(q, k, v)
+    print(f"   all {BLOCK_ROWS} rows with LSE: {per_call_us(lambda: cudnn_with_lse(q, k, v)):.1f} us, max abs diff to "
+          f"the plain call {(o - reference).abs().max().item():.2e}")
+
+
 def main() -> None:
     torch.backends.cudnn.benchmark = True
     print(f"{torch.cuda.get_device_name()}, PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     waves()
     backends()
     streams()
+    split_tail()
 
 
 if __name__ == "__main__":
