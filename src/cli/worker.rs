@@ -286,7 +286,7 @@ fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), Worker
             ort.location.path.display(),
             ort.location.source,
             runtime.provider.name(),
-            attention_name(&runtime.provider, generator.bundle().manifest.precision),
+            attention_name(&runtime.provider, &generator),
             generator.dit_kernels().name(),
             generator.vae_kernels().name(),
             if generator.uses_device_loop() {
@@ -493,8 +493,24 @@ fn parse_conv_search(name: &str) -> Result<ConvAlgoSearch, String> {
     }
 }
 
-/// The attention kernel a provider was configured with, as results record it.
-pub fn attention_name(provider: &Provider, precision: Precision) -> String {
+/// The attention kernel a generator's provider was configured with, as results record it; with a
+/// fused DiT whose self-attention is the runner's own call of cuDNN (exporter 0.10.0 and later),
+/// also that.
+pub fn attention_name(provider: &Provider, generator: &crate::engine::Generator) -> String {
+    let manifest = &generator.bundle().manifest;
+    let name = provider_attention_name(provider, manifest.precision);
+    let runner = matches!(provider, Provider::Cuda(_))
+        && generator.dit_kernels() == crate::engine::FusedKernels::Unstep
+        && manifest.fused_dit_has_runner_attention();
+    if runner {
+        format!("{name}, self-attention the runner's (cuDNN, last wave split)")
+    } else {
+        name
+    }
+}
+
+/// The attention kernel a provider was configured with.
+fn provider_attention_name(provider: &Provider, precision: Precision) -> String {
     match provider {
         Provider::Cpu => "math (cpu)".into(),
         Provider::Cuda(c) => match (c.attention, c.attention.resolve(precision)) {

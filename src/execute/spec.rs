@@ -252,11 +252,7 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
     // and the decoder (docs/generation.md). The timed region starts from the ready context.
     let prompts = spec.prompts.iter().map(|p| p.text.as_str());
     let mut generator = Generator::with_prompts(bundle, &runtime, prompts)?;
-    let attention_backend = crate::cli::worker::attention_name(
-        &runtime.provider,
-        generator.bundle().manifest.precision,
-    )
-    .to_string();
+    let attention_backend = crate::cli::worker::attention_name(&runtime.provider, &generator);
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     event(&WorkerEvent::Ready {
         provider: runtime.provider.name().into(),

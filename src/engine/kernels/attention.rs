@@ -1,9 +1,12 @@
 //! `Attention` on CUDA: cuDNN's fused flash attention (its SDPA forward operation, built through
 //! cuDNN's backend API), with the last, partial wave of a call split over the keys.
 //!
-//! - cuDNN (`libcudnn.so.9`, the one ONNX Runtime's CUDA provider loads) is loaded at run time;
-//!   a missing library is an error when a session creates the kernel. The kernel runs float16
-//!   only (cuDNN's flash attention has no float32 kernel).
+//! - cuDNN is loaded at run time by its soname `libcudnn.so.9`, so that the process has the one
+//!   ONNX Runtime's CUDA provider loaded (a second cuDNN of another version, found under the
+//!   unversioned name `libcudnn.so` of a system install, fails to load its sub-libraries beside
+//!   the first); a missing library, or one older than 9.13.1 (the first with the SDPA operation),
+//!   is an error when a session creates the kernel. The kernel runs float16 only (cuDNN's flash
+//!   attention has no float32 kernel).
 //! - Q, K, V and O are `[B, S, D]` / `[B, L, D]` rows of `num_heads` heads of hd = D / num_heads
 //!   (BSHD): cuDNN reads and writes them in place through strides, no transpose.
 //! - **The last wave.** On an H200 (sm_90) cuDNN runs 64 query rows of one head per thread block,
@@ -22,8 +25,8 @@
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
 //!   call (a process's plain passes come before any capture) and kept by the node.
 
-use std::ffi::{CStr, c_void};
-use std::sync::{Mutex, PoisonError};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
@@ -54,17 +57,84 @@ const UID_O: i64 = 4;
 const UID_STATS: i64 = 5;
 const UID_SCALE: i64 = 6;
 
+/// The cuDNN library name: the soname ONNX Runtime's CUDA provider links.
+const LIBRARY: &str = "libcudnn.so.9";
+/// The first cuDNN with the SDPA forward operation of the backend API.
+const MIN_VERSION: usize = 91301;
+
+type Status = c_int;
+type DescPtr = dnn::cudnnBackendDescriptor_t;
+
+/// The cuDNN entry points this kernel calls (statuses as plain ints: a value this build does not
+/// know must not become an invalid enum).
+struct Cudnn {
+    _library: libloading::Library,
+    create: unsafe extern "C" fn(*mut dnn::cudnnHandle_t) -> Status,
+    set_stream: unsafe extern "C" fn(dnn::cudnnHandle_t, dnn::cudaStream_t) -> Status,
+    error_string: unsafe extern "C" fn(Status) -> *const c_char,
+    create_descriptor: unsafe extern "C" fn(Kind, *mut DescPtr) -> Status,
+    destroy_descriptor: unsafe extern "C" fn(DescPtr) -> Status,
+    set_attribute: unsafe extern "C" fn(DescPtr, Attr, Type, i64, *const c_void) -> Status,
+    get_attribute: unsafe extern "C" fn(DescPtr, Attr, Type, i64, *mut i64, *mut c_void) -> Status,
+    finalize: unsafe extern "C" fn(DescPtr) -> Status,
+    execute: unsafe extern "C" fn(dnn::cudnnHandle_t, DescPtr, DescPtr) -> Status,
+}
+
+/// cuDNN, loaded on first use (no GPU needed); a failure is kept, so every session of the process
+/// reports the same error.
+fn cudnn() -> Result<&'static Cudnn, String> {
+    static CUDNN: OnceLock<Result<Cudnn, String>> = OnceLock::new();
+    CUDNN.get_or_init(load_cudnn).as_ref().map_err(Clone::clone)
+}
+
+fn load_cudnn() -> Result<Cudnn, String> {
+    let fail = |what: String| {
+        format!(
+            "{DOMAIN} Attention: {what}; put cuDNN 9.13.1 or later on LD_LIBRARY_PATH (`pip \
+             install nvidia-cudnn-cu13` puts it in site-packages/nvidia/cudnn/lib), {REMEDY}"
+        )
+    };
+    // SAFETY: cuDNN's initialisers have no preconditions.
+    let library = unsafe { libloading::Library::new(LIBRARY) }
+        .map_err(|e| fail(format!("could not load cuDNN ({LIBRARY}): {e}")))?;
+    /// One entry point, by name, as the function type it is stored as.
+    ///
+    /// # Safety
+    /// `T` is the C signature of `name`.
+    unsafe fn symbol<T: Copy>(library: &libloading::Library, name: &str) -> Result<T, String> {
+        // SAFETY: the caller's promise.
+        unsafe { library.get::<T>(name.as_bytes()) }
+            .map(|s| *s)
+            .map_err(|e| format!("{LIBRARY} has no {name}: {e}"))
+    }
+    // SAFETY: each type is the entry point's signature in cudnn_graph.h / cudnn_ops.h (cuDNN 9).
+    let loaded = unsafe {
+        let version: unsafe extern "C" fn() -> usize = symbol(&library, "cudnnGetVersion")?;
+        let version = version();
+        if version < MIN_VERSION {
+            return Err(fail(format!(
+                "cuDNN {version} has no SDPA operation (9.13.1 and later have it)"
+            )));
+        }
+        Cudnn {
+            create: symbol(&library, "cudnnCreate")?,
+            set_stream: symbol(&library, "cudnnSetStream")?,
+            error_string: symbol(&library, "cudnnGetErrorString")?,
+            create_descriptor: symbol(&library, "cudnnBackendCreateDescriptor")?,
+            destroy_descriptor: symbol(&library, "cudnnBackendDestroyDescriptor")?,
+            set_attribute: symbol(&library, "cudnnBackendSetAttribute")?,
+            get_attribute: symbol(&library, "cudnnBackendGetAttribute")?,
+            finalize: symbol(&library, "cudnnBackendFinalize")?,
+            execute: symbol(&library, "cudnnBackendExecute")?,
+            _library: library,
+        }
+    };
+    Ok(loaded)
+}
+
 /// Loads cuDNN (no GPU needed).
 pub(super) fn check_cudnn() -> Result<(), String> {
-    // SAFETY: only opens the library, as `cuda::check_nvrtc` does.
-    if unsafe { dnn::is_culib_present() } {
-        return Ok(());
-    }
-    Err(format!(
-        "{DOMAIN} Attention: could not load cuDNN (libcudnn.so.9); put cuDNN 9 on \
-         LD_LIBRARY_PATH (`pip install nvidia-cudnn-cu13` puts it in \
-         site-packages/nvidia/cudnn/lib), {REMEDY}"
-    ))
+    cudnn().map(|_| ())
 }
 
 /// How a call's query rows run: the first `main_rows` in one call over all keys, the rest in one
@@ -117,17 +187,17 @@ pub(crate) fn split(
 }
 
 /// A cuDNN call's error: what failed and cuDNN's name for the status.
-fn check(status: dnn::cudnnStatus_t, what: &str) -> Result<(), String> {
-    if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+fn check(lib: &Cudnn, status: Status, what: &str) -> Result<(), String> {
+    if status == 0 {
         return Ok(());
     }
     // SAFETY: cuDNN returns a static NUL-terminated string for any status.
-    let name = unsafe { CStr::from_ptr(dnn::cudnnGetErrorString(status)) };
-    Err(format!("{what}: {}", name.to_string_lossy()))
+    let name = unsafe { CStr::from_ptr((lib.error_string)(status)) };
+    Err(format!("{what}: {} ({status})", name.to_string_lossy()))
 }
 
 /// A cuDNN backend descriptor, destroyed on drop.
-struct Desc(dnn::cudnnBackendDescriptor_t);
+struct Desc(DescPtr, &'static Cudnn);
 
 // SAFETY: backend descriptors are plain host objects; a kernel uses its own from one thread at a
 // time (ONNX Runtime calls a node's compute from one thread at a time).
@@ -136,19 +206,42 @@ unsafe impl Send for Desc {}
 impl Drop for Desc {
     fn drop(&mut self) {
         // SAFETY: created by `Desc::new`, destroyed once.
-        let _ = unsafe { dnn::cudnnBackendDestroyDescriptor(self.0) };
+        let _ = unsafe { (self.1.destroy_descriptor)(self.0) };
     }
 }
 
 impl Desc {
     fn new(kind: Kind) -> Result<Self, String> {
+        let lib = cudnn()?;
         let mut desc = std::ptr::null_mut();
         // SAFETY: an out-parameter.
         check(
-            unsafe { dnn::cudnnBackendCreateDescriptor(kind, &mut desc) },
+            lib,
+            unsafe { (lib.create_descriptor)(kind, &mut desc) },
             &format!("cudnnBackendCreateDescriptor ({kind:?})"),
         )?;
-        Ok(Self(desc))
+        Ok(Self(desc, lib))
+    }
+
+    /// Reads `attr`: up to `capacity` values of `ty` into `values`; returns how many there are.
+    ///
+    /// # Safety
+    /// `values` has room for `capacity` values of the C type of `ty` (or is null with 0).
+    unsafe fn get(
+        &self,
+        attr: Attr,
+        ty: Type,
+        capacity: i64,
+        values: *mut c_void,
+    ) -> Result<i64, String> {
+        let mut count = 0i64;
+        // SAFETY: the caller's promise; the descriptor is alive.
+        check(
+            self.1,
+            unsafe { (self.1.get_attribute)(self.0, attr, ty, capacity, &mut count, values) },
+            &format!("cudnnBackendGetAttribute ({attr:?})"),
+        )?;
+        Ok(count)
     }
 
     /// Sets `attr` to `count` values of `ty` at `values`.
@@ -164,7 +257,8 @@ impl Desc {
     ) -> Result<(), String> {
         // SAFETY: the caller's promise; the descriptor is alive.
         check(
-            unsafe { dnn::cudnnBackendSetAttribute(self.0, attr, ty, count, values) },
+            self.1,
+            unsafe { (self.1.set_attribute)(self.0, attr, ty, count, values) },
             &format!("cudnnBackendSetAttribute ({attr:?})"),
         )
     }
@@ -208,7 +302,8 @@ impl Desc {
     fn finalize(self, what: &str) -> Result<Self, String> {
         // SAFETY: the descriptor is alive.
         check(
-            unsafe { dnn::cudnnBackendFinalize(self.0) },
+            self.1,
+            unsafe { (self.1.finalize)(self.0) },
             &format!("cudnnBackendFinalize ({what})"),
         )?;
         Ok(self)
@@ -320,40 +415,16 @@ impl Sdpa {
             )?
         };
         let heur = heur.finalize("engine heuristics")?;
-        let mut count = 0i64;
+        let results = Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS;
+        let descriptors = Type::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         // SAFETY: asks for the number of results only.
-        check(
-            unsafe {
-                dnn::cudnnBackendGetAttribute(
-                    heur.0,
-                    Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                    0,
-                    &mut count,
-                    std::ptr::null_mut(),
-                )
-            },
-            "cudnnBackendGetAttribute (heuristic results)",
-        )?;
+        let count = unsafe { heur.get(results, descriptors, 0, std::ptr::null_mut())? };
         let configs = (0..count.max(0))
             .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut handles: Vec<dnn::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.0).collect();
-        let mut got = 0i64;
+        let mut handles: Vec<DescPtr> = configs.iter().map(|c| c.0).collect();
         // SAFETY: `handles` holds `count` engine configuration descriptors for cuDNN to fill.
-        check(
-            unsafe {
-                dnn::cudnnBackendGetAttribute(
-                    heur.0,
-                    Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                    Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                    count,
-                    &mut got,
-                    handles.as_mut_ptr().cast(),
-                )
-            },
-            "cudnnBackendGetAttribute (heuristic results)",
-        )?;
+        let got = unsafe { heur.get(results, descriptors, count, handles.as_mut_ptr().cast())? };
         let mut reasons = Vec::new();
         for config in configs.into_iter().take(got.max(0) as usize) {
             let built = (|| {
@@ -365,21 +436,15 @@ impl Sdpa {
             match built {
                 Ok(plan) => {
                     let mut workspace = 0i64;
-                    let mut n = 0i64;
                     // SAFETY: one int64 out-value.
-                    check(
-                        unsafe {
-                            dnn::cudnnBackendGetAttribute(
-                                plan.0,
-                                Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                Type::CUDNN_TYPE_INT64,
-                                1,
-                                &mut n,
-                                (&mut workspace as *mut i64).cast(),
-                            )
-                        },
-                        "cudnnBackendGetAttribute (workspace size)",
-                    )?;
+                    unsafe {
+                        plan.get(
+                            Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                            Type::CUDNN_TYPE_INT64,
+                            1,
+                            (&mut workspace as *mut i64).cast(),
+                        )?
+                    };
                     let mut parts = vec![q, k, v, o, scale, op, graph, heur, config];
                     parts.extend(stats);
                     return Ok(Self {
@@ -446,7 +511,8 @@ impl Sdpa {
         // SAFETY: the plan and pack are alive; the pointers are device memory of the handle's
         // device holding the plan's tensors; the scale is read before this returns.
         check(
-            unsafe { dnn::cudnnBackendExecute(handle, self.plan.0, pack.0) },
+            pack.1,
+            unsafe { (pack.1.execute)(handle, self.plan.0, pack.0) },
             "cudnnBackendExecute",
         )
     }
@@ -462,15 +528,18 @@ fn handle(ordinal: i32, stream: sys::CUstream) -> Result<Handle<dnn::cudnnHandle
     if let Some((_, _, h)) = handles.iter().find(|(o, s, _)| *o == ordinal && *s == key) {
         return Ok(*h);
     }
+    let lib = cudnn()?;
     let mut h = std::ptr::null_mut();
     // SAFETY: an out-parameter; the device's primary context is current.
     check(
-        unsafe { dnn::cudnnCreate(&mut h) },
+        lib,
+        unsafe { (lib.create)(&mut h) },
         &format!("cudnnCreate on CUDA device {ordinal}"),
     )?;
     // SAFETY: the handle was just created; the stream belongs to the current context.
     check(
-        unsafe { dnn::cudnnSetStream(h, stream as dnn::cudaStream_t) },
+        lib,
+        unsafe { (lib.set_stream)(h, stream as dnn::cudaStream_t) },
         "cudnnSetStream",
     )?;
     handles.push((ordinal, key, Handle(h)));
