@@ -18,8 +18,10 @@
 //!   log-sum-exp; a small kernel (`unstep_attention_merge_f16` of `kernels.cu`) merges the runs
 //!   into the output: `O = Σ_p e^(lse_p − m) O_p / Σ_p e^(lse_p − m)` with m the largest lse_p.
 //!   Measured with PyTorch's cuDNN calls at 18,720 keys: 1,010.9 µs for one call, 775.2 + 132.3
-//!   µs split in two. Other devices, batches above 1, and calls whose last wave is more than half
-//!   full run as one call.
+//!   µs split with two runs of the keys; this kernel (GPU kernel test): 1,013.8 µs as one call,
+//!   928.5 with two runs, 903.5 with eight (wan-1.3b's tail, three waves of an eighth). Other
+//!   devices, batches above 1, and calls whose last wave no split shortens by a fifth run as one
+//!   call.
 //! - One cuDNN handle and one scratch buffer (cuDNN's workspace, the runs' outputs and
 //!   log-sum-exps) per device and stream, made on first use and kept for the process: a captured
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
@@ -44,8 +46,11 @@ use dnn::cudnnBackendDescriptorType_t as Kind;
 pub(crate) const TILE_ROWS: usize = 64;
 /// cuDNN's thread blocks per SM on sm_90 at hd = 128.
 pub(crate) const BLOCKS_PER_SM: usize = 2;
-/// The most runs of the keys the tail is split into.
-pub(crate) const MAX_PARTS: usize = 4;
+/// The most runs of the keys the tail is split into (`MERGE_MAX_PARTS` of `kernels.cu`).
+pub(crate) const MAX_PARTS: usize = 8;
+/// The largest share of a wave the split tail may take, in waves: less than this saves enough
+/// of the wave to pay for the second call and the merge.
+const MAX_TAIL_WAVES: f64 = 0.8;
 /// The merge kernel's threads per block (one warp per row and head).
 const MERGE_THREADS: u32 = 256;
 
@@ -147,9 +152,11 @@ pub(crate) struct Split {
 
 /// The split of a call of `batch` × `rows` query rows of `heads` heads over `keys` keys on a
 /// device of `sms` SMs (`sm90`: compute capability 9.0, where the tile and occupancy above were
-/// measured). The rows of the full waves run as one call; the remaining rows run over as many
-/// runs of the keys as fit in one wave beside each other (at most [`MAX_PARTS`], dividing the
-/// keys), when that is two or more.
+/// measured). The rows of the full waves run as one call; the remaining rows run over p runs of
+/// the keys (2 ≤ p ≤ `max_parts`, p dividing the keys, each run a tile of keys or more): p times
+/// the tail's thread blocks, each 1/p as long, in ⌈p · blocks / wave⌉ waves, so the tail takes
+/// ⌈p · blocks / wave⌉ / p of a full wave's time. The p that takes least (the fewest runs among
+/// equals) when that is under [`MAX_TAIL_WAVES`]; otherwise one call.
 pub(crate) fn split(
     batch: usize,
     rows: usize,
@@ -157,6 +164,7 @@ pub(crate) fn split(
     heads: usize,
     sms: usize,
     sm90: bool,
+    max_parts: usize,
 ) -> Split {
     let whole = Split {
         main_rows: rows,
@@ -176,13 +184,16 @@ pub(crate) fn split(
         return whole;
     }
     let tail_blocks = (rows - main_rows).div_ceil(TILE_ROWS) * heads;
-    let fit = (per_wave / tail_blocks).min(MAX_PARTS);
-    match (2..=fit)
-        .rev()
-        .find(|&p| keys.is_multiple_of(p) && keys / p >= TILE_ROWS)
-    {
-        Some(parts) => Split { main_rows, parts },
-        None => whole,
+    let waves = |p: usize| (p * tail_blocks).div_ceil(per_wave) as f64 / p as f64;
+    let best = (2..=max_parts.min(MAX_PARTS))
+        .filter(|&p| keys.is_multiple_of(p) && keys / p >= TILE_ROWS)
+        .fold(None, |best: Option<usize>, p| match best {
+            Some(b) if waves(b) <= waves(p) => Some(b),
+            _ => Some(p),
+        });
+    match best {
+        Some(parts) if waves(parts) < MAX_TAIL_WAVES => Split { main_rows, parts },
+        _ => whole,
     }
 }
 
@@ -594,6 +605,8 @@ pub(super) struct AttentionKernel {
     prepared: Vec<Prepared>,
     /// Whether a partial last wave is split ([`split`]); off only to measure against.
     pub(crate) split_enabled: bool,
+    /// The most runs of the keys a split may use ([`MAX_PARTS`]; fewer only to measure against).
+    pub(crate) max_parts: usize,
 }
 
 impl AttentionKernel {
@@ -630,6 +643,7 @@ impl AttentionKernel {
             merge,
             prepared: Vec::new(),
             split_enabled: true,
+            max_parts: MAX_PARTS,
         })
     }
 
@@ -654,6 +668,7 @@ impl AttentionKernel {
             heads,
             self.sms,
             split_here,
+            self.max_parts,
         )
     }
 

@@ -1094,51 +1094,53 @@ fn attention_matches_the_reference() {
 /// each per SM: 264 per wave).
 #[test]
 fn the_attention_splits_only_a_partial_last_wave() {
-    use attention::{Split, split};
+    use attention::{MAX_PARTS, Split, split};
+    let h200 = |rows, keys, max_parts| split(1, rows, keys, 12, 132, true, max_parts);
     let whole = |rows| Split {
         main_rows: rows,
         parts: 1,
     };
     // wan-1.3b: 4,680 rows × 12 heads = 888 blocks, 3.36 waves: 4,224 rows (792 blocks, three
-    // waves), then 456 rows (96 blocks) over two halves of the keys (192 blocks, one wave).
+    // waves), then 456 rows (96 blocks) over eight runs of the keys (768 blocks, three waves of
+    // an eighth: 0.375 of a wave), or over two (192 blocks, one wave of a half).
     for keys in [4680, 9360, 18720] {
-        assert_eq!(
-            split(1, 4680, keys, 12, 132, true),
-            Split {
-                main_rows: 4224,
-                parts: 2
-            },
-            "{keys} keys"
-        );
+        for (max_parts, parts) in [(MAX_PARTS, 8), (4, 2), (2, 2)] {
+            assert_eq!(
+                h200(4680, keys, max_parts),
+                Split {
+                    main_rows: 4224,
+                    parts
+                },
+                "{keys} keys, at most {max_parts} runs"
+            );
+        }
     }
     // Whole waves (22 tiles × 12 heads = one wave), less than a wave, another GPU, a batch.
-    assert_eq!(split(1, 22 * 64, 4680, 12, 132, true), whole(22 * 64));
-    assert_eq!(split(1, 1000, 4680, 12, 132, true), whole(1000));
-    assert_eq!(split(1, 4680, 18720, 12, 132, false), whole(4680));
-    assert_eq!(split(2, 4680, 18720, 12, 132, true), whole(4680));
-    // A last wave of one tile per head: four runs of the keys, or fewer where they do not divide
-    // the keys; none when no run of keys would be a tile long.
+    assert_eq!(h200(22 * 64, 4680, MAX_PARTS), whole(22 * 64));
+    assert_eq!(h200(1000, 4680, MAX_PARTS), whole(1000));
+    assert_eq!(
+        split(1, 4680, 18720, 12, 132, false, MAX_PARTS),
+        whole(4680)
+    );
+    assert_eq!(split(2, 4680, 18720, 12, 132, true, MAX_PARTS), whole(4680));
+    // A last wave of one tile per head: the most runs that divide the keys; none when no run of
+    // keys would be a tile long.
     let rows = 22 * 64 + 10;
+    let tail = |parts| Split {
+        main_rows: 22 * 64,
+        parts,
+    };
+    assert_eq!(h200(rows, 4680, MAX_PARTS), tail(8));
+    assert_eq!(h200(rows, 4683, MAX_PARTS), tail(7));
+    assert_eq!(h200(rows, 4681, MAX_PARTS), whole(rows));
+    assert_eq!(h200(rows, 100, MAX_PARTS), whole(rows));
+    // A tail of 168 blocks (64 % of a wave): three runs take two waves of a third (0.67); six
+    // do as well, and the fewer runs win.
+    assert_eq!(h200(22 * 64 + 14 * 64, 4680, MAX_PARTS), tail(3));
+    // A tail of 240 blocks (91 %): no number of runs takes less than a whole wave.
     assert_eq!(
-        split(1, rows, 4680, 12, 132, true),
-        Split {
-            main_rows: 22 * 64,
-            parts: 4
-        }
-    );
-    assert_eq!(
-        split(1, rows, 4683, 12, 132, true),
-        Split {
-            main_rows: 22 * 64,
-            parts: 3
-        }
-    );
-    assert_eq!(split(1, rows, 4681, 12, 132, true), whole(rows));
-    assert_eq!(split(1, rows, 100, 12, 132, true), whole(rows));
-    // A last wave more than half full stays one call.
-    assert_eq!(
-        split(1, 22 * 64 * 2 - 64 * 8, 4680, 12, 132, true),
-        whole(22 * 64 * 2 - 64 * 8)
+        h200(22 * 64 + 20 * 64, 4680, MAX_PARTS),
+        whole(22 * 64 + 20 * 64)
     );
 }
 
@@ -2216,17 +2218,19 @@ mod gpu {
         download::<T>(&bufs[3], n)
     }
 
-    /// Runs an Attention case with cuDNN ([`attention::AttentionKernel::launch`], its split on or
-    /// off) on `stream`; returns O and, with `repeats`, the mean time of one call in µs.
+    /// Runs an Attention case with cuDNN ([`attention::AttentionKernel::launch`]: split over at
+    /// most `max_parts` runs of the keys, or one call for 0) on `stream`; returns O and, with
+    /// `repeats`, the mean time of one call in µs.
     fn run_attention(
         case: &AttentionCase<f16>,
         stream: sys::CUstream,
-        split: bool,
+        max_parts: usize,
         repeats: usize,
     ) -> (Vec<f16>, f64) {
         let plan = case.plan();
         let mut kernel = attention::AttentionKernel::new(TensorElementType::Float16, 0).unwrap();
-        kernel.split_enabled = split;
+        kernel.split_enabled = max_parts > 1;
+        kernel.max_parts = max_parts.max(2);
         let bufs: Vec<DeviceBuf> = case
             .inputs()
             .iter()
@@ -2277,23 +2281,34 @@ mod gpu {
             let case = AttentionCase::<f16>::new(&mut rng, sizes, heads);
             let cpu = case.cpu();
             let what = format!("Attention {sizes:?} heads {heads}");
-            let (whole, _) = run_attention(&case, stream, false, 0);
+            let (whole, _) = run_attention(&case, stream, 0, 0);
             close(&whole, &cpu, &format!("{what}, one call"));
-            let (split, _) = run_attention(&case, stream, true, 0);
-            close(&split, &cpu, &format!("{what}, split"));
+            for max_parts in [2, attention::MAX_PARTS] {
+                let (split, _) = run_attention(&case, stream, max_parts, 0);
+                close(
+                    &split,
+                    &cpu,
+                    &format!("{what}, split over up to {max_parts} runs"),
+                );
+            }
         }
-        let case = AttentionCase::<f16>::new(&mut rng, [1, 4680, 18720, 1536], 12);
-        let (whole, one) = run_attention(&case, stream, false, 50);
-        let (split, two) = run_attention(&case, stream, true, 50);
-        close(
-            &split,
-            &whole,
-            "Attention [1, 4680, 18720, 1536], split against one call",
-        );
-        eprintln!(
-            "Attention [1, 4680, 18720, 1536] heads 12: one call {one:.1} µs, split {two:.1} µs (ratio {:.3})",
-            two / one
-        );
+        // A block's rows at the key counts of a video's calls: one call against the split over
+        // up to 2 runs of the keys and up to MAX_PARTS (the kernel's choice).
+        for keys in [4680, 9360, 18720] {
+            let case = AttentionCase::<f16>::new(&mut rng, [1, 4680, keys, 1536], 12);
+            let (whole, one) = run_attention(&case, stream, 0, 50);
+            let (halves, two) = run_attention(&case, stream, 2, 50);
+            let (split, most) = run_attention(&case, stream, attention::MAX_PARTS, 50);
+            let what = format!("Attention [1, 4680, {keys}, 1536] heads 12");
+            close(&halves, &whole, &format!("{what}, 2 runs against one call"));
+            close(&split, &whole, &format!("{what}, split against one call"));
+            eprintln!(
+                "{what}: one call {one:.1} µs, 2 runs {two:.1} µs ({:.3}), up to {} runs {most:.1} µs ({:.3})",
+                two / one,
+                attention::MAX_PARTS,
+                most / one
+            );
+        }
     }
 
     /// GPU against CPU kernel: float32 within 1e-5 (only the row sums' order differs: the CUDA
