@@ -35,7 +35,9 @@ use cudarc::driver::{result as driver, sys};
 use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{CurrentContext, Handle, REMEDY, device_function, prepare, primary_context};
+use super::cuda::{
+    CurrentContext, Handle, REMEDY, device_function, device_info, prepare, primary_context,
+};
 use super::{Attrs, DOMAIN, Op, Plan, op_error};
 
 use dnn::cudnnBackendAttributeName_t as Attr;
@@ -621,25 +623,12 @@ impl AttentionKernel {
         let context = primary_context(ordinal)?;
         let (module_context, merge) = device_function(ordinal, "unstep_attention_merge_f16")?;
         debug_assert_eq!(module_context.0, context.0);
-        let fail =
-            |what: &str, e: driver::DriverError| format!("{what} on CUDA device {ordinal}: {e}");
-        let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
-        let attribute = |a| {
-            // SAFETY: `device` came from cuDeviceGet.
-            unsafe { driver::device::get_attribute(device, a) }
-                .map_err(|e| fail("cuDeviceGetAttribute", e))
-        };
-        use sys::CUdevice_attribute::{
-            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
-            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
-            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
-        };
-        let sm90 = (attribute(MAJOR)?, attribute(MINOR)?) == (9, 0);
+        let info = device_info(ordinal)?;
         Ok(Self {
             ordinal,
             context,
-            sms: attribute(SMS)?.max(0) as usize,
-            sm90,
+            sms: info.sms.max(0) as usize,
+            sm90: (info.major, info.minor) == (9, 0),
             merge,
             prepared: Vec::new(),
             split_enabled: true,

@@ -344,11 +344,17 @@ pub(super) fn primary_context(ordinal: i32) -> Result<Handle<sys::CUcontext>, St
     Ok(Handle(context))
 }
 
-fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
+/// What the kernels need to know of a device: its compute capability and its SM count.
+pub(super) struct DeviceInfo {
+    pub(super) major: i32,
+    pub(super) minor: i32,
+    pub(super) sms: i32,
+}
+
+/// [`DeviceInfo`] of device `ordinal` (loads the driver first).
+pub(super) fn device_info(ordinal: i32) -> Result<DeviceInfo, String> {
     check_libraries()?;
-    let fail = |what: &str, e: driver::DriverError| {
-        format!("unstep CUDA kernels: {what} on CUDA device {ordinal}: {e}")
-    };
+    let fail = |what: &str, e: driver::DriverError| format!("{what} on CUDA device {ordinal}: {e}");
     let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
     let attribute = |a| {
         // SAFETY: `device` came from cuDeviceGet.
@@ -358,8 +364,21 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
     use sys::CUdevice_attribute::{
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as MINOR,
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
     };
-    let arch = format!("sm_{}{}", attribute(MAJOR)?, attribute(MINOR)?);
+    Ok(DeviceInfo {
+        major: attribute(MAJOR)?,
+        minor: attribute(MINOR)?,
+        sms: attribute(SMS)?,
+    })
+}
+
+fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
+    let fail = |what: &str, e: driver::DriverError| {
+        format!("unstep CUDA kernels: {what} on CUDA device {ordinal}: {e}")
+    };
+    let info = device_info(ordinal).map_err(|e| format!("unstep CUDA kernels: {e}"))?;
+    let arch = format!("sm_{}{}", info.major, info.minor);
     let image = compile(&arch).map_err(|e| format!("{e}; {REMEDY}"))?;
     let context = primary_context(ordinal)
         .map_err(|e| format!("unstep CUDA kernels: {e}"))?

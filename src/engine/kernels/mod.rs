@@ -81,8 +81,9 @@
 //!    writes it for `dit_fused`'s self-attention, in place of ONNX Runtime's
 //!    `MultiHeadAttention`, so that the runner decides how a block's rows meet the GPU's waves.
 //!
-//! Every output has X's shape (O is Q's), but Q's last axis of `QkvNormRopeCache` is D, Y of `PrefixBiasRmsNorm` has P + T on
-//! axis 1 and its tail prefix's shape, and Y of `MatMulBiasGelu` has N on its last axis. A shape
+//! Every output has X's shape (O is Q's), but Q's last axis of `QkvNormRopeCache` is D, Y of
+//! `PrefixBiasRmsNorm` has P + T on axis 1 and its tail prefix's shape, and Y of
+//! `MatMulBiasGelu` has N on its last axis. A shape
 //! that breaks the contract is an error naming the operator, the input and the shapes. The CUDA
 //! kernels keep a row in registers: they also need D even and at most 2048 (wan-1.3b's is 1536),
 //! and every tensor aligned to a pair of elements (ONNX Runtime's allocations are); a call outside
