@@ -20,8 +20,8 @@
 //!   Measured with PyTorch's cuDNN calls at 18,720 keys: 1,010.9 µs for one call, 775.2 + 132.3
 //!   µs split with two runs of the keys; this kernel (GPU kernel test): 1,013.8 µs as one call,
 //!   928.5 with two runs, 903.5 with eight (wan-1.3b's tail, three waves of an eighth). Other
-//!   devices, batches above 1, and calls whose last wave no split shortens by a fifth run as one
-//!   call.
+//!   devices and head sizes, batches above 1, and calls whose last wave no split shortens by a
+//!   fifth run as one call.
 //! - One cuDNN handle and one scratch buffer (cuDNN's workspace, the runs' outputs and
 //!   log-sum-exps) per device and stream, made on first use and kept for the process: a captured
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
@@ -649,7 +649,8 @@ impl AttentionKernel {
     /// The split this kernel uses for a call of `plan`'s sizes.
     pub(crate) fn split_of(&self, plan: &Plan) -> Split {
         let heads = plan.d / (2 * plan.half_hd);
-        let split_here = self.split_enabled && self.sm90;
+        // The tile and occupancy of `split` are those of hd = 128 on sm_90.
+        let split_here = self.split_enabled && self.sm90 && 2 * plan.half_hd == 128;
         split(
             plan.rows / plan.block_rows,
             plan.block_rows,
