@@ -1882,6 +1882,36 @@ fn the_matmul_kernel_says_what_it_cannot_do() {
     }
 }
 
+/// Attention's CUDA kernel refuses float32 before loading anything (cuDNN's flash attention has
+/// no float32 kernel), and without cuDNN or the CUDA driver (CI) says what is missing and what to
+/// do; with them it is a kernel.
+#[test]
+fn the_attention_kernel_says_what_it_cannot_do() {
+    let e = attention::AttentionKernel::new(TensorElementType::Float32, 0)
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("ai.unstep Attention: element type Float32 is not supported on CUDA")
+            && e.contains("fp16")
+            && e.contains("`--dit-kernels onnxruntime`"),
+        "{e}"
+    );
+    if let Err(e) = attention::check_cudnn() {
+        assert!(
+            e.contains("could not load cuDNN (libcudnn.so.9)")
+                && e.contains("9.13.1")
+                && e.contains("`--dit-kernels onnxruntime`"),
+            "{e}"
+        );
+    }
+    if let Err(e) = attention::AttentionKernel::new(TensorElementType::Float16, 0) {
+        assert!(
+            e.contains("could not load") && e.contains("`--dit-kernels onnxruntime`"),
+            "{e}"
+        );
+    }
+}
+
 // --- The CUDA source ---------------------------------------------------------------------------
 
 /// The host's launch sizes are the source's: `#define NAME value` of kernels.cu.
