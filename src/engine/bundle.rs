@@ -311,6 +311,15 @@ impl Bundle {
         Self::open_with_known_hashes(path, unpack_dir, &BTreeMap::new())
     }
 
+    /// The bundle directory's manifest alone, without checking its files (for checks before a
+    /// run; [`Bundle::open`] checks them all).
+    pub fn peek(dir: &Path) -> Result<Self, BundleError> {
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifest: read_manifest(dir)?,
+        })
+    }
+
     /// [`Bundle::open`], then refuses export settings that differ from the bundle's.
     pub fn open_for(
         path: &Path,

@@ -17,6 +17,7 @@ use super::lock::{Lock, LockError};
 use super::progress::{Progress, SlotWork};
 use super::spec::{ProcessSpec, PromptSpec, WorkerEvent};
 use super::staging::{self, StageRequest, StagingError};
+use crate::engine;
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, Kind, Provider, Resolved};
 use crate::plan::{Plan, Process, Role};
@@ -150,6 +151,7 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
             "use `auto` or `math` on the CPU, or runtime.provider = \"cuda\"",
         ));
     }
+    fused_kernels_preflight(r)?;
     if m.kind == Kind::Probe {
         let state = &p.run_state_root;
         let has_state = fs::read_dir(state)
@@ -159,6 +161,48 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
             return Err(ApplyError::refused(
                 format!("runtime state already exists at {}", display_path(state)),
                 "use a new run name for fresh results, or set cache.reuse_runtime_state = true (UNSTEP_REUSE_RUNTIME_STATE=1) to reuse it",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The runner's fused kernels asked for by name (`runtime.dit_kernels` / `runtime.vae_kernels` =
+/// "unstep") that the provider or the bundle cannot run (TensorRT, a bundle without the fused
+/// graphs or in bf16, a fused DiT whose self-attention is cuDNN's with an fp32 bundle or another
+/// attention backend): refused here, with the setting's location, instead of when the first
+/// worker builds its sessions. A bundle that is not a readable directory is left to the worker.
+fn fused_kernels_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return Ok(());
+    };
+    let runtime = super::spec::runtime_options(&r.manifest, Path::new(""), None);
+    let parts = [
+        (
+            engine::FusedPart::Dit,
+            runtime.dit_kernels,
+            "runtime.dit_kernels",
+        ),
+        (
+            engine::FusedPart::Vae,
+            runtime.vae_kernels,
+            "runtime.vae_kernels",
+        ),
+    ];
+    for (part, kernels, key) in parts {
+        // `auto` falls back instead of failing (and would load the CUDA libraries here).
+        if kernels != engine::FusedKernels::Unstep {
+            continue;
+        }
+        if let Err(e) = kernels.resolve(part, &runtime.provider, &bundle) {
+            let origin = r
+                .settings
+                .get(key)
+                .map(|s| s.origin.to_string())
+                .unwrap_or_else(|| key.to_string());
+            return Err(ApplyError::refused(
+                format!("{origin}: {e}"),
+                "change the setting there, or export the bundle the setting needs",
             ));
         }
     }

@@ -420,6 +420,36 @@ fn an_attention_backend_the_provider_lacks_is_refused_before_any_work() {
     assert!(!t.path().join("results").exists() && !t.path().join("work").exists());
 }
 
+/// The runner's fused kernels asked for by name where the bundle cannot run them: the tiny bundle
+/// is fp32 and its fused DiT's self-attention is cuDNN's (fp16 on CUDA). Refused before any work,
+/// at the setting's line.
+#[test]
+fn fused_kernels_the_bundle_cannot_run_are_refused_at_their_setting_before_any_work() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
+        .replace(
+            "provider = \"cpu\"\n",
+            "provider = \"cuda\"\ndit_kernels = \"unstep\"\n",
+        );
+    std::fs::write(t.path().join("m.toml"), &text).unwrap();
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("dit_kernels"))
+        .unwrap()
+        + 1;
+    let out = t.cmd().args(["apply", "--quiet", "m.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains(&format!("m.toml:{line}:"))
+            && out.stderr.contains("this one is fp32")
+            && out.stderr.contains("dit_kernels"),
+        "{}",
+        out.stderr
+    );
+    assert!(!t.path().join("results").exists() && !t.path().join("work").exists());
+}
+
 #[test]
 fn shared_caches_skip_warmups_with_markers_and_are_labelled_warm_cache() {
     let t = Test::new();
