@@ -654,8 +654,11 @@ mod tests {
     #[test]
     fn the_runner_attention_comes_with_exporter_0_10_0() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
-        let tmp = tempfile::tempdir().unwrap();
-        let mut manifest = Bundle::open(&dir, tmp.path()).unwrap().manifest;
+        let mut manifest = Bundle::peek(&dir).unwrap().manifest;
+        assert!(
+            manifest.fused_dit_has_runner_attention(),
+            "the tiny bundle is 0.10.0"
+        );
         for (version, runner) in [
             ("0.9.0", false),
             ("0.4.2", false),

@@ -641,26 +641,13 @@ impl CudaKernel {
         assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
         // The kernels load element pairs: an odd D would read misaligned pairs.
         check_d(op, plan.d)?;
-        let _current = CurrentContext::enter(self.module.context.0)
-            .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
-        self.launch_rows(op, plan, attrs, pointers.to_vec(), stream)
-    }
-
-    /// The launch of `op`'s row (or elementwise) kernel over `pointers` (one per input and output
-    /// of `op`, in order), in the current context.
-    fn launch_rows(
-        &self,
-        op: Op,
-        plan: &Plan,
-        attrs: &Attrs,
-        mut pointers: Vec<u64>,
-        stream: sys::CUstream,
-    ) -> Result<(), String> {
         // PrefixBiasRmsNorm's threads cover Y's rows: the prefix's, then the normalised ones.
         let launch_rows = plan.output_rows();
         if launch_rows == 0 {
             return Ok(());
         }
+        let _current = CurrentContext::enter(self.module.context.0)
+            .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
         let elem_bytes = self.elem_bytes();
         // The largest power of two (up to a unit) every pointer is aligned to.
         let alignment = pointers
@@ -695,6 +682,7 @@ impl CudaKernel {
         let mut cache_rows = plan.cache_rows as i64;
         let mut prefix_rows = plan.prefix_rows as i64;
         let mut divs = plan.divs.map(|div| div as i64);
+        let mut pointers = pointers.to_vec();
         let mut params: Vec<*mut c_void> = pointers
             .iter_mut()
             .map(|p| (p as *mut u64).cast::<c_void>())

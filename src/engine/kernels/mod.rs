@@ -83,18 +83,19 @@
 //!
 //! Every output has X's shape (O is Q's), but Q's last axis of `QkvNormRopeCache` is D, Y of
 //! `PrefixBiasRmsNorm` has P + T on axis 1 and its tail prefix's shape, and Y of
-//! `MatMulBiasGelu` has N on its last axis. A shape
-//! that breaks the contract is an error naming the operator, the input and the shapes. The CUDA
-//! kernels keep a row in registers: they also need D even and at most 2048 (wan-1.3b's is 1536),
-//! and every tensor aligned to a pair of elements (ONNX Runtime's allocations are); a call outside
-//! that is an error, not a slow path. They work a row with a group of up to 32 threads and
-//! 16-byte accesses when D ≤ 512 is a multiple of 16 bytes and the tensors are aligned to it (the
-//! VAE's channels-last rows, D = 96 to 384), and with one block of 128 threads otherwise (the
-//! DiT's D = 1536); see `cuda.rs`.
+//! `MatMulBiasGelu` has N on its last axis. A shape that breaks the contract is an error naming
+//! the operator, the input and the shapes. The row operators' CUDA kernels keep a row in
+//! registers: they also need D even and at most 2048 (wan-1.3b's is 1536), and every tensor
+//! aligned to a pair of elements (ONNX Runtime's allocations are); a call outside that is an
+//! error, not a slow path. They work a row with a group of up to 32 threads and 16-byte accesses
+//! when D ≤ 512 is a multiple of 16 bytes and the tensors are aligned to it (the VAE's
+//! channels-last rows, D = 96 to 384), and with one block of 128 threads otherwise (the DiT's D =
+//! 1536); see `cuda.rs`.
 //!
 //! Tests: `tests.rs` checks the CPU kernels against a float64 reference, directly and through
 //! ONNX Runtime; its ignored tests compile `kernels.cu` with NVRTC (no GPU needed) and check the
-//! CUDA kernels against the CPU kernels on a GPU (`cuda_kernels_match_the_cpu_kernels`).
+//! CUDA kernels against the CPU kernels on a GPU (`cuda_kernels_match_the_cpu_kernels`,
+//! `cuda_attention_matches_the_cpu_kernel`).
 
 mod attention;
 mod cpu;
@@ -118,8 +119,9 @@ use super::{onnx_graph, ort_lib};
 
 pub(crate) const DOMAIN: &str = "ai.unstep";
 
-/// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`) and
-/// cuBLASLt (`MatMulBiasGelu`) load; no GPU needed. For `runner doctor` and `auto`.
+/// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`),
+/// cuBLASLt (`MatMulBiasGelu`) and cuDNN (`Attention`) load; no GPU needed. For `runner doctor`
+/// and `auto`.
 pub(crate) fn cuda_libraries_available() -> Result<(), String> {
     cuda::check_nvrtc()?;
     gemm::check_cublaslt()?;
@@ -400,12 +402,13 @@ pub(crate) struct Plan {
     /// `GatedResidualLayerNorm`: N / F of gate, scale and shift (row r uses block r / that);
     /// 1 for the other operators.
     pub(crate) divs: [usize; 3],
-    /// `BiasRmsNormRope`: hd / 2 and Tc, the columns and rows of the cos and sin tables;
-    /// 1 for the other operators.
+    /// `BiasRmsNormRope` and `QkvNormRopeCache`: hd / 2 and Tc, the columns and rows of the cos
+    /// and sin tables; `Attention`: hd / 2 (`table_rows` 1); 1 for the other operators.
     pub(crate) half_hd: usize,
     pub(crate) table_rows: usize,
     /// `QkvNormRopeCache`: T and L, the rows of one batch entry in QKV and in K / V (the op
-    /// writes rows L − T .. L of each); equal to `rows` for the other operators.
+    /// writes rows L − T .. L of each); `Attention`: S and L, the rows of one batch entry in Q
+    /// and in K / V; equal to `rows` for the other operators.
     pub(crate) block_rows: usize,
     pub(crate) cache_rows: usize,
     /// `PrefixBiasRmsNorm`: the rows of the prefix (copied in front of X's normed rows in Y); 0
