@@ -53,8 +53,9 @@ pub(crate) const MAX_PARTS: usize = 8;
 /// The largest share of a wave the split tail may take, in waves: less than this saves enough
 /// of the wave to pay for the second call and the merge.
 const MAX_TAIL_WAVES: f64 = 0.8;
-/// The merge kernel's threads per block (one warp per row and head).
-const MERGE_THREADS: u32 = 256;
+/// The merge kernel's threads per block (one warp per row and head; `MERGE_THREADS` of
+/// `kernels.cu`).
+pub(crate) const MERGE_THREADS: u32 = 256;
 
 /// The tensors of a cuDNN call, by unique id.
 const UID_Q: i64 = 1;

@@ -586,7 +586,8 @@ ENTRY_POINTS(F16, GroupRow, GROUP_THREADS, f16_g, unsigned short)
 // out = sum_p w_p * run_p / sum_p w_p, in float32, rounded once. One warp per row and head; a
 // lane holds pairs of the head's hd elements (hd even, up to 256).
 #define MERGE_MAX_PARTS 8
-extern "C" __global__ void __launch_bounds__(256) unstep_attention_merge_f16(
+#define MERGE_THREADS 256
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) unstep_attention_merge_f16(
     const unsigned short* runs, const float* lse, unsigned short* out, int parts, i64 rows,
     int heads, int hd) {
     const i64 item = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP;

@@ -1930,6 +1930,8 @@ fn the_launch_constants_are_the_sources() {
     assert_eq!(define("GROUP_THREADS"), cuda::GROUP_THREADS as usize);
     assert_eq!(define("ROW_FLOATS"), cuda::ROW_FLOATS);
     assert_eq!((cuda::MAX_D, cuda::GROUP_MAX_D), (2048, 512));
+    assert_eq!(define("MERGE_MAX_PARTS"), attention::MAX_PARTS);
+    assert_eq!(define("MERGE_THREADS"), attention::MERGE_THREADS as usize);
 }
 
 /// The CUDA kernels load element pairs and the row operators keep a row in registers: an odd D
