@@ -503,7 +503,7 @@ pub fn attention_name(provider: &Provider, generator: &crate::engine::Generator)
         && generator.dit_kernels() == crate::engine::FusedKernels::Unstep
         && manifest.fused_dit_has_runner_attention();
     if runner {
-        format!("{name}, self-attention the runner's (cuDNN, last wave split)")
+        format!("{name}, self-attention the runner's own cuDNN call")
     } else {
         name
     }

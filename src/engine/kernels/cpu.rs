@@ -279,8 +279,6 @@ pub(crate) fn qkv_norm_rope_cache<T: Element>(
     }
 }
 
-/// One call of `op` on the CPU provider: reads the inputs, checks them against the contract,
-/// allocates the outputs ([`Op::output_shape`]) and runs the kernel.
 /// `Attention` over `plan`'s rows: for each row of Q (batch b = r / S) and head h, the scores
 /// `Q_h · K_h[l] / sqrt(hd)` over the L keys of batch b, their softmax (the largest score
 /// subtracted before exp) and the weighted sum of `V_h[l]`, in float32, each element rounded once.
@@ -328,6 +326,8 @@ pub(crate) fn attention<T: Element>(plan: &Plan, q: &[T], k: &[T], v: &[T], o: &
         );
 }
 
+/// One call of `op` on the CPU provider: reads the inputs, checks them against the contract,
+/// allocates the outputs ([`Op::output_shape`]) and runs the kernel.
 pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
     let names = op.inputs();
     let input = |i: usize| {

