@@ -707,7 +707,7 @@ impl AttentionKernel {
         {
             Some(index) => index,
             None => {
-                let prepared = self.prepare(handle.0, plan)?;
+                let prepared = self.prepare(handle.0, plan, split)?;
                 self.prepared.push(prepared);
                 self.prepared.len() - 1
             }
@@ -758,13 +758,17 @@ impl AttentionKernel {
         .map_err(|e| format!("cuLaunchKernel (merge): {e}"))
     }
 
-    /// The cuDNN plans of a call of `plan`'s sizes.
-    fn prepare(&self, handle: dnn::cudnnHandle_t, plan: &Plan) -> Result<Prepared, String> {
+    /// The cuDNN plans of a call of `plan`'s sizes, split as `split`.
+    fn prepare(
+        &self,
+        handle: dnn::cudnnHandle_t,
+        plan: &Plan,
+        split: Split,
+    ) -> Result<Prepared, String> {
         let (s, l, d) = (plan.block_rows, plan.cache_rows, plan.d);
         let batch = plan.rows / s;
         let hd = 2 * plan.half_hd;
         let heads = d / hd;
-        let split = self.split_of(plan);
         let (b, h, s64, l64, d64, hd64) = (
             batch as i64,
             heads as i64,
