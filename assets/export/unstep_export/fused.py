@@ -62,6 +62,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import attention
+
 
 def exporting() -> bool:
     return torch.onnx.is_in_onnx_export()
@@ -463,8 +465,6 @@ class _MatMulBiasGelu(torch.autograd.Function):
 class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, heads: int):  # noqa: D401 - torch.autograd API
-        from .attention import attention
-
         return attention(q, k, v, heads)
 
     @staticmethod
@@ -564,8 +564,6 @@ def self_attention(q, k, v, heads: int):
     owns), `attention.attention` (PyTorch's SDPA) otherwise."""
     if exporting():
         return _Attention.apply(q, k, v, heads)
-    from .attention import attention
-
     return attention(q, k, v, heads)
 
 
