@@ -18,7 +18,7 @@
 //!   orders the stream.
 //! - Each operator and element type has three kernels, one per row layout ([`Layout`]); each
 //!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row, with
-//!   16-byte accesses, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last rows, D = 96 to 384, a
+//!   up to four 16-byte accesses each, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last rows, D = 96 to 384, a
 //!   million rows and more), otherwise one block of [`THREADS`] threads per row with 4-element
 //!   accesses (the DiT's D = 1536) or pairs. The elementwise `BiasGelu` takes only a layout's
 //!   access width ([`Layout::choose_elementwise`]), over a grid-stride loop.
@@ -50,6 +50,9 @@ pub(crate) const MAX_D: usize = THREADS as usize * ROW_FLOATS;
 pub(crate) const GROUP_MAX_D: usize = WARP as usize * ROW_FLOATS;
 /// The group layout's unit: the bytes one thread loads or stores in one access.
 pub(crate) const UNIT_BYTES: usize = 16;
+/// `GROUP_UNITS` of `kernels.cu`: the units of its row a thread of the group layout holds at
+/// most, and is given where the row has that many per lane.
+pub(crate) const GROUP_UNITS: usize = 4;
 
 /// How a kernel lays a row on the threads (`BlockRow` and `GroupRow` of `kernels.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,10 +63,10 @@ pub(crate) enum Layout {
     /// [`MAX_D`], every tensor aligned to 4 elements (wan-1.3b's D = 1536: 3 accesses per
     /// thread instead of 6).
     BlockQuad,
-    /// `lanes` threads of a warp per row (a power of two up to 32), [`UNIT_BYTES`] per access:
-    /// D a multiple of a unit, up to [`GROUP_MAX_D`], and every tensor aligned to a unit. Against
-    /// a block of 128 threads, which would leave most of them idle on a short row, and one warp
-    /// of pairs, which keeps few bytes in flight.
+    /// `lanes` threads of a warp per row (a power of two up to 32), [`UNIT_BYTES`] per access,
+    /// up to [`GROUP_UNITS`] accesses per thread: D a multiple of a unit, up to [`GROUP_MAX_D`],
+    /// and every tensor aligned to a unit. Against a block of 128 threads, which would leave most
+    /// of them idle on a short row, and one warp of pairs, which keeps few bytes in flight.
     Group { lanes: u32 },
 }
 
@@ -77,12 +80,15 @@ impl Layout {
 
     /// The layout of rows of D elements of `elem_bytes` bytes whose tensors are all aligned to
     /// `alignment` bytes: the group layout where it can take the row, with the fewest lanes that
-    /// hold at most one unit each (up to a warp); else blocks of 4-element accesses where D and
+    /// hold at most [`GROUP_UNITS`] units each (a power of two, up to a warp); else blocks of 4-element accesses where D and
     /// the alignment allow; else blocks of pairs.
     pub(crate) fn choose(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
         let unit = UNIT_BYTES / elem_bytes;
         if alignment.is_multiple_of(UNIT_BYTES) && d.is_multiple_of(unit) && d <= GROUP_MAX_D {
-            let lanes = (d / unit).next_power_of_two().min(WARP as usize);
+            let lanes = (d / unit)
+                .div_ceil(GROUP_UNITS)
+                .next_power_of_two()
+                .min(WARP as usize);
             Layout::Group {
                 lanes: lanes as u32,
             }
