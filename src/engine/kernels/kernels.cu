@@ -330,6 +330,7 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
     const float squares = lay.sum(load_row<E, true>(x, bias, base, lay, units, valid, a), partial);
     const float inv = 1.0f / sqrtf(squares / (float)d + eps);
     const i64 table_row = ROPE ? (row % table_rows) * half_hd : 0;
+    const bool unit_tables = ROPE && half_hd % (V / 2) == 0;
     // The outputs into `a` first, then the stores: a load after a store in the same loop would
     // wait for the memory round trip once per unit instead of once per row.
 #pragma unroll
@@ -338,14 +339,35 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
         if (valid && u < units) {
             float wv[V];
             E::template load<V>(weight, u * V, wv);
+            // The rotation's cos and sin of the unit's V / 2 pairs. Where half_hd is a multiple
+            // of V / 2 they are consecutive columns of one head: one load of each table.
+            float cv[V / 2], sv[V / 2];
+            if (ROPE) {
+                if (unit_tables) {
+                    const i64 j = table_row + ((u * V) / 2) % half_hd;
+                    if constexpr (V / 2 == 1) {
+                        cv[0] = E::load1(cos_table, j);
+                        sv[0] = E::load1(sin_table, j);
+                    } else {
+                        E::template load<V / 2>(cos_table, j, cv);
+                        E::template load<V / 2>(sin_table, j, sv);
+                    }
+                } else {
+#pragma unroll
+                    for (int p = 0; p < V / 2; ++p) {
+                        const i64 j = table_row + ((u * V) / 2 + p) % half_hd;
+                        cv[p] = E::load1(cos_table, j);
+                        sv[p] = E::load1(sin_table, j);
+                    }
+                }
+            }
 #pragma unroll
             for (int e = 0; e < V; e += 2) {
                 const float u0 = a[k][e] * inv * wv[e];
                 const float u1 = a[k][e + 1] * inv * wv[e + 1];
                 if (ROPE) {
-                    const i64 j = table_row + ((u * V + e) / 2) % half_hd;
-                    const float c = E::load1(cos_table, j);
-                    const float s = E::load1(sin_table, j);
+                    const float c = cv[e / 2];
+                    const float s = sv[e / 2];
                     a[k][e] = u0 * c - u1 * s;
                     a[k][e + 1] = u0 * s + u1 * c;
                 } else if (act_silu) {

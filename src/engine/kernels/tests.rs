@@ -2408,6 +2408,9 @@ mod gpu {
                 (&[9, 8], 1, 9),
                 (&[5, 100], 5, 5),
                 (&[11, 514], 1, 11),
+                // A half head (6) no multiple of a float16 unit's pairs (4): the tables read
+                // pair by pair.
+                (&[3, 7, 48], 4, 7),
             ])
             .collect();
         for (x_shape, heads, tc) in rope_cases {
@@ -2602,5 +2605,47 @@ mod gpu {
         };
         check::<f32>(stream);
         check::<f16>(stream);
+    }
+
+    /// The time per launch of the row kernels at wan-1.3b's float16 shapes, without the CPU
+    /// references of [`cuda_kernels_match_the_cpu_kernels`] (which take about a minute): for
+    /// trying a kernel change on the GPU in seconds. Checks nothing but that each launch runs.
+    /// `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernel_times -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "needs a CUDA GPU, its driver, and NVRTC on LD_LIBRARY_PATH"]
+    fn cuda_kernel_times() {
+        cuda::check_libraries().unwrap();
+        let device = driver::device::get(0).unwrap();
+        // SAFETY: as in cuda_kernels_match_the_cpu_kernels.
+        let stream = unsafe {
+            let context = driver::primary_ctx::retain(device).unwrap();
+            driver::ctx::set_current(context).unwrap();
+            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
+        };
+        let mut rng = Rng(7);
+        let frame: &[i64] = &[1, 3, 1, 1536];
+        let grln = GrlnCase::<f16>::new(&mut rng, &[1, 4680, 1536], [frame, frame, frame]);
+        run_case(&grln, stream, "GatedResidualLayerNorm [1, 4680, 1536]");
+        let qkv = QkvCase::<f16>::new(&mut rng, [1, 4680, 32760, 1536], 12, 4680);
+        run_case(&qkv, stream, "QkvNormRopeCache [1, 4680, 32760, 1536]");
+        let rope = RopeCase::<f16>::new(&mut rng, &[1, 4680, 1536], 12, 4680);
+        run_case(&rope, stream, "BiasRmsNormRope [1, 4680, 1536]");
+        let gelu = GeluCase::<f16>::new(&mut rng, &[1, 4680, 8960]);
+        run_case(&gelu, stream, "BiasGelu [1, 4680, 8960]");
+        for x_shape in [
+            &[1, 4, 480, 832, 96][..],
+            &[1, 4, 240, 416, 192],
+            &[1, 2, 120, 208, 384],
+        ] {
+            let prefix = PrefixCase::<f16>::new(&mut rng, x_shape, 2, true);
+            run_case(
+                &prefix,
+                stream,
+                &format!("PrefixBiasRmsNorm {x_shape:?} P = 2"),
+            );
+        }
+        let rms = RmsCase::<f16>::new(&mut rng, &[4, 480, 832, 96], true);
+        run_case(&rms, stream, "BiasRmsNorm [4, 480, 832, 96] silu");
     }
 }
