@@ -2188,6 +2188,21 @@ mod gpu {
         (outputs, micros)
     }
 
+    /// A non-blocking stream in device 0's primary context, which stays current on this thread
+    /// for the test (the kernels' module lives in it too, and the allocations need it), after
+    /// checking that the CUDA libraries load.
+    fn test_stream() -> sys::CUstream {
+        cuda::check_libraries().unwrap();
+        let device = driver::device::get(0).unwrap();
+        // SAFETY: the primary context is retained for the rest of the process and made current
+        // before the stream is created in it.
+        unsafe {
+            let context = driver::primary_ctx::retain(device).unwrap();
+            driver::ctx::set_current(context).unwrap();
+            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
+        }
+    }
+
     /// The mean time of one of `repeats` calls of `launch` (each queueing work on `stream`), in
     /// microseconds, from events on the stream; 0 for no repeats.
     fn mean_micros(stream: sys::CUstream, repeats: usize, mut launch: impl FnMut()) -> f64 {
@@ -2288,14 +2303,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU, its driver, cuDNN and NVRTC on LD_LIBRARY_PATH"]
     fn cuda_attention_matches_the_cpu_kernel() {
-        cuda::check_libraries().unwrap();
-        let device = driver::device::get(0).unwrap();
-        // SAFETY: as in `cuda_kernels_match_the_cpu_kernels`.
-        let stream = unsafe {
-            let context = driver::primary_ctx::retain(device).unwrap();
-            driver::ctx::set_current(context).unwrap();
-            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
-        };
+        let stream = test_stream();
         let mut rng = Rng(13);
         let close = |got: &[f16], want: &[f16], what: &str| {
             let worst = got
@@ -2594,15 +2602,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU, its driver, and NVRTC on LD_LIBRARY_PATH"]
     fn cuda_kernels_match_the_cpu_kernels() {
-        cuda::check_libraries().unwrap();
-        let device = driver::device::get(0).unwrap();
-        // SAFETY: device 0's primary context, kept for the test (the kernels' module lives in
-        // it too), current on this thread for the allocations.
-        let stream = unsafe {
-            let context = driver::primary_ctx::retain(device).unwrap();
-            driver::ctx::set_current(context).unwrap();
-            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
-        };
+        let stream = test_stream();
         check::<f32>(stream);
         check::<f16>(stream);
     }
@@ -2615,14 +2615,7 @@ mod gpu {
     #[test]
     #[ignore = "needs a CUDA GPU, its driver, and NVRTC on LD_LIBRARY_PATH"]
     fn cuda_kernel_times() {
-        cuda::check_libraries().unwrap();
-        let device = driver::device::get(0).unwrap();
-        // SAFETY: as in cuda_kernels_match_the_cpu_kernels.
-        let stream = unsafe {
-            let context = driver::primary_ctx::retain(device).unwrap();
-            driver::ctx::set_current(context).unwrap();
-            driver::stream::create(driver::stream::StreamKind::NonBlocking).unwrap()
-        };
+        let stream = test_stream();
         let mut rng = Rng(7);
         let frame: &[i64] = &[1, 3, 1, 1536];
         let grln = GrlnCase::<f16>::new(&mut rng, &[1, 4680, 1536], [frame, frame, frame]);
