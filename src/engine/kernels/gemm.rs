@@ -108,6 +108,56 @@ struct Prepared {
     algo: lt_sys::cublasLtMatmulAlgo_t,
 }
 
+impl Prepared {
+    /// The algorithm's configuration as cuBLASLt numbers it (algorithm, tile, stages, split-K,
+    /// cluster shape): what tells the candidates of `cuda_gemm_algorithms` apart.
+    #[cfg(test)]
+    pub(super) fn describe(&self) -> String {
+        use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as Config;
+        let attrs = [
+            ("algo", Config::CUBLASLT_ALGO_CONFIG_ID),
+            ("tile", Config::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            ("stages", Config::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            ("split-k", Config::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            ("cluster", Config::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+        ];
+        let parts: Vec<String> = attrs
+            .into_iter()
+            .map(|(name, attr)| {
+                let (mut value, mut size) = (0u64, 0usize);
+                // SAFETY: first the attribute's size (no buffer), then the attribute into the
+                // low bytes of a zeroed u64 (sizes of at most 4 bytes, little-endian).
+                let status = unsafe {
+                    lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                        &self.algo,
+                        attr,
+                        std::ptr::null_mut(),
+                        0,
+                        &mut size,
+                    )
+                    .result()
+                    .and_then(|()| {
+                        let mut written = 0usize;
+                        lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                            &self.algo,
+                            attr,
+                            (&mut value as *mut u64).cast(),
+                            size.min(8),
+                            &mut written,
+                        )
+                        .result()
+                    })
+                };
+                match status {
+                    Ok(()) => format!("{name} {value}"),
+                    Err(e) => format!("{name} ? ({e:?})"),
+                }
+            })
+            .collect();
+        parts.join(", ")
+    }
+}
+
 impl Drop for Prepared {
     fn drop(&mut self) {
         // SAFETY: created by `GemmKernel::prepare` and used by nothing else; a call still queued
@@ -128,9 +178,18 @@ pub(super) struct GemmKernel {
     context: Handle<sys::CUcontext>,
     /// The shapes seen so far (one or two in a session).
     prepared: Vec<Prepared>,
+    /// Which of cuBLASLt's heuristic results the shapes take: 0, its first choice, in the
+    /// product; the GPU test `cuda_gemm_algorithms` times the others.
+    pub(super) algo_rank: usize,
 }
 
 impl GemmKernel {
+    /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
+    #[cfg(test)]
+    pub(super) fn algorithms(&self) -> Vec<String> {
+        self.prepared.iter().map(Prepared::describe).collect()
+    }
+
     pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if data_type(ty).is_none() {
             return Err(format!(
@@ -145,6 +204,7 @@ impl GemmKernel {
             ordinal,
             context,
             prepared: Vec::new(),
+            algo_rank: 0,
         })
     }
 
@@ -241,8 +301,9 @@ impl GemmKernel {
         })
     }
 
-    /// The descriptors of a call of M rows, K, N at `alignment` bytes, and cuBLASLt's first
-    /// heuristic choice of algorithm for them; on failure, which call failed and why.
+    /// The descriptors of a call of M rows, K, N at `alignment` bytes, and cuBLASLt's heuristic
+    /// choice of algorithm for them (the first, or the one of rank [`Self::algo_rank`]); on
+    /// failure, which call failed and why.
     fn prepare(
         &self,
         handle: Handle<lt_sys::cublasLtHandle_t>,
@@ -330,13 +391,28 @@ impl GemmKernel {
                     .map_err(|e| ("cublasLtMatmulPreferenceSetAttribute (alignment)", e))?;
                 }
                 let [a, b, c] = prepared.layouts;
-                lt::get_matmul_algo_heuristic(handle.0, desc, a.0, b.0, c.0, c.0, preference)
-                    .map_err(|e| {
-                        (
-                            "cublasLtMatmulAlgoGetHeuristic (no algorithm for these sizes)",
-                            e,
-                        )
-                    })
+                let wanted = self.algo_rank + 1;
+                let mut results = vec![std::mem::zeroed(); wanted];
+                let mut count = 0;
+                lt_sys::cublasLtMatmulAlgoGetHeuristic(
+                    handle.0,
+                    desc,
+                    a.0,
+                    b.0,
+                    c.0,
+                    c.0,
+                    preference,
+                    wanted as i32,
+                    results.as_mut_ptr(),
+                    &mut count,
+                )
+                .result()
+                .map_err(|e| ("cublasLtMatmulAlgoGetHeuristic", e))?;
+                results.truncate(count.max(0) as usize);
+                results.pop().filter(|_| results.len() == self.algo_rank).ok_or((
+                    "cublasLtMatmulAlgoGetHeuristic (no algorithm of that rank for these sizes)",
+                    CublasError(lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED),
+                ))
             }
         })();
         // SAFETY: created above, used by nothing else.

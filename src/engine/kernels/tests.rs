@@ -2266,6 +2266,60 @@ mod gpu {
         download::<T>(&bufs[3], n)
     }
 
+    /// cuBLASLt's heuristic candidates for wan-1.3b's `MatMulBiasGelu` (4,680 tokens, 1536 →
+    /// 8960, float16), each timed and described, and its output against the first choice's (a
+    /// different algorithm may sum in another order: within a few units in the last place). The
+    /// product takes the first; this says whether another is faster on the device.
+    /// `LD_LIBRARY_PATH=<cu13 lib> cargo test --release --lib cuda_gemm_algorithms -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "needs a CUDA GPU, its driver, cuBLASLt and NVRTC on LD_LIBRARY_PATH"]
+    fn cuda_gemm_algorithms() {
+        let stream = test_stream();
+        let mut rng = Rng(11);
+        let case = MatMulGeluCase::<f16>::new(&mut rng, &[1, 4680, 1536], 8960);
+        let plan = case.plan();
+        let n = plan.rows * plan.cols;
+        let bufs: Vec<DeviceBuf> = case
+            .inputs()
+            .iter()
+            .map(|data| upload(data))
+            .chain([upload(&vec![f16::NAN; n])])
+            .collect();
+        let pointers: Vec<u64> = bufs.iter().map(|b| b.0).collect();
+        driver::ctx::synchronize().unwrap();
+        let mut first: Option<Vec<f16>> = None;
+        for rank in 0..16 {
+            let mut kernel = gemm::GemmKernel::new(TensorElementType::Float16, 0).unwrap();
+            kernel.algo_rank = rank;
+            if let Err(e) = kernel.launch(&plan, &pointers, stream) {
+                eprintln!("rank {rank}: {e}");
+                break;
+            }
+            let micros = mean_micros(stream, 30, || {
+                kernel.launch(&plan, &pointers, stream).unwrap();
+            });
+            // SAFETY: the test's stream.
+            unsafe { driver::stream::synchronize(stream) }.unwrap();
+            let y = download::<f16>(&bufs[3], n);
+            let most = first.as_ref().map_or(0.0, |want| {
+                y.iter()
+                    .zip(want)
+                    .map(|(g, w)| (g.to_f32() - w.to_f32()).abs())
+                    .fold(0.0f32, f32::max)
+            });
+            eprintln!(
+                "rank {rank}: {micros:.1} µs, {:.0} TFLOP/s, largest difference from rank 0 \
+                 {most:.3e}; {}",
+                2.0 * (plan.rows * plan.d * plan.cols) as f64 / micros / 1e6,
+                kernel.algorithms().join("; ")
+            );
+            assert!(y.iter().all(|v| v.is_finite()), "rank {rank}: Y has NaN");
+            first.get_or_insert(y);
+        }
+        assert!(first.is_some(), "cuBLASLt gave no algorithm");
+    }
+
     /// Runs an Attention case with cuDNN ([`attention::AttentionKernel::launch`]: split over at
     /// most `max_parts` runs of the keys, or one call for 0) on `stream`; returns O and, with
     /// `repeats`, the mean time of one call in µs.
