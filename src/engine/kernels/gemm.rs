@@ -392,7 +392,8 @@ impl GemmKernel {
                 }
                 let [a, b, c] = prepared.layouts;
                 let wanted = self.algo_rank + 1;
-                let mut results = vec![std::mem::zeroed(); wanted];
+                let mut results: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> =
+                    vec![std::mem::zeroed(); wanted];
                 let mut count = 0;
                 lt_sys::cublasLtMatmulAlgoGetHeuristic(
                     handle.0,
@@ -408,11 +409,13 @@ impl GemmKernel {
                 )
                 .result()
                 .map_err(|e| ("cublasLtMatmulAlgoGetHeuristic", e))?;
-                results.truncate(count.max(0) as usize);
-                results.pop().filter(|_| results.len() == self.algo_rank).ok_or((
-                    "cublasLtMatmulAlgoGetHeuristic (no algorithm of that rank for these sizes)",
-                    CublasError(lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED),
-                ))
+                if count.max(0) as usize <= self.algo_rank {
+                    return Err((
+                        "cublasLtMatmulAlgoGetHeuristic (no algorithm of that rank for these sizes)",
+                        CublasError(lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED),
+                    ));
+                }
+                Ok(results[self.algo_rank])
             }
         })();
         // SAFETY: created above, used by nothing else.
