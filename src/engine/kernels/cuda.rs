@@ -17,9 +17,9 @@
 //!   rows and writes the tail beside the normalised rows). Nothing synchronises: ONNX Runtime
 //!   orders the stream.
 //! - Each operator and element type has three kernels, one per row layout ([`Layout`]); each
-//!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row, with
-//!   up to four 16-byte accesses each, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last rows, D = 96 to 384, a
-//!   million rows and more), otherwise one block of [`THREADS`] threads per row with 4-element
+//!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row,
+//!   with up to four 16-byte accesses each, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last
+//!   rows, D = 96 to 384, a million rows and more), otherwise one block of [`THREADS`] threads per row with 4-element
 //!   accesses (the DiT's D = 1536) or pairs. The elementwise `BiasGelu` takes only a layout's
 //!   access width ([`Layout::choose_elementwise`]), over a grid-stride loop.
 
@@ -80,8 +80,8 @@ impl Layout {
 
     /// The layout of rows of D elements of `elem_bytes` bytes whose tensors are all aligned to
     /// `alignment` bytes: the group layout where it can take the row, with the fewest lanes that
-    /// hold at most [`GROUP_UNITS`] units each (a power of two, up to a warp); else blocks of 4-element accesses where D and
-    /// the alignment allow; else blocks of pairs.
+    /// hold at most [`GROUP_UNITS`] units each (a power of two, up to a warp); else blocks of
+    /// 4-element accesses where D and the alignment allow; else blocks of pairs.
     pub(crate) fn choose(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
         let unit = UNIT_BYTES / elem_bytes;
         if alignment.is_multiple_of(UNIT_BYTES) && d.is_multiple_of(unit) && d <= GROUP_MAX_D {
