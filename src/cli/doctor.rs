@@ -2,7 +2,6 @@
 //! when something is missing, how to fix it.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use clap::Args;
 
@@ -51,49 +50,65 @@ pub fn gpu_checks() -> Vec<Check> {
     }
 }
 
-/// CUDA and cuDNN libraries the dynamic loader can find.
+/// The CUDA libraries ONNX Runtime's CUDA provider loads, by the sonames it asks for (CUDA 13 or
+/// 12, cuDNN 9), each loaded here as the provider would load it: the check names the file the
+/// dynamic loader picks (LD_LIBRARY_PATH first, then its cache), which is the one a run gets.
+const CUDA_LIBRARIES: [(&str, &[&str]); 3] = [
+    ("CUDA runtime", &["libcudart.so.13", "libcudart.so.12"]),
+    ("cuBLAS", &["libcublas.so.13", "libcublas.so.12"]),
+    ("cuDNN", &["libcudnn.so.9"]),
+];
+
 fn cuda_library_checks() -> Vec<Check> {
-    ["libcudart.so", "libcublas.so", "libcudnn.so"]
+    CUDA_LIBRARIES
         .iter()
-        .map(|lib| {
-            let found = find_library(lib);
+        .map(|(what, sonames)| {
+            let found = sonames.iter().find_map(|soname| load_library(soname).ok());
+            let detail = match &found {
+                Some(path) => path.clone(),
+                None => sonames
+                    .iter()
+                    .map(|soname| load_library(soname).unwrap_err())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            };
             Check {
-                name: format!("library {lib}"),
+                name: format!("library {what} ({})", sonames.join(" or ")),
                 ok: found.is_some(),
-                detail: found.unwrap_or_else(|| "not found by the dynamic loader".into()),
-                fix: Some(
-                    "for the CUDA provider: `pip install onnxruntime-gpu` brings matching CUDA and cuDNN wheels, or add their folders to LD_LIBRARY_PATH".into(),
-                ),
+                detail,
+                fix: found.is_none().then(|| {
+                    "for the CUDA provider: `pip install onnxruntime-gpu` brings matching CUDA \
+                     and cuDNN wheels, or add their folders to LD_LIBRARY_PATH"
+                        .into()
+                }),
             }
-        })
-        .map(|mut c| {
-            if c.ok {
-                c.fix = None;
-            }
-            c
         })
         .collect()
 }
 
-fn find_library(stem: &str) -> Option<String> {
-    let out = Command::new("ldconfig").arg("-p").output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let from_cache = text
-        .lines()
-        .find(|l| l.trim_start().starts_with(stem))
-        .and_then(|l| l.split("=>").nth(1))
-        .map(|p| p.trim().to_string());
-    from_cache.or_else(|| {
-        std::env::var("LD_LIBRARY_PATH").ok().and_then(|paths| {
-            paths.split(':').find_map(|dir| {
-                std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    name.starts_with(stem)
-                        .then(|| e.path().display().to_string())
-                })
-            })
+/// Loads `soname` as the dynamic loader resolves it and returns the path of the file it mapped,
+/// or the loader's message. The library stays loaded (the doctor is a short process).
+fn load_library(soname: &str) -> Result<String, String> {
+    // SAFETY: loading runs the library's initialisers; the CUDA and cuDNN libraries have no
+    // initialisers with preconditions, and nothing of the library is called here.
+    let library =
+        unsafe { libloading::Library::new(soname) }.map_err(|e| engine::loader_message(&e))?;
+    std::mem::forget(library);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    Ok(mapped_path(&maps, soname).unwrap_or_else(|| soname.to_string()))
+}
+
+/// The path of the first file in `maps` (`/proc/self/maps`) whose name starts with `soname`
+/// (`libcudnn.so.9` is mapped as `libcudnn.so.9` or `libcudnn.so.9.19.0`).
+fn mapped_path(maps: &str, soname: &str) -> Option<String> {
+    maps.lines()
+        .filter_map(|l| l.find('/').map(|i| &l[i..]))
+        .find(|path| {
+            path.rsplit('/')
+                .next()
+                .is_some_and(|name| name.starts_with(soname))
         })
-    })
+        .map(str::to_string)
 }
 
 fn bundle_checks(bundles: &[PathBuf]) -> Vec<Check> {
@@ -176,5 +191,42 @@ pub fn run(args: &DoctorArgs) -> i32 {
         exit::OK
     } else {
         exit::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The file the loader mapped is found by its soname, versioned name or not; a name that
+    /// only shares a prefix of the stem is not taken.
+    #[test]
+    fn the_mapped_file_is_found_by_its_soname() {
+        let maps = "7f0-7f1 r-xp 0 08:01 1 /opt/a/libcublasLt.so.13.1.0\n\
+                    7f1-7f2 r-xp 0 08:01 2 /opt/b/libcudnn.so.9.19.0\n\
+                    7f2-7f3 r-xp 0 08:01 3 /opt/c/libcublas.so.13.1.0\n\
+                    7f3-7f4 rw-p 0 00:00 0 [heap]\n";
+        assert_eq!(
+            mapped_path(maps, "libcudnn.so.9").as_deref(),
+            Some("/opt/b/libcudnn.so.9.19.0")
+        );
+        assert_eq!(
+            mapped_path(maps, "libcublas.so.13").as_deref(),
+            Some("/opt/c/libcublas.so.13.1.0")
+        );
+        assert_eq!(mapped_path(maps, "libcudart.so.13"), None);
+    }
+
+    /// A library is loaded as a run would load it and named by the file mapped; a missing one
+    /// gives the loader's message, which names it.
+    #[test]
+    fn libraries_are_loaded_and_named_by_their_file() {
+        let libc = load_library("libc.so.6").unwrap();
+        assert!(
+            libc.starts_with('/') && libc.rsplit('/').next().unwrap().starts_with("libc"),
+            "{libc}"
+        );
+        let missing = load_library("libunstep_absent.so.1").unwrap_err();
+        assert!(missing.contains("libunstep_absent.so.1"), "{missing}");
     }
 }

@@ -51,3 +51,12 @@ pub use session::{
     ArenaExtend, AttentionKernel, ContextInterface, ConvAlgoSearch, CudaOptions, FusedKernels,
     FusedPart, KvInterface, Provider, RuntimeOptions, SessionError, TensorRtOptions,
 };
+
+/// Why a shared library did not load, in the dynamic loader's words (`libloading`'s own message
+/// is only "dlopen failed"; the loader's is its source).
+pub fn loader_message(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => source.to_string(),
+        None => e.to_string(),
+    }
+}

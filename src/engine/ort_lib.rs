@@ -191,8 +191,8 @@ fn library_version(path: &Path) -> Result<String, OrtLoadError> {
     };
     // SAFETY: loading ONNX Runtime runs only its static initialisers, which have no
     // preconditions; the library stays loaded for the life of the process.
-    let library =
-        unsafe { libloading::Library::new(path) }.map_err(|e| load_error(e.to_string()))?;
+    let library = unsafe { libloading::Library::new(path) }
+        .map_err(|e| load_error(super::loader_message(&e)))?;
     type GetApiBase = unsafe extern "C" fn() -> *const ort::sys::OrtApiBase;
     // SAFETY: `OrtGetApiBase` has this signature in every ONNX Runtime release.
     let get_api_base = unsafe { library.get::<GetApiBase>(b"OrtGetApiBase") }.map_err(|_| {

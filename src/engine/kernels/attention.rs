@@ -103,8 +103,12 @@ fn load_cudnn() -> Result<Cudnn, String> {
         )
     };
     // SAFETY: cuDNN's initialisers have no preconditions.
-    let library = unsafe { libloading::Library::new(LIBRARY) }
-        .map_err(|e| fail(format!("could not load cuDNN ({LIBRARY}): {e}")))?;
+    let library = unsafe { libloading::Library::new(LIBRARY) }.map_err(|e| {
+        fail(format!(
+            "could not load cuDNN ({LIBRARY}): {}",
+            crate::engine::loader_message(&e)
+        ))
+    })?;
     /// One entry point, by name, as the function type it is stored as.
     ///
     /// # Safety

@@ -239,10 +239,7 @@ fn open_error(name: &str) -> String {
     // SAFETY: as in `check_nvrtc`; the library, if it opens after all, is closed again.
     match unsafe { libloading::Library::new(name) } {
         Ok(_) => "found, but under none of the names cudarc tries".to_string(),
-        Err(e) => match std::error::Error::source(&e) {
-            Some(source) => source.to_string(),
-            None => e.to_string(),
-        },
+        Err(e) => crate::engine::loader_message(&e),
     }
 }
 
