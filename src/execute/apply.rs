@@ -209,15 +209,20 @@ fn fused_kernels_preflight(r: &Resolved) -> Result<(), ApplyError> {
     Ok(())
 }
 
-/// What a previous apply of the same run left: prompts already complete.
-fn completed(r: &Resolved, run_dir: &Path, config_hash: &str) -> Result<BTreeSet<u32>, ApplyError> {
+/// What a previous apply of the same run left: the prompts already complete, and its run
+/// record (a generation's, which this apply resumes; a probe is measured afresh).
+fn completed(
+    r: &Resolved,
+    run_dir: &Path,
+    config_hash: &str,
+) -> Result<(BTreeSet<u32>, Option<RunRecord>), ApplyError> {
     let run_json = run_dir.join(RUN_JSON);
     if !run_json.exists() {
-        return Ok(BTreeSet::new());
+        return Ok((BTreeSet::new(), None));
     }
     let previous: RunRecord = read_json(&run_json)?;
     if r.manifest.kind == Kind::Probe {
-        return Ok(BTreeSet::new());
+        return Ok((BTreeSet::new(), None));
     }
     if previous.config_hash != config_hash {
         return Err(ApplyError::refused(
@@ -239,7 +244,7 @@ fn completed(r: &Resolved, run_dir: &Path, config_hash: &str) -> Result<BTreeSet
             done.insert(rec.prompt);
         }
     }
-    Ok(done)
+    Ok((done, Some(previous)))
 }
 
 /// Every timing record of a run, from the per-process files, in process order.
@@ -261,7 +266,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     let m = &r.manifest;
     let run_dir = plan.run_dir.clone();
     let config_hash = crate::results::config_hash(r);
-    let done = completed(r, &run_dir, &config_hash)?;
+    let (done, previous) = completed(r, &run_dir, &config_hash)?;
 
     // Nothing has been written so far; from here on the run holds its locks.
     let _work_lock = Lock::acquire(&plan.work_root, &plan.run)?;
@@ -315,6 +320,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     };
 
     let mut record = RunRecord::new(r, plan, SystemTime::now());
+    if let Some(previous) = &previous {
+        record.resume(previous);
+    }
     record.git = crate::results::records::GitState::detect(
         r.files
             .first()

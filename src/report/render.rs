@@ -84,6 +84,8 @@ pub struct Provenance {
     pub method_overrides: BTreeMap<String, serde_json::Value>,
     pub host: Option<String>,
     pub started_at: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resumed_at: Vec<String>,
     pub ended_at: Option<String>,
     pub git_commit: Option<String>,
     pub git_dirty: Option<bool>,
@@ -133,6 +135,7 @@ impl Provenance {
                 .collect(),
             host: r.host.clone(),
             started_at: r.started_at.clone(),
+            resumed_at: r.resumed_at.clone(),
             ended_at: r.ended_at.clone(),
             git_commit: r.git.as_ref().map(|g| g.commit.clone()),
             git_dirty: r.git.as_ref().map(|g| g.dirty),
@@ -288,9 +291,18 @@ pub fn report_text(run: &LoadedRun) -> String {
         row(key, format!("{k} = {} ({})", s.value, s.origin));
     }
     row("host", opt(p.host.as_deref()).to_string());
+    let resumed = if p.resumed_at.is_empty() {
+        String::new()
+    } else {
+        format!(" (resumed at {})", p.resumed_at.join(", "))
+    };
     row(
         "time",
-        format!("{} to {}", p.started_at, opt(p.ended_at.as_deref())),
+        format!(
+            "{} to {}{resumed}",
+            p.started_at,
+            opt(p.ended_at.as_deref())
+        ),
     );
     if let Some(g) = &r.git {
         let short = g.commit.get(..12).unwrap_or(&g.commit);

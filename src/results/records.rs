@@ -287,8 +287,13 @@ pub struct RunRecord {
     pub cache: CacheRecord,
     pub timed_region_ends: TimedRegionEnd,
     pub host: Option<String>,
-    /// RFC 3339, UTC.
+    /// RFC 3339, UTC: when the run's first `apply` started. Applying the same run again
+    /// resumes it and keeps this.
     pub started_at: String,
+    /// When each later `apply` of the same run (same configuration) started, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resumed_at: Vec<String>,
+    /// When the last `apply` ended.
     pub ended_at: Option<String>,
     pub status: RunStatus,
     /// What went wrong, e.g. the tail of a worker's stderr.
@@ -388,12 +393,21 @@ impl RunRecord {
             timed_region_ends: TimedRegionEnd::of(resolved),
             host: hostname(),
             started_at: super::time::rfc3339(started),
+            resumed_at: Vec::new(),
             ended_at: None,
             status: RunStatus::Running,
             failure: None,
             config_hash: super::config_hash(resolved),
             processes,
         }
+    }
+
+    /// Makes this `apply` a resumption of `previous`, the same run's record: the run keeps its
+    /// first start, and this apply's start joins the resumptions.
+    pub fn resume(&mut self, previous: &RunRecord) {
+        let now = std::mem::replace(&mut self.started_at, previous.started_at.clone());
+        self.resumed_at = previous.resumed_at.clone();
+        self.resumed_at.push(now);
     }
 
     /// Marks the run finished now with `status` (and the failure, if any).

@@ -280,6 +280,20 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
         vec![0, 1, 2, 3, 4, 5],
         "every prompt once: nothing regenerated"
     );
+    // The record is the same run's: its first start is kept, the resumption is listed, and
+    // `runner report` says so.
+    let resumed = read_json(&run_dir.join("run.json"));
+    assert_eq!(resumed["status"], "succeeded");
+    assert_eq!(resumed["started_at"], run["started_at"]);
+    let resumptions = resumed["resumed_at"].as_array().unwrap();
+    assert_eq!(resumptions.len(), 1, "{resumed}");
+    assert!(resumptions[0].as_str().unwrap() >= run["started_at"].as_str().unwrap());
+    let report = t.cmd().args(["report", "crash"]).run();
+    assert!(
+        report.stdout.contains("(resumed at "),
+        "{}",
+        report.render()
+    );
 
     // The videos equal those of an uninterrupted run of the same prompts.
     let clean = Test::new();
