@@ -34,7 +34,7 @@ pub struct Cli {
 pub enum Command {
     /// Run a manifest (warmups, then measurement or shards) into results/<name>/; applying again resumes.
     Apply(apply::ApplyArgs),
-    /// Show what `apply` would do: processes, shards, GPUs, caches. Nothing is written.
+    /// Show what `apply` would do: processes, shards, GPUs, caches, and whether it resumes a run. Nothing is written.
     Plan(plan::PlanArgs),
     /// Print the JSON Schema of manifests.
     Schema,

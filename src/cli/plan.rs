@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::{ManifestArgs, out};
+use crate::execute::PreviousRun;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -21,8 +22,10 @@ pub fn run(args: &PlanArgs) -> i32 {
         Ok(both) => both,
         Err(code) => return code,
     };
+    let previous = crate::execute::previous_run(&resolved, &plan);
     if args.json {
         let mut value = serde_json::to_value(&plan).expect("plans serialise");
+        value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
         if args.explain {
             let settings: serde_json::Map<String, serde_json::Value> = resolved
                 .settings
@@ -44,10 +47,29 @@ pub fn run(args: &PlanArgs) -> i32 {
         text.push('\n');
         return out(&text);
     }
-    let mut text = crate::plan::render::text(&plan, &resolved);
+    let mut text = crate::plan::render::text(&plan, &resolved, &results_state(&previous));
     if args.explain {
         text.push('\n');
         text.push_str(&crate::plan::render::explain(&resolved));
     }
     out(&text)
+}
+
+/// What the results folder holds, in words, for the plan's `results` line.
+fn results_state(previous: &PreviousRun) -> String {
+    match previous {
+        PreviousRun::New => "new".into(),
+        PreviousRun::Resumes { done, selected } if done == selected => {
+            format!("exists: all {selected} prompts done; apply resumes and generates nothing")
+        }
+        PreviousRun::Resumes { done, selected } => format!(
+            "exists: {done} of {selected} prompts done; apply resumes with the other {}",
+            selected - done
+        ),
+        PreviousRun::Remeasures => "exists: apply measures the probe afresh".into(),
+        PreviousRun::Refused { message, hint } => match hint {
+            Some(hint) => format!("apply will refuse: {message}; {hint}"),
+            None => format!("apply will refuse: {message}"),
+        },
+    }
 }

@@ -247,6 +247,49 @@ fn completed(
     Ok((done, Some(previous)))
 }
 
+/// What an `apply` of a plan finds under its results folder, as `runner plan` tells it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PreviousRun {
+    /// Nothing there yet.
+    New,
+    /// A generation of the same configuration: apply resumes it, skipping the `done` prompts
+    /// of the `selected`.
+    Resumes { done: usize, selected: usize },
+    /// A probe's record: apply measures the probe afresh.
+    Remeasures,
+    /// Apply would refuse the run, with this message and hint.
+    Refused {
+        message: String,
+        hint: Option<String>,
+    },
+}
+
+/// What an `apply` of `plan` would find under its results folder.
+pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
+    let selected: BTreeSet<u32> = plan
+        .shards
+        .iter()
+        .flat_map(|sh| sh.prompts.iter().copied())
+        .collect();
+    if !plan.run_dir.join(RUN_JSON).exists() {
+        return PreviousRun::New;
+    }
+    if r.manifest.kind == Kind::Probe {
+        return PreviousRun::Remeasures;
+    }
+    match completed(r, &plan.run_dir, &crate::results::config_hash(r)) {
+        Ok((done, _)) => PreviousRun::Resumes {
+            done: done.intersection(&selected).count(),
+            selected: selected.len(),
+        },
+        Err(e) => PreviousRun::Refused {
+            message: e.to_string(),
+            hint: e.hint().map(str::to_string),
+        },
+    }
+}
+
 /// Every timing record of a run, from the per-process files, in process order.
 fn all_timings(run_dir: &Path) -> Vec<TimingRecord> {
     let dir = run_dir.join("timings");

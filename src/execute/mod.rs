@@ -7,4 +7,4 @@ pub mod progress;
 pub mod spec;
 pub mod staging;
 
-pub use apply::{ApplyError, ApplyOptions, Outcome, apply};
+pub use apply::{ApplyError, ApplyOptions, Outcome, PreviousRun, apply, previous_run};

@@ -29,14 +29,14 @@ fn indices(v: &[u32]) -> String {
     }
 }
 
-/// Renders the plan as text.
-pub fn text(plan: &Plan, r: &Resolved) -> String {
+/// Renders the plan as text; `results_state` says what the results folder holds already.
+pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
     let mut s = String::new();
     let m = &r.manifest;
     let chain: Vec<String> = plan.manifests.iter().map(|f| p(f)).collect();
     let _ = writeln!(s, "plan for run `{}` ({})", plan.run, plan.kind.as_str());
     let _ = writeln!(s, "  manifests     {}", chain.join(" <- "));
-    let _ = writeln!(s, "  results       {}", p(&plan.run_dir));
+    let _ = writeln!(s, "  results       {} ({results_state})", p(&plan.run_dir));
     let _ = writeln!(
         s,
         "  work root     {} (exclusive lock for the whole run)",

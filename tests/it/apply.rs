@@ -267,6 +267,27 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     }
     assert!(before.len() >= 4 && before.len() < 6, "{before:?}");
 
+    // `plan` tells what a re-apply would do: resume with the missing prompts; a changed
+    // configuration under the same name would be refused.
+    let plan = t.cmd().args(["plan", "crash.toml"]).run();
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    let want = format!(
+        "exists: {} of 6 prompts done; apply resumes with the other {})",
+        before.len(),
+        6 - before.len()
+    );
+    assert!(plan.stdout.contains(&want), "{want}\n{}", plan.render());
+    let changed = t
+        .cmd()
+        .args(["plan", "crash.toml", "--set", "method.height=128"])
+        .run();
+    assert!(
+        changed.stdout.contains("(apply will refuse: ")
+            && changed.stdout.contains("different configuration"),
+        "{}",
+        changed.render()
+    );
+
     // Re-applying resumes: the kept staging is reused (its audit matches), only the missing
     // prompts are generated.
     let again = t
@@ -293,6 +314,13 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
         report.stdout.contains("(resumed at "),
         "{}",
         report.render()
+    );
+    let plan = t.cmd().args(["plan", "crash.toml"]).run();
+    assert!(
+        plan.stdout
+            .contains("(exists: all 6 prompts done; apply resumes and generates nothing)"),
+        "{}",
+        plan.render()
     );
 
     // The videos equal those of an uninterrupted run of the same prompts.
