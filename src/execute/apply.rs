@@ -152,8 +152,15 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
         ));
     }
     fused_kernels_preflight(r)?;
+    probe_state_preflight(r)
+}
+
+/// A probe measures with fresh compiler caches: runtime state left by an earlier apply of the
+/// same run is refused unless the manifest asks to reuse it.
+fn probe_state_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let m = &r.manifest;
     if m.kind == Kind::Probe {
-        let state = &p.run_state_root;
+        let state = &r.paths.run_state_root;
         let has_state = fs::read_dir(state)
             .map(|mut d| d.next().is_some())
             .unwrap_or(false);
@@ -256,7 +263,8 @@ pub enum PreviousRun {
     /// A generation of the same configuration: apply resumes it, skipping the `done` prompts
     /// of the `selected`.
     Resumes { done: usize, selected: usize },
-    /// A probe's record: apply measures the probe afresh.
+    /// A probe's record (its runtime state reused, as the manifest asks): apply measures the
+    /// probe afresh.
     Remeasures,
     /// Apply would refuse the run, with this message and hint.
     Refused {
@@ -272,6 +280,13 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
         .iter()
         .flat_map(|sh| sh.prompts.iter().copied())
         .collect();
+    let refused = |e: ApplyError| PreviousRun::Refused {
+        message: e.to_string(),
+        hint: e.hint().map(str::to_string),
+    };
+    if let Err(e) = probe_state_preflight(r) {
+        return refused(e);
+    }
     if !plan.run_dir.join(RUN_JSON).exists() {
         return PreviousRun::New;
     }
@@ -283,10 +298,7 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
             done: done.intersection(&selected).count(),
             selected: selected.len(),
         },
-        Err(e) => PreviousRun::Refused {
-            message: e.to_string(),
-            hint: e.hint().map(str::to_string),
-        },
+        Err(e) => refused(e),
     }
 }
 

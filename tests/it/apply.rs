@@ -190,6 +190,25 @@ fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
         "{}",
         again.stderr
     );
+    // `plan` says the same before any apply, and what reusing the state would do.
+    let plan = t.cmd().args(["plan", "one.toml"]).run();
+    assert!(
+        plan.stdout
+            .contains("(apply will refuse: runtime state already exists at "),
+        "{}",
+        plan.render()
+    );
+    let plan = t
+        .cmd()
+        .env("UNSTEP_REUSE_RUNTIME_STATE", "1")
+        .args(["plan", "one.toml"])
+        .run();
+    assert!(
+        plan.stdout
+            .contains("(exists: apply measures the probe afresh)"),
+        "{}",
+        plan.render()
+    );
     let reuse = t
         .cmd()
         .env("UNSTEP_REUSE_RUNTIME_STATE", "1")
