@@ -271,18 +271,22 @@ pub fn report_text(run: &LoadedRun) -> String {
         "timed region",
         format!("ends at {}", r.timed_region_ends.as_str()),
     );
-    row(
-        "warmup",
-        format!(
-            "{} process{} before measurement, prompts {}",
-            r.warmup.repeats,
-            if r.warmup.repeats == 1 { "" } else { "es" },
-            r.warmup.indices.as_ref().map_or_else(
-                || "default".into(),
-                |v| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-            )
+    // Where no indices are given, the plan's defaults (plan::build): a probe warms up on the
+    // prompts it measures, a generation's slot on the first prompt of its first shard.
+    let warmup_prompts = match (&r.warmup.indices, r.kind) {
+        (Some(v), _) => format!(
+            "prompts {}",
+            v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
         ),
-    );
+        (None, Kind::Probe) => "the prompts measured".to_string(),
+        (None, Kind::Generation) => "the first prompt of each slot's first shard".to_string(),
+    };
+    let warmup = match r.warmup.repeats {
+        0 => "none".to_string(),
+        1 => format!("1 process before measurement, on {warmup_prompts}"),
+        n => format!("{n} processes before measurement, on {warmup_prompts}"),
+    };
+    row("warmup", warmup);
     if r.method_overrides.is_empty() {
         row("overrides", "none (method defaults)".into());
     }

@@ -143,6 +143,13 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
         "{}",
         out.stdout
     );
+    // The report names the warmup's default prompts rather than "default".
+    assert!(
+        out.stdout
+            .contains("before measurement, on the first prompt of each slot's first shard"),
+        "{}",
+        out.stdout
+    );
 }
 
 #[test]
