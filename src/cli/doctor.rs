@@ -63,31 +63,30 @@ fn cuda_library_checks() -> Vec<Check> {
     CUDA_LIBRARIES
         .iter()
         .map(|(what, sonames)| {
-            let found = sonames.iter().find_map(|soname| load_library(soname).ok());
-            let detail = match &found {
-                Some(path) => path.clone(),
-                None => sonames
-                    .iter()
-                    .map(|soname| load_library(soname).unwrap_err())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            };
+            // The first soname that loads; else every soname's reason.
+            let mut reasons = Vec::new();
+            let found = sonames.iter().find_map(|soname| {
+                load_library(soname)
+                    .map_err(|reason| reasons.push(reason))
+                    .ok()
+            });
             Check {
                 name: format!("library {what} ({})", sonames.join(" or ")),
                 ok: found.is_some(),
-                detail,
                 fix: found.is_none().then(|| {
                     "for the CUDA provider: `pip install onnxruntime-gpu` brings matching CUDA \
                      and cuDNN wheels, or add their folders to LD_LIBRARY_PATH"
                         .into()
                 }),
+                detail: found.unwrap_or_else(|| reasons.join("; ")),
             }
         })
         .collect()
 }
 
-/// Loads `soname` as the dynamic loader resolves it and returns the path of the file it mapped,
-/// or the loader's message. The library stays loaded (the doctor is a short process).
+/// Loads `soname` as the dynamic loader resolves it and returns the path of the file it mapped
+/// ([`engine::mapped_library`]), or the loader's message. The library stays loaded (the doctor
+/// is a short process).
 fn load_library(soname: &str) -> Result<String, String> {
     // SAFETY: loading runs the library's initialisers; the CUDA and cuDNN libraries have no
     // initialisers with preconditions, and nothing of the library is called here.
@@ -95,20 +94,9 @@ fn load_library(soname: &str) -> Result<String, String> {
         unsafe { libloading::Library::new(soname) }.map_err(|e| engine::loader_message(&e))?;
     std::mem::forget(library);
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    Ok(mapped_path(&maps, soname).unwrap_or_else(|| soname.to_string()))
-}
-
-/// The path of the first file in `maps` (`/proc/self/maps`) whose name starts with `soname`
-/// (`libcudnn.so.9` is mapped as `libcudnn.so.9` or `libcudnn.so.9.19.0`).
-fn mapped_path(maps: &str, soname: &str) -> Option<String> {
-    maps.lines()
-        .filter_map(|l| l.find('/').map(|i| &l[i..]))
-        .find(|path| {
-            path.rsplit('/')
-                .next()
-                .is_some_and(|name| name.starts_with(soname))
-        })
-        .map(str::to_string)
+    Ok(engine::mapped_library(&maps, soname)
+        .unwrap_or(soname)
+        .to_string())
 }
 
 fn bundle_checks(bundles: &[PathBuf]) -> Vec<Check> {
@@ -197,25 +185,6 @@ pub fn run(args: &DoctorArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The file the loader mapped is found by its soname, versioned name or not; a name that
-    /// only shares a prefix of the stem is not taken.
-    #[test]
-    fn the_mapped_file_is_found_by_its_soname() {
-        let maps = "7f0-7f1 r-xp 0 08:01 1 /opt/a/libcublasLt.so.13.1.0\n\
-                    7f1-7f2 r-xp 0 08:01 2 /opt/b/libcudnn.so.9.19.0\n\
-                    7f2-7f3 r-xp 0 08:01 3 /opt/c/libcublas.so.13.1.0\n\
-                    7f3-7f4 rw-p 0 00:00 0 [heap]\n";
-        assert_eq!(
-            mapped_path(maps, "libcudnn.so.9").as_deref(),
-            Some("/opt/b/libcudnn.so.9.19.0")
-        );
-        assert_eq!(
-            mapped_path(maps, "libcublas.so.13").as_deref(),
-            Some("/opt/c/libcublas.so.13.1.0")
-        );
-        assert_eq!(mapped_path(maps, "libcudart.so.13"), None);
-    }
 
     /// A library is loaded as a run would load it and named by the file mapped; a missing one
     /// gives the loader's message, which names it.

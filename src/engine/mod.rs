@@ -52,11 +52,50 @@ pub use session::{
     FusedPart, KvInterface, Provider, RuntimeOptions, SessionError, TensorRtOptions,
 };
 
+/// The path of the shared library this process has mapped whose file name starts with `stem`,
+/// read from `maps` (the text of `/proc/self/maps`): the library actually loaded, whatever its
+/// path. Of several, the longest name, the fully versioned one (`libcudnn.so.9.19.0` over a
+/// `libcudnn.so.9` mapped beside it).
+pub fn mapped_library<'a>(maps: &'a str, stem: &str) -> Option<&'a str> {
+    maps.lines()
+        .filter_map(|l| l.find('/').map(|i| &l[i..]))
+        .filter(|path| file_name(path).starts_with(stem))
+        .max_by_key(|path| file_name(path).len())
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
 /// Why a shared library did not load, in the dynamic loader's words (`libloading`'s own message
 /// is only "dlopen failed"; the loader's is its source).
 pub fn loader_message(e: &libloading::Error) -> String {
     match std::error::Error::source(e) {
         Some(source) => source.to_string(),
         None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The library is found by the start of its file name, the fully versioned file preferred;
+    /// a name that only shares a prefix of the stem (`libcublasLt` for `libcublas.so.`) is not
+    /// taken.
+    #[test]
+    fn mapped_libraries_are_found_by_their_file_names() {
+        let maps = "7f0-7f1 r-xp 0 08:01 1 /usr/lib/libcudnn.so.9\n\
+                    7f1-7f2 r-xp 0 08:01 2 /opt/nvidia/cudnn/lib/libcudnn.so.9.10.2\n\
+                    7f2-7f3 r-xp 0 08:01 3 /opt/a/libcublasLt.so.13.1.0\n\
+                    7f3-7f4 r-xp 0 08:01 4 /opt/c/libcublas.so.13.1.0\n\
+                    7f4-7f5 rw-p 0 00:00 0 [heap]\n";
+        assert_eq!(
+            super::mapped_library(maps, "libcudnn.so.9"),
+            Some("/opt/nvidia/cudnn/lib/libcudnn.so.9.10.2")
+        );
+        assert_eq!(
+            super::mapped_library(maps, "libcublas.so."),
+            Some("/opt/c/libcublas.so.13.1.0")
+        );
+        assert_eq!(super::mapped_library(maps, "libcudart.so."), None);
     }
 }

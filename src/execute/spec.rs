@@ -229,11 +229,9 @@ fn event(e: &WorkerEvent) {
 /// The version suffix of a shared library this process has mapped (`libcudnn.so.9.10.2` →
 /// `9.10.2`), read from `/proc/self/maps`: the libraries actually loaded, whatever their path.
 fn loaded_version(maps: &str, stem: &str) -> Option<String> {
-    maps.lines()
-        .filter_map(|l| l.rsplit('/').next())
-        .filter_map(|name| name.strip_prefix(stem))
-        .max_by_key(|v| v.len())
-        .map(str::to_string)
+    let path = engine::mapped_library(maps, stem)?;
+    let name = path.rsplit('/').next()?;
+    name.strip_prefix(stem).map(str::to_string)
 }
 
 /// Runs a process spec: builds the sessions, generates every prompt in order, appends one
