@@ -287,18 +287,15 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
     if let Err(e) = probe_state_preflight(r) {
         return refused(e);
     }
-    if !plan.run_dir.join(RUN_JSON).exists() {
-        return PreviousRun::New;
-    }
-    if r.manifest.kind == Kind::Probe {
-        return PreviousRun::Remeasures;
-    }
     match completed(r, &plan.run_dir, &crate::results::config_hash(r)) {
-        Ok((done, _)) => PreviousRun::Resumes {
+        Err(e) => refused(e),
+        Ok((done, Some(_))) => PreviousRun::Resumes {
             done: done.intersection(&selected).count(),
             selected: selected.len(),
         },
-        Err(e) => refused(e),
+        // `completed` gives no record to resume for a probe's (measured afresh) or for none.
+        Ok((_, None)) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
+        Ok((_, None)) => PreviousRun::New,
     }
 }
 
