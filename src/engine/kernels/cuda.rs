@@ -19,9 +19,9 @@
 //! - Each operator and element type has three kernels, one per row layout ([`Layout`]); each
 //!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row,
 //!   with up to four 16-byte accesses each, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last
-//!   rows, D = 96 to 384, a million rows and more), otherwise one block of [`THREADS`] threads per row with 4-element
-//!   accesses (the DiT's D = 1536) or pairs. The elementwise `BiasGelu` takes only a layout's
-//!   access width ([`Layout::choose_elementwise`]), over a grid-stride loop.
+//!   rows, D = 96 to 384, a million rows and more), otherwise one block of [`THREADS`] threads
+//!   per row with 4-element accesses (the DiT's D = 1536) or pairs. The elementwise `BiasGelu`
+//!   takes only a layout's access width ([`Layout::choose_elementwise`]), over a grid-stride loop.
 
 use std::ffi::{CStr, CString, c_void};
 use std::sync::{Mutex, OnceLock, PoisonError};

@@ -300,6 +300,24 @@ __device__ __forceinline__ float load_row(const typename E::T* __restrict__ x,
     return squares;
 }
 
+// The N table entries of a row's pairs first .. first + N - 1 (columns modulo half_hd) from the
+// row of `table` at table_row: with `consecutive` (half_hd a multiple of N, so the N columns are
+// consecutive ones of one head) as one access of N elements, else one by one.
+template <class E, int N>
+__device__ __forceinline__ void load_pairs(const typename E::T* __restrict__ table, i64 table_row,
+                                           int first, int half_hd, bool consecutive, float* out) {
+    if constexpr (N > 1) {
+        if (consecutive) {
+            E::template load<N>(table, table_row + first % half_hd, out);
+            return;
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+        out[p] = E::load1(table, table_row + (first + p) % half_hd);
+    }
+}
+
 // BiasRmsNorm and, with ROPE, BiasRmsNormRope, on the row layout L:
 //   v = x + bias; u = v / sqrt(mean(v^2) + eps) * weight;
 //   not ROPE: y = u, or silu(u) when `act_silu` is nonzero;
@@ -330,6 +348,7 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
     const float squares = lay.sum(load_row<E, true>(x, bias, base, lay, units, valid, a), partial);
     const float inv = 1.0f / sqrtf(squares / (float)d + eps);
     const i64 table_row = ROPE ? (row % table_rows) * half_hd : 0;
+    // A unit's pairs are consecutive columns of one head where half_hd is a multiple of them.
     const bool unit_tables = ROPE && half_hd % (V / 2) == 0;
     // The outputs into `a` first, then the stores: a load after a store in the same loop would
     // wait for the memory round trip once per unit instead of once per row.
@@ -339,27 +358,12 @@ __device__ __forceinline__ void bias_rms_norm(const typename E::T* __restrict__ 
         if (valid && u < units) {
             float wv[V];
             E::template load<V>(weight, u * V, wv);
-            // The rotation's cos and sin of the unit's V / 2 pairs. Where half_hd is a multiple
-            // of V / 2 they are consecutive columns of one head: one load of each table.
+            // The rotation's cos and sin of the unit's V / 2 pairs.
             float cv[V / 2], sv[V / 2];
             if (ROPE) {
-                if (unit_tables) {
-                    const i64 j = table_row + ((u * V) / 2) % half_hd;
-                    if constexpr (V / 2 == 1) {
-                        cv[0] = E::load1(cos_table, j);
-                        sv[0] = E::load1(sin_table, j);
-                    } else {
-                        E::template load<V / 2>(cos_table, j, cv);
-                        E::template load<V / 2>(sin_table, j, sv);
-                    }
-                } else {
-#pragma unroll
-                    for (int p = 0; p < V / 2; ++p) {
-                        const i64 j = table_row + ((u * V) / 2 + p) % half_hd;
-                        cv[p] = E::load1(cos_table, j);
-                        sv[p] = E::load1(sin_table, j);
-                    }
-                }
+                const int first = (u * V) / 2;
+                load_pairs<E, V / 2>(cos_table, table_row, first, half_hd, unit_tables, cv);
+                load_pairs<E, V / 2>(sin_table, table_row, first, half_hd, unit_tables, sv);
             }
 #pragma unroll
             for (int e = 0; e < V; e += 2) {
