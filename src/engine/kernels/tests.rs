@@ -2425,10 +2425,32 @@ mod gpu {
         }
     }
 
+    /// The mean time in µs of one of 20 device-to-device copies of `bytes` bytes on `stream`: the
+    /// reference the row kernels' times are read against (a copy reads and writes its bytes, so
+    /// a kernel that moves 2 · `bytes` at the copy's rate takes the copy's time).
+    fn copy_micros(stream: sys::CUstream, bytes: usize) -> f64 {
+        // SAFETY: two allocations of `bytes` in the current context, copied between on `stream`
+        // and freed after the stream is synchronised (in `mean_micros`, then below).
+        let (src, dst) = unsafe {
+            (
+                DeviceBuf(driver::malloc_sync(bytes).unwrap()),
+                DeviceBuf(driver::malloc_sync(bytes).unwrap()),
+            )
+        };
+        let micros = mean_micros(stream, 20, || {
+            // SAFETY: both buffers hold `bytes` bytes and outlive the copies.
+            unsafe { driver::memcpy_dtod_async(dst.0, src.0, bytes, stream) }.unwrap();
+        });
+        // SAFETY: the test's stream.
+        unsafe { driver::stream::synchronize(stream) }.unwrap();
+        micros
+    }
+
     /// Runs the case's operator with the CUDA kernel ([`run_cuda`]); when X has more than a
-    /// million elements, also times it and prints the time per launch and the bandwidth over the
-    /// bytes the operator moves: its inputs but those it writes in place, read once, and the
-    /// elements it writes ([`OpCase::written`]).
+    /// million elements, also times it and prints the time per launch, the bandwidth over the
+    /// bytes the operator moves (its inputs but those it writes in place, read once, and the
+    /// elements it writes, [`OpCase::written`]) and that as a share of a device-to-device copy of
+    /// the same bytes timed right after ([`copy_micros`]).
     fn run_case<T: Element, C: OpCase<T>>(
         case: &C,
         stream: sys::CUstream,
@@ -2443,10 +2465,13 @@ mod gpu {
                 .map(|i| inputs[i].len())
                 .sum();
             let bytes = (read + case.written()) * std::mem::size_of::<T>();
+            let copy = copy_micros(stream, bytes / 2);
             eprintln!(
-                "{what}: {micros:.2} µs per launch, {:.0} GB/s over {:.1} MB",
+                "{what}: {micros:.2} µs per launch, {:.0} GB/s over {:.1} MB, {:.2} of a copy's \
+                 rate ({copy:.2} µs)",
                 bytes as f64 / micros / 1e3,
-                bytes as f64 / 1e6
+                bytes as f64 / 1e6,
+                copy / micros
             );
         }
         outputs
@@ -2663,7 +2688,8 @@ mod gpu {
 
     /// The time per launch of the row kernels at wan-1.3b's float16 shapes, without the CPU
     /// references of [`cuda_kernels_match_the_cpu_kernels`] (which take about a minute): for
-    /// trying a kernel change on the GPU in seconds. Checks nothing but that each launch runs.
+    /// trying a kernel change on the GPU in seconds; each time is also read against a copy of the
+    /// same bytes timed in the same run. Checks nothing but that each launch runs.
     /// `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernel_times -- --ignored
     /// --nocapture`.
     #[test]
