@@ -621,7 +621,7 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     """vae_first_fused / vae_step_fused against the standard graph of the same role and the
     contract of docs/bundle.md (no ONNX Runtime): `pairs` RMS norm + SiLU pairs (vae.py
     `norm_silu_pairs`), each one `ai.unstep::BiasRmsNorm` with silu = 1 and epsilon 1e-12 on a
-    channels-last Transpose (`PrefixBiasRmsNorm` where a cache goes in front: `prefixed` of them,
+    channels-last Transpose or an upsampling's channels-last Reshape (`PrefixBiasRmsNorm` where a cache goes in front: `prefixed` of them,
     each in place of a Concat), and no SimplifiedLayerNormalization, Sigmoid or Sigmoid-Mul (SiLU)
     left for them; `conv_fed` of them take their input straight from a causal convolution that has
     no bias input (the op adds it), the others a constant bias (zeros, or the biases the
@@ -722,10 +722,12 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
             if shape is not None and c is not None and shape != [c]:
                 problems.append(f"{n.name}: {v} has shape {shape}, expected [{c}]")
         perm = producer.get(n.input[0])
-        if perm is None or perm.op_type != "Transpose":
-            problems.append(f"{n.name}: X does not come from a (channels-last) Transpose")
+        # A channels-last Transpose, or the Reshape that ends an upsampling stage's channels-last
+        # interleave (vae.py Resample), whose output is already channels-last.
+        if perm is None or perm.op_type not in ("Transpose", "Reshape"):
+            problems.append(f"{n.name}: X does not come from a (channels-last) Transpose or an upsampling's Reshape")
             continue
-        conv = producer.get(perm.input[0])
+        conv = producer.get(perm.input[0]) if perm.op_type == "Transpose" else None
         only = len(consumers[perm.input[0]]) == 1 and len(consumers[n.input[0]]) == 1
         if conv is not None and conv.op_type == "Conv" and only:
             # The convolution's output feeds this norm alone: its bias belongs in the op.

@@ -276,43 +276,59 @@ class Resample(nn.Module):
         """bias=False leaves the bias of the spatial convolution out (Decoder3d.forward_carried
         carries it)."""
         b, c, t, h, w = x.shape
+        export = torch.onnx.is_in_onnx_export()
+        # Exported graphs work channels-last from here on ([b, t, h, w, c]): the permutation of the
+        # input cancels against the one ONNX Runtime's NHWC layout puts after the convolution that
+        # wrote it, and the two interleaves (of the time convolution's two frames and of the four
+        # sub-pixel phases) each move channel vectors of whole pixels, one Transpose with an
+        # unchanged innermost axis, where the channels-first forms made ONNX Runtime transpose
+        # every element around them.
+        xc = x.permute(0, 2, 3, 4, 1) if export else None
         if self.mode == "upsample3d":
             old = ctx.take()
             if old is None:
                 # First latent frame: no time conv, and the next call sees an all-zero cache
                 # (Wan: 'Rep' then zero padding).  x * 0 keeps it a computed, not stored, tensor.
-                xc, ta = to_cache_layout(x), cache_time_axis()
-                ctx.outputs.append(torch.cat([xc, xc], dim=ta).narrow(ta, 2 * t - CACHE_T, CACHE_T) * 0.0)
+                xc0, ta = to_cache_layout(x), cache_time_axis()
+                ctx.outputs.append(torch.cat([xc0, xc0], dim=ta).narrow(ta, 2 * t - CACHE_T, CACHE_T) * 0.0)
             else:
                 ctx.push(x, old)
-                y = self.time_conv(x, old)  # [b, 2c, t, h, w]
-                y = y.reshape(b, 2, c, t, h, w)
-                x = torch.stack((y[:, 0], y[:, 1]), dim=3).reshape(b, c, t * 2, h, w)
+                y = self.time_conv(x, old)  # [b, 2c, t, h, w]: channel k * c + i is frame 2t + k
+                if export:
+                    yc = y.permute(0, 2, 3, 4, 1).reshape(b, t, h, w, 2, c)
+                    xc = yc.permute(0, 1, 4, 2, 3, 5).reshape(b, t * 2, h, w, c)
+                else:
+                    y = y.reshape(b, 2, c, t, h, w)
+                    x = torch.stack((y[:, 0], y[:, 1]), dim=3).reshape(b, c, t * 2, h, w)
                 t = t * 2
-        y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         conv = self.resample[1]
-        if torch.onnx.is_in_onnx_export():
-            y = subpixel_upsample_conv(conv, y, bias)
-        else:
-            y = F.conv2d(self.resample[0](y), conv.weight, conv.bias if bias else None, padding=conv.padding)
+        if export:
+            y = subpixel_upsample_conv(conv, xc.reshape(b * t, h, w, c), bias)  # [b t, 2h, 2w, c / 2]
+            return y.reshape(b, t, 2 * h, 2 * w, c // 2).permute(0, 4, 1, 2, 3)
+        y = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        y = F.conv2d(self.resample[0](y), conv.weight, conv.bias if bias else None, padding=conv.padding)
         return y.reshape(b, t, c // 2, 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
 
 
 def subpixel_upsample_conv(conv: nn.Conv2d, y: torch.Tensor, bias: bool = True) -> torch.Tensor:
-    """conv(nearest_upsample_x2(y)) computed on the low-resolution input: output pixel
-    (2i + p, 2j + q) only ever reads input pixels i + (p + d) // 2 for taps d in -1..1, so each of
-    the four output phases (p, q) is a 3x3 convolution of y with the taps of `conv` summed into
-    the input pixel they land on, and DepthToSpace interleaves the phases.  Same result, no
-    upsampled copy of the input and a quarter of the pixels to pad and read."""
+    """conv(nearest_upsample_x2(y)) computed on the low-resolution input, channels-last
+    ([n, h, w, ci] -> [n, 2h, 2w, co]): output pixel (2i + p, 2j + q) only ever reads input
+    pixels i + (p + d) // 2 for taps d in -1..1, so each of the four output phases (p, q) is a 3x3
+    convolution of y with the taps of `conv` summed into the input pixel they land on.  One
+    convolution writes the phases as channel blocks p, q (each `co` channels) and a Transpose of
+    whole channel vectors interleaves them.  Same result, no upsampled copy of the input and a
+    quarter of the pixels to pad and read."""
     w = conv.weight  # [co, ci, 3, 3]
     co = w.shape[0]
+    n, h, wd, _ = y.shape
     # fold[p][a][d] = 1 when tap d (0..2 = -1..1) of output phase p reads input offset a (0..2 = -1..1)
     fold = [[[1.0 if (p + d - 1) // 2 + 1 == a else 0.0 for d in range(3)] for a in range(3)] for p in range(2)]
     fold = torch.tensor(fold, dtype=w.dtype, device=w.device)
-    # k[o, p, q, i, a, b] = sum_{dy, dx} fold[p, a, dy] * fold[q, b, dx] * w[o, i, dy, dx]
-    k = fused.frozen(torch.einsum("pay,qbx,oiyx->opqiab", fold, fold, w).reshape(co * 4, w.shape[1], 3, 3))
-    b = None if conv.bias is None or not bias else fused.frozen(conv.bias.repeat_interleave(4))
-    return F.pixel_shuffle(F.conv2d(y, k, b, padding=1), 2)
+    # k[p, q, o, i, a, b] = sum_{dy, dx} fold[p, a, dy] * fold[q, b, dx] * w[o, i, dy, dx]
+    k = fused.frozen(torch.einsum("pay,qbx,oiyx->pqoiab", fold, fold, w).reshape(4 * co, w.shape[1], 3, 3))
+    b = None if conv.bias is None or not bias else fused.frozen(conv.bias.repeat(4))
+    phases = F.conv2d(y.permute(0, 3, 1, 2), k, b, padding=1).permute(0, 2, 3, 1)  # [n, h, w, (p, q, co)]
+    return phases.reshape(n, h, wd, 2, 2, co).permute(0, 1, 3, 2, 4, 5).reshape(n, 2 * h, 2 * wd, co)
 
 
 class Decoder3d(nn.Module):
