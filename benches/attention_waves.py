@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cuda_events import micros
+
 HEADS, HEAD_DIM, BLOCK_ROWS, BLOCKS, LAYERS = 12, 128, 4680, 7, 30
 DEV, HALF = "cuda", torch.float16
 
@@ -35,16 +37,7 @@ def rows(n: int) -> torch.Tensor:
 
 
 def per_call_us(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
+    return micros(fn, reps=iters, warmup=3)
 
 
 def tflops(q_rows: int, keys: int, us: float) -> float:

@@ -15,6 +15,8 @@ Inputs have the causal cache's two frames in front, as the decoder's do.
 import torch
 import torch.nn.functional as F
 
+from cuda_events import micros
+
 # (what, in channels, out channels, output frames, height, width, kernel)
 CASES = [
     ("3x3x3 96 -> 96, full resolution", 96, 96, 4, 480, 832, (3, 3, 3)),
@@ -41,20 +43,6 @@ CASES = [
 ]
 
 
-def micros(fn, reps=10):
-    """Mean µs of one of `reps` calls, after 3 unmeasured ones (cuDNN's search among them)."""
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1000
-
-
 def kernels(fn):
     """The names of the CUDA kernels one call runs."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -75,7 +63,7 @@ def main():
         def call():
             return F.conv3d(x, wt, padding=pad)
 
-        us = micros(call)
+        us = micros(call, reps=10, warmup=3)  # cuDNN's search in the first call
         flop = 2 * cin * cout * kernel[0] * kernel[1] * kernel[2] * frames * h * w
         print(f"{what:50s} {us:9.1f} µs  {flop / us / 1e6:5.0f} TFLOP/s  {', '.join(kernels(call))}")
 

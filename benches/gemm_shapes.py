@@ -13,22 +13,10 @@ clock (benches/attention_clock.py).
 
 import torch
 
+from cuda_events import micros
+
 SHAPES = {"qkv": (1536, 4608), "o": (1536, 1536), "ffn1": (1536, 8960), "ffn2": (8960, 1536)}
 ROWS = (4224, 4480, 4680, 5280, 9360)
-
-
-def micros(fn, reps=30):
-    """Mean µs of one of `reps` calls, after 5 unmeasured ones, from CUDA events."""
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1000
 
 
 def main():
@@ -39,7 +27,7 @@ def main():
         for m in ROWS:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             out = torch.empty(m, n, device="cuda", dtype=torch.float16)
-            us = micros(lambda: torch.mm(x, w, out=out))
+            us = micros(lambda: torch.mm(x, w, out=out), reps=30, warmup=5)
             cells.append(f"M={m}: {us:7.1f} µs {2 * m * k * n / us / 1e6:4.0f} TFLOP/s")
         print(f"{name:5} K={k:5} N={n:5} | " + " | ".join(cells), flush=True)
 
