@@ -149,25 +149,36 @@ fn bundle_checks(bundles: &[PathBuf]) -> Vec<Check> {
         .collect()
 }
 
+/// The width of the checks' name column.
+const NAME_WIDTH: usize = 34;
+
+/// One line per check, `ok  ` or `MISS`, its name and what was found, and its fix on the next
+/// line. A name wider than its column puts what was found on a line of its own, in the column
+/// where the others start, so that the details stay in one column.
+fn render(checks: &[Check]) -> String {
+    let mut text = String::new();
+    let indent = " ".repeat(5 + NAME_WIDTH + 1);
+    for c in checks {
+        let status = if c.ok { "ok  " } else { "MISS" };
+        if c.name.chars().count() > NAME_WIDTH {
+            text.push_str(&format!("{status} {}\n{indent}{}\n", c.name, c.detail));
+        } else {
+            text.push_str(&format!("{status} {:<NAME_WIDTH$} {}\n", c.name, c.detail));
+        }
+        if let Some(fix) = &c.fix {
+            text.push_str(&format!("{indent}fix: {fix}\n"));
+        }
+    }
+    text
+}
+
 pub fn run(args: &DoctorArgs) -> i32 {
     let mut checks = engine::probe_environment(args.ort_library.as_deref());
     checks.extend(gpu_checks());
     checks.extend(cuda_library_checks());
     checks.push(engine::probe::fused_kernels_check());
     checks.extend(bundle_checks(&args.bundles));
-    let mut text = String::new();
-    for c in &checks {
-        text.push_str(&format!(
-            "{} {:<34} {}\n",
-            if c.ok { "ok  " } else { "MISS" },
-            c.name,
-            c.detail
-        ));
-        if let Some(fix) = &c.fix {
-            text.push_str(&format!("     {:<34} fix: {fix}\n", ""));
-        }
-    }
-    let code = super::out(&text);
+    let code = super::out(&render(&checks));
     // Only what every run needs decides the status: ONNX Runtime and the CPU provider.
     let essential_ok = checks
         .iter()
@@ -185,6 +196,37 @@ pub fn run(args: &DoctorArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every detail and fix starts in one column, also after a name wider than its own.
+    #[test]
+    fn details_and_fixes_share_one_column() {
+        let check = |name: &str, ok, fix: Option<&str>| Check {
+            name: name.into(),
+            ok,
+            detail: format!("detail of {name}"),
+            fix: fix.map(Into::into),
+        };
+        let long = "library CUDA runtime (libcudart.so.13 or libcudart.so.12)";
+        let text = render(&[
+            check("onnx runtime", true, None),
+            check(long, false, Some("install it")),
+            check("gpus", false, Some("add one")),
+        ]);
+        let column = 5 + NAME_WIDTH + 1;
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6, "{text}");
+        assert_eq!(lines[1], format!("MISS {long}"));
+        for (line, rest) in [
+            (lines[0], "detail of onnx runtime"),
+            (lines[2], &format!("detail of {long}")),
+            (lines[3], "fix: install it"),
+            (lines[4], "detail of gpus"),
+            (lines[5], "fix: add one"),
+        ] {
+            assert_eq!(line.get(column..), Some(rest), "{text}");
+        }
+        assert!(lines[0].starts_with("ok   onnx runtime") && lines[4].starts_with("MISS gpus"));
+    }
 
     /// A library is loaded as a run would load it and named by the file mapped; a missing one
     /// gives the loader's message, which names it.
