@@ -25,6 +25,23 @@ def _models(args, cfg):
     return build(cfg, args.checkpoint, args.text_checkpoint, args.vae_checkpoint)
 
 
+def _check_vae_only(args, out: Path, precision: str):
+    """--only vae writes into an existing bundle of the same preset, precision and SVD rank."""
+    import tomllib
+
+    toml = out / "bundle.toml"
+    if not toml.is_file():
+        raise SystemExit(f"--only vae: {toml} not found; it replaces the VAE graphs of an existing bundle "
+                         "(export the whole bundle first)")
+    meta = tomllib.loads(toml.read_text(encoding="utf-8"))
+    have = (meta.get("preset"), meta.get("precision"), meta.get("export", {}).get("svd_rank"))
+    want = (args.preset, precision, args.svd_rank or "none")
+    if have != want:
+        raise SystemExit(f"--only vae: {toml} is preset {have[0]}, {have[1]}, svd rank {have[2]}; this export is "
+                         f"{want[0]}, {want[1]}, svd rank {want[2]}")
+    return meta
+
+
 def cmd_export(args):
     from . import export as ex
     from .model import factorise
@@ -32,6 +49,10 @@ def cmd_export(args):
     cfg = preset(args.preset)
     precision = args.precision or ("fp32" if args.preset == "tiny" else "fp16")
     dtype = ex.DTYPES[precision]
+    out = Path(args.out)
+    only_vae = args.only == "vae"
+    if only_vae:
+        _check_vae_only(args, out, precision)
     dit, te, vae = _models(args, cfg)
     from .vae import RMSNorm as VaeRmsNorm
 
@@ -42,24 +63,30 @@ def cmd_export(args):
         svd = args.svd_rank
         print(f"svd rank {svd}: factorised {n} linear layers")
     dev = torch.device(args.device)
-    dit, te, vae = dit.to(dev, dtype), te.to(dev, dtype), vae.to(dev, dtype)
-    out = Path(args.out)
+    vae = vae.to(dev, dtype)
+    if not only_vae:
+        dit, te = dit.to(dev, dtype), te.to(dev, dtype)
     out.mkdir(parents=True, exist_ok=True)
-    for graph in ("dit", "dit_fused", "vae_first", "vae_step", "vae_first_fused", "vae_step_fused", "text_encoder"):
+    vae_graphs = ("vae_first", "vae_step", "vae_first_fused", "vae_step_fused")
+    graphs = ("dit", "dit_fused", "text_encoder") + vae_graphs
+    for graph in vae_graphs if only_vae else graphs:
         for stale in (f"{graph}.onnx", f"{graph}.onnx.data"):
+            # A hard-linked copy of another bundle keeps that bundle's files: unlink, never overwrite.
             (out / stale).unlink(missing_ok=True)
     (out / "bundle.toml").unlink(missing_ok=True)
     t = time.time()
-    ex.export_text(te, cfg, out, dtype, dev)
-    ex.export_dit(dit, cfg, out, dtype, dev)
+    if not only_vae:
+        ex.export_text(te, cfg, out, dtype, dev)
+        ex.export_dit(dit, cfg, out, dtype, dev)
     n = ex.export_vae(vae, cfg, out, dtype, dev)
     # Last, so that the graphs above are traced exactly as before (same random trace inputs).
-    if args.no_fused_dit:
-        print("dit_fused.onnx: skipped (--no-fused-dit)")
-    elif precision not in ex.FUSED_PRECISIONS:
-        print(f"dit_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
-    else:
-        ex.export_dit(dit, cfg, out, dtype, dev, fused_ops=True)
+    if not only_vae:
+        if args.no_fused_dit:
+            print("dit_fused.onnx: skipped (--no-fused-dit)")
+        elif precision not in ex.FUSED_PRECISIONS:
+            print(f"dit_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
+        else:
+            ex.export_dit(dit, cfg, out, dtype, dev, fused_ops=True)
     if args.no_fused_vae:
         print("vae_first_fused.onnx, vae_step_fused.onnx: skipped (--no-fused-vae)")
     elif precision not in ex.FUSED_PRECISIONS:
@@ -76,7 +103,8 @@ def cmd_export(args):
     if precision == "bf16":
         notes.append("bf16: ORT's CUDA MultiHeadAttention has no bf16 kernel; prefer fp16.")
     ex.write_toml(cfg, out, precision, svd, "\n".join(notes))
-    print(f"wrote {out} ({n} VAE cache tensors) in {time.time() - t:.1f}s")
+    what = "the VAE graphs of " if only_vae else ""
+    print(f"wrote {what}{out} ({n} VAE cache tensors) in {time.time() - t:.1f}s")
 
 
 def _settings(args):
@@ -232,6 +260,10 @@ def main(argv=None):
                    help="VAE RMS norms as channels-last SimplifiedLayerNormalization (default) or ReduceL2 + divide")
     p.add_argument("--no-fused-dit", action="store_true",
                    help="do not write dit_fused.onnx (the DiT with the runner's ai.unstep operators; fp32/fp16 only)")
+    p.add_argument("--only", choices=["all", "vae"], default="all",
+                   help="vae: replace only the VAE graphs (standard and fused) of the bundle at --out, of the same "
+                        "preset, precision and SVD rank, and rewrite its bundle.toml; for A/B runs of decoder changes "
+                        "on a hard-linked copy of a bundle (cp -al), without exporting the DiT again")
     p.add_argument("--no-fused-vae", action="store_true",
                    help="do not write vae_first_fused.onnx / vae_step_fused.onnx (the VAE decoder with the runner's "
                         "BiasRmsNorm + SiLU op; fp32/fp16 with --vae-norm transpose only)")
