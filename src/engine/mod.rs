@@ -63,7 +63,8 @@ pub fn mapped_library<'a>(maps: &'a str, stem: &str) -> Option<&'a str> {
         .max_by_key(|path| file_name(path).len())
 }
 
-fn file_name(path: &str) -> &str {
+/// The last component of a `/`-separated path.
+pub fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 

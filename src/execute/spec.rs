@@ -230,8 +230,9 @@ fn event(e: &WorkerEvent) {
 /// `9.10.2`), read from `/proc/self/maps`: the libraries actually loaded, whatever their path.
 fn loaded_version(maps: &str, stem: &str) -> Option<String> {
     let path = engine::mapped_library(maps, stem)?;
-    let name = path.rsplit('/').next()?;
-    name.strip_prefix(stem).map(str::to_string)
+    engine::file_name(path)
+        .strip_prefix(stem)
+        .map(str::to_string)
 }
 
 /// Runs a process spec: builds the sessions, generates every prompt in order, appends one

@@ -57,10 +57,9 @@ def cmd_export(args):
     from .vae import RMSNorm as VaeRmsNorm
 
     VaeRmsNorm.export_mode = args.vae_norm
-    svd = None
-    if args.svd_rank:
-        n = factorise(dit, args.svd_rank)
-        svd = args.svd_rank
+    svd = args.svd_rank or None
+    if svd and not only_vae:  # --only vae writes no DiT graph: nothing to factorise
+        n = factorise(dit, svd)
         print(f"svd rank {svd}: factorised {n} linear layers")
     dev = torch.device(args.device)
     vae = vae.to(dev, dtype)

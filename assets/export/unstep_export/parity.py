@@ -621,8 +621,8 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     """vae_first_fused / vae_step_fused against the standard graph of the same role and the
     contract of docs/bundle.md (no ONNX Runtime): `pairs` RMS norm + SiLU pairs (vae.py
     `norm_silu_pairs`), each one `ai.unstep::BiasRmsNorm` with silu = 1 and epsilon 1e-12 on a
-    channels-last Transpose or an upsampling's channels-last Reshape (`PrefixBiasRmsNorm` where a cache goes in front: `prefixed` of them,
-    each in place of a Concat), and no SimplifiedLayerNormalization, Sigmoid or Sigmoid-Mul (SiLU)
+    channels-last Transpose or an upsampling's channels-last Reshape (`PrefixBiasRmsNorm` where a
+    cache goes in front: `prefixed` of them, each in place of a Concat), and no SimplifiedLayerNormalization, Sigmoid or Sigmoid-Mul (SiLU)
     left for them; `conv_fed` of them take their input straight from a causal convolution that has
     no bias input (the op adds it), the others a constant bias (zeros, or the biases the
     upsampling stages carry); `carried` more convolutions without a bias (vae.py
