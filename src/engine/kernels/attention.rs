@@ -27,8 +27,7 @@
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
 //!   call (a process's plain passes come before any capture) and kept by the node.
 
-use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::ffi::c_void;
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
@@ -38,11 +37,8 @@ use ort::value::TensorElementType;
 use super::cuda::{
     CurrentContext, Handle, REMEDY, device_function, device_info, prepare, primary_context,
 };
+use super::cudnn::{Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, handle, scratch};
 use super::{Attrs, DOMAIN, Op, Plan, op_error};
-
-use dnn::cudnnBackendAttributeName_t as Attr;
-use dnn::cudnnBackendAttributeType_t as Type;
-use dnn::cudnnBackendDescriptorType_t as Kind;
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
 pub(crate) const TILE_ROWS: usize = 64;
@@ -64,90 +60,6 @@ const UID_V: i64 = 3;
 const UID_O: i64 = 4;
 const UID_STATS: i64 = 5;
 const UID_SCALE: i64 = 6;
-
-/// The cuDNN library name: the soname ONNX Runtime's CUDA provider links.
-const LIBRARY: &str = "libcudnn.so.9";
-/// The first cuDNN with the SDPA forward operation of the backend API.
-const MIN_VERSION: usize = 91301;
-
-type Status = c_int;
-type DescPtr = dnn::cudnnBackendDescriptor_t;
-
-/// The cuDNN entry points this kernel calls (statuses as plain ints: a value this build does not
-/// know must not become an invalid enum).
-struct Cudnn {
-    _library: libloading::Library,
-    create: unsafe extern "C" fn(*mut dnn::cudnnHandle_t) -> Status,
-    set_stream: unsafe extern "C" fn(dnn::cudnnHandle_t, dnn::cudaStream_t) -> Status,
-    error_string: unsafe extern "C" fn(Status) -> *const c_char,
-    create_descriptor: unsafe extern "C" fn(Kind, *mut DescPtr) -> Status,
-    destroy_descriptor: unsafe extern "C" fn(DescPtr) -> Status,
-    set_attribute: unsafe extern "C" fn(DescPtr, Attr, Type, i64, *const c_void) -> Status,
-    get_attribute: unsafe extern "C" fn(DescPtr, Attr, Type, i64, *mut i64, *mut c_void) -> Status,
-    finalize: unsafe extern "C" fn(DescPtr) -> Status,
-    execute: unsafe extern "C" fn(dnn::cudnnHandle_t, DescPtr, DescPtr) -> Status,
-}
-
-/// cuDNN, loaded on first use (no GPU needed); a failure is kept, so every session of the process
-/// reports the same error.
-fn cudnn() -> Result<&'static Cudnn, String> {
-    static CUDNN: OnceLock<Result<Cudnn, String>> = OnceLock::new();
-    CUDNN.get_or_init(load_cudnn).as_ref().map_err(Clone::clone)
-}
-
-fn load_cudnn() -> Result<Cudnn, String> {
-    let fail = |what: String| {
-        format!(
-            "{DOMAIN} Attention: {what}; put cuDNN 9.13.1 or later on LD_LIBRARY_PATH (`pip \
-             install nvidia-cudnn-cu13` puts it in site-packages/nvidia/cudnn/lib), {REMEDY}"
-        )
-    };
-    // SAFETY: cuDNN's initialisers have no preconditions.
-    let library = unsafe { libloading::Library::new(LIBRARY) }.map_err(|e| {
-        fail(format!(
-            "could not load cuDNN ({LIBRARY}): {}",
-            crate::engine::loader_message(&e)
-        ))
-    })?;
-    /// One entry point, by name, as the function type it is stored as.
-    ///
-    /// # Safety
-    /// `T` is the C signature of `name`.
-    unsafe fn symbol<T: Copy>(library: &libloading::Library, name: &str) -> Result<T, String> {
-        // SAFETY: the caller's promise.
-        unsafe { library.get::<T>(name.as_bytes()) }
-            .map(|s| *s)
-            .map_err(|e| format!("{LIBRARY} has no {name}: {e}"))
-    }
-    // SAFETY: each type is the entry point's signature in cudnn_graph.h / cudnn_ops.h (cuDNN 9).
-    let loaded = unsafe {
-        let version: unsafe extern "C" fn() -> usize = symbol(&library, "cudnnGetVersion")?;
-        let version = version();
-        if version < MIN_VERSION {
-            return Err(fail(format!(
-                "cuDNN {version} has no SDPA operation (9.13.1 and later have it)"
-            )));
-        }
-        Cudnn {
-            create: symbol(&library, "cudnnCreate")?,
-            set_stream: symbol(&library, "cudnnSetStream")?,
-            error_string: symbol(&library, "cudnnGetErrorString")?,
-            create_descriptor: symbol(&library, "cudnnBackendCreateDescriptor")?,
-            destroy_descriptor: symbol(&library, "cudnnBackendDestroyDescriptor")?,
-            set_attribute: symbol(&library, "cudnnBackendSetAttribute")?,
-            get_attribute: symbol(&library, "cudnnBackendGetAttribute")?,
-            finalize: symbol(&library, "cudnnBackendFinalize")?,
-            execute: symbol(&library, "cudnnBackendExecute")?,
-            _library: library,
-        }
-    };
-    Ok(loaded)
-}
-
-/// Loads cuDNN (no GPU needed).
-pub(super) fn check_cudnn() -> Result<(), String> {
-    cudnn().map(|_| ())
-}
 
 /// How a call's query rows run: the first `main_rows` in one call over all keys, the rest in one
 /// call over `parts` runs of the keys, merged (`parts` = 1: one call, nothing split).
@@ -204,167 +116,6 @@ pub(crate) fn split(
     }
 }
 
-/// A cuDNN call's error: what failed and cuDNN's name for the status.
-fn check(lib: &Cudnn, status: Status, what: &str) -> Result<(), String> {
-    if status == 0 {
-        return Ok(());
-    }
-    // SAFETY: cuDNN returns a static NUL-terminated string for any status.
-    let name = unsafe { CStr::from_ptr((lib.error_string)(status)) };
-    Err(format!("{what}: {} ({status})", name.to_string_lossy()))
-}
-
-/// A cuDNN backend descriptor, destroyed on drop.
-struct Desc(DescPtr, &'static Cudnn);
-
-// SAFETY: backend descriptors are plain host objects; a kernel uses its own from one thread at a
-// time (ONNX Runtime calls a node's compute from one thread at a time).
-unsafe impl Send for Desc {}
-
-impl Drop for Desc {
-    fn drop(&mut self) {
-        // SAFETY: created by `Desc::new`, destroyed once.
-        let _ = unsafe { (self.1.destroy_descriptor)(self.0) };
-    }
-}
-
-impl Desc {
-    fn new(kind: Kind) -> Result<Self, String> {
-        let lib = cudnn()?;
-        let mut desc = std::ptr::null_mut();
-        // SAFETY: an out-parameter.
-        check(
-            lib,
-            unsafe { (lib.create_descriptor)(kind, &mut desc) },
-            &format!("cudnnBackendCreateDescriptor ({kind:?})"),
-        )?;
-        Ok(Self(desc, lib))
-    }
-
-    /// Reads `attr`: up to `capacity` values of `ty` into `values`; returns how many there are.
-    ///
-    /// # Safety
-    /// `values` has room for `capacity` values of the C type of `ty` (or is null with 0).
-    unsafe fn get(
-        &self,
-        attr: Attr,
-        ty: Type,
-        capacity: i64,
-        values: *mut c_void,
-    ) -> Result<i64, String> {
-        let mut count = 0i64;
-        // SAFETY: the caller's promise; the descriptor is alive.
-        check(
-            self.1,
-            unsafe { (self.1.get_attribute)(self.0, attr, ty, capacity, &mut count, values) },
-            &format!("cudnnBackendGetAttribute ({attr:?})"),
-        )?;
-        Ok(count)
-    }
-
-    /// Sets `attr` to `count` values of `ty` at `values`.
-    ///
-    /// # Safety
-    /// `values` points at `count` values of the C type of `ty`.
-    unsafe fn set(
-        &self,
-        attr: Attr,
-        ty: Type,
-        count: i64,
-        values: *const c_void,
-    ) -> Result<(), String> {
-        // SAFETY: the caller's promise; the descriptor is alive.
-        check(
-            self.1,
-            unsafe { (self.1.set_attribute)(self.0, attr, ty, count, values) },
-            &format!("cudnnBackendSetAttribute ({attr:?})"),
-        )
-    }
-
-    fn set_i64s(&self, attr: Attr, values: &[i64]) -> Result<(), String> {
-        // SAFETY: int64 values.
-        unsafe {
-            self.set(
-                attr,
-                Type::CUDNN_TYPE_INT64,
-                values.len() as i64,
-                values.as_ptr().cast(),
-            )
-        }
-    }
-
-    fn set_desc(&self, attr: Attr, desc: &Desc) -> Result<(), String> {
-        // SAFETY: one descriptor handle.
-        unsafe {
-            self.set(
-                attr,
-                Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                1,
-                (&desc.0 as *const dnn::cudnnBackendDescriptor_t).cast(),
-            )
-        }
-    }
-
-    fn set_handle(&self, attr: Attr, handle: dnn::cudnnHandle_t) -> Result<(), String> {
-        // SAFETY: one handle.
-        unsafe {
-            self.set(
-                attr,
-                Type::CUDNN_TYPE_HANDLE,
-                1,
-                (&handle as *const dnn::cudnnHandle_t).cast(),
-            )
-        }
-    }
-
-    fn finalize(self, what: &str) -> Result<Self, String> {
-        // SAFETY: the descriptor is alive.
-        check(
-            self.1,
-            unsafe { (self.1.finalize)(self.0) },
-            &format!("cudnnBackendFinalize ({what})"),
-        )?;
-        Ok(self)
-    }
-
-    /// A tensor: `dims` and `strides` in elements (B, H, S, hd order), 16-byte aligned.
-    fn tensor(
-        uid: i64,
-        ty: dnn::cudnnDataType_t,
-        dims: [i64; 4],
-        strides: [i64; 4],
-        by_value: bool,
-    ) -> Result<Self, String> {
-        let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
-        // SAFETY: one data type enum value.
-        unsafe {
-            t.set(
-                Attr::CUDNN_ATTR_TENSOR_DATA_TYPE,
-                Type::CUDNN_TYPE_DATA_TYPE,
-                1,
-                (&ty as *const dnn::cudnnDataType_t).cast(),
-            )?
-        };
-        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims)?;
-        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_STRIDES, &strides)?;
-        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
-        t.set_i64s(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
-        if by_value {
-            let yes = true;
-            // SAFETY: one C bool.
-            unsafe {
-                t.set(
-                    Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE,
-                    Type::CUDNN_TYPE_BOOLEAN,
-                    1,
-                    (&yes as *const bool).cast(),
-                )?
-            };
-        }
-        t.finalize("tensor")
-    }
-}
-
 /// One cuDNN SDPA forward call, ready to execute: its execution plan (and what it was built
 /// from) and the bytes of workspace it needs.
 struct Sdpa {
@@ -389,18 +140,18 @@ struct SdpaShape {
 impl Sdpa {
     fn build(handle: dnn::cudnnHandle_t, shape: &SdpaShape) -> Result<Self, String> {
         use dnn::cudnnDataType_t::{CUDNN_DATA_FLOAT as F32, CUDNN_DATA_HALF as F16};
-        let q = Desc::tensor(UID_Q, F16, shape.dims_q, shape.q_strides, false)?;
-        let k = Desc::tensor(UID_K, F16, shape.dims_kv, shape.kv_strides, false)?;
-        let v = Desc::tensor(UID_V, F16, shape.dims_kv, shape.kv_strides, false)?;
-        let o = Desc::tensor(UID_O, F16, shape.dims_q, shape.o_strides, false)?;
-        let scale = Desc::tensor(UID_SCALE, F32, [1; 4], [1; 4], true)?;
+        let q = Desc::tensor(UID_Q, F16, &shape.dims_q, &shape.q_strides, false)?;
+        let k = Desc::tensor(UID_K, F16, &shape.dims_kv, &shape.kv_strides, false)?;
+        let v = Desc::tensor(UID_V, F16, &shape.dims_kv, &shape.kv_strides, false)?;
+        let o = Desc::tensor(UID_O, F16, &shape.dims_q, &shape.o_strides, false)?;
+        let scale = Desc::tensor(UID_SCALE, F32, &[1; 4], &[1; 4], true)?;
         let [b, h, s, _] = shape.dims_q;
         let stats = if shape.stats {
             Some(Desc::tensor(
                 UID_STATS,
                 F32,
-                [b, h, s, 1],
-                [h * s, s, 1, 1],
+                &[b, h, s, 1],
+                &[h * s, s, 1, 1],
                 false,
             )?)
         } else {
@@ -534,59 +285,6 @@ impl Sdpa {
             "cudnnBackendExecute",
         )
     }
-}
-
-/// The cuDNN handle of `stream` on device `ordinal` (its primary context current), created on
-/// first use and never destroyed.
-fn handle(ordinal: i32, stream: sys::CUstream) -> Result<Handle<dnn::cudnnHandle_t>, String> {
-    type Handles = Vec<(i32, usize, Handle<dnn::cudnnHandle_t>)>;
-    static HANDLES: Mutex<Handles> = Mutex::new(Vec::new());
-    let mut handles = HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
-    let key = stream as usize;
-    if let Some((_, _, h)) = handles.iter().find(|(o, s, _)| *o == ordinal && *s == key) {
-        return Ok(*h);
-    }
-    let lib = cudnn()?;
-    let mut h = std::ptr::null_mut();
-    // SAFETY: an out-parameter; the device's primary context is current.
-    check(
-        lib,
-        unsafe { (lib.create)(&mut h) },
-        &format!("cudnnCreate on CUDA device {ordinal}"),
-    )?;
-    // SAFETY: the handle was just created; the stream belongs to the current context.
-    check(
-        lib,
-        unsafe { (lib.set_stream)(h, stream as dnn::cudaStream_t) },
-        "cudnnSetStream",
-    )?;
-    handles.push((ordinal, key, Handle(h)));
-    Ok(Handle(h))
-}
-
-/// At least `bytes` of scratch for `stream` on device `ordinal`: the buffer of a smaller earlier
-/// request is kept (a captured graph may point at it) and a larger one allocated beside it.
-fn scratch(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, String> {
-    type Buffers = Vec<(i32, usize, usize, u64)>;
-    static BUFFERS: Mutex<Buffers> = Mutex::new(Vec::new());
-    let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
-    let key = stream as usize;
-    if let Some((_, _, _, ptr)) = buffers
-        .iter()
-        .rev()
-        .find(|(o, s, n, _)| *o == ordinal && *s == key && *n >= bytes)
-    {
-        return Ok(*ptr);
-    }
-    // SAFETY: a plain allocation in the current (primary) context, kept for the process.
-    let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
-        format!(
-            "cuMemAlloc of {} KiB of attention scratch on CUDA device {ordinal}: {e}",
-            bytes.div_ceil(1024)
-        )
-    })?;
-    buffers.push((ordinal, key, bytes, ptr));
-    Ok(ptr)
 }
 
 /// The cuDNN calls of one call shape.

@@ -100,6 +100,7 @@
 mod attention;
 mod cpu;
 mod cuda;
+mod cudnn;
 mod gemm;
 #[cfg(test)]
 mod tests;
@@ -125,7 +126,7 @@ pub(crate) const DOMAIN: &str = "ai.unstep";
 pub(crate) fn cuda_libraries_available() -> Result<(), String> {
     cuda::check_nvrtc()?;
     gemm::check_cublaslt()?;
-    attention::check_cudnn()
+    cudnn::check_cudnn()
 }
 
 /// The `ai.unstep` operator domain for a session: CUDA kernels when `cuda` is true (inputs and

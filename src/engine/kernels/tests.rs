@@ -1896,7 +1896,7 @@ fn the_attention_kernel_says_what_it_cannot_do() {
             && e.contains("`--dit-kernels onnxruntime`"),
         "{e}"
     );
-    if let Err(e) = attention::check_cudnn() {
+    if let Err(e) = cudnn::check_cudnn() {
         assert!(
             e.contains("could not load cuDNN (libcudnn.so.9)")
                 && e.contains("9.13.1")
