@@ -10,7 +10,13 @@ kernel, and prints µs per call, TFLOP/s (padded channels counted) and the kerne
 Inputs have the causal cache's two frames in front, as the decoder's do.
 
     python3 benches/conv_shapes.py
+
+`CUDNN_LIMIT=0` makes the benchmark mode try every engine configuration cuDNN's heuristics offer
+(PyTorch tries the first 10 by default); `ONLY=text` keeps the cases whose name holds `text`;
+`DTYPE=bfloat16` times bf16.
 """
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +60,17 @@ def kernels(fn):
 
 def main():
     torch.backends.cudnn.benchmark = True
+    if "CUDNN_LIMIT" in os.environ:
+        torch.backends.cudnn.benchmark_limit = int(os.environ["CUDNN_LIMIT"])
+    dtype = getattr(torch, os.environ.get("DTYPE", "float16"))
+    only = os.environ.get("ONLY", "")
+    print(f"cuDNN {torch.backends.cudnn.version()}, benchmark limit {torch.backends.cudnn.benchmark_limit}, {dtype}")
     cl = torch.channels_last_3d
     for what, cin, cout, frames, h, w, kernel in CASES:
-        x = torch.randn(1, cin, frames + kernel[0] - 1, h, w, device="cuda", dtype=torch.float16).to(memory_format=cl)
-        wt = (torch.randn(cout, cin, *kernel, device="cuda", dtype=torch.float16) * 0.05).to(memory_format=cl)
+        if only not in what:
+            continue
+        x = torch.randn(1, cin, frames + kernel[0] - 1, h, w, device="cuda", dtype=dtype).to(memory_format=cl)
+        wt = (torch.randn(cout, cin, *kernel, device="cuda", dtype=dtype) * 0.05).to(memory_format=cl)
         pad = (0, kernel[1] // 2, kernel[2] // 2)
 
         def call():

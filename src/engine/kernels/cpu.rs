@@ -326,6 +326,50 @@ pub(crate) fn attention<T: Element>(plan: &Plan, q: &[T], k: &[T], v: &[T], o: &
         );
 }
 
+/// `CausalConv3d` over `plan.conv`'s sizes: output pixel (n, t, i, j) and channel k sums, in
+/// float32, `X[n, t + a, i + b − kh/2, j + c − kw/2, ·] · W[k, a, b, c, ·]` over the taps whose
+/// pixel is inside the frame (zero padding in space, none in time), rounded once; output pixels
+/// in parallel.
+pub(crate) fn causal_conv3d<T: Element>(plan: &Plan, x: &[T], w: &[T], y: &mut [T]) {
+    let g = plan.conv;
+    let out_t = g.out_t();
+    let (x, w) = (T::widen(x), T::widen(w));
+    y.par_chunks_mut(g.k)
+        .with_min_len(MIN_ROWS_PER_TASK)
+        .enumerate()
+        .for_each_init(
+            || vec![0f32; g.k],
+            |acc, (r, y_row)| {
+                let (j, i) = (r % g.w, (r / g.w) % g.h);
+                let (t, n) = ((r / (g.w * g.h)) % out_t, r / (g.w * g.h * out_t));
+                acc.fill(0.0);
+                for a in 0..g.kt {
+                    for b in 0..g.kh {
+                        let Some(ii) = (i + b).checked_sub(g.kh / 2).filter(|&v| v < g.h) else {
+                            continue;
+                        };
+                        for c in 0..g.kw {
+                            let Some(jj) = (j + c).checked_sub(g.kw / 2).filter(|&v| v < g.w)
+                            else {
+                                continue;
+                            };
+                            let pixel = ((n * g.t + t + a) * g.h + ii) * g.w + jj;
+                            let x_row = &x[pixel * g.c..][..g.c];
+                            let tap = (a * g.kh + b) * g.kw + c;
+                            for (k, sum) in acc.iter_mut().enumerate() {
+                                let w_row = &w[(k * g.kt * g.kh * g.kw + tap) * g.c..][..g.c];
+                                *sum += x_row.iter().zip(w_row).map(|(p, q)| p * q).sum::<f32>();
+                            }
+                        }
+                    }
+                }
+                for (out, sum) in y_row.iter_mut().zip(acc.iter()) {
+                    *out = T::from_f32(*sum);
+                }
+            },
+        );
+}
+
 /// One call of `op` on the CPU provider: reads the inputs, checks them against the contract,
 /// allocates the outputs ([`Op::output_shape`]) and runs the kernel.
 pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
@@ -432,6 +476,11 @@ pub(super) fn compute<T: Element>(op: Op, attrs: &Attrs, ctx: &ComputeContext) -
             let mut y = output(0)?;
             let (_, y) = y.try_extract_tensor_mut::<T>()?;
             matmul_bias_gelu(&plan, data[0], data[1], data[2], y);
+        }
+        Op::CausalConv3d => {
+            let mut y = output(0)?;
+            let (_, y) = y.try_extract_tensor_mut::<T>()?;
+            causal_conv3d(&plan, data[0], data[1], y);
         }
         Op::QkvNormRopeCache => {
             let mut q = output(0)?;

@@ -182,9 +182,9 @@ pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Opti
         Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
         Op::QkvNormRopeCache => "qkv_norm_rope_cache",
         Op::BiasGelu => "bias_gelu",
-        // A cuBLASLt matmul (gemm.rs) and cuDNN's attention (attention.rs), no row kernel of
-        // kernels.cu.
-        Op::MatMulBiasGelu | Op::Attention => return None,
+        // A cuBLASLt matmul (gemm.rs), cuDNN's attention (attention.rs) and convolution
+        // (conv.rs), no row kernel of kernels.cu.
+        Op::MatMulBiasGelu | Op::Attention | Op::CausalConv3d => return None,
     };
     let ty = match ty {
         TensorElementType::Float32 => "f32",
@@ -710,8 +710,8 @@ impl CudaKernel {
                 params.push((&mut silu as *mut i32).cast());
             }
             Op::BiasGelu => {}
-            Op::MatMulBiasGelu | Op::Attention => {
-                unreachable!("a cuBLASLt matmul or cuDNN's attention, not a row kernel")
+            Op::MatMulBiasGelu | Op::Attention | Op::CausalConv3d => {
+                unreachable!("a cuBLASLt matmul or a cuDNN call, not a row kernel")
             }
             Op::GatedResidualLayerNorm => {
                 for div in divs.iter_mut() {

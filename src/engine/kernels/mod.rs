@@ -98,6 +98,7 @@
 //! `cuda_attention_matches_the_cpu_kernel`).
 
 mod attention;
+mod conv;
 mod cpu;
 mod cuda;
 mod cudnn;
@@ -184,10 +185,11 @@ pub(crate) enum Op {
     PrefixBiasRmsNorm,
     MatMulBiasGelu,
     Attention,
+    CausalConv3d,
 }
 
 impl Op {
-    pub(crate) const ALL: [Op; 8] = [
+    pub(crate) const ALL: [Op; 9] = [
         Op::BiasRmsNormRope,
         Op::BiasRmsNorm,
         Op::GatedResidualLayerNorm,
@@ -196,6 +198,7 @@ impl Op {
         Op::PrefixBiasRmsNorm,
         Op::MatMulBiasGelu,
         Op::Attention,
+        Op::CausalConv3d,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -208,6 +211,7 @@ impl Op {
             Op::PrefixBiasRmsNorm => "PrefixBiasRmsNorm",
             Op::MatMulBiasGelu => "MatMulBiasGelu",
             Op::Attention => "Attention",
+            Op::CausalConv3d => "CausalConv3d",
         }
     }
 
@@ -224,13 +228,18 @@ impl Op {
             Op::PrefixBiasRmsNorm => &["X", "bias", "weight", "prefix"],
             Op::MatMulBiasGelu => &["X", "W", "bias"],
             Op::Attention => &["Q", "K", "V"],
+            Op::CausalConv3d => &["X", "W"],
         }
     }
 
     /// The outputs' names, in order.
     pub(crate) fn outputs(self) -> &'static [&'static str] {
         match self {
-            Op::BiasRmsNormRope | Op::BiasRmsNorm | Op::BiasGelu | Op::MatMulBiasGelu => &["Y"],
+            Op::BiasRmsNormRope
+            | Op::BiasRmsNorm
+            | Op::BiasGelu
+            | Op::MatMulBiasGelu
+            | Op::CausalConv3d => &["Y"],
             Op::PrefixBiasRmsNorm => &["Y", "tail"],
             Op::GatedResidualLayerNorm => &["S", "Y"],
             Op::QkvNormRopeCache => &["Q"],
@@ -247,7 +256,8 @@ impl Op {
             | Op::BiasGelu
             | Op::PrefixBiasRmsNorm
             | Op::MatMulBiasGelu
-            | Op::Attention => 0,
+            | Op::Attention
+            | Op::CausalConv3d => 0,
             Op::GatedResidualLayerNorm => 1,
         }
     }
@@ -273,7 +283,7 @@ impl Op {
 
     /// Whether the operator normalises (attribute `epsilon`).
     pub(crate) fn has_epsilon(self) -> bool {
-        !(self.elementwise() || self.is_gemm() || self == Op::Attention)
+        !(self.elementwise() || self.is_gemm() || matches!(self, Op::Attention | Op::CausalConv3d))
     }
 
     /// Whether the node has the attribute `num_heads`.
@@ -313,6 +323,14 @@ impl Op {
             Op::MatMulBiasGelu => {
                 if let (Some(last), Some(&n)) = (shape.last_mut(), inputs[1].first()) {
                     *last = n;
+                }
+            }
+            Op::CausalConv3d => {
+                if let ([_, t, ..], [_, kt, ..]) = (&mut shape[..], inputs[1]) {
+                    *t -= kt - 1;
+                }
+                if let (Some(last), Some(&k)) = (shape.last_mut(), inputs[1].first()) {
+                    *last = k;
                 }
             }
             _ => {}
@@ -415,6 +433,30 @@ pub(crate) struct Plan {
     /// `PrefixBiasRmsNorm`: the rows of the prefix (copied in front of X's normed rows in Y); 0
     /// for the other operators.
     pub(crate) prefix_rows: usize,
+    /// `CausalConv3d`: its sizes (zero for the other operators).
+    pub(crate) conv: ConvDims,
+}
+
+/// The sizes of a `CausalConv3d` call: X `[n, t, h, w, c]`, W `[k, kt, kh, kw, c]`, Y
+/// `[n, t − kt + 1, h, w, k]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub(crate) struct ConvDims {
+    pub(crate) n: usize,
+    pub(crate) t: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) c: usize,
+    pub(crate) k: usize,
+    pub(crate) kt: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+}
+
+impl ConvDims {
+    /// The output's frames: `t − kt + 1`.
+    pub(crate) fn out_t(&self) -> usize {
+        self.t + 1 - self.kt
+    }
 }
 
 impl Plan {
@@ -532,6 +574,7 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
         block_rows: rows,
         cache_rows: rows,
         prefix_rows: 0,
+        conv: ConvDims::default(),
     };
     match op {
         Op::BiasRmsNorm => {
@@ -643,6 +686,42 @@ pub(crate) fn plan(op: Op, attrs: &Attrs, shapes: &[&[i64]]) -> Result<Plan, Str
             plan.cache_rows = k[rank - 2] as usize;
             plan.half_hd = d / heads / 2;
         }
+        Op::CausalConv3d => {
+            let w = shapes[1];
+            let dims = match (x, w) {
+                (&[n, t, h, wd, c], &[k, kt, kh, kw, wc])
+                    if [n, t, h, wd, c, k, kt, kh, kw].iter().all(|&v| v > 0)
+                        && wc == c
+                        && kt <= t
+                        && kh % 2 == 1
+                        && kw % 2 == 1 =>
+                {
+                    ConvDims {
+                        n: n as usize,
+                        t: t as usize,
+                        h: h as usize,
+                        w: wd as usize,
+                        c: c as usize,
+                        k: k as usize,
+                        kt: kt as usize,
+                        kh: kh as usize,
+                        kw: kw as usize,
+                    }
+                }
+                _ => {
+                    return Err(fail(format!(
+                        "input X has shape {x:?} and W {w:?}; X must be [N, T, H, W, C] \
+                         (channels last) and W [K, kT, kH, kW, C] with X's C, kT ≤ T and kH, kW \
+                         odd, every size at least 1"
+                    )));
+                }
+            };
+            plan.rows = dims.n * dims.out_t() * dims.h * dims.w;
+            plan.cols = dims.k;
+            plan.block_rows = plan.rows;
+            plan.cache_rows = plan.rows;
+            plan.conv = dims;
+        }
         Op::GatedResidualLayerNorm => {
             if shapes[0] != x {
                 return Err(fail(format!(
@@ -710,6 +789,8 @@ impl Operator for FusedOp {
                 gemm::GemmKernel::new(self.ty, ordinal).map(CudaCompute::Gemm)
             } else if self.op == Op::Attention {
                 attention::AttentionKernel::new(self.ty, ordinal).map(CudaCompute::Attention)
+            } else if self.op == Op::CausalConv3d {
+                conv::ConvKernel::new(self.ty, ordinal).map(CudaCompute::Conv)
             } else {
                 cuda::CudaKernel::new(self.op, self.ty, ordinal).map(CudaCompute::Rows)
             };
@@ -760,6 +841,17 @@ impl Operator for FusedOp {
                 Some(w) if w.first().is_some_and(|&n| n >= 0) => shapes[1] = w,
                 _ => return Ok(()),
             },
+            Op::CausalConv3d => match known(inputs.get(1)) {
+                Some(w)
+                    if x.len() == 5
+                        && w.len() == 5
+                        && x[1] >= 0
+                        && w[..2].iter().all(|&n| n >= 0) =>
+                {
+                    shapes[1] = w
+                }
+                _ => return Ok(()),
+            },
             Op::PrefixBiasRmsNorm => match known(inputs.get(3)) {
                 Some(prefix)
                     if [prefix, x]
@@ -788,6 +880,7 @@ enum CudaCompute {
     Rows(cuda::CudaKernel),
     Gemm(gemm::GemmKernel),
     Attention(attention::AttentionKernel),
+    Conv(conv::ConvKernel),
 }
 
 /// A node's kernel.
@@ -804,6 +897,7 @@ impl Kernel for FusedKernel {
             Some(CudaCompute::Rows(kernel)) => return kernel.compute(&self.attrs, ctx),
             Some(CudaCompute::Gemm(kernel)) => return kernel.compute(&self.attrs, ctx),
             Some(CudaCompute::Attention(kernel)) => return kernel.compute(&self.attrs, ctx),
+            Some(CudaCompute::Conv(kernel)) => return kernel.compute(&self.attrs, ctx),
             None => {}
         }
         match self.ty {

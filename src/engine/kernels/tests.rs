@@ -1090,6 +1090,163 @@ fn attention_matches_the_reference() {
     check_attention_cpu::<f16>();
 }
 
+/// One CausalConv3d case: X `[N, T, H, W, C]` in [-1, 1], W `[K, kT, kH, kW, C]` in
+/// [-0.5, 0.5].
+struct ConvCase<T> {
+    x_shape: Vec<i64>,
+    w_shape: Vec<i64>,
+    x: Vec<T>,
+    w: Vec<T>,
+}
+
+impl<T: Element> ConvCase<T> {
+    fn new(rng: &mut Rng, x_shape: [usize; 5], [k, kt, kh, kw]: [usize; 4]) -> Self {
+        let w_shape = [k, kt, kh, kw, x_shape[4]];
+        Self {
+            x: rng.vec(x_shape.iter().product(), -1.0, 1.0),
+            w: rng.vec(w_shape.iter().product(), -0.5, 0.5),
+            x_shape: x_shape.iter().map(|&v| v as i64).collect(),
+            w_shape: w_shape.iter().map(|&v| v as i64).collect(),
+        }
+    }
+
+    /// `[N, T − kT + 1, H, W, K]`.
+    fn y_shape(&self) -> Vec<i64> {
+        let (x, w) = (&self.x_shape, &self.w_shape);
+        vec![x[0], x[1] - w[1] + 1, x[2], x[3], w[0]]
+    }
+
+    /// The contract's sum in float64: taps outside the frame in space read zeros, time is not
+    /// padded.
+    fn reference(&self) -> Vec<f64> {
+        let [n, t, h, w, c] = [0, 1, 2, 3, 4].map(|i| self.x_shape[i]);
+        let [k, kt, kh, kw] = [0, 1, 2, 3].map(|i| self.w_shape[i]);
+        let (x, wt) = (wide(&self.x), wide(&self.w));
+        let mut y = Vec::new();
+        for b in 0..n {
+            for ot in 0..t - kt + 1 {
+                for i in 0..h {
+                    for j in 0..w {
+                        for o in 0..k {
+                            let mut sum = 0f64;
+                            for a in 0..kt {
+                                for di in 0..kh {
+                                    for dj in 0..kw {
+                                        let (ii, jj) = (i + di - kh / 2, j + dj - kw / 2);
+                                        if ii < 0 || ii >= h || jj < 0 || jj >= w {
+                                            continue;
+                                        }
+                                        for ch in 0..c {
+                                            let xi =
+                                                (((b * t + ot + a) * h + ii) * w + jj) * c + ch;
+                                            let wi = (((o * kt + a) * kh + di) * kw + dj) * c + ch;
+                                            sum += x[xi as usize] * wt[wi as usize];
+                                        }
+                                    }
+                                }
+                            }
+                            y.push(sum);
+                        }
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    fn cpu(&self) -> Vec<T> {
+        let plan = self.plan();
+        let mut y = vec![T::from_f32(f32::NAN); plan.rows * plan.cols];
+        cpu::causal_conv3d(&plan, &self.x, &self.w, &mut y);
+        y
+    }
+}
+
+impl<T: Element> OpCase<T> for ConvCase<T> {
+    const OP: Op = Op::CausalConv3d;
+
+    fn attrs(&self) -> Attrs {
+        NO_ATTRS
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        vec![self.x_shape.clone(), self.w_shape.clone()]
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.x, &self.w]
+    }
+
+    fn written(&self) -> usize {
+        shape_numel(&self.y_shape())
+    }
+}
+
+/// (X `[N, T, H, W, C]`, `[K, kT, kH, kW]`): a 3x3x3 convolution with the cache's two frames in
+/// front, a 1x1x1 shortcut over a batch of 2, the first frame's single tap, a time convolution,
+/// a kernel wider than the frame (most taps padded), the tiny model's full-resolution stage.
+const CONV_CASES: [([usize; 5], [usize; 4]); 6] = [
+    ([1, 4, 5, 6, 8], [8, 3, 3, 3]),
+    ([2, 3, 4, 3, 5], [7, 1, 1, 1]),
+    ([1, 1, 3, 7, 4], [6, 1, 3, 3]),
+    ([1, 3, 2, 5, 3], [4, 3, 1, 1]),
+    ([1, 2, 1, 2, 2], [3, 1, 3, 5]),
+    ([1, 6, 16, 28, 8], [8, 3, 3, 3]),
+];
+
+fn check_conv_cpu<T: Tolerance>() {
+    let mut rng = Rng(15);
+    for (x_shape, kernel) in CONV_CASES {
+        let case = ConvCase::<T>::new(&mut rng, x_shape, kernel);
+        let what = format!(
+            "{} CausalConv3d X {x_shape:?} kernel {kernel:?}",
+            std::any::type_name::<T>()
+        );
+        let plan = case.plan();
+        let out_t = x_shape[1] - kernel[1] + 1;
+        assert_eq!(
+            (plan.rows, plan.d, plan.cols, plan.conv.out_t()),
+            (
+                x_shape[0] * out_t * x_shape[2] * x_shape[3],
+                x_shape[4],
+                kernel[0],
+                out_t
+            ),
+            "{what}"
+        );
+        assert_close(&case.cpu(), &case.reference(), &what);
+    }
+}
+
+#[test]
+fn causal_conv3d_matches_the_reference() {
+    check_conv_cpu::<f32>();
+    check_conv_cpu::<f16>();
+}
+
+#[test]
+fn causal_conv3d_refuses_shapes_outside_the_contract() {
+    let op = Op::CausalConv3d;
+    for (x, w) in [
+        // W's C is not X's.
+        (&[1, 4, 5, 6, 8][..], &[8, 3, 3, 3, 4][..]),
+        // An even kernel in space.
+        (&[1, 4, 5, 6, 8], &[8, 3, 2, 3, 8]),
+        // More taps in time than frames.
+        (&[1, 2, 5, 6, 8], &[8, 3, 3, 3, 8]),
+        // Rank 4.
+        (&[4, 5, 6, 8], &[8, 3, 3, 8]),
+    ] {
+        let e = plan_error(op, NO_ATTRS, &[x, w]);
+        assert!(e.contains("ai.unstep CausalConv3d"), "{e}");
+        assert!(
+            e.contains(&format!("input X has shape {x:?} and W {w:?}")),
+            "{e}"
+        );
+        assert!(e.contains("[N, T, H, W, C] (channels last)"), "{e}");
+    }
+}
+
 /// The split of a call's rows (attention.rs) on an H200 (132 SMs, two thread blocks of 64 rows
 /// each per SM: 264 per wave).
 #[test]
@@ -1712,6 +1869,14 @@ fn check_through_onnx_runtime<T: Tolerance>() {
     let out = run(&mut s, Op::Attention, &case.shapes(), &case.inputs()).unwrap();
     assert_eq!(out[0].0, case.q_shape);
     assert_close(&out[0].1, &case.reference(), &format!("{t} Attention O"));
+
+    // CausalConv3d: Y has T − kT + 1 frames and K channels.
+    let (x_shape, kernel) = CONV_CASES[0];
+    let case = ConvCase::<T>::new(&mut rng, x_shape, kernel);
+    let mut s = session::<T>(Op::CausalConv3d, &[]).unwrap();
+    let out = run(&mut s, Op::CausalConv3d, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, case.y_shape());
+    assert_close(&out[0].1, &case.reference(), &format!("{t} CausalConv3d Y"));
 
     let (x_shape, params) = GRLN_CASES[0];
     let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
@@ -2409,6 +2574,79 @@ mod gpu {
                 most / one
             );
         }
+    }
+
+    /// Runs a CausalConv3d case with the CUDA kernel (cuDNN, the engine picked by timing on the
+    /// first launch) and returns Y and the mean time of one of `repeats` launches after it.
+    fn run_conv<T: Element>(
+        case: &ConvCase<T>,
+        stream: sys::CUstream,
+        repeats: usize,
+    ) -> (Vec<T>, f64) {
+        let plan = case.plan();
+        let mut kernel = conv::ConvKernel::new(T::into_tensor_element_type(), 0).unwrap();
+        let n = case.written();
+        let bufs: Vec<DeviceBuf> = case
+            .inputs()
+            .iter()
+            .map(|data| upload(data))
+            .chain([upload(&vec![T::from_f32(f32::NAN); n])])
+            .collect();
+        let pointers: Vec<u64> = bufs.iter().map(|b| b.0).collect();
+        driver::ctx::synchronize().unwrap();
+        kernel.launch(&plan, &pointers, stream).unwrap();
+        let micros = mean_micros(stream, repeats, || {
+            kernel.launch(&plan, &pointers, stream).unwrap();
+        });
+        // SAFETY: the test's stream.
+        unsafe { driver::stream::synchronize(stream) }.unwrap();
+        (download::<T>(&bufs[2], n), micros)
+    }
+
+    /// cuDNN's convolution against the CPU kernel: float16 within 2e-3 of max(1, |y|) (cuDNN
+    /// sums in float32 in its own order and rounds once), float32 within 1e-4 (no engine that
+    /// converts its inputs down is kept); twice the same result; and the time of the decoder's
+    /// full-resolution convolution (wan-1.3b: 96 channels at 480x832, 4 frames after the cache's
+    /// 2), with cuDNN's choice printed (`UNSTEP_CONV_LOG=1`).
+    #[test]
+    #[ignore = "needs a CUDA GPU, its driver, cuDNN and NVRTC on LD_LIBRARY_PATH"]
+    fn cuda_causal_conv3d_matches_the_cpu_kernel() {
+        fn check<T: Element>(rng: &mut Rng, stream: sys::CUstream, tolerance: f32) {
+            let cases = CONV_CASES
+                .iter()
+                .copied()
+                .chain([([1, 6, 48, 80, 96], [96, 3, 3, 3])]);
+            for (x_shape, kernel) in cases {
+                let case = ConvCase::<T>::new(rng, x_shape, kernel);
+                let what = format!(
+                    "{} CausalConv3d X {x_shape:?} kernel {kernel:?}",
+                    std::any::type_name::<T>()
+                );
+                let (gpu, _) = run_conv(&case, stream, 0);
+                let (again, _) = run_conv(&case, stream, 0);
+                let cpu = case.cpu();
+                let worst = gpu
+                    .iter()
+                    .zip(&cpu)
+                    .map(|(g, c)| (g.to_f32() - c.to_f32()).abs() / c.to_f32().abs().max(1.0))
+                    .fold(0f32, f32::max);
+                eprintln!("{what}: largest difference {worst:.2e}");
+                assert!(worst <= tolerance, "{what}: largest difference {worst}");
+                assert!(gpu == again, "{what}: two runs differ");
+            }
+        }
+        let stream = test_stream();
+        let mut rng = Rng(16);
+        check::<f16>(&mut rng, stream, 2e-3);
+        check::<f32>(&mut rng, stream, 1e-4);
+        let case = ConvCase::<f16>::new(&mut rng, [1, 6, 480, 832, 96], [96, 3, 3, 3]);
+        let (_, micros) = run_conv(&case, stream, 20);
+        let flop = 2.0 * 4.0 * 480.0 * 832.0 * 96.0 * 96.0 * 27.0;
+        eprintln!(
+            "CausalConv3d X [1, 6, 480, 832, 96] kernel [96, 3, 3, 3], float16: {micros:.1} µs, \
+             {:.0} TFLOP/s",
+            flop / micros / 1e6
+        );
     }
 
     /// GPU against CPU kernel: float32 within 1e-5 (only the row sums' order differs: the CUDA
