@@ -42,6 +42,10 @@ graphs"):
                                                   `com.microsoft.MultiHeadAttention` before): the
                                                   runner's kernel, cuDNN's flash attention with
                                                   a partial last wave split over the keys.
+- `CausalConv3d(X, W) -> Y`                      the VAE's bias-free causal convolutions,
+                                                  channels-last (exporter 0.12.0; ONNX `Conv`
+                                                  before): cuDNN's convolution with the engine
+                                                  the runner picks by timing.
 
 That structure (model.py, `Block.forward_fused`) is only taken inside `with fused_dit():`;
 eager PyTorch and `dit.onnx` never see it.
@@ -49,7 +53,8 @@ eager PyTorch and `dit.onnx` never see it.
 Two VAE graphs, `vae_first_fused.onnx` and `vae_step_fused.onnx` (exporter 0.5.0), use
 `BiasRmsNorm` with the attribute `silu = 1` for every VAE RMS norm that is followed by SiLU
 (vae.py, `ResidualBlock.forward_fused` and the head), with the bias of a causal convolution that
-feeds the norm directly moved into the op.  Only taken inside `with fused_vae():`.
+feeds the norm directly moved into the op.  From exporter 0.12.0 every causal convolution
+without a bias in them is one `CausalConv3d`.  Only taken inside `with fused_vae():`.
 """
 
 from __future__ import annotations
@@ -548,6 +553,46 @@ def bias_gelu(x, bias):
     if exporting():
         return _BiasGelu.apply(x, bias)
     return bias_gelu_reference(x, bias)
+
+
+def causal_conv3d_reference(x, weight):
+    """ai.unstep::CausalConv3d: X [N, T, H, W, C] and W [K, kT, kH, kW, C] channels-last, kH and
+    kW odd; Y [N, T - kT + 1, H, W, K], zero padding of kH // 2 and kW // 2 in space, none in time
+    (a causal convolution's cache or padding is already in front of X), no bias."""
+    kh, kw = weight.shape[2], weight.shape[3]
+    y = F.conv3d(x.permute(0, 4, 1, 2, 3), weight.permute(0, 4, 1, 2, 3), padding=(0, kh // 2, kw // 2))
+    return y.permute(0, 2, 3, 4, 1)
+
+
+class _CausalConv3d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):  # noqa: D401 - torch.autograd API
+        return causal_conv3d_reference(x, weight)
+
+    @staticmethod
+    def symbolic(g, x, weight):
+        out = g.op(f"{UNSTEP_DOMAIN}::CausalConv3d", x, weight)
+        sizes = x.type().sizes()
+        w = weight.type().sizes()
+        if sizes is not None and w is not None:
+            sizes = [sizes[0], sizes[1] - w[1] + 1, sizes[2], sizes[3], w[0]]
+            out.setType(x.type().with_sizes(sizes))
+        else:
+            out.setType(x.type())
+        return out
+
+
+def causal_conv3d(x, weight):
+    """A bias-free convolution of a causal 3D convolution's padded input x [N, C, T, H, W] with
+    weight [K, C, kT, kH, kW] (spatial padding kH // 2, kW // 2; none in time): one
+    `ai.unstep::CausalConv3d` on the channels-last layout when exporting (vae_*_fused.onnx, whose
+    convolution the runner owns: cuDNN with the engine picked by timing), between permutations
+    that cancel against the channels-last norms around it; F.conv3d otherwise."""
+    kh, kw = weight.shape[3], weight.shape[4]
+    if not exporting():
+        return F.conv3d(x, weight, padding=(0, kh // 2, kw // 2))
+    w = frozen(weight.permute(0, 2, 3, 4, 1).contiguous())
+    return _CausalConv3d.apply(x.permute(0, 2, 3, 4, 1), w).permute(0, 4, 1, 2, 3)
 
 
 def matmul_bias_gelu(x, weight, bias):

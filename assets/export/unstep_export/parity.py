@@ -122,6 +122,8 @@ def run_parity(args) -> int:
 FUSED_DIT_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
                  "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1), "MatMulBiasGelu": (3, 1), "Attention": (3, 1)}
 FUSED_VAE_OPS = {"BiasRmsNorm": (3, 1), "PrefixBiasRmsNorm": (4, 2)}
+# The fused VAE's bias-free causal convolutions (exporter 0.12.0): X, W -> Y, channels-last.
+FUSED_VAE_CONV = "CausalConv3d"
 # Nodes per layer in dit_fused.onnx (exporter 0.7.0): BiasRmsNormRope is no longer used there;
 # the self-attention is the runner's Attention (exporter 0.10.0).
 FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3,
@@ -138,9 +140,16 @@ def _io_signature(values):
 # Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0,
 # but for the last axis of QkvNormRopeCache's Q (QKV's divided by 3) and MatMulBiasGelu's Y (W's
 # rows), which `_value_types` sets.
-_SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS} | {
+_SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS} | {("ai.unstep", FUSED_VAE_CONV)} | {
     ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
     ("", "SimplifiedLayerNormalization")}
+
+
+def info_dims(t):
+    """The dimensions of a tensor type (None for an unknown one), or None without a type."""
+    if t is None:
+        return None
+    return [d.dim_value if d.HasField("dim_value") else None for d in t.tensor_type.shape.dim]
 
 
 def _value_types(model) -> dict:
@@ -165,6 +174,14 @@ def _value_types(model) -> dict:
                         v.name = o
                         v.type.CopyFrom(types[n.input[0]])
                         dims = v.type.tensor_type.shape.dim
+                        if n.op_type == FUSED_VAE_CONV and len(dims) == 5:
+                            w = weights.get(n.input[1]) or info_dims(types.get(n.input[1]))
+                            if w and len(w) == 5 and None not in w and dims[1].HasField("dim_value"):
+                                dims[1].dim_value -= w[1] - 1
+                                dims[4].dim_value = w[0]
+                            else:
+                                dims[1].Clear()
+                                dims[4].Clear()
                         if n.op_type in ("QkvNormRopeCache", "MatMulBiasGelu") and dims:
                             last, w = dims[-1], weights.get(n.input[1])
                             if n.op_type == "MatMulBiasGelu" and w:
@@ -606,8 +623,25 @@ def _unstep_reference_ops():
             assert axis in (-1, x.ndim - 1)
             return ((rms(x.astype(np.float32), epsilon) * scale.astype(np.float32)).astype(x.dtype),)
 
+    class CausalConv3d(OpRun):
+        op_domain = "ai.unstep"
+
+        def _run(self, x, w):
+            """X [N, T, H, W, C], W [K, kT, kH, kW, C] -> [N, T - kT + 1, H, W, K]: zeros around
+            the frame in space (kH // 2, kW // 2), none in time; float32 sums, rounded once."""
+            _, kt, kh, kw, _ = w.shape
+            n, t, h, wd, c = x.shape
+            xp = np.pad(x.astype(np.float32), ((0, 0), (0, 0), (kh // 2,) * 2, (kw // 2,) * 2, (0, 0)))
+            wf = w.astype(np.float32)
+            y = np.zeros((n, t - kt + 1, h, wd, w.shape[0]), np.float32)
+            for a in range(kt):
+                for b in range(kh):
+                    for d in range(kw):
+                        y += xp[:, a : a + t - kt + 1, b : b + h, d : d + wd, :] @ wf[:, a, b, d, :].T
+            return (y.astype(x.dtype),)
+
     return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, PrefixBiasRmsNorm, GatedResidualLayerNorm, BiasGelu,
-            MatMulBiasGelu, Attention,
+            MatMulBiasGelu, Attention, CausalConv3d,
             MultiHeadAttention, FastGelu, SimplifiedLayerNormalization]
 
 
@@ -663,7 +697,8 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
         f"{d}::{t} {c}" for (d, t), c in sorted(counts.items()) if t not in ("Constant", "Identity")))
     kinds = tuple(FUSED_VAE_OPS)
     norms = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type in kinds]
-    others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(kinds))
+    convs = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == FUSED_VAE_CONV]
+    others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(kinds) - {FUSED_VAE_CONV})
     if others:
         problems.append(f"{UNSTEP_DOMAIN} ops other than {' and '.join(kinds)}: {others}")
     if len(norms) != pairs:
@@ -676,7 +711,7 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
         problems.append(f"the standard graph has {silu_patterns(std.graph)} SiLU patterns, the model {pairs} pairs")
     if silu_patterns(graph):
         problems.append(f"{silu_patterns(graph)} Sigmoid-Mul (SiLU) patterns left")
-    for op, fewer in (("SimplifiedLayerNormalization", pairs), ("Sigmoid", pairs), ("Conv", 0)):
+    for op, fewer in (("SimplifiedLayerNormalization", pairs), ("Sigmoid", pairs), ("Conv", len(convs))):
         want = std_counts[("ai.onnx", op)] - fewer
         if counts[("ai.onnx", op)] != want:
             problems.append(f"{op}: {counts[('ai.onnx', op)]} nodes, expected {want} (the standard graph's "
@@ -689,9 +724,16 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     if cache_concats(graph) != cache_concats(std.graph) - prefixed:
         problems.append(f"{cache_concats(graph)} Concats of a cache input, expected {cache_concats(std.graph)} less "
                         f"{prefixed} (the PrefixBiasRmsNorm nodes)")
-    if no_bias_convs(graph) != no_bias_convs(std.graph) + conv_fed + carried:
-        problems.append(f"{no_bias_convs(graph)} convolutions without bias, expected "
-                        f"{no_bias_convs(std.graph)} + {conv_fed} + {carried} carried")
+    if no_bias_convs(graph) + len(convs) != no_bias_convs(std.graph) + conv_fed + carried:
+        problems.append(f"{no_bias_convs(graph)} convolutions without bias and {len(convs)} {FUSED_VAE_CONV}, "
+                        f"expected {no_bias_convs(std.graph)} + {conv_fed} + {carried} carried in all")
+    for n in graph.node:
+        kernel = next((a.ints for a in n.attribute if a.name == "kernel_shape"), [])
+        if n.op_type == "Conv" and len(kernel) == 3 and not (len(n.input) >= 3 and n.input[2]):
+            problems.append(f"{n.name}: a 3D convolution without bias left as Conv, not {FUSED_VAE_CONV}")
+    for n in convs:
+        if len(n.input) != 2 or len(n.output) != 1:
+            problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected 2 / 1")
 
     index = _GraphIndex(graph)
     producer, consumers = index.producer, index.consumers
@@ -722,14 +764,19 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
             if shape is not None and c is not None and shape != [c]:
                 problems.append(f"{n.name}: {v} has shape {shape}, expected [{c}]")
         perm = producer.get(n.input[0])
-        # A channels-last Transpose, or the Reshape that ends an upsampling stage's channels-last
-        # interleave (vae.py Resample), whose output is already channels-last.
-        if perm is None or perm.op_type not in ("Transpose", "Reshape"):
-            problems.append(f"{n.name}: X does not come from a (channels-last) Transpose or an upsampling's Reshape")
+        # A channels-last Transpose, the Reshape that ends an upsampling stage's channels-last
+        # interleave (vae.py Resample), whose output is already channels-last, or a CausalConv3d
+        # (channels-last itself).
+        if perm is None or perm.op_type not in ("Transpose", "Reshape", FUSED_VAE_CONV):
+            problems.append(f"{n.name}: X does not come from a (channels-last) Transpose, an upsampling's Reshape "
+                            f"or a {FUSED_VAE_CONV}")
             continue
-        conv = producer.get(perm.input[0]) if perm.op_type == "Transpose" else None
-        only = len(consumers[perm.input[0]]) == 1 and len(consumers[n.input[0]]) == 1
-        if conv is not None and conv.op_type == "Conv" and only:
+        if perm.op_type == FUSED_VAE_CONV:
+            conv, only = perm, len(consumers[n.input[0]]) == 1
+        else:
+            conv = producer.get(perm.input[0]) if perm.op_type == "Transpose" else None
+            only = len(consumers[perm.input[0]]) == 1 and len(consumers[n.input[0]]) == 1
+        if conv is not None and conv.op_type in ("Conv", FUSED_VAE_CONV) and only:
             # The convolution's output feeds this norm alone: its bias belongs in the op.
             if len(conv.input) >= 3 and conv.input[2]:
                 problems.append(f"{n.name}: the convolution {conv.name} before it keeps its bias")

@@ -92,6 +92,8 @@ class CausalConv3d(nn.Conv3d):
             # exported graph convolves with that tap alone (no Pad, a third of the work).
             t = self.kernel_size[0]
             if self.tpad == t - 1:
+                if self._runner_conv(bias):
+                    return fused.causal_conv3d(x, self.weight[:, :, t - 1 :])
                 return F.conv3d(x, self.weight[:, :, t - 1 :], self._bias(bias), padding=self.padding)
         if self.tpad and cache is not None:
             x = from_cache_layout(torch.cat([cache, to_cache_layout(x)], dim=cache_time_axis()))
@@ -104,7 +106,22 @@ class CausalConv3d(nn.Conv3d):
 
     def convolve_padded(self, x, bias=True):
         """The convolution of an input that already has its temporal padding (or cache) in front."""
+        if self._runner_conv(bias):
+            return fused.causal_conv3d(x, self.weight)
         return self._conv_forward(x, self.weight, self._bias(bias))
+
+    def _runner_conv(self, bias) -> bool:
+        """Whether the fused graphs write this convolution as `ai.unstep::CausalConv3d` (exporter
+        0.12.0): bias-free, stride 1, spatial padding of half the kernel (all of this decoder's)."""
+        k = self.kernel_size
+        return (
+            fused.fused_vae_active()
+            and torch.onnx.is_in_onnx_export()
+            and self._bias(bias) is None
+            and self.stride == (1, 1, 1)
+            and self.dilation == (1, 1, 1)
+            and tuple(self.padding[1:]) == (k[1] // 2, k[2] // 2)
+        )
 
     def cached(self, x, ctx: CacheCtx, bias=True):
         old = ctx.take()
