@@ -701,8 +701,13 @@ fn run_process(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
-        // Compiler caches of this process, and nothing global (SPEC §7).
+        // Compiler caches of this process, and nothing global (SPEC §7): the CUDA driver's JIT
+        // cache and the decoder convolutions' engine choices.
         .env("CUDA_CACHE_PATH", spec.cache_dir.join("cuda_jit"))
+        .env(
+            crate::engine::kernels::CONV_CACHE_ENV,
+            spec.cache_dir.join("cudnn_conv"),
+        )
         .env(
             "OMP_NUM_THREADS",
             spec.manifest.runtime.cpu_threads_per_process.0.to_string(),

@@ -14,13 +14,25 @@
 //!   down-converted to a smaller type)
 //!   or that need more than [`MAX_WORKSPACE`] bytes, times each on the call's own tensors
 //!   ([`TIMED_REPS`] runs after one warm run, CUDA events on ONNX Runtime's stream) and keeps the
-//!   fastest for the process (per device, stream, shape and type). A first call made while the
-//!   stream is being captured into a CUDA graph cannot wait for timings: it takes the
-//!   heuristics' first plan, and so does every later call of that shape.
+//!   fastest for the process (per device, shape and type; one cuDNN handle per device, pointed at
+//!   each call's stream). A first call made while the stream is being captured into a CUDA graph
+//!   cannot wait for timings: it takes the heuristics' first plan, and so does every later call of
+//!   that shape.
+//!   Timing stops early for a plan whose first (cold) run takes more than [`SLOW_CUT`] times the
+//!   best so far: the heuristics offer fallback engines that run a large convolution for tens of
+//!   milliseconds.
+//! - **Kept between processes.** With `UNSTEP_CONV_CACHE` set to a directory (`runner apply` sets
+//!   it to the process's cache directory's `cudnn_conv`, beside `cuda_jit`), each choice is also
+//!   written there, one small file per GPU kind, cuDNN version, shape and type, naming the plan's
+//!   place in the heuristics' list and its engine; a later process (the measurement after the
+//!   warmup) builds the plans and takes that one without timing, when the heuristics still offer
+//!   the same engine there. A missing, unreadable or stale file means timing again; a file that
+//!   cannot be written only costs the next process the timing.
 //! - `UNSTEP_CONV_LOG=1` prints each shape's choice to standard error: the plans timed, the
 //!   engine kept and its time against the heuristics' first plan.
 
 use std::ffi::c_void;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::cudnn::sys as dnn;
@@ -28,8 +40,10 @@ use cudarc::driver::{result as driver, sys};
 use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{CurrentContext, Handle, REMEDY, prepare, primary_context};
-use super::cudnn::{Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, handle, scratch};
+use super::cuda::{CurrentContext, Handle, REMEDY, device_info, prepare, primary_context};
+use super::cudnn::{
+    Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, create_handle, cudnn, set_stream,
+};
 use super::{Attrs, ConvDims, DOMAIN, Op, Plan, op_error};
 
 /// The tensors of a call, by unique id.
@@ -39,8 +53,13 @@ const UID_Y: i64 = 3;
 
 /// The most workspace a plan may need to be timed and kept.
 pub(crate) const MAX_WORKSPACE: usize = 256 << 20;
-/// Timed runs of each plan, after one warm run.
+/// Timed runs of each plan, after one cold run.
 const TIMED_REPS: usize = 3;
+/// A plan whose cold run takes more than this many times the best plan's time so far is not
+/// timed further.
+pub(crate) const SLOW_CUT: f32 = 4.0;
+/// The environment variable naming the directory the choices are kept in.
+pub(crate) const CACHE_ENV: &str = "UNSTEP_CONV_CACHE";
 
 /// cuDNN's numerical notes (`cudnnBackendNumericalNote_t`) that change a convolution's arithmetic
 /// (tensor cores: TF32 for float32 inputs).
@@ -58,11 +77,40 @@ struct Tuned {
     _parts: Vec<Desc>,
 }
 
-/// (device, stream, sizes, float16).
-type Key = (i32, usize, ConvDims, bool);
+/// What the convolutions of one device share, for the process: one cuDNN handle (pointed at the
+/// call's stream before each call), the plans chosen so far by (sizes, float16), and one
+/// workspace (grown as a plan needs; the smaller buffers are kept, a captured graph may point at
+/// them). The lock around it orders the calls: ONNX Runtime may hand a session's runs different
+/// streams, and a choice made once must not be timed again on each.
+struct Device {
+    ordinal: i32,
+    /// The GPU kind and cuDNN version, for the names of kept choices: `sm90-132sms-cudnn91900`.
+    kind: String,
+    handle: Handle<dnn::cudnnHandle_t>,
+    tuned: Vec<((ConvDims, bool), Tuned)>,
+    workspaces: Vec<(usize, u64)>,
+}
 
-/// The plans chosen so far in this process.
-static TUNED: Mutex<Vec<(Key, Tuned)>> = Mutex::new(Vec::new());
+static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
+
+impl Device {
+    /// At least `bytes` of workspace.
+    fn workspace(&mut self, bytes: usize) -> Result<u64, String> {
+        if let Some(&(_, ptr)) = self.workspaces.last().filter(|(n, _)| *n >= bytes) {
+            return Ok(ptr);
+        }
+        // SAFETY: a plain allocation in the current (primary) context, kept for the process.
+        let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
+            format!(
+                "cuMemAlloc of {} KiB of convolution workspace on CUDA device {}: {e}",
+                bytes.div_ceil(1024),
+                self.ordinal
+            )
+        })?;
+        self.workspaces.push((bytes, ptr));
+        Ok(ptr)
+    }
+}
 
 /// A `CausalConv3d` node's CUDA kernel.
 pub(super) struct ConvKernel {
@@ -121,21 +169,47 @@ impl ConvKernel {
         }
         let _current =
             CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
-        let handle = handle(self.ordinal, stream)?;
         let half = self.ty == TensorElementType::Float16;
-        let key = (self.ordinal, stream as usize, plan.conv, half);
-        let mut tuned = TUNED.lock().unwrap_or_else(PoisonError::into_inner);
-        let index = match tuned.iter().position(|(k, _)| *k == key) {
-            Some(index) => index,
+        let mut devices = DEVICES.lock().unwrap_or_else(PoisonError::into_inner);
+        let device = match devices.iter().position(|d| d.ordinal == self.ordinal) {
+            Some(index) => &mut devices[index],
             None => {
-                let chosen = tune(handle.0, &plan.conv, half, [x, w, y], self.ordinal, stream)?;
-                tuned.push((key, chosen));
-                tuned.len() - 1
+                let info = device_info(self.ordinal)?;
+                let kind = format!(
+                    "sm{}{}-{}sms-cudnn{}",
+                    info.major,
+                    info.minor,
+                    info.sms,
+                    cudnn()?.version
+                );
+                devices.push(Device {
+                    ordinal: self.ordinal,
+                    kind,
+                    handle: create_handle(self.ordinal)?,
+                    tuned: Vec::new(),
+                    workspaces: Vec::new(),
+                });
+                devices.last_mut().expect("just pushed")
             }
         };
-        let chosen = &tuned[index].1;
-        let workspace = scratch(self.ordinal, stream, chosen.workspace)?;
-        execute(handle.0, &chosen.plan, [x, w, y], workspace)
+        set_stream(device.handle, stream)?;
+        let key = (plan.conv, half);
+        let index = match device.tuned.iter().position(|(k, _)| *k == key) {
+            Some(index) => index,
+            None => {
+                let chosen = tune(device, &plan.conv, half, [x, w, y], stream)?;
+                device.tuned.push((key, chosen));
+                device.tuned.len() - 1
+            }
+        };
+        let bytes = device.tuned[index].1.workspace;
+        let workspace = device.workspace(bytes)?;
+        execute(
+            device.handle.0,
+            &device.tuned[index].1.plan,
+            [x, w, y],
+            workspace,
+        )
     }
 }
 
@@ -227,6 +301,10 @@ fn graph(handle: dnn::cudnnHandle_t, g: &ConvDims, half: bool) -> Result<Vec<Des
     Ok(vec![x, wt, y, conv, op, graph])
 }
 
+/// The plans the heuristics offered: those kept, the descriptors they need alive, and why the
+/// others were left out.
+type Offered = (Vec<Candidate>, Vec<Desc>, Vec<String>);
+
 /// A plan the heuristics offered, built.
 struct Candidate {
     plan: Desc,
@@ -308,11 +386,7 @@ fn engine_of(config: &Desc, half: bool) -> Result<(i64, bool), String> {
 
 /// Every plan the heuristics offer for `graph` that keeps the arithmetic and fits the workspace
 /// cap, instant mode's first, then the fallback's; and why the others were left out.
-fn candidates(
-    handle: dnn::cudnnHandle_t,
-    graph: &Desc,
-    half: bool,
-) -> Result<(Vec<Candidate>, Vec<Desc>, Vec<String>), String> {
+fn candidates(handle: dnn::cudnnHandle_t, graph: &Desc, half: bool) -> Offered {
     let mut found = Vec::new();
     let mut keep = Vec::new();
     let mut reasons = Vec::new();
@@ -371,7 +445,7 @@ fn candidates(
             }
         }
     }
-    Ok((found, keep, reasons))
+    (found, keep, reasons)
 }
 
 /// Queues the plan on the handle's stream over X, W, Y and the workspace.
@@ -413,52 +487,126 @@ fn execute(
     )
 }
 
-/// Milliseconds of `TIMED_REPS` runs of `plan` on `stream` (after one warm run), or why it
-/// could not run.
-fn time_plan(
+/// The mean milliseconds of `reps` runs of `plan` on `stream`, or why it could not run.
+fn time_runs(
     handle: dnn::cudnnHandle_t,
     plan: &Desc,
     pointers: [u64; 3],
     workspace: u64,
     stream: sys::CUstream,
+    reps: usize,
 ) -> Result<f32, String> {
     let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
     let start = driver::event::create(flags).map_err(|e| format!("cuEventCreate: {e}"))?;
     let end = driver::event::create(flags).map_err(|e| format!("cuEventCreate: {e}"))?;
-    let timed = (|| {
-        execute(handle, plan, pointers, workspace)?;
-        // SAFETY: events of the current context, recorded on its stream and waited for here.
-        unsafe {
-            driver::event::record(start, stream).map_err(|e| format!("cuEventRecord: {e}"))?;
-            for _ in 0..TIMED_REPS {
-                execute(handle, plan, pointers, workspace)?;
-            }
-            driver::event::record(end, stream).map_err(|e| format!("cuEventRecord: {e}"))?;
-            driver::event::synchronize(end).map_err(|e| format!("cuEventSynchronize: {e}"))?;
-            driver::event::elapsed(start, end).map_err(|e| format!("cuEventElapsedTime: {e}"))
+    // SAFETY: events of the current context, recorded on its stream and waited for here.
+    let timed = (|| unsafe {
+        driver::event::record(start, stream).map_err(|e| format!("cuEventRecord: {e}"))?;
+        for _ in 0..reps {
+            execute(handle, plan, pointers, workspace)?;
         }
+        driver::event::record(end, stream).map_err(|e| format!("cuEventRecord: {e}"))?;
+        driver::event::synchronize(end).map_err(|e| format!("cuEventSynchronize: {e}"))?;
+        driver::event::elapsed(start, end).map_err(|e| format!("cuEventElapsedTime: {e}"))
     })();
     // SAFETY: the events are not used after this.
     unsafe {
         let _ = driver::event::destroy(start);
         let _ = driver::event::destroy(end);
     }
-    timed.map(|ms| ms / TIMED_REPS as f32)
+    timed.map(|ms| ms / reps.max(1) as f32)
+}
+
+/// Times the candidates in order: one cold run each, then [`TIMED_REPS`] runs for those within
+/// [`SLOW_CUT`] of the best mean so far. Each plan's time (its cold run's where it was cut), None
+/// where it failed to run.
+fn time_candidates(
+    handle: dnn::cudnnHandle_t,
+    found: &[Candidate],
+    pointers: [u64; 3],
+    workspace: u64,
+    stream: sys::CUstream,
+) -> Vec<Option<f32>> {
+    let mut best = f32::INFINITY;
+    let mut times = Vec::with_capacity(found.len());
+    for c in found {
+        let time = time_runs(handle, &c.plan, pointers, workspace, stream, 1)
+            .ok()
+            .and_then(|cold| {
+                if cold > SLOW_CUT * best {
+                    return Some(cold);
+                }
+                let mean =
+                    time_runs(handle, &c.plan, pointers, workspace, stream, TIMED_REPS).ok()?;
+                best = best.min(mean);
+                Some(mean)
+            });
+        times.push(time);
+    }
+    times
+}
+
+/// The file a choice is kept in, under the directory of [`CACHE_ENV`].
+pub(crate) fn choice_file(dir: &Path, kind: &str, dims: &ConvDims, half: bool) -> PathBuf {
+    let g = dims;
+    dir.join(format!(
+        "{kind}-{}-x{}x{}x{}x{}x{}-w{}x{}x{}x{}.txt",
+        if half { "f16" } else { "f32" },
+        g.n,
+        g.t,
+        g.h,
+        g.w,
+        g.c,
+        g.k,
+        g.kt,
+        g.kh,
+        g.kw
+    ))
+}
+
+/// A kept choice's text: the plan's place in the heuristics' list and its engine's global index.
+pub(crate) fn format_choice(index: usize, engine: i64) -> String {
+    format!("plan {index} engine {engine}\n")
+}
+
+/// The (place, engine) of a kept choice's text; None for anything else.
+pub(crate) fn parse_choice(text: &str) -> Option<(usize, i64)> {
+    match text.split_whitespace().collect::<Vec<_>>()[..] {
+        ["plan", index, "engine", engine] => Some((index.parse().ok()?, engine.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// The kept choice for these candidates, when its file names a place they have with the same
+/// engine.
+fn kept_choice(file: &Path, found: &[Candidate]) -> Option<usize> {
+    let (index, engine) = parse_choice(&std::fs::read_to_string(file).ok()?)?;
+    (found.get(index)?.engine == engine).then_some(index)
+}
+
+/// Writes a choice (a temporary file renamed into place, so a reader sees all of it or none).
+fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, format_choice(index, engine))?;
+    std::fs::rename(&tmp, file)
 }
 
 /// The plan a shape keeps: the fastest of the candidates on the call's own tensors, or the
 /// heuristics' first while the stream is being captured.
 fn tune(
-    handle: dnn::cudnnHandle_t,
+    device: &mut Device,
     dims: &ConvDims,
     half: bool,
     pointers: [u64; 3],
-    ordinal: i32,
     stream: sys::CUstream,
 ) -> Result<Tuned, String> {
+    let handle = device.handle.0;
     let mut parts = graph(handle, dims, half)?;
     let graph = parts.last().expect("the graph is the last descriptor");
-    let (found, keep, reasons) = candidates(handle, graph, half)?;
+    let (found, keep, reasons) = candidates(handle, graph, half);
     let describe = || {
         format!(
             "X [{}, {}, {}, {}, {}], W [{}, {}, {}, {}, {}], {}",
@@ -487,15 +635,16 @@ fn tune(
     let capturing = unsafe { driver::stream::is_capturing(stream) }
         .map(|s| s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
         .unwrap_or(true);
-    let mut best = 0;
+    let file = std::env::var_os(CACHE_ENV)
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| choice_file(Path::new(&dir), &device.kind, dims, half));
+    let kept = file.as_deref().and_then(|f| kept_choice(f, &found));
+    let mut best = kept.unwrap_or(0);
     let mut times = Vec::new();
-    if !capturing && found.len() > 1 {
+    if kept.is_none() && !capturing && found.len() > 1 {
         let most = found.iter().map(|c| c.workspace).max().unwrap_or(0);
-        let workspace = scratch(ordinal, stream, most)?;
-        times = found
-            .iter()
-            .map(|c| time_plan(handle, &c.plan, pointers, workspace, stream).ok())
-            .collect();
+        let workspace = device.workspace(most)?;
+        times = time_candidates(handle, &found, pointers, workspace, stream);
         best = (0..found.len())
             .filter(|&i| times[i].is_some())
             .min_by(|&a, &b| times[a].partial_cmp(&times[b]).expect("times are finite"))
@@ -505,6 +654,15 @@ fn tune(
                     describe()
                 )
             })?;
+        if let Some(file) = &file
+            && let Err(e) = keep_choice(file, best, found[best].engine)
+        {
+            eprintln!(
+                "warning: {DOMAIN} CausalConv3d: could not keep the convolution's engine choice \
+                 in {}: {e}; the next process times the plans again",
+                file.display()
+            );
+        }
     }
     if std::env::var_os("UNSTEP_CONV_LOG").is_some_and(|v| v == "1") {
         let us = |i: usize| {
@@ -515,11 +673,16 @@ fn tune(
                 .map_or("untimed".to_string(), |ms| format!("{:.1} µs", ms * 1e3))
         };
         eprintln!(
-            "CausalConv3d {}: {} plans, engine {} kept ({}), the heuristics' first engine {} ({})",
+            "CausalConv3d {} on stream {stream:?}: {} plans, engine {} kept ({}), the \
+             heuristics' first engine {} ({})",
             describe(),
             found.len(),
             found[best].engine,
-            us(best),
+            if kept.is_some() {
+                "the choice kept by an earlier process".to_string()
+            } else {
+                us(best)
+            },
             found[0].engine,
             us(0)
         );

@@ -28,6 +28,8 @@ pub(super) type DescPtr = dnn::cudnnBackendDescriptor_t;
 /// know must not become an invalid enum).
 pub(super) struct Cudnn {
     _library: libloading::Library,
+    /// `cudnnGetVersion`, e.g. 91900 for 9.19.0.
+    pub(super) version: usize,
     create: unsafe extern "C" fn(*mut dnn::cudnnHandle_t) -> Status,
     set_stream: unsafe extern "C" fn(dnn::cudnnHandle_t, dnn::cudaStream_t) -> Status,
     error_string: unsafe extern "C" fn(Status) -> *const c_char,
@@ -80,6 +82,7 @@ fn load_cudnn() -> Result<Cudnn, String> {
             )));
         }
         Cudnn {
+            version,
             create: symbol(&library, "cudnnCreate")?,
             set_stream: symbol(&library, "cudnnSetStream")?,
             error_string: symbol(&library, "cudnnGetErrorString")?,
@@ -275,6 +278,14 @@ pub(super) fn handle(
     if let Some((_, _, h)) = handles.iter().find(|(o, s, _)| *o == ordinal && *s == key) {
         return Ok(*h);
     }
+    let h = create_handle(ordinal)?;
+    set_stream(h, stream)?;
+    handles.push((ordinal, key, h));
+    Ok(h)
+}
+
+/// A new cuDNN handle on device `ordinal` (its primary context current), never destroyed.
+pub(super) fn create_handle(ordinal: i32) -> Result<Handle<dnn::cudnnHandle_t>, String> {
     let lib = cudnn()?;
     let mut h = std::ptr::null_mut();
     // SAFETY: an out-parameter; the device's primary context is current.
@@ -283,14 +294,21 @@ pub(super) fn handle(
         unsafe { (lib.create)(&mut h) },
         &format!("cudnnCreate on CUDA device {ordinal}"),
     )?;
-    // SAFETY: the handle was just created; the stream belongs to the current context.
+    Ok(Handle(h))
+}
+
+/// Makes `handle` queue its work on `stream` (of the handle's device).
+pub(super) fn set_stream(
+    handle: Handle<dnn::cudnnHandle_t>,
+    stream: sys::CUstream,
+) -> Result<(), String> {
+    let lib = cudnn()?;
+    // SAFETY: a live handle; the stream belongs to the current context, its device's.
     check(
         lib,
-        unsafe { (lib.set_stream)(h, stream as dnn::cudaStream_t) },
+        unsafe { (lib.set_stream)(handle.0, stream as dnn::cudaStream_t) },
         "cudnnSetStream",
-    )?;
-    handles.push((ordinal, key, Handle(h)));
-    Ok(Handle(h))
+    )
 }
 
 /// At least `bytes` of scratch for `stream` on device `ordinal`: the buffer of a smaller earlier

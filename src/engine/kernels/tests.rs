@@ -1247,6 +1247,51 @@ fn causal_conv3d_refuses_shapes_outside_the_contract() {
     }
 }
 
+/// A kept engine choice (conv.rs) reads back as written, anything else as none; its file is named
+/// by the GPU kind, the type and every size, so no two shapes share one.
+#[test]
+fn causal_conv3d_choices_round_trip_and_name_their_shape() {
+    assert_eq!(
+        conv::parse_choice(&conv::format_choice(7, 62)),
+        Some((7, 62))
+    );
+    for bad in [
+        "",
+        "plan 7",
+        "plan x engine 62",
+        "engine 62 plan 7",
+        "plan 7 engine 62 more",
+        "plan -1 engine 62",
+    ] {
+        assert_eq!(conv::parse_choice(bad), None, "{bad:?}");
+    }
+    let dims = ConvDims {
+        n: 1,
+        t: 6,
+        h: 480,
+        w: 832,
+        c: 96,
+        k: 96,
+        kt: 3,
+        kh: 3,
+        kw: 3,
+    };
+    let dir = std::path::Path::new("cache/cudnn_conv");
+    let kind = "sm90-132sms-cudnn91900";
+    let file = conv::choice_file(dir, kind, &dims, true);
+    assert_eq!(
+        file,
+        dir.join("sm90-132sms-cudnn91900-f16-x1x6x480x832x96-w96x3x3x3.txt")
+    );
+    assert_ne!(file, conv::choice_file(dir, kind, &dims, false));
+    assert_ne!(
+        file,
+        conv::choice_file(dir, "sm80-108sms-cudnn91900", &dims, true)
+    );
+    let wider = ConvDims { k: 128, ..dims };
+    assert_ne!(file, conv::choice_file(dir, kind, &wider, true));
+}
+
 /// The split of a call's rows (attention.rs) on an H200 (132 SMs, two thread blocks of 64 rows
 /// each per SM: 264 per wave).
 #[test]
