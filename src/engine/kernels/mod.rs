@@ -81,10 +81,19 @@
 //!    writes it for `dit_fused`'s self-attention, in place of ONNX Runtime's
 //!    `MultiHeadAttention`, so that the runner decides how a block's rows meet the GPU's waves.
 //!
+//! 9. `CausalConv3d(X, W) -> Y`: a causal 3D convolution without bias, channels last. X has shape
+//!    `[N, T, H, W, C]` (X's last axis is C here, so D = C), W `[K, kT, kH, kW, C]` with kT ≤ T
+//!    and kH, kW odd; Y has shape `[N, T − kT + 1, H, W, K]` and
+//!    `Y[n, t, i, j, k] = Σ_{a, b, c, ·} X[n, t + a, i + b − kH/2, j + c − kW/2, ·] · W[k, a, b,
+//!    c, ·]` over the taps whose pixel is inside the frame (zero padding in space, none in time),
+//!    the sum in float32 (in any order) and rounded to T once. The CUDA kernel is cuDNN's
+//!    convolution with the engine picked by timing (`conv.rs`); the exporter writes it for the
+//!    fused VAE's bias-free causal convolutions, in place of ONNX `Conv`.
+//!
 //! Every output has X's shape (O is Q's), but Q's last axis of `QkvNormRopeCache` is D, Y of
-//! `PrefixBiasRmsNorm` has P + T on axis 1 and its tail prefix's shape, and Y of
-//! `MatMulBiasGelu` has N on its last axis. A shape that breaks the contract is an error naming
-//! the operator, the input and the shapes. The row operators' CUDA kernels keep a row in
+//! `PrefixBiasRmsNorm` has P + T on axis 1 and its tail prefix's shape, Y of `MatMulBiasGelu` has
+//! N on its last axis, and Y of `CausalConv3d` is as above. A shape that breaks the contract is an
+//! error naming the operator, the input and the shapes. The row operators' CUDA kernels keep a row in
 //! registers: they also need D even and at most 2048 (wan-1.3b's is 1536), and every tensor
 //! aligned to a pair of elements (ONNX Runtime's allocations are); a call outside that is an
 //! error, not a slow path. They work a row with a group of up to 32 threads and 16-byte accesses
