@@ -80,8 +80,11 @@ struct Tuned {
 /// What the convolutions of one device share, for the process: one cuDNN handle (pointed at the
 /// call's stream before each call), the plans chosen so far by (sizes, float16), and one
 /// workspace (grown as a plan needs; the smaller buffers are kept, a captured graph may point at
-/// them). The lock around it orders the calls: ONNX Runtime may hand a session's runs different
-/// streams, and a choice made once must not be timed again on each.
+/// them). The calls come on the streams of several sessions (`vae_first`'s and `vae_step`'s); a
+/// first build that kept its choices per stream ran the decoder ten times slower, timing its
+/// choices again and again, so nothing here depends on the stream. The lock orders the host
+/// side; the shared workspace relies on the decoder's sessions running one after another, never
+/// two convolutions at once on different streams.
 struct Device {
     ordinal: i32,
     /// The GPU kind and cuDNN version, for the names of kept choices: `sm90-132sms-cudnn91900`.
