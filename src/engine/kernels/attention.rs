@@ -37,7 +37,9 @@ use ort::value::TensorElementType;
 use super::cuda::{
     CurrentContext, Handle, REMEDY, device_function, device_info, prepare, primary_context,
 };
-use super::cudnn::{Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, handle, scratch};
+use super::cudnn::{
+    Attr, Desc, Kind, Type, check, check_cudnn, engine_configs, execution_plan, handle, scratch,
+};
 use super::{Attrs, DOMAIN, Op, Plan, op_error};
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
@@ -171,54 +173,18 @@ impl Sdpa {
         graph.set_handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, handle)?;
         graph.set_desc(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op)?;
         let graph = graph.finalize("operation graph")?;
-        let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-        heur.set_desc(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &graph)?;
-        let mode = dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A;
-        // SAFETY: one heuristics mode enum value.
-        unsafe {
-            heur.set(
-                Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
-                Type::CUDNN_TYPE_HEUR_MODE,
-                1,
-                (&mode as *const dnn::cudnnBackendHeurMode_t).cast(),
-            )?
-        };
-        let heur = heur.finalize("engine heuristics")?;
-        let results = Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS;
-        let descriptors = Type::CUDNN_TYPE_BACKEND_DESCRIPTOR;
-        // SAFETY: asks for the number of results only.
-        let count = unsafe { heur.get(results, descriptors, 0, std::ptr::null_mut())? };
-        let configs = (0..count.max(0))
-            .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut handles: Vec<DescPtr> = configs.iter().map(|c| c.0).collect();
-        // SAFETY: `handles` holds `count` engine configuration descriptors for cuDNN to fill.
-        let got = unsafe { heur.get(results, descriptors, count, handles.as_mut_ptr().cast())? };
+        let (heur, configs) =
+            engine_configs(&graph, dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A)?;
+        let got = configs.len();
         let mut reasons = Vec::new();
-        for config in configs.into_iter().take(got.max(0) as usize) {
-            let built = (|| {
-                let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-                plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
-                plan.set_desc(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &config)?;
-                plan.finalize("execution plan")
-            })();
-            match built {
-                Ok(plan) => {
-                    let mut workspace = 0i64;
-                    // SAFETY: one int64 out-value.
-                    unsafe {
-                        plan.get(
-                            Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                            Type::CUDNN_TYPE_INT64,
-                            1,
-                            (&mut workspace as *mut i64).cast(),
-                        )?
-                    };
+        for config in configs {
+            match execution_plan(handle, &config) {
+                Ok((plan, workspace)) => {
                     let mut parts = vec![q, k, v, o, scale, op, graph, heur, config];
                     parts.extend(stats);
                     return Ok(Self {
                         plan,
-                        workspace: workspace.max(0) as usize,
+                        workspace,
                         with_stats: shape.stats,
                         _parts: parts,
                     });

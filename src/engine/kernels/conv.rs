@@ -42,7 +42,8 @@ use ort::value::TensorElementType;
 
 use super::cuda::{CurrentContext, Handle, REMEDY, device_info, prepare, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, create_handle, cudnn, set_stream,
+    Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, create_handle, cudnn, engine_configs,
+    execution_plan, set_stream,
 };
 use super::{Attrs, ConvDims, DOMAIN, Op, Plan, op_error};
 
@@ -316,35 +317,6 @@ struct Candidate {
     config: Desc,
 }
 
-/// The engine configurations of `graph` in heuristics mode `mode`, in the heuristics' order,
-/// with the heuristics descriptor (kept alive with them).
-fn configs(graph: &Desc, mode: dnn::cudnnBackendHeurMode_t) -> Result<(Desc, Vec<Desc>), String> {
-    let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-    heur.set_desc(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)?;
-    // SAFETY: one heuristics mode enum value.
-    unsafe {
-        heur.set(
-            Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
-            Type::CUDNN_TYPE_HEUR_MODE,
-            1,
-            (&mode as *const dnn::cudnnBackendHeurMode_t).cast(),
-        )?
-    };
-    let heur = heur.finalize("engine heuristics")?;
-    let results = Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS;
-    let descriptors = Type::CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    // SAFETY: asks for the number of results only.
-    let count = unsafe { heur.get(results, descriptors, 0, std::ptr::null_mut())? };
-    let configs = (0..count.max(0))
-        .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut handles: Vec<DescPtr> = configs.iter().map(|c| c.0).collect();
-    // SAFETY: `handles` holds `count` engine configuration descriptors for cuDNN to fill.
-    let got = unsafe { heur.get(results, descriptors, count, handles.as_mut_ptr().cast())? };
-    let configs = configs.into_iter().take(got.max(0) as usize).collect();
-    Ok((heur, configs))
-}
-
 /// The engine of `config`: its global index and whether its arithmetic is the plain one (see the
 /// module's notes).
 fn engine_of(config: &Desc, half: bool) -> Result<(i64, bool), String> {
@@ -397,7 +369,7 @@ fn candidates(handle: dnn::cudnnHandle_t, graph: &Desc, half: bool) -> Offered {
         dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_INSTANT,
         dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
     ] {
-        let (heur, configs) = match configs(graph, mode) {
+        let (heur, configs) = match engine_configs(graph, mode) {
             Ok(found) => found,
             Err(e) => {
                 reasons.push(format!("{mode:?}: {e}"));
@@ -416,24 +388,7 @@ fn candidates(handle: dnn::cudnnHandle_t, graph: &Desc, half: bool) -> Offered {
             if !plain {
                 continue;
             }
-            let built = (|| {
-                let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
-                plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
-                plan.set_desc(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &config)?;
-                let plan = plan.finalize("execution plan")?;
-                let mut workspace = 0i64;
-                // SAFETY: one int64 out-value.
-                unsafe {
-                    plan.get(
-                        Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                        Type::CUDNN_TYPE_INT64,
-                        1,
-                        (&mut workspace as *mut i64).cast(),
-                    )?
-                };
-                Ok::<_, String>((plan, workspace.max(0) as usize))
-            })();
-            match built {
+            match execution_plan(handle, &config) {
                 Ok((_, workspace)) if workspace > MAX_WORKSPACE => reasons.push(format!(
                     "engine {engine} needs {} MiB of workspace",
                     workspace >> 20

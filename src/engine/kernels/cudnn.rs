@@ -335,3 +335,57 @@ pub(super) fn scratch(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Resu
     buffers.push((ordinal, key, bytes, ptr));
     Ok(ptr)
 }
+
+/// The engine configurations cuDNN's heuristics offer for `graph` in `mode`, in their order, and
+/// the heuristics descriptor they came from (kept alive with them).
+pub(super) fn engine_configs(
+    graph: &Desc,
+    mode: dnn::cudnnBackendHeurMode_t,
+) -> Result<(Desc, Vec<Desc>), String> {
+    let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+    heur.set_desc(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)?;
+    // SAFETY: one heuristics mode enum value.
+    unsafe {
+        heur.set(
+            Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
+            Type::CUDNN_TYPE_HEUR_MODE,
+            1,
+            (&mode as *const dnn::cudnnBackendHeurMode_t).cast(),
+        )?
+    };
+    let heur = heur.finalize("engine heuristics")?;
+    let results = Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS;
+    let descriptors = Type::CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    // SAFETY: asks for the number of results only.
+    let count = unsafe { heur.get(results, descriptors, 0, std::ptr::null_mut())? };
+    let configs = (0..count.max(0))
+        .map(|_| Desc::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut handles: Vec<DescPtr> = configs.iter().map(|c| c.0).collect();
+    // SAFETY: `handles` holds `count` engine configuration descriptors for cuDNN to fill.
+    let got = unsafe { heur.get(results, descriptors, count, handles.as_mut_ptr().cast())? };
+    let configs = configs.into_iter().take(got.max(0) as usize).collect();
+    Ok((heur, configs))
+}
+
+/// The execution plan of `config` on `handle`, and the bytes of workspace it needs.
+pub(super) fn execution_plan(
+    handle: dnn::cudnnHandle_t,
+    config: &Desc,
+) -> Result<(Desc, usize), String> {
+    let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+    plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
+    plan.set_desc(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config)?;
+    let plan = plan.finalize("execution plan")?;
+    let mut workspace = 0i64;
+    // SAFETY: one int64 out-value.
+    unsafe {
+        plan.get(
+            Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+            Type::CUDNN_TYPE_INT64,
+            1,
+            (&mut workspace as *mut i64).cast(),
+        )?
+    };
+    Ok((plan, workspace.max(0) as usize))
+}
