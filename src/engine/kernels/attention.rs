@@ -38,7 +38,7 @@ use super::cuda::{
     CurrentContext, Handle, REMEDY, device_function, device_info, prepare, primary_context,
 };
 use super::cudnn::{
-    Attr, Desc, Kind, Type, check, check_cudnn, engine_configs, execution_plan, handle, scratch,
+    Attr, Desc, Kind, check_cudnn, engine_configs, execute_plan, execution_plan, handle, scratch,
 };
 use super::{Attrs, DOMAIN, Op, Plan, op_error};
 
@@ -223,33 +223,9 @@ impl Sdpa {
             uids.push(UID_STATS);
             pointers.push(stats as _);
         }
-        let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-        pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &uids)?;
-        let workspace = workspace as *mut c_void;
         // SAFETY: one device pointer per id (the scale a host pointer, as a by-value tensor's
-        // is), and one workspace pointer.
-        unsafe {
-            pack.set(
-                Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                Type::CUDNN_TYPE_VOID_PTR,
-                pointers.len() as i64,
-                pointers.as_ptr().cast(),
-            )?;
-            pack.set(
-                Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-                Type::CUDNN_TYPE_VOID_PTR,
-                1,
-                (&workspace as *const *mut c_void).cast(),
-            )?;
-        }
-        let pack = pack.finalize("variant pack")?;
-        // SAFETY: the plan and pack are alive; the pointers are device memory of the handle's
-        // device holding the plan's tensors; the scale is read before this returns.
-        check(
-            pack.1,
-            unsafe { (pack.1.execute)(handle, self.plan.0, pack.0) },
-            "cudnnBackendExecute",
-        )
+        // is) holding the plan's tensors, and a workspace of the plan's bytes (the caller's).
+        unsafe { execute_plan(handle, &self.plan, &uids, &pointers, workspace) }
     }
 }
 

@@ -42,8 +42,8 @@ use ort::value::TensorElementType;
 
 use super::cuda::{CurrentContext, Handle, REMEDY, device_info, prepare, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check, check_cudnn, create_handle, cudnn, engine_configs,
-    execution_plan, set_stream,
+    Attr, Desc, DescPtr, Kind, Type, check_cudnn, create_handle, cudnn, engine_configs,
+    execute_plan, execution_plan, set_stream,
 };
 use super::{Attrs, ConvDims, DOMAIN, Op, Plan, op_error};
 
@@ -413,36 +413,10 @@ fn execute(
     [x, w, y]: [u64; 3],
     workspace: u64,
 ) -> Result<(), String> {
-    let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-    pack.set_i64s(
-        Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-        &[UID_X, UID_W, UID_Y],
-    )?;
     let pointers: [*mut c_void; 3] = [x as _, w as _, y as _];
-    let workspace = workspace as *mut c_void;
-    // SAFETY: one device pointer per id, and one workspace pointer.
-    unsafe {
-        pack.set(
-            Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-            Type::CUDNN_TYPE_VOID_PTR,
-            3,
-            pointers.as_ptr().cast(),
-        )?;
-        pack.set(
-            Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
-            Type::CUDNN_TYPE_VOID_PTR,
-            1,
-            (&workspace as *const *mut c_void).cast(),
-        )?;
-    }
-    let pack = pack.finalize("variant pack")?;
-    // SAFETY: the plan and pack are alive; the pointers are device memory of the handle's device
-    // holding the plan's tensors, and the workspace has the plan's bytes.
-    check(
-        pack.1,
-        unsafe { (pack.1.execute)(handle, plan.0, pack.0) },
-        "cudnnBackendExecute",
-    )
+    // SAFETY: X, W and Y are the call's device tensors of the plan's shapes, and the workspace has
+    // the plan's bytes (the callers').
+    unsafe { execute_plan(handle, plan, &[UID_X, UID_W, UID_Y], &pointers, workspace) }
 }
 
 /// The mean milliseconds of `reps` runs of `plan` on `stream`, or why it could not run.

@@ -389,3 +389,44 @@ pub(super) fn execution_plan(
     };
     Ok((plan, workspace.max(0) as usize))
 }
+
+/// Queues `plan` on `handle`'s stream: tensor `uids[i]` at `pointers[i]` (device memory of the
+/// handle's device, or host memory for a by-value tensor, read before this returns) and the
+/// plan's workspace.
+///
+/// # Safety
+/// The pointers hold the plan's tensors (of the shapes and types it was built for) and the
+/// workspace at least the plan's bytes, until the queued work has run.
+pub(super) unsafe fn execute_plan(
+    handle: dnn::cudnnHandle_t,
+    plan: &Desc,
+    uids: &[i64],
+    pointers: &[*mut c_void],
+    workspace: u64,
+) -> Result<(), String> {
+    let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids)?;
+    let workspace = workspace as *mut c_void;
+    // SAFETY: one pointer per id, and one workspace pointer.
+    unsafe {
+        pack.set(
+            Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+            Type::CUDNN_TYPE_VOID_PTR,
+            pointers.len() as i64,
+            pointers.as_ptr().cast(),
+        )?;
+        pack.set(
+            Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+            Type::CUDNN_TYPE_VOID_PTR,
+            1,
+            (&workspace as *const *mut c_void).cast(),
+        )?;
+    }
+    let pack = pack.finalize("variant pack")?;
+    // SAFETY: the plan and pack are alive; the caller's promise for the memory.
+    check(
+        pack.1,
+        unsafe { (pack.1.execute)(handle, plan.0, pack.0) },
+        "cudnnBackendExecute",
+    )
+}
