@@ -329,11 +329,20 @@ pub(crate) fn attention<T: Element>(plan: &Plan, q: &[T], k: &[T], v: &[T], o: &
 /// `CausalConv3d` over `plan.conv`'s sizes: output pixel (n, t, i, j) and channel k sums, in
 /// float32, `X[n, t + a, i + b − kh/2, j + c − kw/2, ·] · W[k, a, b, c, ·]` over the taps whose
 /// pixel is inside the frame (zero padding in space, none in time), rounded once; output pixels
-/// in parallel.
+/// in parallel. The weights are laid out tap by tap, channel by channel, with the K outputs
+/// innermost, so that each input value updates all K sums in one contiguous (vectorised) pass.
 pub(crate) fn causal_conv3d<T: Element>(plan: &Plan, x: &[T], w: &[T], y: &mut [T]) {
     let g = plan.conv;
     let out_t = g.out_t();
-    let (x, w) = (T::widen(x), T::widen(w));
+    let taps = g.kt * g.kh * g.kw;
+    let x = T::widen(x);
+    // wt[(tap · C + ch) · K + k] = W[k, tap, ch].
+    let mut wt = vec![0f32; taps * g.c * g.k];
+    for (k, filter) in w.chunks_exact(taps * g.c).enumerate() {
+        for (i, v) in filter.iter().enumerate() {
+            wt[i * g.k + k] = v.to_f32();
+        }
+    }
     y.par_chunks_mut(g.k)
         .with_min_len(MIN_ROWS_PER_TASK)
         .enumerate()
@@ -356,9 +365,11 @@ pub(crate) fn causal_conv3d<T: Element>(plan: &Plan, x: &[T], w: &[T], y: &mut [
                             let pixel = ((n * g.t + t + a) * g.h + ii) * g.w + jj;
                             let x_row = &x[pixel * g.c..][..g.c];
                             let tap = (a * g.kh + b) * g.kw + c;
-                            for (k, sum) in acc.iter_mut().enumerate() {
-                                let w_row = &w[(k * g.kt * g.kh * g.kw + tap) * g.c..][..g.c];
-                                *sum += x_row.iter().zip(w_row).map(|(p, q)| p * q).sum::<f32>();
+                            let w_tap = &wt[tap * g.c * g.k..][..g.c * g.k];
+                            for (xv, w_row) in x_row.iter().zip(w_tap.chunks_exact(g.k)) {
+                                for (sum, wv) in acc.iter_mut().zip(w_row) {
+                                    *sum += xv * wv;
+                                }
                             }
                         }
                     }
