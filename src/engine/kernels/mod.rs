@@ -135,8 +135,8 @@ pub(crate) const DOMAIN: &str = "ai.unstep";
 pub(crate) use conv::CACHE_ENV as CONV_CACHE_ENV;
 
 /// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`),
-/// cuBLASLt (`MatMulBiasGelu`) and cuDNN (`Attention`) load; no GPU needed. For `runner doctor`
-/// and `auto`.
+/// cuBLASLt (`MatMulBiasGelu`) and cuDNN (`Attention`, `CausalConv3d`) load; no GPU needed. For
+/// `runner doctor` and `auto`.
 pub(crate) fn cuda_libraries_available() -> Result<(), String> {
     cuda::check_nvrtc()?;
     gemm::check_cublaslt()?;
