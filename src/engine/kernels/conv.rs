@@ -29,7 +29,7 @@
 //!   the same engine there. A missing, unreadable or stale file means timing again; a file that
 //!   cannot be written only costs the next process the timing.
 //! - `UNSTEP_CONV_LOG=1` prints each shape's choice to standard error: the plans timed, the
-//!   engine kept and its time against the heuristics' first plan.
+//!   engine kept and its time against the heuristics' first plan, and how long the choice took.
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
@@ -536,6 +536,7 @@ fn tune(
     stream: sys::CUstream,
 ) -> Result<Tuned, String> {
     let handle = device.handle.0;
+    let started = std::time::Instant::now();
     let mut parts = graph(handle, dims, half)?;
     let graph = parts.last().expect("the graph is the last descriptor");
     let (found, keep, reasons) = candidates(handle, graph, half);
@@ -606,7 +607,7 @@ fn tune(
         };
         eprintln!(
             "CausalConv3d {} on stream {stream:?}: {} plans, engine {} kept ({}), the \
-             heuristics' first engine {} ({})",
+             heuristics' first engine {} ({}); chosen in {:.2} s",
             describe(),
             found.len(),
             found[best].engine,
@@ -616,7 +617,8 @@ fn tune(
                 us(best)
             },
             found[0].engine,
-            us(0)
+            us(0),
+            started.elapsed().as_secs_f64()
         );
     }
     let chosen = found
