@@ -15,7 +15,9 @@ convolution) instead of adding them: the stored activation lacks a per-channel v
 next `BiasRmsNorm` adds and the stage's last convolution before a `Resample` adds back
 (`Decoder3d.forward_carried`), and in `vae_step` each norm + SiLU before a causal convolution is
 one `PrefixBiasRmsNorm` that writes the cache frames and the new ones into the convolution's
-input, without a Concat (`norm_silu_conv`).  Outside it, nothing changes.
+input, without a Concat (`norm_silu_conv`).  From exporter 0.12.0 every causal convolution
+without a bias there is one `ai.unstep::CausalConv3d` on the channels-last layout
+(`CausalConv3d._runner_conv`).  Outside it, nothing changes.
 """
 
 from __future__ import annotations
