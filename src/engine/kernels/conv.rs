@@ -449,33 +449,39 @@ fn time_runs(
     timed.map(|ms| ms / reps.max(1) as f32)
 }
 
-/// Times the candidates in order: one cold run each, then [`TIMED_REPS`] runs for those within
-/// [`SLOW_CUT`] of the best mean so far. Each plan's time (its cold run's where it was cut), None
-/// where it failed to run.
-fn time_candidates(
-    handle: dnn::cudnnHandle_t,
-    found: &[Candidate],
-    pointers: [u64; 3],
-    workspace: u64,
-    stream: sys::CUstream,
+/// Times plans 0..`count` in order with `time(plan, runs)` (the mean of `runs` runs, None when the
+/// plan failed): one cold run each, then [`TIMED_REPS`] runs for those within [`SLOW_CUT`] of the
+/// best mean so far. Each plan's time (its cold run's where it was cut, which is more than the
+/// best), None where it failed.
+pub(crate) fn time_in_order(
+    count: usize,
+    mut time: impl FnMut(usize, usize) -> Option<f32>,
 ) -> Vec<Option<f32>> {
     let mut best = f32::INFINITY;
-    let mut times = Vec::with_capacity(found.len());
-    for c in found {
-        let time = time_runs(handle, &c.plan, pointers, workspace, stream, 1)
-            .ok()
-            .and_then(|cold| {
-                if cold > SLOW_CUT * best {
-                    return Some(cold);
-                }
-                let mean =
-                    time_runs(handle, &c.plan, pointers, workspace, stream, TIMED_REPS).ok()?;
-                best = best.min(mean);
-                Some(mean)
-            });
-        times.push(time);
-    }
+    (0..count)
+        .map(|plan| {
+            let cold = time(plan, 1)?;
+            if cold > SLOW_CUT * best {
+                return Some(cold);
+            }
+            let mean = time(plan, TIMED_REPS)?;
+            best = best.min(mean);
+            Some(mean)
+        })
+        .collect()
+}
+
+/// The plan with the least time (the first of equals), None when none ran.
+pub(crate) fn fastest(times: &[Option<f32>]) -> Option<usize> {
     times
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.map(|t| (i, t)))
+        .fold(None, |best: Option<(usize, f32)>, (i, t)| match best {
+            Some((_, b)) if b <= t => best,
+            _ => Some((i, t)),
+        })
+        .map(|(i, _)| i)
 }
 
 /// The file a choice is kept in, under the directory of [`CACHE_ENV`].
@@ -577,16 +583,15 @@ fn tune(
     if kept.is_none() && !capturing && found.len() > 1 {
         let most = found.iter().map(|c| c.workspace).max().unwrap_or(0);
         let workspace = device.workspace(most)?;
-        times = time_candidates(handle, &found, pointers, workspace, stream);
-        best = (0..found.len())
-            .filter(|&i| times[i].is_some())
-            .min_by(|&a, &b| times[a].partial_cmp(&times[b]).expect("times are finite"))
-            .ok_or_else(|| {
-                format!(
-                    "no execution plan of cuDNN ran this convolution ({})",
-                    describe()
-                )
-            })?;
+        times = time_in_order(found.len(), |i, runs| {
+            time_runs(handle, &found[i].plan, pointers, workspace, stream, runs).ok()
+        });
+        best = fastest(&times).ok_or_else(|| {
+            format!(
+                "no execution plan of cuDNN ran this convolution ({})",
+                describe()
+            )
+        })?;
         if let Some(file) = &file
             && let Err(e) = keep_choice(file, best, found[best].engine)
         {

@@ -1292,6 +1292,42 @@ fn causal_conv3d_choices_round_trip_and_name_their_shape() {
     assert_ne!(file, conv::choice_file(dir, kind, &wider, true));
 }
 
+/// The engine search (conv.rs) times every plan once cold, times again only those within the
+/// cut of the best so far, and picks the least time; a plan that fails is never picked.
+#[test]
+fn causal_conv3d_times_again_only_plans_near_the_best_and_picks_the_fastest() {
+    // (cold, mean) per plan, in ms; None: the plan fails.
+    let plans = [
+        Some((10.0, 5.0)),
+        Some((30.0, 29.0)), // cold beyond 4 × 5: cut
+        Some((6.0, 3.0)),
+        None,
+        Some((12.0, 11.0)), // within 4 × 3 = 12: timed again
+        Some((12.5, 2.0)),  // beyond: cut, although its mean would have been the best
+    ];
+    let mut calls = Vec::new();
+    let times = conv::time_in_order(plans.len(), |i, runs| {
+        calls.push((i, runs));
+        plans[i].map(|(cold, mean)| if runs == 1 { cold } else { mean })
+    });
+    assert_eq!(
+        times,
+        [
+            Some(5.0),
+            Some(30.0),
+            Some(3.0),
+            None,
+            Some(11.0),
+            Some(12.5)
+        ]
+    );
+    let reps = |i: usize| calls.iter().filter(|&&(p, r)| p == i && r > 1).count();
+    assert_eq!((0..6).map(reps).collect::<Vec<_>>(), [1, 0, 1, 0, 1, 0]);
+    assert_eq!(conv::fastest(&times), Some(2));
+    assert_eq!(conv::fastest(&[None, Some(2.0), Some(2.0)]), Some(1));
+    assert_eq!(conv::fastest(&[None, None]), None);
+}
+
 /// The split of a call's rows (attention.rs) on an H200 (132 SMs, two thread blocks of 64 rows
 /// each per SM: 264 per wave).
 #[test]
