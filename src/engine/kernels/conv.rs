@@ -515,15 +515,15 @@ pub(crate) fn parse_choice(text: &str) -> Option<(usize, i64)> {
     }
 }
 
-/// The kept choice for these candidates, when its file names a place they have with the same
-/// engine.
-fn kept_choice(file: &Path, found: &[Candidate]) -> Option<usize> {
+/// The kept choice among plans whose engines are `engines` (in the heuristics' order), when the
+/// file names a place they have with the same engine.
+pub(crate) fn kept_choice(file: &Path, engines: &[i64]) -> Option<usize> {
     let (index, engine) = parse_choice(&std::fs::read_to_string(file).ok()?)?;
-    (found.get(index)?.engine == engine).then_some(index)
+    (*engines.get(index)? == engine).then_some(index)
 }
 
 /// Writes a choice (a temporary file renamed into place, so a reader sees all of it or none).
-fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Result<()> {
+pub(crate) fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Result<()> {
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -577,7 +577,8 @@ fn tune(
     let file = std::env::var_os(CACHE_ENV)
         .filter(|dir| !dir.is_empty())
         .map(|dir| choice_file(Path::new(&dir), &device.kind, dims, half));
-    let kept = file.as_deref().and_then(|f| kept_choice(f, &found));
+    let engines: Vec<i64> = found.iter().map(|c| c.engine).collect();
+    let kept = file.as_deref().and_then(|f| kept_choice(f, &engines));
     let mut best = kept.unwrap_or(0);
     let mut times = Vec::new();
     if kept.is_none() && !capturing && found.len() > 1 {

@@ -1292,6 +1292,26 @@ fn causal_conv3d_choices_round_trip_and_name_their_shape() {
     assert_ne!(file, conv::choice_file(dir, kind, &wider, true));
 }
 
+/// A kept choice is taken only where the heuristics still offer the same engine at its place; a
+/// missing or garbled file is no choice; keeping one makes its directory and leaves no temporary.
+#[test]
+fn causal_conv3d_takes_a_kept_choice_only_for_the_same_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cudnn_conv").join("choice.txt");
+    assert_eq!(conv::kept_choice(&file, &[62, 62, 58]), None);
+    conv::keep_choice(&file, 1, 62).unwrap();
+    assert_eq!(conv::kept_choice(&file, &[62, 62, 58]), Some(1));
+    assert_eq!(conv::kept_choice(&file, &[62, 58, 62]), None);
+    assert_eq!(conv::kept_choice(&file, &[62]), None);
+    let names: Vec<_> = std::fs::read_dir(file.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["choice.txt"]);
+    std::fs::write(&file, "plan one engine 62\n").unwrap();
+    assert_eq!(conv::kept_choice(&file, &[62, 62]), None);
+}
+
 /// The engine search (conv.rs) times every plan once cold, times again only those within the
 /// cut of the best so far, and picks the least time; a plan that fails is never picked.
 #[test]
