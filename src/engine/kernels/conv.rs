@@ -11,22 +11,20 @@
 //!   first call of a shape builds every execution plan the heuristics (instant and fallback
 //!   modes) offer, leaves out those whose arithmetic differs (reduced-precision accumulation,
 //!   FFT, Winograd, non-deterministic, and for float32 inputs tensor cores' TF32 or inputs
-//!   down-converted to a smaller type)
-//!   or that need more than [`MAX_WORKSPACE`] bytes, times each on the call's own tensors
-//!   ([`TIMED_REPS`] runs after one warm run, CUDA events on ONNX Runtime's stream) and keeps the
-//!   fastest for the process (per device, shape and type; one cuDNN handle per device, pointed at
-//!   each call's stream). A first call made while the stream is being captured into a CUDA graph
-//!   cannot wait for timings: it takes the heuristics' first plan, and so does every later call of
-//!   that shape.
-//!   Timing stops early for a plan whose first (cold) run takes more than [`SLOW_CUT`] times the
-//!   best so far: the heuristics offer fallback engines that run a large convolution for tens of
-//!   milliseconds.
+//!   down-converted to a smaller type) or that need more than [`MAX_WORKSPACE`] bytes, times each
+//!   on the call's own tensors (one cold run, then [`TIMED_REPS`] runs for those whose cold run is
+//!   within [`SLOW_CUT`] times the best so far: the fallback engines run a large convolution for
+//!   tens of milliseconds; CUDA events on ONNX Runtime's stream) and keeps the fastest for the
+//!   process (per device, shape and type; one cuDNN handle per device, pointed at each call's
+//!   stream). A first call made while the stream is being captured into a CUDA graph cannot wait
+//!   for timings: it takes the first plan that builds, and so does every later call of that
+//!   shape.
 //! - **Kept between processes.** With `UNSTEP_CONV_CACHE` set to a directory (`runner apply` sets
 //!   it to the process's cache directory's `cudnn_conv`, beside `cuda_jit`), each choice is also
 //!   written there, one small file per GPU kind, cuDNN version, shape and type, naming the plan's
 //!   place in the heuristics' list and its engine; a later process (the measurement after the
-//!   warmup) builds the plans and takes that one without timing, when the heuristics still offer
-//!   the same engine there. A missing, unreadable or stale file means timing again; a file that
+//!   warmup) builds that one plan and takes it without timing, when the heuristics still offer the
+//!   same engine there. A missing, unreadable or stale file means timing again; a file that
 //!   cannot be written only costs the next process the timing.
 //! - `UNSTEP_CONV_LOG=1` prints each shape's choice to standard error: the plans timed, the
 //!   engine kept and its time against the heuristics' first plan, and how long the choice took.
@@ -53,12 +51,12 @@ const UID_W: i64 = 2;
 const UID_Y: i64 = 3;
 
 /// The most workspace a plan may need to be timed and kept.
-pub(crate) const MAX_WORKSPACE: usize = 256 << 20;
+const MAX_WORKSPACE: usize = 256 << 20;
 /// Timed runs of each plan, after one cold run.
 const TIMED_REPS: usize = 3;
 /// A plan whose cold run takes more than this many times the best plan's time so far is not
 /// timed further.
-pub(crate) const SLOW_CUT: f32 = 4.0;
+const SLOW_CUT: f32 = 4.0;
 /// The environment variable naming the directory the choices are kept in.
 pub(crate) const CACHE_ENV: &str = "UNSTEP_CONV_CACHE";
 
@@ -98,6 +96,24 @@ struct Device {
 static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
 
 impl Device {
+    /// Device `ordinal`'s state, with a new cuDNN handle (its primary context current).
+    fn new(ordinal: i32) -> Result<Self, String> {
+        let info = device_info(ordinal)?;
+        Ok(Self {
+            ordinal,
+            kind: format!(
+                "sm{}{}-{}sms-cudnn{}",
+                info.major,
+                info.minor,
+                info.sms,
+                cudnn()?.version
+            ),
+            handle: create_handle(ordinal)?,
+            tuned: Vec::new(),
+            workspaces: Vec::new(),
+        })
+    }
+
     /// At least `bytes` of workspace.
     fn workspace(&mut self, bytes: usize) -> Result<u64, String> {
         if let Some(&(_, ptr)) = self.workspaces.last().filter(|(n, _)| *n >= bytes) {
@@ -178,21 +194,7 @@ impl ConvKernel {
         let device = match devices.iter().position(|d| d.ordinal == self.ordinal) {
             Some(index) => &mut devices[index],
             None => {
-                let info = device_info(self.ordinal)?;
-                let kind = format!(
-                    "sm{}{}-{}sms-cudnn{}",
-                    info.major,
-                    info.minor,
-                    info.sms,
-                    cudnn()?.version
-                );
-                devices.push(Device {
-                    ordinal: self.ordinal,
-                    kind,
-                    handle: create_handle(self.ordinal)?,
-                    tuned: Vec::new(),
-                    workspaces: Vec::new(),
-                });
+                devices.push(Device::new(self.ordinal)?);
                 devices.last_mut().expect("just pushed")
             }
         };
@@ -227,27 +229,10 @@ fn graph(handle: dnn::cudnnHandle_t, g: &ConvDims, half: bool) -> Result<Vec<Des
     let out_t = g.out_t() as i64;
     // NCDHW dimensions, NDHWC strides.
     let channels_last = |[_, c, t, h, w]: [i64; 5]| [t * h * w * c, 1, h * w * c, w * c, c];
-    let x = Desc::tensor(
-        UID_X,
-        ty,
-        &[n, c, t, h, w],
-        &channels_last([n, c, t, h, w]),
-        false,
-    )?;
-    let wt = Desc::tensor(
-        UID_W,
-        ty,
-        &[k, c, kt, kh, kw],
-        &channels_last([k, c, kt, kh, kw]),
-        false,
-    )?;
-    let y = Desc::tensor(
-        UID_Y,
-        ty,
-        &[n, k, out_t, h, w],
-        &channels_last([n, k, out_t, h, w]),
-        false,
-    )?;
+    let tensor = |uid, dims: [i64; 5]| Desc::tensor(uid, ty, &dims, &channels_last(dims), false);
+    let x = tensor(UID_X, [n, c, t, h, w])?;
+    let wt = tensor(UID_W, [k, c, kt, kh, kw])?;
+    let y = tensor(UID_Y, [n, k, out_t, h, w])?;
     let conv = Desc::new(Kind::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
     let compute = F32;
     let mode = dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
@@ -305,16 +290,17 @@ fn graph(handle: dnn::cudnnHandle_t, g: &ConvDims, half: bool) -> Result<Vec<Des
     Ok(vec![x, wt, y, conv, op, graph])
 }
 
-/// The plans the heuristics offered: those kept, the descriptors they need alive, and why the
-/// others were left out.
-type Offered = (Vec<Candidate>, Vec<Desc>, Vec<String>);
+/// An engine configuration the heuristics offered whose arithmetic is the plain one: its engine's
+/// global index and the configuration.
+struct Offer {
+    engine: i64,
+    config: Desc,
+}
 
-/// A plan the heuristics offered, built.
+/// An offer's execution plan, built, and the bytes of workspace it needs.
 struct Candidate {
     plan: Desc,
     workspace: usize,
-    engine: i64,
-    config: Desc,
 }
 
 /// The engine of `config`: its global index and whether its arithmetic is the plain one (see the
@@ -359,9 +345,9 @@ fn engine_of(config: &Desc, half: bool) -> Result<(i64, bool), String> {
     Ok((index, plain))
 }
 
-/// Every plan the heuristics offer for `graph` that keeps the arithmetic and fits the workspace
-/// cap, instant mode's first, then the fallback's; and why the others were left out.
-fn candidates(handle: dnn::cudnnHandle_t, graph: &Desc, half: bool) -> Offered {
+/// The heuristics' offers for `graph` with the plain arithmetic, instant mode's first, then the
+/// fallback's; the heuristics descriptors (kept alive with them); why others were left out.
+fn offers(graph: &Desc, half: bool) -> (Vec<Offer>, Vec<Desc>, Vec<String>) {
     let mut found = Vec::new();
     let mut keep = Vec::new();
     let mut reasons = Vec::new();
@@ -369,41 +355,36 @@ fn candidates(handle: dnn::cudnnHandle_t, graph: &Desc, half: bool) -> Offered {
         dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_INSTANT,
         dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK,
     ] {
-        let (heur, configs) = match engine_configs(graph, mode) {
-            Ok(found) => found,
-            Err(e) => {
-                reasons.push(format!("{mode:?}: {e}"));
-                continue;
-            }
-        };
-        keep.push(heur);
-        for config in configs {
-            let (engine, plain) = match engine_of(&config, half) {
-                Ok(found) => found,
-                Err(e) => {
-                    reasons.push(e);
-                    continue;
+        match engine_configs(graph, mode) {
+            Ok((heur, configs)) => {
+                keep.push(heur);
+                for config in configs {
+                    match engine_of(&config, half) {
+                        Ok((engine, true)) => found.push(Offer { engine, config }),
+                        Ok((_, false)) => {}
+                        Err(e) => reasons.push(e),
+                    }
                 }
-            };
-            if !plain {
-                continue;
             }
-            match execution_plan(handle, &config) {
-                Ok((_, workspace)) if workspace > MAX_WORKSPACE => reasons.push(format!(
-                    "engine {engine} needs {} MiB of workspace",
-                    workspace >> 20
-                )),
-                Ok((plan, workspace)) => found.push(Candidate {
-                    plan,
-                    workspace,
-                    engine,
-                    config,
-                }),
-                Err(e) => reasons.push(format!("engine {engine}: {e}")),
-            }
+            Err(e) => reasons.push(format!("{mode:?}: {e}")),
         }
     }
     (found, keep, reasons)
+}
+
+/// The execution plan of `offer` on `handle`, when it builds and needs at most
+/// [`MAX_WORKSPACE`] bytes of workspace.
+fn build(handle: dnn::cudnnHandle_t, offer: &Offer) -> Result<Candidate, String> {
+    let engine = offer.engine;
+    let (plan, workspace) =
+        execution_plan(handle, &offer.config).map_err(|e| format!("engine {engine}: {e}"))?;
+    if workspace > MAX_WORKSPACE {
+        return Err(format!(
+            "engine {engine} needs {} MiB of workspace",
+            workspace >> 20
+        ));
+    }
+    Ok(Candidate { plan, workspace })
 }
 
 /// Queues the plan on the handle's stream over X, W, Y and the workspace.
@@ -532,8 +513,9 @@ pub(crate) fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Re
     std::fs::rename(&tmp, file)
 }
 
-/// The plan a shape keeps: the fastest of the candidates on the call's own tensors, or the
-/// heuristics' first while the stream is being captured.
+/// The plan a shape keeps: the one an earlier process kept (`CACHE_ENV`), when the heuristics
+/// still offer its engine at its place and its plan builds (one plan built, none timed);
+/// otherwise [`choose`]'s.
 fn tune(
     device: &mut Device,
     dims: &ConvDims,
@@ -541,31 +523,86 @@ fn tune(
     pointers: [u64; 3],
     stream: sys::CUstream,
 ) -> Result<Tuned, String> {
-    let handle = device.handle.0;
     let started = std::time::Instant::now();
-    let mut parts = graph(handle, dims, half)?;
+    let mut parts = graph(device.handle.0, dims, half)?;
     let graph = parts.last().expect("the graph is the last descriptor");
-    let (found, keep, reasons) = candidates(handle, graph, half);
-    let describe = || {
-        format!(
-            "X [{}, {}, {}, {}, {}], W [{}, {}, {}, {}, {}], {}",
-            dims.n,
-            dims.t,
-            dims.h,
-            dims.w,
-            dims.c,
-            dims.k,
-            dims.kt,
-            dims.kh,
-            dims.kw,
-            dims.c,
-            if half { "float16" } else { "float32" }
-        )
+    let (offers, keep, reasons) = offers(graph, half);
+    let describe = format!(
+        "X [{}, {}, {}, {}, {}], W [{}, {}, {}, {}, {}], {}",
+        dims.n,
+        dims.t,
+        dims.h,
+        dims.w,
+        dims.c,
+        dims.k,
+        dims.kt,
+        dims.kh,
+        dims.kw,
+        dims.c,
+        if half { "float16" } else { "float32" }
+    );
+    let file = std::env::var_os(CACHE_ENV)
+        .filter(|dir| !dir.is_empty())
+        .map(|dir| choice_file(Path::new(&dir), &device.kind, dims, half));
+    let engines: Vec<i64> = offers.iter().map(|o| o.engine).collect();
+    let kept = file
+        .as_deref()
+        .and_then(|f| kept_choice(f, &engines))
+        .and_then(|place| Some((place, build(device.handle.0, &offers[place]).ok()?)));
+    let (place, candidate, how) = match kept {
+        Some((place, candidate)) => (place, candidate, "kept by an earlier process".to_string()),
+        None => choose(
+            device,
+            &offers,
+            reasons,
+            pointers,
+            stream,
+            &describe,
+            file.as_deref(),
+        )?,
     };
-    if found.is_empty() {
+    if std::env::var_os("UNSTEP_CONV_LOG").is_some_and(|v| v == "1") {
+        eprintln!(
+            "CausalConv3d {describe} on stream {stream:?}: engine {} kept ({how}); chosen in \
+             {:.2} s",
+            offers[place].engine,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let offer = offers.into_iter().nth(place).expect("place is an offer's");
+    parts.push(offer.config);
+    parts.extend(keep);
+    Ok(Tuned {
+        plan: candidate.plan,
+        workspace: candidate.workspace,
+        _parts: parts,
+    })
+}
+
+/// Builds every offer's plan and keeps the fastest on the call's own tensors ([`time_in_order`]),
+/// writing the choice to `file` for later processes; or, untimed and not written, the first that
+/// builds while the stream is being captured (a capture cannot wait for timings). Returns its
+/// place among the offers, its plan and how it was chosen (for the log).
+fn choose(
+    device: &mut Device,
+    offers: &[Offer],
+    mut reasons: Vec<String>,
+    pointers: [u64; 3],
+    stream: sys::CUstream,
+    describe: &str,
+    file: Option<&Path>,
+) -> Result<(usize, Candidate, String), String> {
+    let handle = device.handle.0;
+    let mut built = Vec::new();
+    for (place, offer) in offers.iter().enumerate() {
+        match build(handle, offer) {
+            Ok(candidate) => built.push((place, candidate)),
+            Err(e) => reasons.push(e),
+        }
+    }
+    if built.is_empty() {
         return Err(format!(
-            "cuDNN has no engine for this convolution ({}){}{}",
-            describe(),
+            "cuDNN has no engine for this convolution ({describe}){}{}",
             if reasons.is_empty() { "" } else { ": " },
             reasons.join("; ")
         ));
@@ -574,27 +611,20 @@ fn tune(
     let capturing = unsafe { driver::stream::is_capturing(stream) }
         .map(|s| s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
         .unwrap_or(true);
-    let file = std::env::var_os(CACHE_ENV)
-        .filter(|dir| !dir.is_empty())
-        .map(|dir| choice_file(Path::new(&dir), &device.kind, dims, half));
-    let engines: Vec<i64> = found.iter().map(|c| c.engine).collect();
-    let kept = file.as_deref().and_then(|f| kept_choice(f, &engines));
-    let mut best = kept.unwrap_or(0);
-    let mut times = Vec::new();
-    if kept.is_none() && !capturing && found.len() > 1 {
-        let most = found.iter().map(|c| c.workspace).max().unwrap_or(0);
+    let mut times = vec![None; built.len()];
+    let mut best = 0;
+    if !capturing && built.len() > 1 {
+        let most = built.iter().map(|(_, c)| c.workspace).max().unwrap_or(0);
         let workspace = device.workspace(most)?;
-        times = time_in_order(found.len(), |i, runs| {
-            time_runs(handle, &found[i].plan, pointers, workspace, stream, runs).ok()
+        times = time_in_order(built.len(), |i, runs| {
+            time_runs(handle, &built[i].1.plan, pointers, workspace, stream, runs).ok()
         });
         best = fastest(&times).ok_or_else(|| {
-            format!(
-                "no execution plan of cuDNN ran this convolution ({})",
-                describe()
-            )
+            format!("no execution plan of cuDNN ran this convolution ({describe})")
         })?;
-        if let Some(file) = &file
-            && let Err(e) = keep_choice(file, best, found[best].engine)
+        let place = built[best].0;
+        if let Some(file) = file
+            && let Err(e) = keep_choice(file, place, offers[place].engine)
         {
             eprintln!(
                 "warning: {DOMAIN} CausalConv3d: could not keep the convolution's engine choice \
@@ -603,39 +633,15 @@ fn tune(
             );
         }
     }
-    if std::env::var_os("UNSTEP_CONV_LOG").is_some_and(|v| v == "1") {
-        let us = |i: usize| {
-            times
-                .get(i)
-                .copied()
-                .flatten()
-                .map_or("untimed".to_string(), |ms| format!("{:.1} µs", ms * 1e3))
-        };
-        eprintln!(
-            "CausalConv3d {} on stream {stream:?}: {} plans, engine {} kept ({}), the \
-             heuristics' first engine {} ({}); chosen in {:.2} s",
-            describe(),
-            found.len(),
-            found[best].engine,
-            if kept.is_some() {
-                "the choice kept by an earlier process".to_string()
-            } else {
-                us(best)
-            },
-            found[0].engine,
-            us(0),
-            started.elapsed().as_secs_f64()
-        );
-    }
-    let chosen = found
-        .into_iter()
-        .nth(best)
-        .expect("best is an index of found");
-    parts.push(chosen.config);
-    parts.extend(keep);
-    Ok(Tuned {
-        plan: chosen.plan,
-        workspace: chosen.workspace,
-        _parts: parts,
-    })
+    let us = |i: usize| times[i].map_or("untimed".to_string(), |ms| format!("{:.1} µs", ms * 1e3));
+    let how = format!(
+        "{} of {} plans built, {}; the first, engine {}, {}",
+        built.len(),
+        offers.len(),
+        us(best),
+        offers[built[0].0].engine,
+        us(0)
+    );
+    let (place, candidate) = built.swap_remove(best);
+    Ok((place, candidate, how))
 }
