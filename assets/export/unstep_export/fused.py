@@ -588,9 +588,8 @@ def causal_conv3d(x, weight):
     `ai.unstep::CausalConv3d` on the channels-last layout when exporting (vae_*_fused.onnx, whose
     convolution the runner owns: cuDNN with the engine picked by timing), between permutations
     that cancel against the channels-last norms around it; F.conv3d otherwise."""
-    kh, kw = weight.shape[3], weight.shape[4]
     if not exporting():
-        return F.conv3d(x, weight, padding=(0, kh // 2, kw // 2))
+        return F.conv3d(x, weight, padding=(0, weight.shape[3] // 2, weight.shape[4] // 2))
     w = frozen(weight.permute(0, 2, 3, 4, 1).contiguous())
     return _CausalConv3d.apply(x.permute(0, 2, 3, 4, 1), w).permute(0, 4, 1, 2, 3)
 

@@ -138,14 +138,14 @@ def _io_signature(values):
 
 
 # Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0,
-# but for the last axis of QkvNormRopeCache's Q (QKV's divided by 3) and MatMulBiasGelu's Y (W's
-# rows), which `_value_types` sets.
+# but for the last axis of QkvNormRopeCache's Q (QKV's divided by 3), MatMulBiasGelu's Y (W's
+# rows) and CausalConv3d's Y (frames and channels from W), which `_value_types` sets.
 _SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS} | {("ai.unstep", FUSED_VAE_CONV)} | {
     ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
     ("", "SimplifiedLayerNormalization")}
 
 
-def info_dims(t):
+def _dims_of(t):
     """The dimensions of a tensor type (None for an unknown one), or None without a type."""
     if t is None:
         return None
@@ -175,7 +175,7 @@ def _value_types(model) -> dict:
                         v.type.CopyFrom(types[n.input[0]])
                         dims = v.type.tensor_type.shape.dim
                         if n.op_type == FUSED_VAE_CONV and len(dims) == 5:
-                            w = weights.get(n.input[1]) or info_dims(types.get(n.input[1]))
+                            w = weights.get(n.input[1]) or _dims_of(types.get(n.input[1]))
                             if w and len(w) == 5 and None not in w and dims[1].HasField("dim_value"):
                                 dims[1].dim_value -= w[1] - 1
                                 dims[4].dim_value = w[0]
@@ -700,7 +700,7 @@ def check_fused_vae_structure(fused_path, std_path, pairs: int, conv_fed: int, c
     convs = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == FUSED_VAE_CONV]
     others = sorted({n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(kinds) - {FUSED_VAE_CONV})
     if others:
-        problems.append(f"{UNSTEP_DOMAIN} ops other than {' and '.join(kinds)}: {others}")
+        problems.append(f"{UNSTEP_DOMAIN} ops other than {', '.join(kinds)} and {FUSED_VAE_CONV}: {others}")
     if len(norms) != pairs:
         problems.append(f"BiasRmsNorm + PrefixBiasRmsNorm: {len(norms)} nodes, expected {pairs} (one per norm + "
                         "SiLU pair)")
