@@ -51,8 +51,9 @@ pub(super) fn cudnn() -> Result<&'static Cudnn, String> {
 fn load_cudnn() -> Result<Cudnn, String> {
     let fail = |what: String| {
         format!(
-            "{DOMAIN} Attention and CausalConv3d: {what}; put cuDNN 9.13.1 or later on LD_LIBRARY_PATH (`pip \
-             install nvidia-cudnn-cu13` puts it in site-packages/nvidia/cudnn/lib), {REMEDY}"
+            "{DOMAIN} Attention and CausalConv3d: {what}; put cuDNN 9.13.1 or later on \
+             LD_LIBRARY_PATH (`pip install nvidia-cudnn-cu13` puts it in \
+             site-packages/nvidia/cudnn/lib), {REMEDY}"
         )
     };
     // SAFETY: cuDNN's initialisers have no preconditions.

@@ -93,8 +93,8 @@
 //! Every output has X's shape (O is Q's), but Q's last axis of `QkvNormRopeCache` is D, Y of
 //! `PrefixBiasRmsNorm` has P + T on axis 1 and its tail prefix's shape, Y of `MatMulBiasGelu` has
 //! N on its last axis, and Y of `CausalConv3d` is as above. A shape that breaks the contract is an
-//! error naming the operator, the input and the shapes. The row operators' CUDA kernels keep a row in
-//! registers: they also need D even and at most 2048 (wan-1.3b's is 1536), and every tensor
+//! error naming the operator, the input and the shapes. The row operators' CUDA kernels keep a row
+//! in registers: they also need D even and at most 2048 (wan-1.3b's is 1536), and every tensor
 //! aligned to a pair of elements (ONNX Runtime's allocations are); a call outside that is an
 //! error, not a slow path. They work a row with a group of up to 32 threads and 16-byte accesses
 //! when D ≤ 512 is a multiple of 16 bytes and the tensors are aligned to it (the VAE's
