@@ -1,0 +1,106 @@
+"""The UMT5 tokenizer as Wan2.1 / Self-Forcing use it: `tokenizer.json` through `tokenizers`.
+
+The reference pipeline (Wan2.1's `HuggingfaceTokenizer` with `clean='whitespace'`, which
+Self-Forcing's `WanTextEncoder` uses with `seq_len=512`) cleans each prompt with
+`whitespace_clean(basic_clean(text))`, then tokenizes with the special tokens added (`</s>` at the
+end), truncated to `seq_len` tokens (the end-of-sequence token kept) and padded with `<pad>` to
+`seq_len`. The encoder's output at padded positions is zeroed afterwards.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+
+
+def basic_clean(text: str) -> str:
+    import ftfy
+
+    text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text))
+    return text.strip()
+
+
+def whitespace_clean(text: str) -> str:
+    text = re.sub(r"\s+", " ", text)
+    return text.strip()
+
+
+def clean(text: str) -> str:
+    """The reference pipeline's prompt cleaning (`clean='whitespace'`)."""
+    return whitespace_clean(basic_clean(text))
+
+
+class Tokenizer:
+    """A `tokenizer.json` with the reference pipeline's cleaning, truncation and padding."""
+
+    def __init__(self, path: str, text_len: int):
+        from tokenizers import Tokenizer as HfTokenizer
+
+        self.path = str(path)
+        self.text_len = text_len
+        self.tok = HfTokenizer.from_file(self.path)
+        self.pad_id = self.tok.token_to_id("<pad>")
+        if self.pad_id is None:
+            raise SystemExit(f"{self.path}: no <pad> token; a UMT5 tokenizer.json has <pad> as id 0")
+        self.tok.enable_truncation(max_length=text_len)
+        self.tok.enable_padding(length=text_len, pad_id=self.pad_id, pad_token="<pad>")
+
+    def encode(self, prompt: str):
+        """(ids, mask, truncated): int64 arrays [1, text_len], and whether the prompt was cut."""
+        enc = self.tok.encode(clean(prompt), add_special_tokens=True)
+        ids = np.asarray([enc.ids], dtype=np.int64)
+        mask = np.asarray([enc.attention_mask], dtype=np.int64)
+        return ids, mask, bool(enc.overflowing)
+
+    def __call__(self, prompt: str):
+        ids, mask, _ = self.encode(prompt)
+        return ids, mask
+
+
+def make_test_tokenizer(corpus: str, out: str, vocab_size: int = 1000):
+    """Writes a `tokenizer.json` of the UMT5 model type (a SentencePiece unigram model with
+    nmt_nfkc normalisation, `<pad>` 0, `</s>` 1, `<unk>` 2, converted the way transformers
+    converts T5's SentencePiece models) trained on `corpus`: a small stand-in for
+    `google/umt5-xxl/tokenizer.json`, which cannot be downloaded here."""
+    import tempfile
+    from pathlib import Path
+
+    import sentencepiece as spm
+    from transformers.convert_slow_tokenizer import T5Converter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / "spm")
+        spm.SentencePieceTrainer.train(
+            input=corpus, model_prefix=prefix, vocab_size=vocab_size, model_type="unigram",
+            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, num_threads=1,
+            normalization_rule_name="nmt_nfkc", character_coverage=1.0, minloglevel=2,
+        )
+        sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+
+        class _Slow:  # what T5Converter reads of a slow T5 tokenizer
+            vocab_file = prefix + ".model"
+            _extra_ids = 0
+            legacy = True
+            add_prefix_space = True
+
+            def convert_tokens_to_ids(self, token):
+                return sp.piece_to_id(token)
+
+        T5Converter(_Slow()).converted().save(out)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m unstep_export.tokenizer")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make", help="train the small UMT5-type test tokenizer.json")
+    m.add_argument("--corpus", default="assets/tokenizer/corpus.txt")
+    m.add_argument("--out", default="assets/tokenizer/tokenizer.json")
+    m.add_argument("--vocab", type=int, default=1000)
+    a = p.parse_args()
+    make_test_tokenizer(a.corpus, a.out, a.vocab)
+    print(f"wrote {a.out}")
