@@ -101,6 +101,23 @@ if __name__ == "__main__":
     m.add_argument("--corpus", default="assets/tokenizer/corpus.txt")
     m.add_argument("--out", default="assets/tokenizer/tokenizer.json")
     m.add_argument("--vocab", type=int, default=1000)
+    e = sub.add_parser("encode", help="one JSON line per prompt of a prompt file: ids, mask, truncated")
+    e.add_argument("--tokenizer", required=True, help="tokenizer.json")
+    e.add_argument("--text-len", type=int, required=True)
+    e.add_argument("--prompts", required=True, help="one prompt per line, UTF-8")
     a = p.parse_args()
-    make_test_tokenizer(a.corpus, a.out, a.vocab)
-    print(f"wrote {a.out}")
+    if a.cmd == "make":
+        make_test_tokenizer(a.corpus, a.out, a.vocab)
+        print(f"wrote {a.out}")
+    else:
+        import json
+
+        tok = Tokenizer(a.tokenizer, a.text_len)
+        with open(a.prompts, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        for index, line in enumerate(lines):
+            ids, mask, truncated = tok.encode(line)
+            print(json.dumps({"index": index, "ids": ids[0].tolist(), "mask": mask[0].tolist(),
+                              "truncated": truncated}))
