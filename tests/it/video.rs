@@ -1,6 +1,7 @@
 //! MP4 output checked by an independent decoder: PyAV, i.e. FFmpeg's demuxer and H.264
 //! decoder. A missing decoder fails these tests rather than skipping them: `scripts/test`
-//! installs the pinned PyAV into `.cache/pytest-deps` and points `UNSTEP_PY_TEST_DEPS` there.
+//! installs the pinned PyAV into the test interpreter's environment (`.cache/pyenv`) and points
+//! `UNSTEP_TEST_PYTHON` at it.
 
 use std::f64::consts::TAU;
 use std::path::{Path, PathBuf};
@@ -61,30 +62,33 @@ struct Decoded {
     rgb: Vec<u8>,
 }
 
-fn python_path() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("UNSTEP_PY_TEST_DEPS") {
-        return Some(PathBuf::from(dir));
-    }
-    // Where scripts/test installs PyAV, so a plain `cargo test` works after one run of it.
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/pytest-deps");
-    default.is_dir().then_some(default)
+/// The interpreter of the Python test packages: `UNSTEP_TEST_PYTHON`, or where scripts/test
+/// makes it, so a plain `cargo test` works after one run of scripts/test.
+fn test_python() -> PathBuf {
+    std::env::var_os("UNSTEP_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/pyenv/bin/python"))
 }
 
 fn decode(video: &Path) -> Decoded {
     let raw = video.with_extension("rgb");
-    let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(DECODE_PY).arg(video).arg(&raw);
-    if let Some(dir) = python_path() {
-        cmd.env("PYTHONPATH", dir);
-    }
-    let out = cmd
+    let python = test_python();
+    let out = Command::new(&python)
+        .arg("-c")
+        .arg(DECODE_PY)
+        .arg(video)
+        .arg(&raw)
         .output()
-        .expect("python3 must be on PATH to decode test videos");
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {python:?} ({e}): run scripts/test, which installs the test packages"
+            )
+        });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !stderr.contains("No module named 'av'"),
-        "PyAV is missing: run scripts/test, which installs it, or \
-         `python3 -m pip install --target .cache/pytest-deps av==18.1.0` (set UNSTEP_PY_TEST_DEPS for another place)"
+        "PyAV is missing from {python:?}: run scripts/test, which installs it \
+         (or set UNSTEP_TEST_PYTHON to an interpreter that has av==18.1.0)"
     );
     assert!(out.status.success(), "decoding {video:?} failed:\n{stderr}");
     Decoded {

@@ -1,4 +1,6 @@
-"""CLI: python -m unstep_export {export,golden,parity,fused-check,sample,selftest} (run with PYTHONPATH=assets/export)."""
+"""CLI: python -m unstep_export {export,golden,parity,fused-check,sample,release-files,selftest}
+(run with PYTHONPATH=assets/export).  A checkpoint or tokenizer that cannot be used as given is
+an error (exit status 2) before anything is written."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .checkpoints import CheckpointError
 from .config import preset
 
 
@@ -20,29 +23,120 @@ def _threads(n):
 
 
 def _models(args, cfg):
+    """The modules the options ask for (checkpoints.parts_from_args); fits `cfg` to them."""
+    from . import checkpoints
     from .build import build
 
-    return build(cfg, args.checkpoint, args.text_checkpoint, args.vae_checkpoint)
+    return build(cfg, *checkpoints.parts_from_args(args))
+
+
+def _bundle_meta(bundle: Path):
+    import tomllib
+
+    toml = Path(bundle) / "bundle.toml"
+    return tomllib.loads(toml.read_text(encoding="utf-8")) if toml.is_file() else None
+
+
+def _match_bundle(args, bundle: Path, meta: dict):
+    """Fills in from a bundle's bundle.toml what the options leave out, so that the reference
+    modules are the ones the bundle was exported from: its tokenizer (the bundle's own copy), the
+    DiT's layers and a random-weight text encoder's layers.  Refuses options that contradict it:
+    another tokenizer, a file for a part the bundle has seeded random weights for (or none for a
+    released one), the other DiT entry."""
+    from . import checkpoints
+    from .checkpoints import EMA_ENTRY, sha256
+
+    problems, filled = [], []
+    dit, text, vae = checkpoints.parts_from_args(args)
+    tok = meta.get("tokenizer", {})
+    if tok.get("kind") == "umt5":
+        mine = bundle / tok.get("file", "tokenizer.json")
+        if not text.tokenizer:
+            args.tokenizer = str(mine)
+            filled.append(f"--tokenizer {mine}")
+        elif mine.is_file() and sha256(text.tokenizer) != sha256(mine):
+            problems.append(f"{text.tokenizer} is not the bundle's tokenizer ({mine})")
+    elif text.tokenizer:
+        problems.append(f"the bundle has the bytes tokenizer; {text.tokenizer} was given")
+    layers = meta.get("architecture", {}).get("layers")
+    if getattr(args, "dit_layers", None) is None and layers is not None and layers != preset(args.preset).layers:
+        args.dit_layers = layers
+        filled.append(f"--dit-layers {layers}")
+    weights = meta.get("weights", {})
+    for part, table, name, flag in (
+        (dit, "dit", "DiT", "--self-forcing or --checkpoint"),
+        (text, "text_encoder", "text encoder", "--wan-dir or --text-checkpoint"),
+        (vae, "vae", "VAE", "--wan-dir or --vae-checkpoint"),
+    ):
+        w = weights.get(table)
+        if not w:
+            continue
+        if w.get("source") == "released":
+            entry = f", entry {w['entry']}" if w.get("entry") else ""
+            if not part.path:
+                problems.append(f"the bundle's {name} is {w.get('file')}{entry}: give that file ({flag})")
+            elif table == "dit" and w.get("entry") and (w["entry"] == EMA_ENTRY) != (part.entry == EMA_ENTRY):
+                problems.append(f"the bundle's DiT is entry {w['entry']} of {w.get('file')}: "
+                                + ("add --ema" if w["entry"] == EMA_ENTRY else "leave out --ema"))
+            elif Path(part.path).name != w.get("file"):
+                print(f"note: the bundle's {name} came from a file named {w.get('file')}; comparing with {part.path}")
+        elif part.path:
+            problems.append(f"the bundle's {name} has seeded random weights; {part.path} was given")
+        elif table == "text_encoder" and getattr(args, "text_layers", None) is None:
+            n = meta.get("text_encoder", {}).get("layers")
+            if n is not None:
+                args.text_layers = n
+                filled.append(f"--text-layers {n}")
+    if problems:
+        raise CheckpointError(f"{bundle}/bundle.toml: " + "; ".join(problems))
+    if filled:
+        print(f"from {bundle}/bundle.toml: {' '.join(filled)}")
 
 
 def _check_vae_only(args, out: Path, precision: str):
     """--only vae writes into an existing bundle of the same preset, precision and SVD rank."""
-    import tomllib
-
     toml = out / "bundle.toml"
     if not toml.is_file():
         raise SystemExit(f"--only vae: {toml} not found; it replaces the VAE graphs of an existing bundle "
                          "(export the whole bundle first)")
-    meta = tomllib.loads(toml.read_text(encoding="utf-8"))
+    meta = _bundle_meta(out)
     have = (meta.get("preset"), meta.get("precision"), meta.get("export", {}).get("svd_rank"))
     want = (args.preset, precision, args.svd_rank or "none")
     if have != want:
         raise SystemExit(f"--only vae: {toml} is preset {have[0]}, {have[1]}, svd rank {have[2]}; this export is "
                          f"{want[0]}, {want[1]}, svd rank {want[2]}")
+    if "weights" not in meta or "text_encoder" not in meta:
+        raise SystemExit(f"--only vae: {toml} was written by exporter {meta.get('exporter_version')}, whose bundle.toml "
+                         "does not say where its weights come from; export the whole bundle")
     return meta
 
 
+def _notes(preset_name: str, precision: str, weights: dict, text_encoder: dict) -> str:
+    """bundle.toml's header comment: where the weights come from, and what is reduced."""
+    names = {"dit": "DiT", "vae": "VAE", "text_encoder": "text encoder"}
+    if all(weights[p]["source"] == "random" for p in names):
+        notes = ["Seeded random weights (no checkpoint given)."]
+    else:
+        said = []
+        for part, name in names.items():
+            w = weights[part]
+            if w["source"] == "random":
+                said.append(f"{name} seeded random")
+            else:
+                said.append(f"{name} from {w['file']}" + (f" ({w['entry']})" if w.get("entry") else ""))
+        notes = [f"Weights: {', '.join(said)} ([weights] below)."]
+    if weights["text_encoder"]["source"] == "random" and preset_name == "wan-1.3b" and text_encoder["layers"] != 24:
+        notes.append(f"Text encoder: UMT5-style with {text_encoder['layers']} layers (UMT5-XXL has 24) to keep the "
+                     "export small.")
+    if precision != "fp32":
+        notes.append(f"Text encoder in fp32 (UMT5 overflows fp16); its context is cast to {precision} at the graph's end.")
+    if precision == "bf16":
+        notes.append("bf16: ORT's CUDA MultiHeadAttention has no bf16 kernel; prefer fp16.")
+    return "\n".join(notes)
+
+
 def cmd_export(args):
+    from . import checkpoints
     from . import export as ex
     from .model import factorise
 
@@ -51,9 +145,24 @@ def cmd_export(args):
     dtype = ex.DTYPES[precision]
     out = Path(args.out)
     only_vae = args.only == "vae"
+    old = _check_vae_only(args, out, precision) if only_vae else None
+    # Everything is read and checked before the output directory is touched.
+    dit_p, text_p, vae_p = checkpoints.parts_from_args(args)
     if only_vae:
-        _check_vae_only(args, out, precision)
-    dit, te, vae = _models(args, cfg)
+        if checkpoints.given(dit_p) or text_p.tokenizer or getattr(args, "text_checkpoint", None):
+            print("note: --only vae exports the VAE alone; the DiT, text encoder and tokenizer options are not used")
+        cfg.layers = old["architecture"]["layers"]
+    parts = ("vae",) if only_vae else ("dit", "text", "vae")
+    prep = checkpoints.prepare(cfg, dit_p, text_p, vae_p, parts)
+    for note in prep.notes:
+        print(f"note: {note}")
+    weights = prep.weights()
+    if only_vae:
+        weights = {**old["weights"], **weights}
+        tokenizer, text_encoder = old["tokenizer"], old["text_encoder"]
+    else:
+        tokenizer, text_encoder = ex.tokenizer_table(cfg), ex.text_encoder_table(cfg)
+    dit, te, vae = checkpoints.modules(prep)
     from .vae import RMSNorm as VaeRmsNorm
 
     VaeRmsNorm.export_mode = args.vae_norm
@@ -64,17 +173,24 @@ def cmd_export(args):
     dev = torch.device(args.device)
     vae = vae.to(dev, dtype)
     if not only_vae:
-        dit, te = dit.to(dev, dtype), te.to(dev, dtype)
+        # The text encoder stays float32 (export_text).
+        dit, te = dit.to(dev, dtype), te.to(dev)
     out.mkdir(parents=True, exist_ok=True)
     vae_graphs = ("vae_first", "vae_step", "vae_first_fused", "vae_step_fused")
-    graphs = ("dit", "dit_fused", "text_encoder") + vae_graphs
+    graphs = ("dit", "dit_fused", "dit_context", "text_encoder") + vae_graphs
     for graph in vae_graphs if only_vae else graphs:
         for stale in (f"{graph}.onnx", f"{graph}.onnx.data"):
             # A hard-linked copy of another bundle keeps that bundle's files: unlink, never overwrite.
             (out / stale).unlink(missing_ok=True)
+    if not only_vae:
+        (out / ex.TOKENIZER_FILE).unlink(missing_ok=True)
     (out / "bundle.toml").unlink(missing_ok=True)
     t = time.time()
     if not only_vae:
+        if prep.tokenizer:
+            from .tokenizer import write_bundle_tokenizer
+
+            write_bundle_tokenizer(prep.tokenizer, out / ex.TOKENIZER_FILE)
         ex.export_text(te, cfg, out, dtype, dev)
         ex.export_dit(dit, cfg, out, dtype, dev)
     n = ex.export_vae(vae, cfg, out, dtype, dev)
@@ -94,14 +210,8 @@ def cmd_export(args):
         print(f"vae_*_fused.onnx: skipped (--vae-norm {args.vae_norm}: they fuse the channels-last norm)")
     else:
         ex.export_vae(vae, cfg, out, dtype, dev, fused_ops=True)
-    notes = []
-    if not args.checkpoint:
-        notes.append("Seeded random weights (no checkpoint given).")
-    if cfg.text.layers != 24 and args.preset == "wan-1.3b":
-        notes.append(f"Text encoder: UMT5-style with {cfg.text.layers} layers (UMT5-XXL has 24) to keep the export small.")
-    if precision == "bf16":
-        notes.append("bf16: ORT's CUDA MultiHeadAttention has no bf16 kernel; prefer fp16.")
-    ex.write_toml(cfg, out, precision, svd, "\n".join(notes))
+    notes = _notes(args.preset, precision, weights, text_encoder)
+    ex.write_toml(cfg, out, precision, svd, notes, tokenizer=tokenizer, text_encoder=text_encoder, weights=weights)
     what = "the VAE graphs of " if only_vae else ""
     print(f"wrote {what}{out} ({n} VAE cache tensors) in {time.time() - t:.1f}s")
 
@@ -135,11 +245,22 @@ def cmd_golden(args):
 
     from .sample import Settings, TorchBackend, generate
 
+    from .export import tokenizer_table
+
     cfg = preset(args.preset)
+    out = Path(args.out)
+    # The bundle these files are for (by default the directory above them): the same tokenizer
+    # and text encoder as its graphs.
+    bundle = Path(args.bundle) if args.bundle else out.parent
+    meta = _bundle_meta(bundle)
+    if meta is not None:
+        _match_bundle(args, bundle, meta)
+    elif args.bundle:
+        raise SystemExit(f"--bundle {bundle}: no bundle.toml there")
     dit, te, vae = _models(args, cfg)
     backend = TorchBackend(dit, te, vae, "cpu", torch.float32)
     prompts = Path(args.prompts).read_text(encoding="utf-8").splitlines()
-    out = Path(args.out)
+    tokens = "umt5 tokenizer, the bundle's tokenizer.json" if cfg.tokenizer else "bytes tokenizer"
     out.mkdir(parents=True, exist_ok=True)
     tensors, entries = {}, []
     base = Settings(seed=args.seed)
@@ -155,7 +276,7 @@ def cmd_golden(args):
     for idx in args.indices:
         r, tm = generate(backend, cfg, prompts[idx], idx, base)
         p = f"p{idx}"
-        add(f"{p}.input_ids", r["input_ids"], "token ids (bytes tokenizer), int64 [1, text_len]", idx, base)
+        add(f"{p}.input_ids", r["input_ids"], f"token ids ({tokens}), int64 [1, text_len]", idx, base)
         add(f"{p}.attention_mask", r["attention_mask"], "attention mask, int64 [1, text_len]", idx, base)
         add(f"{p}.context", r["context"], "text encoder output [1, text_len, text_dim]", idx, base)
         add(f"{p}.noise_d0", r["noise_d0"], "Philox noise of draw d=0 (block 0 initial noise) [1,16,F,h,w]", idx, base)
@@ -181,6 +302,7 @@ def cmd_golden(args):
                        "latents 1e-3 abs, frames +-1.",
         "bundle": "..",
         "prompts_file": "assets/prompts/tiny.txt",
+        "tokenizer": tokenizer_table(cfg),
         "exporter_version": __import__("unstep_export").EXPORTER_VERSION,
         "conventions": {
             "sigma": "float64 from the step, cast once to float32; timestep = float32(1000*sigma64)",
@@ -195,8 +317,17 @@ def cmd_golden(args):
 
 
 def cmd_parity(args):
+    from . import checkpoints
     from .parity import run_parity
 
+    meta = _bundle_meta(Path(args.bundle))
+    if meta is None:
+        raise SystemExit(f"--bundle {args.bundle}: no bundle.toml there")
+    _match_bundle(args, Path(args.bundle), meta)
+    # run_parity builds its reference modules with build(cfg, args.checkpoint, args.text_checkpoint,
+    # args.vae_checkpoint): hand it the parts (files, DiT entry, layers, tokenizer) the options and
+    # the bundle ask for, which build() also fits its config to.
+    args.checkpoint, args.text_checkpoint, args.vae_checkpoint = checkpoints.parts_from_args(args)
     sys.exit(run_parity(args))
 
 
@@ -212,6 +343,16 @@ def cmd_sample(args):
     cfg = preset(args.preset)
     prompts = Path(args.prompts).read_text(encoding="utf-8").splitlines()
     s = _settings(args)
+    if args.bundle:
+        meta = _bundle_meta(Path(args.bundle))
+        if meta is None:
+            raise SystemExit(f"--bundle {args.bundle}: no bundle.toml there")
+        if args.backend == "ort":
+            tok = meta.get("tokenizer", {})
+            cfg.tokenizer = str(Path(args.bundle) / tok["file"]) if tok.get("kind") == "umt5" else None
+            cfg.layers = meta.get("architecture", {}).get("layers", cfg.layers)
+        else:
+            _match_bundle(args, Path(args.bundle), meta)
     if args.backend == "ort":
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else None
         backend = OrtBackend(args.bundle, cfg, threads=args.threads or 2, providers=providers)
@@ -230,6 +371,14 @@ def cmd_sample(args):
                 np.save(f"{args.save}_p{idx}.npy", res["frames"].numpy())
 
 
+def cmd_release_files(args):
+    from .release import release_files
+
+    t = time.time()
+    release_files(preset(args.preset), args.out, args.text_layers, args.text_vocab, args.tokenizer, args.dit_layers)
+    print(f"wrote {args.out} in {time.time() - t:.1f}s")
+
+
 def cmd_selftest(args):
     from . import noise
 
@@ -243,9 +392,28 @@ def main(argv=None):
 
     def common(p):
         p.add_argument("--preset", default="tiny", choices=["tiny", "wan-1.3b"])
-        p.add_argument("--checkpoint", help="DiT state dict (.safetensors or torch); seeded random weights otherwise")
-        p.add_argument("--text-checkpoint", help="text encoder state dict")
-        p.add_argument("--vae-checkpoint", help="Wan VAE state dict (decoder side is used)")
+        w = p.add_argument_group("weights (seeded random for every part not given; checked strictly, exit 2 if unusable)")
+        w.add_argument("--self-forcing", metavar="CKPT",
+                       help="Self-Forcing's generator checkpoint (self_forcing_dmd.pt): the DiT, its 'generator' entry "
+                            "(with --ema its 'generator_ema')")
+        w.add_argument("--ema", action="store_true",
+                       help="take the DiT from the checkpoint's 'generator_ema' entry, as Self-Forcing's inference.py "
+                            "--use_ema (its README's command uses it); without it, 'generator'")
+        w.add_argument("--wan-dir", metavar="DIR",
+                       help="the Wan2.1-T2V-1.3B folder: the VAE (Wan2.1_VAE.pth), the text encoder "
+                            "(models_t5_umt5-xxl-enc-bf16.pth) and the tokenizer (google/umt5-xxl/tokenizer.json)")
+        w.add_argument("--checkpoint", help="the DiT's state dict (.safetensors or torch pickle; a Self-Forcing "
+                                            "checkpoint as with --self-forcing)")
+        w.add_argument("--text-checkpoint", help="the T5 text encoder's state dict (over --wan-dir's; needs a tokenizer)")
+        w.add_argument("--vae-checkpoint", help="the whole Wan VAE state dict, encoder included (over --wan-dir's)")
+        w.add_argument("--tokenizer", metavar="FILE",
+                       help="a umt5 tokenizer.json (tokenizers, Unigram model; over --wan-dir's): copied into the bundle; "
+                            "a random-weight text encoder gets its vocabulary size")
+        w.add_argument("--text-layers", type=int, metavar="N",
+                       help="layers of a random-weight text encoder (default: the preset's; 24 on wan-1.3b when a "
+                            "tokenizer is given)")
+        w.add_argument("--dit-layers", type=int, metavar="N",
+                       help="layers of the DiT (default: the preset's; a DiT checkpoint must have as many)")
         p.add_argument("--threads", type=int, default=2)
 
     p = sub.add_parser("export", help="write a bundle")
@@ -276,6 +444,9 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--extra-clean-sigma", type=float, default=0.01)
     p.add_argument("--partial-frames", type=int, default=17, help="frames kept for prompts after the first (0 = all)")
+    p.add_argument("--bundle", help="the bundle the golden files are for: its tokenizer and sizes are used, and options "
+                                    "that contradict its bundle.toml refused (default: the directory above --out, when "
+                                    "it has a bundle.toml)")
     p.set_defaults(fn=cmd_golden)
 
     p = sub.add_parser("parity", help="exported ONNX (onnxruntime) vs the PyTorch reference")
@@ -313,12 +484,28 @@ def main(argv=None):
     p.add_argument("--bundle", help="also check this bundle's dit_fused.onnx and vae_*_fused.onnx (e.g. assets/tiny)")
     p.set_defaults(fn=cmd_fused_check, threads=None)
 
+    p = sub.add_parser("release-files",
+                       help="seeded random weights in the released files' formats and names (self_forcing_dmd.pt, "
+                            "Wan2.1-T2V-1.3B/...), for tests of the released-weights path")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "wan-1.3b"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--text-layers", type=int, help="default: the released count (24 on wan-1.3b)")
+    p.add_argument("--text-vocab", type=int, help="token embedding rows (default: 256384 on wan-1.3b, else the tokenizer's)")
+    p.add_argument("--tokenizer", help="tokenizer.json to copy (default: assets/tokenizer/tokenizer.json)")
+    p.add_argument("--dit-layers", type=int, help="default: the preset's")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(fn=cmd_release_files)
+
     p = sub.add_parser("selftest", help="Philox known-answer test")
     p.set_defaults(fn=cmd_selftest, threads=None)
 
     args = ap.parse_args(argv)
     _threads(getattr(args, "threads", None))
-    args.fn(args)
+    try:
+        args.fn(args)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ WAN_LATENT_STD = [
 
 @dataclass
 class TextConfig:
-    """UMT5-style encoder (RMSNorm, relative position bias, gated GELU FFN) over byte tokens."""
+    """UMT5-style encoder (RMSNorm, relative position bias, gated GELU FFN).  `vocab` and
+    `layers` are the preset's defaults for seeded random weights over the bytes tokenizer; a
+    checkpoint sets both, a tokenizer sets `vocab` (checkpoints.prepare)."""
     vocab: int = 257            # bytes tokenizer: UTF-8 byte + 1, 0 = padding
     dim: int = 64               # == text_dim
     ffn_dim: int = 128
@@ -25,6 +27,9 @@ class TextConfig:
     layers: int = 2
     num_buckets: int = 32
     max_distance: int = 128
+    # The released encoder's layer count (UMT5-XXL: 24): the default of random-weight exports
+    # that are given a tokenizer, which are on their way to the released weights.
+    released_layers: int = 2
 
 
 @dataclass
@@ -56,6 +61,8 @@ class Config:
     eps: float = 1e-6
     text: TextConfig = field(default_factory=TextConfig)
     vae: VaeConfig = field(default_factory=VaeConfig)
+    # tokenizer.json of the umt5 kind (tokenizer.Tokenizer); None: the bytes tokenizer.
+    tokenizer: str | None = None
     latent_mean: list = field(default_factory=lambda: list(WAN_LATENT_MEAN))
     latent_std: list = field(default_factory=lambda: list(WAN_LATENT_STD))
 
@@ -93,11 +100,12 @@ def preset(name: str) -> Config:
         )
     if name == "wan-1.3b":
         # The text encoder keeps UMT5-XXL's width (4096) and heads (64) but only 2 of its 24
-        # layers, so random-weight exports stay small; a real checkpoint needs layers=24.
+        # layers, so random-weight exports over the bytes tokenizer stay small; the released
+        # checkpoint brings its 24 layers and its vocabulary (256384) with it.
         return Config(
             preset="wan-1.3b", dim=1536, ffn_dim=8960, heads=12, layers=30, text_len=512,
             text_dim=4096, height=480, width=832,
-            text=TextConfig(vocab=257, dim=4096, ffn_dim=10240, heads=64, layers=2),
+            text=TextConfig(vocab=257, dim=4096, ffn_dim=10240, heads=64, layers=2, released_layers=24),
             vae=VaeConfig(dim=96),
         )
     raise SystemExit(f"unknown preset {name!r} (tiny | wan-1.3b)")

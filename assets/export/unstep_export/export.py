@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -86,6 +86,8 @@ class VaeGraph(nn.Module):
 
 
 class TextGraph(nn.Module):
+    """The text encoder in its own dtype, its output cast to the bundle's (`dtype`)."""
+
     def __init__(self, te, dtype):
         super().__init__()
         self.te = te
@@ -98,9 +100,10 @@ class TextGraph(nn.Module):
 def _export(module, args, path: Path, input_names, output_names, output_shapes, dynamic_axes=None,
             custom_opsets=None):
     """TorchScript exporter (dynamo=False): it honours autograd.Function.symbolic, which is how
-    attention becomes com.microsoft.MultiHeadAttention.  Saved through a temp dir so that graphs
-    over 2 GB end up with one external data file `<name>.data` beside them."""
-    with tempfile.TemporaryDirectory() as tmp:
+    attention becomes com.microsoft.MultiHeadAttention.  Traced into a temporary directory beside
+    `path` (same file system: a graph over 2 GB comes out as one file per tensor there), then
+    saved as `path`, with one external data file `<name>.data` for graphs over 2 GB."""
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.stem}.") as tmp:
         tmp_path = Path(tmp) / path.name
         with torch.no_grad():
             torch.onnx.export(
@@ -108,28 +111,89 @@ def _export(module, args, path: Path, input_names, output_names, output_shapes, 
                 dynamic_axes=dynamic_axes or {}, opset_version=OPSET, do_constant_folding=True,
                 custom_opsets=custom_opsets or CUSTOM_OPSETS, dynamo=False,
             )
-        model = onnx.load(str(tmp_path), load_external_data=True)
-    # The TorchScript exporter's shape inference leaves some outputs with made-up symbolic dims
-    # (e.g. vae_first's cache_out); the runner reads output shapes from the graph, so write the
-    # real, static ones.  No output of any graph depends on the dynamic P axis.
-    # (Shapes are known in advance: running a 1.3B model again only to read them is slow on CPU.)
-    assert len(output_shapes) == len(model.graph.output)
-    for out, shape in zip(model.graph.output, output_shapes):
-        dims = out.type.tensor_type.shape.dim
-        del dims[:]
-        for n in shape:
-            dims.add().dim_value = int(n)
+        # The graph alone: tensors the exporter wrote beside it stay on disk until _save moves them.
+        model = onnx.load(str(tmp_path), load_external_data=False)
+        # The TorchScript exporter's shape inference leaves some outputs with made-up symbolic dims
+        # (e.g. vae_first's cache_out); the runner reads output shapes from the graph, so write the
+        # real, static ones.  No output of any graph depends on the dynamic P axis.
+        # (Shapes are known in advance: running a 1.3B model again only to read them is slow on CPU.)
+        assert len(output_shapes) == len(model.graph.output)
+        for out, shape in zip(model.graph.output, output_shapes):
+            dims = out.type.tensor_type.shape.dim
+            del dims[:]
+            for n in shape:
+                dims.add().dim_value = int(n)
+        _save(model, path, Path(tmp))
+    for f in (path, path.with_name(path.name + ".data")):
+        if f.exists():
+            os.chmod(f, 0o644)  # the external-data writer creates its file 0600
+
+
+def _all_tensors(graph):
+    """Every TensorProto of a graph: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _all_tensors(a.g)
+            for g in a.graphs:
+                yield from _all_tensors(g)
+
+
+EXTERNAL_ALIGN = 4096  # offsets of the tensors in `<name>.data`: page-aligned, for memory mapping
+
+
+def _save(model, path: Path, src_dir: Path):
+    """Saves `model` as `path` (unlinked first: a hard-linked copy of another bundle keeps that
+    bundle's file).  Tensors that the exporter wrote as external files in `src_dir` are streamed,
+    one at a time, into `<name>.data` and each source file is deleted once copied, so a 23 GB
+    text encoder needs neither its size in memory nor twice its size on disk.  A graph held in
+    memory whose tensors are over 1.8 GB (protobuf's limit is 2 GB for the whole file) is saved
+    with its tensors in `<name>.data` too."""
     data = path.with_name(path.name + ".data")
-    if data.exists():
-        data.unlink()
-    weights = sum(t.ByteSize() for t in model.graph.initializer)
-    if weights > 1_800_000_000:  # protobuf's limit is 2 GB for the whole file
+    for f in (path, data):
+        f.unlink(missing_ok=True)
+    tensors = list(_all_tensors(model.graph))
+    external = [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        info = [{e.key: e.value for e in t.external_data} for t in external]
+        left = {}
+        for i in info:
+            left[i["location"]] = left.get(i["location"], 0) + 1
+        with open(data, "wb") as dst:
+            for t, i in zip(external, info):
+                src = src_dir / i["location"]
+                dst.write(b"\0" * (-dst.tell() % EXTERNAL_ALIGN))
+                start = dst.tell()
+                with open(src, "rb") as f:
+                    f.seek(int(i.get("offset", 0)))
+                    length = int(i["length"]) if "length" in i else None
+                    while length is None or length > 0:
+                        chunk = f.read(1 << 24 if length is None else min(1 << 24, length))
+                        if not chunk:
+                            break
+                        dst.write(chunk)
+                        if length is not None:
+                            length -= len(chunk)
+                if length:
+                    raise OSError(f"{src}: the exporter's external data ends {length} bytes early")
+                del t.external_data[:]
+                for key, value in (("location", data.name), ("offset", str(start)), ("length", str(dst.tell() - start))):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = key, value
+                left[i["location"]] -= 1
+                if not left[i["location"]]:
+                    src.unlink()
+        onnx.save_model(model, str(path))
+        return
+    weights = sum(t.ByteSize() for t in tensors)
+    if weights > 1_800_000_000:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
     else:
         onnx.save_model(model, str(path))
-    for f in (path, data):
-        if f.exists():
-            os.chmod(f, 0o644)  # the external-data writer creates its file 0600
 
 
 def vae_cache_shapes(vae, cfg: Config, dtype, device="cpu"):
@@ -207,6 +271,9 @@ def export_vae(vae, cfg: Config, out: Path, dtype, device="cpu", fused_ops: bool
 
 
 def export_text(te, cfg: Config, out: Path, dtype, device="cpu"):
+    """`text_encoder.onnx`: the encoder in its own (float32) arithmetic, whatever the bundle's
+    precision (UMT5's activations overflow float16; the encoder runs once per prompt, outside the
+    timed region), and `context` cast to the bundle's precision at the end of the graph."""
     ids = torch.ones(1, cfg.text_len, dtype=torch.int64, device=device)
     mask = torch.ones(1, cfg.text_len, dtype=torch.int64, device=device)
     _export(TextGraph(te, dtype), (ids, mask), out / "text_encoder.onnx", ["input_ids", "attention_mask"], ["context"],
@@ -225,7 +292,46 @@ def _floats(xs):
     return "[" + ", ".join(repr(float(x)) for x in xs) + "]"
 
 
-def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""):
+TOKENIZER_FILE = "tokenizer.json"  # the tokenizer's name in a bundle, whatever it was called
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return json.dumps(str(v), ensure_ascii=False)  # a TOML basic string: JSON's escapes are TOML's
+
+
+def tokenizer_table(cfg: Config) -> dict:
+    """bundle.toml's [tokenizer]: `umt5` (tokenizer.json in the bundle, Wan's whitespace cleaning;
+    tokenizer.py) when the config has a tokenizer, else `bytes`."""
+    if cfg.tokenizer:
+        return {"kind": "umt5", "file": TOKENIZER_FILE, "clean": "whitespace"}
+    return {"kind": "bytes"}
+
+
+def text_encoder_table(cfg: Config) -> dict:
+    """bundle.toml's [text_encoder]: its size and the precision of its arithmetic (always fp32;
+    `context` leaves the graph in the bundle's precision)."""
+    return {"layers": cfg.text.layers, "vocab": cfg.text.vocab, "precision": "fp32"}
+
+
+def random_weights() -> dict:
+    from .checkpoints import SEED_DIT, SEED_TEXT, SEED_VAE
+
+    return {"dit": {"source": "random", "seed": SEED_DIT}, "vae": {"source": "random", "seed": SEED_VAE},
+            "text_encoder": {"source": "random", "seed": SEED_TEXT}}
+
+
+def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = "", tokenizer: dict | None = None,
+               text_encoder: dict | None = None, weights: dict | None = None):
+    """bundle.toml (docs/bundle.md).  `tokenizer`, `text_encoder` and `weights` are its tables of
+    those names (defaults: from `cfg`, seeded random weights); [files] lists every other file of
+    `out`."""
+    tokenizer = tokenizer or tokenizer_table(cfg)
+    text_encoder = text_encoder or text_encoder_table(cfg)
+    weights = weights or random_weights()
     files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "bundle.toml")
     lines = [
         "# Written by the unstep exporter (assets/export); do not edit by hand.",
@@ -263,7 +369,18 @@ def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""
         f"std = {_floats(cfg.latent_std)}",
         "",
         "[tokenizer]",
-        'kind = "bytes"',
+        *(f"{k} = {_toml_value(v)}" for k, v in tokenizer.items()),
+        "",
+        "[text_encoder]",
+        *(f"{k} = {_toml_value(v)}" for k, v in text_encoder.items()),
+        "",
+        "[weights]",
+    ]
+    for part in ("dit", "vae", "text_encoder", "tokenizer"):
+        if part in weights:
+            lines.append(f"[weights.{part}]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in weights[part].items()]
+    lines += [
         "",
         "[graphs]",
         'text_encoder = "text_encoder.onnx"',

@@ -21,6 +21,21 @@ from . import noise as noise_mod
 from .config import Config
 from .text import tokenize_bytes
 
+_TOKENIZERS = {}
+
+
+def tokenize(cfg: Config, prompt: str):
+    """(input_ids, attention_mask), int64 [1, text_len]: with the config's tokenizer.json (the
+    umt5 kind, tokenizer.py) when it has one, else the bytes tokenizer."""
+    if not cfg.tokenizer:
+        return tokenize_bytes(prompt, cfg.text_len)
+    key = (cfg.tokenizer, cfg.text_len)
+    if key not in _TOKENIZERS:
+        from .tokenizer import Tokenizer
+
+        _TOKENIZERS[key] = Tokenizer(cfg.tokenizer, cfg.text_len)
+    return _TOKENIZERS[key](prompt)
+
 
 @dataclass
 class Settings:
@@ -94,7 +109,9 @@ class TorchBackend:
         self.device = torch.device(device)
         self.dtype = dtype
         self.dit = dit.to(self.device, dtype)
-        self.te = te.to(self.device, dtype)
+        # The text encoder stays float32, as in the bundles (UMT5 overflows float16); its context
+        # is cast to `dtype` where the DiT takes it.
+        self.te = te.to(self.device, torch.float32)
         self.vae = vae.to(self.device, dtype)
         self.sdpa = sdpa  # None | flash | efficient | cudnn | math
 
@@ -193,7 +210,7 @@ class OrtBackend:
 def generate(backend, cfg: Config, prompt: str, prompt_index: int, s: Settings):
     """One prompt through the whole loop.  Returns a dict of tensors (CPU) and per-phase seconds."""
     dev = backend.device
-    ids, mask = tokenize_bytes(prompt, cfg.text_len)
+    ids, mask = tokenize(cfg, prompt)
     ctx = backend.text(ids, mask)
     backend.sync()
 
