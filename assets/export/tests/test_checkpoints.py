@@ -94,8 +94,13 @@ def test_released_export_bundle_toml(rel, bundle):
     assert w["vae"] == {"source": "released", "file": "Wan2.1_VAE.pth", "sha256": checkpoints.sha256(rel[1]["vae"])}
     assert w["text_encoder"]["source"] == "released" and w["text_encoder"]["file"] == "models_t5_umt5-xxl-enc-bf16.pth"
     assert w["tokenizer"]["source"] == "released" and w["tokenizer"]["sha256"] == checkpoints.sha256(TOKENIZER)
-    assert (bundle / "tokenizer.json").read_bytes() == TOKENIZER.read_bytes()
-    assert meta["files"]["tokenizer.json"] == checkpoints.sha256(TOKENIZER)
+    # The bundle's tokenizer.json is the source's model with the folder's special tokens written
+    # in (so it is not the source's bytes); [files] lists the bundle's own file.
+    source, written = (json.loads(p.read_text()) for p in (TOKENIZER, bundle / "tokenizer.json"))
+    assert [p for p, _ in written["model"]["vocab"]] == [p for p, _ in source["model"]["vocab"]]
+    assert [s for _, s in written["model"]["vocab"]] == pytest.approx([s for _, s in source["model"]["vocab"]], rel=1e-12)
+    assert {t["content"] for t in written["added_tokens"] if t["special"]} >= {"<pad>", "</s>", "<unk>"}
+    assert meta["files"]["tokenizer.json"] == checkpoints.sha256(bundle / "tokenizer.json")
     header = (bundle / "bundle.toml").read_text().split("format = 1")[0]
     assert "random" not in header and "self_forcing_dmd.pt (generator_ema)" in header
 
