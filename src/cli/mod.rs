@@ -3,6 +3,7 @@
 mod apply;
 mod doctor;
 mod plan;
+mod prompts;
 mod report;
 pub mod worker;
 
@@ -40,6 +41,8 @@ pub enum Command {
     Schema,
     /// Check ONNX Runtime, execution providers, GPUs, CUDA libraries and asset bundles.
     Doctor(doctor::DoctorArgs),
+    /// Show how a bundle's tokenizer reads each prompt of a prompt file: tokens, truncation, ids.
+    Prompts(prompts::PromptsArgs),
     /// Generate prompts in this process (started by `runner apply`; see `runner worker --help`).
     #[command(hide = true)]
     Worker(Box<worker::WorkerArgs>),
@@ -118,6 +121,7 @@ pub fn main() -> i32 {
     match cli.command {
         Command::Apply(args) => apply::run(&args),
         Command::Doctor(args) => doctor::run(&args),
+        Command::Prompts(args) => prompts::run(&args),
         Command::Plan(args) => plan::run(&args),
         Command::Schema => out(&crate::manifest::schema::manifest_schema_text()),
         Command::Worker(args) => worker::run(*args),

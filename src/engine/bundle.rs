@@ -7,9 +7,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+
+use super::text::tokenizer::BYTES_VOCAB;
+use super::text::{PromptTokenizer, TokenizerError, Umt5Tokenizer};
 
 /// The only bundle format this runner reads.
 pub const BUNDLE_FORMAT: u32 = 1;
@@ -151,14 +155,173 @@ pub struct LatentStats {
 pub enum TokenizerKind {
     /// UTF-8 bytes + 1, 0 = padding, truncated to `text_len`.
     Bytes,
-    /// A UMT5 `tokenizer.json` beside the graphs; not supported by this runner yet.
+    /// A UMT5 `tokenizer.json` in the bundle, with the reference pipeline's cleaning.
     Umt5,
 }
 
+impl TokenizerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenizerKind::Bytes => "bytes",
+            TokenizerKind::Umt5 => "umt5",
+        }
+    }
+}
+
+/// How a prompt is cleaned before it is tokenized (`[tokenizer] clean`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptCleaning {
+    /// Wan2.1's `clean='whitespace'`: ftfy's fixes, HTML unescaping, whitespace runs to one
+    /// space, stripped.
+    Whitespace,
+}
+
+/// `[tokenizer]`: `kind = "bytes"` alone, or `umt5` with its file and cleaning.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizerSection {
     pub kind: TokenizerKind,
+    /// The tokenizer.json, relative to the bundle and listed in `[files]` (umt5 only).
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub clean: Option<PromptCleaning>,
+}
+
+/// `[text_encoder]` (exporter 0.13.0 and later).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextEncoderSection {
+    pub layers: usize,
+    /// Rows of the token embedding: every token id must be below it.
+    pub vocab: usize,
+    /// What the encoder graph computes in; its `context` output is in the bundle's precision.
+    pub precision: Precision,
+}
+
+/// Where a part's weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightSource {
+    /// Read from a released checkpoint.
+    Released,
+    /// Seeded random weights.
+    Random,
+}
+
+impl WeightSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightSource::Released => "released",
+            WeightSource::Random => "random",
+        }
+    }
+}
+
+/// `[weights.dit]`, `[weights.vae]`, `[weights.text_encoder]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartWeights {
+    pub source: WeightSource,
+    /// Released only: the checkpoint's file name as the user gave it.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// Released only: the checkpoint's sha256.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// The DiT only, released only: the checkpoint's entry that holds the weights.
+    #[serde(default)]
+    pub entry: Option<String>,
+    /// Random only.
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// Where a umt5 bundle's tokenizer.json came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerSource {
+    /// From a released Wan2.1 folder.
+    Released,
+    /// A file given on its own.
+    File,
+}
+
+impl TokenizerSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenizerSource::Released => "released",
+            TokenizerSource::File => "file",
+        }
+    }
+}
+
+/// `[weights.tokenizer]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerWeights {
+    pub source: TokenizerSource,
+    pub file: String,
+    pub sha256: String,
+}
+
+/// `[weights]` (exporter 0.13.0 and later); a bundle without it has seeded random weights.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsSection {
+    #[serde(default)]
+    pub dit: Option<PartWeights>,
+    #[serde(default)]
+    pub vae: Option<PartWeights>,
+    #[serde(default)]
+    pub text_encoder: Option<PartWeights>,
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerWeights>,
+}
+
+/// The weights of a whole bundle, in one word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsSummary {
+    Released,
+    Random,
+    Mixed,
+}
+
+impl WeightsSummary {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightsSummary::Released => "released",
+            WeightsSummary::Random => "random",
+            WeightsSummary::Mixed => "mixed",
+        }
+    }
+}
+
+impl WeightsSection {
+    /// The sources of the DiT, the VAE and the text encoder, in that order; a part without a
+    /// table has seeded random weights (the exporter wrote none before 0.13.0).
+    pub fn sources(&self) -> [(&'static str, WeightSource); 3] {
+        let source =
+            |p: &Option<PartWeights>| p.as_ref().map_or(WeightSource::Random, |p| p.source);
+        [
+            ("dit", source(&self.dit)),
+            ("vae", source(&self.vae)),
+            ("text_encoder", source(&self.text_encoder)),
+        ]
+    }
+
+    /// Released when every part is, random when every part is, mixed otherwise.
+    pub fn summary(&self) -> WeightsSummary {
+        let sources = self.sources().map(|(_, s)| s);
+        if sources.iter().all(|&s| s == WeightSource::Released) {
+            WeightsSummary::Released
+        } else if sources.iter().all(|&s| s == WeightSource::Random) {
+            WeightsSummary::Random
+        } else {
+            WeightsSummary::Mixed
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -198,6 +361,10 @@ pub struct BundleManifest {
     pub export: ExportSection,
     pub latent: LatentStats,
     pub tokenizer: TokenizerSection,
+    #[serde(default)]
+    pub text_encoder: Option<TextEncoderSection>,
+    #[serde(default)]
+    pub weights: Option<WeightsSection>,
     pub graphs: Graphs,
     /// sha256 (lowercase hex) of every file of the bundle but `bundle.toml`.
     pub files: BTreeMap<String, String>,
@@ -271,9 +438,11 @@ pub enum BundleError {
     #[error("bundle.toml is inconsistent: {0}; export the bundle again")]
     Inconsistent(String),
     #[error(
-        "tokenizer kind `{0}` is not supported by this runner yet; export a bundle with the `bytes` tokenizer"
+        "tokenizer file {name} is not listed in [files], so it cannot be checked; export the bundle again"
     )]
-    UnsupportedTokenizer(String),
+    TokenizerNotListed { name: String },
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
     #[error(
         "precision {0} is not supported by this engine yet; export an fp32 bundle (`--precision fp32`)"
     )]
@@ -297,11 +466,14 @@ pub enum BundleError {
     },
 }
 
-/// An opened, checked bundle: its folder and its manifest. Opening verifies every checksum.
+/// An opened, checked bundle: its folder, its manifest and its prompt tokenizer. Opening
+/// verifies every checksum and reads the tokenizer.
 #[derive(Debug, Clone)]
 pub struct Bundle {
     pub dir: PathBuf,
     pub manifest: BundleManifest,
+    /// Read when the bundle was opened; `None` for a peeked one.
+    tokenizer: Option<Arc<PromptTokenizer>>,
 }
 
 impl Bundle {
@@ -312,11 +484,13 @@ impl Bundle {
     }
 
     /// The bundle directory's manifest alone, without checking its files (for checks before a
-    /// run; [`Bundle::open`] checks them all).
+    /// run; [`Bundle::open`] checks them all). [`Bundle::tokenizer`] still reads and checks the
+    /// tokenizer.
     pub fn peek(dir: &Path) -> Result<Self, BundleError> {
         Ok(Self {
             dir: dir.to_path_buf(),
             manifest: read_manifest(dir)?,
+            tokenizer: None,
         })
     }
 
@@ -354,10 +528,65 @@ impl Bundle {
             });
         };
         let manifest = read_manifest(&dir)?;
-        let bundle = Bundle { dir, manifest };
+        let mut bundle = Bundle {
+            dir,
+            manifest,
+            tokenizer: None,
+        };
         bundle.check_consistency()?;
         bundle.verify_files(known)?;
+        // The checksums above include the tokenizer file's.
+        bundle.tokenizer = Some(Arc::new(bundle.read_tokenizer(false)?));
         Ok(bundle)
+    }
+
+    /// The bundle's prompt tokenizer: the one read when the bundle was opened, or for a peeked
+    /// bundle, read and checked now (the tokenizer file's sha256 included).
+    pub fn tokenizer(&self) -> Result<Arc<PromptTokenizer>, BundleError> {
+        match &self.tokenizer {
+            Some(tokenizer) => Ok(Arc::clone(tokenizer)),
+            None => Ok(Arc::new(self.read_tokenizer(true)?)),
+        }
+    }
+
+    /// Reads and checks the tokenizer `[tokenizer]` names (and its sha256 when `verify`).
+    fn read_tokenizer(&self, verify: bool) -> Result<PromptTokenizer, BundleError> {
+        self.check_tokenizer_section()?;
+        let m = &self.manifest;
+        let text_len = m.architecture.text_len;
+        let name = match (m.tokenizer.kind, &m.tokenizer.file) {
+            (TokenizerKind::Umt5, Some(name)) => name,
+            _ => return Ok(PromptTokenizer::Bytes { text_len }),
+        };
+        let path = self.dir.join(name);
+        let bytes = std::fs::read(&path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => BundleError::MissingFile {
+                name: name.clone(),
+                dir: self.dir.clone(),
+            },
+            _ => BundleError::Read {
+                path: path.clone(),
+                source,
+            },
+        })?;
+        if verify {
+            let expected = &m.files[name.as_str()];
+            let actual = sha256_hex(&bytes);
+            if !actual.eq_ignore_ascii_case(expected) {
+                return Err(BundleError::Checksum {
+                    name: name.clone(),
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        let json = String::from_utf8(bytes).map_err(|e| TokenizerError::Parse {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let vocab = m.text_encoder.as_ref().map(|t| t.vocab);
+        let tokenizer = Umt5Tokenizer::from_json(&path, &json, text_len, vocab)?;
+        Ok(PromptTokenizer::Umt5(Box::new(tokenizer)))
     }
 
     pub fn graph_path(&self, name: &str) -> PathBuf {
@@ -474,8 +703,14 @@ impl Bundle {
                 a.latent_channels
             ));
         }
-        if m.tokenizer.kind != TokenizerKind::Bytes {
-            return Err(BundleError::UnsupportedTokenizer("umt5".into()));
+        self.check_tokenizer_section()?;
+        if let Some(te) = &m.text_encoder
+            && (te.layers == 0 || te.vocab == 0)
+        {
+            return bad("[text_encoder] layers and vocab must be positive".into());
+        }
+        if let Some(weights) = &m.weights {
+            check_weights(weights, m.tokenizer.kind).map_err(BundleError::Inconsistent)?;
         }
         let graphs = [
             ("text_encoder", Some(&m.graphs.text_encoder)),
@@ -493,6 +728,50 @@ impl Bundle {
                     role,
                     name: name.clone(),
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// `[tokenizer]` as its kind needs it: `bytes` alone, `umt5` with a file listed in
+    /// `[files]` and its cleaning; and ids the text encoder's `vocab` has rows for (a umt5
+    /// tokenizer's vocabulary is checked when it is read).
+    fn check_tokenizer_section(&self) -> Result<(), BundleError> {
+        let m = &self.manifest;
+        let t = &m.tokenizer;
+        let bad = |message: &str| Err(BundleError::Inconsistent(message.into()));
+        match t.kind {
+            TokenizerKind::Bytes => {
+                if t.file.is_some() || t.clean.is_some() {
+                    return bad("[tokenizer] kind = \"bytes\" takes no file or clean");
+                }
+                if let Some(te) = &m.text_encoder
+                    && te.vocab < BYTES_VOCAB
+                {
+                    return Err(BundleError::Inconsistent(format!(
+                        "the bytes tokenizer gives ids up to {} but [text_encoder] vocab is {}",
+                        BYTES_VOCAB - 1,
+                        te.vocab
+                    )));
+                }
+            }
+            TokenizerKind::Umt5 => {
+                let Some(name) = &t.file else {
+                    return bad(
+                        "[tokenizer] kind = \"umt5\" needs its file (file = \"tokenizer.json\")",
+                    );
+                };
+                if t.clean.is_none() {
+                    return bad(
+                        "[tokenizer] kind = \"umt5\" needs its cleaning (clean = \"whitespace\")",
+                    );
+                }
+                if !is_safe_relative(name) {
+                    return Err(BundleError::UnsafeName { name: name.clone() });
+                }
+                if !m.files.contains_key(name.as_str()) {
+                    return Err(BundleError::TokenizerNotListed { name: name.clone() });
+                }
             }
         }
         Ok(())
@@ -583,6 +862,63 @@ fn read_manifest(dir: &Path) -> Result<BundleManifest, BundleError> {
     })
 }
 
+/// `[weights]`: a released part names its file and sha256 and has no seed, a random part names
+/// no file; only the DiT has an entry, and only a umt5 bundle a tokenizer.
+fn check_weights(weights: &WeightsSection, tokenizer: TokenizerKind) -> Result<(), String> {
+    let parts = [
+        ("dit", &weights.dit),
+        ("vae", &weights.vae),
+        ("text_encoder", &weights.text_encoder),
+    ];
+    for (part, w) in parts {
+        let Some(w) = w else { continue };
+        let table = format!("[weights.{part}]");
+        match w.source {
+            WeightSource::Released => {
+                if w.file.is_none() {
+                    return Err(format!("{table} source = \"released\" needs its file"));
+                }
+                match &w.sha256 {
+                    Some(hash) if is_sha256(hash) => {}
+                    _ => {
+                        return Err(format!(
+                            "{table} source = \"released\" needs the file's sha256 (64 hex digits)"
+                        ));
+                    }
+                }
+                if w.seed.is_some() {
+                    return Err(format!("{table} source = \"released\" takes no seed"));
+                }
+            }
+            WeightSource::Random => {
+                if w.file.is_some() || w.sha256.is_some() || w.entry.is_some() {
+                    return Err(format!(
+                        "{table} source = \"random\" takes no file, sha256 or entry"
+                    ));
+                }
+            }
+        }
+        if part != "dit" && w.entry.is_some() {
+            return Err(format!(
+                "{table} takes no entry (only the DiT's checkpoint has entries)"
+            ));
+        }
+    }
+    if let Some(t) = &weights.tokenizer {
+        if tokenizer != TokenizerKind::Umt5 {
+            return Err("[weights.tokenizer] belongs to a umt5 tokenizer only".into());
+        }
+        if !is_sha256(&t.sha256) {
+            return Err("[weights.tokenizer] sha256 must be 64 hex digits".into());
+        }
+    }
+    Ok(())
+}
+
+fn is_sha256(hash: &str) -> bool {
+    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// Only plain relative names: a bundle must not make the runner read outside its folder.
 fn is_safe_relative(name: &str) -> bool {
     let path = Path::new(name);
@@ -602,11 +938,16 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         }
         hasher.update(&buffer[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(&hasher.finalize()))
+}
+
+/// The sha256 of bytes in memory, lowercase hex.
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Unpacks a `.zip` bundle into `unpack_dir/<zip stem>` and returns the folder that holds its
@@ -687,6 +1028,130 @@ mod tests {
         assert_eq!(parse("svd_rank = 64").unwrap(), SvdRank::Rank(64));
         assert!(parse("svd_rank = 0").is_err());
         assert!(parse("svd_rank = \"full\"").is_err());
+    }
+
+    /// The tiny bundle's manifest with `tables` in place of its `[tokenizer]`.
+    fn with_tables(tables: &str) -> Result<BundleManifest, toml::de::Error> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+        let text = std::fs::read_to_string(dir.join(BUNDLE_TOML)).unwrap();
+        let start = text.find("[tokenizer]").unwrap();
+        let end = text.find("[graphs]").unwrap();
+        toml::from_str(&format!("{}{tables}\n{}", &text[..start], &text[end..]))
+    }
+
+    const RELEASED: &str = r#"
+[tokenizer]
+kind = "umt5"
+file = "tokenizer.json"
+clean = "whitespace"
+
+[text_encoder]
+layers = 24
+vocab = 256384
+precision = "fp32"
+
+[weights]
+[weights.dit]
+source = "released"
+file = "self_forcing_dmd.pt"
+sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+entry = "generator_ema"
+[weights.vae]
+source = "random"
+seed = 2
+[weights.text_encoder]
+source = "released"
+file = "models_t5_umt5-xxl-enc-bf16.pth"
+sha256 = "1111111111111111111111111111111111111111111111111111111111111111"
+[weights.tokenizer]
+source = "released"
+file = "google/umt5-xxl/tokenizer.json"
+sha256 = "2222222222222222222222222222222222222222222222222222222222222222"
+"#;
+
+    /// Exporter 0.13.0's tables read as written, and say where the weights come from.
+    #[test]
+    fn tokenizer_text_encoder_and_weights_tables_are_read() {
+        let m = with_tables(RELEASED).unwrap();
+        assert_eq!(m.tokenizer.kind, TokenizerKind::Umt5);
+        assert_eq!(m.tokenizer.file.as_deref(), Some("tokenizer.json"));
+        assert_eq!(m.tokenizer.clean, Some(PromptCleaning::Whitespace));
+        let te = m.text_encoder.as_ref().unwrap();
+        assert_eq!(
+            (te.layers, te.vocab, te.precision),
+            (24, 256384, Precision::Fp32)
+        );
+        let weights = m.weights.as_ref().unwrap();
+        assert_eq!(weights.summary(), WeightsSummary::Mixed);
+        assert_eq!(
+            weights.sources().map(|(_, s)| s),
+            [
+                WeightSource::Released,
+                WeightSource::Random,
+                WeightSource::Released
+            ]
+        );
+        assert_eq!(
+            weights.dit.as_ref().unwrap().entry.as_deref(),
+            Some("generator_ema")
+        );
+        assert_eq!(
+            weights.tokenizer.as_ref().unwrap().source,
+            TokenizerSource::Released
+        );
+        assert_eq!(check_weights(weights, TokenizerKind::Umt5), Ok(()));
+        // Older bundles: `bytes` alone, no text encoder or weights tables (seeded random).
+        let old = with_tables("[tokenizer]\nkind = \"bytes\"\n").unwrap();
+        assert_eq!((old.text_encoder, old.weights), (None, None));
+        assert_eq!(WeightsSection::default().summary(), WeightsSummary::Random);
+        assert!(with_tables("[tokenizer]\nkind = \"umt5\"\nfiles = \"t.json\"\n").is_err());
+        assert!(with_tables("[tokenizer]\nkind = \"umt5\"\nclean = \"lower\"\n").is_err());
+    }
+
+    #[test]
+    fn weights_tables_must_fit_their_source() {
+        let released = |extra: &str| {
+            format!(
+                "[tokenizer]\nkind = \"umt5\"\nfile = \"t.json\"\nclean = \"whitespace\"\n\
+                 [weights.vae]\n{extra}\n"
+            )
+        };
+        let cases = [
+            ("source = \"released\"\nsha256 = \"00\"", "needs its file"),
+            (
+                "source = \"released\"\nfile = \"v.pth\"",
+                "needs the file's sha256",
+            ),
+            ("source = \"random\"\nfile = \"v.pth\"", "takes no file"),
+            (
+                "source = \"random\"\nseed = 2\nentry = \"g\"",
+                "takes no file, sha256 or entry",
+            ),
+        ];
+        for (table, problem) in cases {
+            let m = with_tables(&released(table)).unwrap();
+            let err = check_weights(m.weights.as_ref().unwrap(), TokenizerKind::Umt5).unwrap_err();
+            assert!(err.contains(problem), "{table}: {err}");
+        }
+        let m = with_tables(RELEASED).unwrap();
+        let err = check_weights(m.weights.as_ref().unwrap(), TokenizerKind::Bytes).unwrap_err();
+        assert!(err.contains("[weights.tokenizer]"), "{err}");
+    }
+
+    /// The bytes tokenizer's ids run to 256: a text encoder with fewer rows is refused.
+    #[test]
+    fn a_bytes_tokenizer_needs_257_embedding_rows() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+        let mut bundle = Bundle::peek(&dir).unwrap();
+        for (vocab, ok) in [(256, false), (257, true)] {
+            bundle.manifest.text_encoder = Some(TextEncoderSection {
+                layers: 2,
+                vocab,
+                precision: Precision::Fp32,
+            });
+            let result = bundle.check_consistency();
+            assert_eq!(result.is_ok(), ok, "{vocab}: {result:?}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ort::session::{Session, SessionInputValue, SessionOutputs};
@@ -20,6 +21,7 @@ use super::session::{
     ContextInterface, GraphSessions, KvInterface, KvNames, Provider, RuntimeOptions, SessionError,
     context_names, indexed_names, vae_cache_count,
 };
+use super::text::{PromptTokenizer, TokenizerError};
 
 /// Per-prompt options of a generation.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -104,6 +106,8 @@ pub enum GenerateError {
     Session(#[from] SessionError),
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
     #[error("invalid method settings: {0}")]
     Schedule(#[from] ScheduleError),
     #[error("run graph {graph}: {message}")]
@@ -139,20 +143,21 @@ fn check_provider_precision(bundle: &Bundle, runtime: &RuntimeOptions) -> Result
     Ok(())
 }
 
-/// Runs a text encoder session on `prompt`; ONNX Runtime hands the context back in host memory.
+/// Tokenizes `prompt` with the bundle's tokenizer and runs a text encoder session on it; ONNX
+/// Runtime hands the context back in host memory.
 fn encode_to_host(
     encoder: &mut Session,
+    tokenizer: &PromptTokenizer,
     prompt: &str,
-    text_len: usize,
 ) -> Result<HostContext, GenerateError> {
     const GRAPH: &str = "text_encoder";
     let e = run_error(GRAPH);
-    let (ids, mask) = byte_tokens(prompt, text_len);
-    let shape = [1i64, text_len as i64];
+    let tokens = tokenizer.encode(prompt)?;
+    let shape = [1i64, tokenizer.text_len() as i64];
     let outputs = encoder
         .run(ort::inputs![
-            "input_ids" => TensorRef::from_array_view((shape, ids.as_slice())).map_err(e)?,
-            "attention_mask" => TensorRef::from_array_view((shape, mask.as_slice())).map_err(e)?,
+            "input_ids" => TensorRef::from_array_view((shape, tokens.ids.as_slice())).map_err(e)?,
+            "attention_mask" => TensorRef::from_array_view((shape, tokens.mask.as_slice())).map_err(e)?,
         ])
         .map_err(e)?;
     let value = &outputs["context"];
@@ -296,6 +301,8 @@ struct Buffers {
 /// A bundle's sessions and buffers, ready to generate prompts one after another.
 pub struct Generator {
     bundle: Bundle,
+    /// The bundle's prompt tokenizer, for prompts encoded as they are generated.
+    tokenizer: Arc<PromptTokenizer>,
     sessions: GraphSessions,
     dims: Dims,
     dit_names: KvNames,
@@ -349,15 +356,15 @@ impl Generator {
         prompts: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, GenerateError> {
         check_provider_precision(&bundle, runtime)?;
+        let tokenizer = bundle.tokenizer()?;
         let mut encoder = GraphSessions::build_text_encoder(&bundle, runtime)?;
-        let text_len = bundle.manifest.architecture.text_len;
         let mut contexts = HashMap::new();
         for text in prompts {
             if contexts.contains_key(text) {
                 continue;
             }
             let started = Instant::now();
-            let context = encode_to_host(&mut encoder, text, text_len)?;
+            let context = encode_to_host(&mut encoder, &tokenizer, text)?;
             contexts.insert(text.to_string(), (context, started.elapsed()));
         }
         drop(encoder);
@@ -371,6 +378,7 @@ impl Generator {
         ahead: Option<HashMap<String, (HostContext, Duration)>>,
     ) -> Result<Self, GenerateError> {
         let on_cpu = runtime.provider == Provider::Cpu;
+        let tokenizer = bundle.tokenizer()?;
         let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none())?;
         let device = if on_cpu && !runtime.io_binding {
             None
@@ -416,6 +424,7 @@ impl Generator {
         };
         Ok(Self {
             bundle,
+            tokenizer,
             sessions,
             dims,
             dit_names,
@@ -476,7 +485,7 @@ impl Generator {
                     .text_encoder
                     .as_mut()
                     .ok_or_else(text_encoder_released)?;
-                encoded = encode_to_host(encoder, prompt_text, self.dims.text_len)?;
+                encoded = encode_to_host(encoder, &self.tokenizer, prompt_text)?;
                 (&encoded, started.elapsed())
             }
         };
@@ -865,17 +874,6 @@ fn to_u8(x: f32) -> u8 {
     ((x.clamp(-1.0, 1.0) + 1.0) * 127.5).round() as u8
 }
 
-/// Tokens of the `bytes` tokenizer: UTF-8 bytes + 1, 0 = padding, truncated to `text_len`.
-pub fn byte_tokens(prompt: &str, text_len: usize) -> (Vec<i64>, Vec<i64>) {
-    let mut ids = vec![0i64; text_len];
-    let mut mask = vec![0i64; text_len];
-    for ((id, m), &byte) in ids.iter_mut().zip(mask.iter_mut()).zip(prompt.as_bytes()) {
-        *id = i64::from(byte) + 1;
-        *m = 1;
-    }
-    (ids, mask)
-}
-
 /// `x = (1 - sigma) * x0 + sigma * noise`.
 fn renoise(x: &mut [f32], x0: &[f32], noise: &[f32], sigma: f32) {
     for ((x, &x0), &n) in x.iter_mut().zip(x0).zip(noise) {
@@ -946,16 +944,6 @@ fn copy_output(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_tokens_shift_pad_and_truncate() {
-        let (ids, mask) = byte_tokens("ab", 4);
-        assert_eq!(ids, [98, 99, 0, 0]);
-        assert_eq!(mask, [1, 1, 0, 0]);
-        let (ids, mask) = byte_tokens("héllo", 3);
-        assert_eq!(ids, [105, 0xc3 + 1, 0xa9 + 1]);
-        assert_eq!(mask, [1, 1, 1]);
-    }
 
     #[test]
     fn uint8_mapping_clamps_and_rounds() {

@@ -1,9 +1,10 @@
 //! The engine: everything that touches ONNX Runtime and the GPU lives here and only here.
 //!
 //! Passes, in the order a worker uses them: [`ort_lib`] finds and loads ONNX Runtime once per
-//! process; [`bundle`] opens and checks an asset bundle; [`session`] builds the graphs' sessions
-//! on the requested execution provider; [`generate`] runs the block-causal loop with
-//! [`schedule`] and [`noise`]; [`probe`] reports the environment for `runner doctor`.
+//! process; [`bundle`] opens and checks an asset bundle, and [`text`] is its prompt tokenizer;
+//! [`session`] builds the graphs' sessions on the requested execution provider; [`generate`] runs
+//! the block-causal loop with [`schedule`] and [`noise`]; [`probe`] reports the environment for
+//! `runner doctor`.
 //!
 //! ```no_run
 //! use std::path::Path;
@@ -38,6 +39,7 @@ pub mod ort_lib;
 pub mod probe;
 pub mod schedule;
 pub mod session;
+pub mod text;
 
 pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings, Precision, SvdRank};
 pub use generate::{
@@ -51,6 +53,7 @@ pub use session::{
     ArenaExtend, AttentionKernel, ContextInterface, ConvAlgoSearch, CudaOptions, FusedKernels,
     FusedPart, KvInterface, Provider, RuntimeOptions, SessionError, TensorRtOptions,
 };
+pub use text::{PromptTokenizer, PromptTokens, TokenizerError};
 
 /// The path of the shared library this process has mapped whose file name starts with `stem`,
 /// read from `maps` (the text of `/proc/self/maps`): the library actually loaded, whatever its

@@ -26,6 +26,7 @@ use crate::results::files::{
 };
 use crate::results::records::{
     BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus, Summary, TimingRecord,
+    TokenizerRecord, WeightsRecord,
 };
 
 /// How `apply` behaves beyond the manifest.
@@ -152,7 +153,107 @@ fn preflight(r: &Resolved) -> Result<(), ApplyError> {
         ));
     }
     fused_kernels_preflight(r)?;
+    tokenizer_preflight(r)?;
     probe_state_preflight(r)
+}
+
+/// The bundle's prompt tokenizer must read and check (a umt5 tokenizer.json of the right model,
+/// its sha256, ids within the text encoder's vocabulary) before anything runs. A bundle that is
+/// not a readable directory is left to the worker.
+fn tokenizer_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return Ok(());
+    };
+    bundle
+        .tokenizer()
+        .map(drop)
+        .map_err(|e| ApplyError::Refused {
+            message: format!("asset bundle {}: {e}", display_path(&r.paths.bundle)),
+            hint: None,
+        })
+}
+
+/// The staged bundle's tokenizer over every prompt of the plan, and the sources of its weights.
+fn bundle_facts(
+    bundle_dir: &Path,
+    plan: &Plan,
+    prompts: &[String],
+) -> Result<(TokenizerRecord, WeightsRecord), engine::BundleError> {
+    let bundle = engine::Bundle::peek(bundle_dir)?;
+    let tokenizer = bundle.tokenizer()?;
+    let indices: BTreeSet<u32> = plan
+        .processes
+        .iter()
+        .flat_map(|p| p.prompts.iter().copied())
+        .collect();
+    let mut truncated = Vec::new();
+    let mut mojibake = Vec::new();
+    for &index in &indices {
+        let Some(text) = prompts.get(index as usize) else {
+            continue;
+        };
+        let tokens = tokenizer.encode(text)?;
+        if tokens.truncated {
+            truncated.push(index);
+        }
+        if tokens.mojibake {
+            mojibake.push(index);
+        }
+    }
+    let tokenizer = TokenizerRecord {
+        kind: tokenizer.kind().to_string(),
+        text_len: tokenizer.text_len(),
+        prompts: indices.len(),
+        truncated: truncated.len(),
+        truncated_prompts: truncated,
+        mojibake_prompts: mojibake,
+    };
+    let m = &bundle.manifest;
+    let weights = m.weights.clone().unwrap_or_default();
+    let [dit, vae, text_encoder] = weights.sources().map(|(_, s)| s.as_str().to_string());
+    let weights = WeightsRecord {
+        source: weights.summary().as_str().to_string(),
+        dit,
+        vae,
+        text_encoder,
+        tokenizer: weights.tokenizer.map(|t| t.source.as_str().to_string()),
+    };
+    Ok((tokenizer, weights))
+}
+
+/// Warnings about the prompts a umt5 tokenizer cut or may read differently from the reference.
+/// The bytes tokenizer of the tiny bundle cuts most prompts by design and is not warned about.
+fn tokenizer_warnings(t: &TokenizerRecord, r: &Resolved) -> Vec<String> {
+    if t.kind != "umt5" {
+        return Vec::new();
+    }
+    let list = |indices: &[u32]| {
+        let shown: Vec<String> = indices.iter().take(10).map(u32::to_string).collect();
+        let more = if indices.len() > 10 { ", …" } else { "" };
+        format!("{}{more}", shown.join(", "))
+    };
+    let command = format!(
+        "`runner prompts {} {}`",
+        display_path(&r.paths.bundle),
+        display_path(&r.paths.prompts_file)
+    );
+    let mut warnings = Vec::new();
+    if t.truncated > 0 {
+        warnings.push(format!(
+            "{} of {} prompts have more than text_len {} tokens and are cut there (prompts {}); {command} shows their tokens",
+            t.truncated,
+            t.prompts,
+            t.text_len,
+            list(&t.truncated_prompts)
+        ));
+    }
+    if !t.mojibake_prompts.is_empty() {
+        warnings.push(format!(
+            "prompts {} look like mojibake (UTF-8 read as Latin-1 or Windows-1252), which the reference pipeline's ftfy repairs before tokenizing and the runner does not: their tokens may differ; {command} lists them",
+            list(&t.mojibake_prompts)
+        ));
+    }
+    warnings
 }
 
 /// A probe measures with fresh compiler caches: runtime state left by an earlier apply of the
@@ -393,9 +494,19 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             record.device.driver_version = Some(g.driver.clone());
         }
     }
+    let prompts = r.prompts.as_deref().unwrap_or_default();
+    // A bundle whose tokenizer cannot be read here fails in its workers, which say why.
+    if let Ok((tokenizer, weights)) = bundle_facts(&stage.bundle, plan, prompts) {
+        if !opts.quiet {
+            for warning in tokenizer_warnings(&tokenizer, r) {
+                eprintln!("warning: {warning}");
+            }
+        }
+        record.tokenizer = Some(tokenizer);
+        record.weights = Some(weights);
+    }
     write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
 
-    let prompts = r.prompts.as_deref().unwrap_or_default();
     // The audit hashed every staged file; workers take the bundle's hashes from it.
     let bundle_sha256: BTreeMap<String, String> = stage
         .audit

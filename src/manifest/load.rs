@@ -542,14 +542,18 @@ fn hint_for(key: &str) -> String {
     format!("see `runner schema` for the values `{key}` accepts")
 }
 
+/// The prompts of a prompt file's text: one a line (`\n` or `\r\n`), blank lines left out. A
+/// prompt's global index is its place in this list.
+pub fn prompt_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|l| l.trim_end_matches('\r').to_string())
+        .filter(|l| !l.trim().is_empty())
+        .collect()
+}
+
 fn read_prompts(path: &Path, warnings: &mut Vec<String>) -> Option<Vec<String>> {
     match std::fs::read_to_string(path) {
-        Ok(text) => Some(
-            text.lines()
-                .map(|l| l.trim_end_matches('\r').to_string())
-                .filter(|l| !l.trim().is_empty())
-                .collect(),
-        ),
+        Ok(text) => Some(prompt_lines(&text)),
         Err(_) => {
             warnings.push(format!(
                 "prompt file {} does not exist; `runner apply` needs it (see assets/prompts/README.md)",

@@ -15,7 +15,8 @@ pub use hash::config_hash;
 pub use records::{
     AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
     LibraryVersions, ManifestRecord, ProcessRecord, ProcessRole, RunRecord, RunStatus,
-    SettingRecord, Summary, TimedRegionEnd, TimingRecord, WarmupRecord, measured,
+    SettingRecord, Summary, TimedRegionEnd, TimingRecord, TokenizerRecord, WarmupRecord,
+    WeightsRecord, measured,
 };
 pub use stats::Statistics;
 

@@ -194,6 +194,38 @@ pub struct BundleRecord {
     pub exporter_version: String,
 }
 
+/// The bundle's prompt tokenizer, and how it read the run's prompts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenizerRecord {
+    /// `bytes` or `umt5` (`[tokenizer] kind`).
+    pub kind: String,
+    pub text_len: usize,
+    /// The run's distinct prompts, those of every process.
+    pub prompts: usize,
+    /// How many of them had more than `text_len` tokens and were cut there.
+    pub truncated: usize,
+    /// Their global indices.
+    pub truncated_prompts: Vec<u32>,
+    /// Prompts that look like mojibake, which the reference pipeline's ftfy repairs before
+    /// tokenizing and the runner does not: their tokens may differ from the reference's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mojibake_prompts: Vec<u32>,
+}
+
+/// Where the bundle's weights come from (`[weights]`): `released` (read from checkpoints),
+/// `random` (seeded), or `mixed` overall, and per part.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightsRecord {
+    /// `released`, `random` or `mixed`: of the DiT, the VAE and the text encoder together.
+    pub source: String,
+    pub dit: String,
+    pub vae: String,
+    pub text_encoder: String,
+    /// Where a umt5 bundle's tokenizer.json came from: `released` (a Wan2.1 folder) or `file`.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+}
+
 /// Versions of the libraries the run loaded.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LibraryVersions {
@@ -280,6 +312,13 @@ pub struct RunRecord {
     /// The bundle the workers opened (absent when no worker got that far).
     #[serde(default)]
     pub bundle: Option<BundleRecord>,
+    /// The bundle's tokenizer over the run's prompts (absent when the staged bundle's tokenizer
+    /// could not be read; the workers report why).
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerRecord>,
+    /// The sources of the bundle's weights.
+    #[serde(default)]
+    pub weights: Option<WeightsRecord>,
     pub precision: Precision,
     pub device: DeviceRecord,
     pub versions: LibraryVersions,
@@ -373,6 +412,8 @@ impl RunRecord {
             dit_kernels: None,
             vae_kernels: None,
             bundle: None,
+            tokenizer: None,
+            weights: None,
             precision: m.method.precision,
             device: DeviceRecord::default(),
             versions: LibraryVersions::default(),

@@ -109,6 +109,29 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
         run["bundle"]["path"].as_str().unwrap().ends_with("tiny"),
         "{run}"
     );
+    // Its tokenizer over the run's four prompts, and its seeded random weights.
+    let kind = bundle_toml
+        .lines()
+        .skip_while(|l| *l != "[tokenizer]")
+        .find_map(|l| l.strip_prefix("kind = "))
+        .unwrap()
+        .trim_matches('"');
+    let tokenizer = &run["tokenizer"];
+    assert_eq!(tokenizer["kind"], kind, "{run}");
+    assert_eq!(tokenizer["prompts"], 4, "{run}");
+    assert_eq!(
+        tokenizer["truncated"].as_u64().unwrap() as usize,
+        tokenizer["truncated_prompts"].as_array().unwrap().len(),
+        "{run}"
+    );
+    if kind == "bytes" {
+        // Prompts 1 to 3 are longer than the 32 bytes of text_len.
+        assert_eq!(tokenizer["truncated_prompts"], serde_json::json!([1, 2, 3]));
+    }
+    assert_eq!(run["weights"]["source"], "random", "{run}");
+    for part in ["dit", "vae", "text_encoder"] {
+        assert_eq!(run["weights"][part], "random", "{run}");
+    }
     assert!(
         run["attention_backend"]["resolved"]
             .as_str()

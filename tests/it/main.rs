@@ -4,6 +4,7 @@ mod apply;
 mod doctor;
 mod engine;
 mod manifest;
+mod prompts;
 mod report;
 mod support;
 mod video;

@@ -126,3 +126,86 @@ pub fn tree(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// The Python that runs the exporter's reference code: `UNSTEP_TEST_PYTHON`, or the virtual
+/// environment scripts/test creates. Tests that compare with the reference fail without it.
+pub fn python() -> PathBuf {
+    let python = std::env::var_os("UNSTEP_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".cache/pyenv/bin/python"));
+    assert!(
+        python.is_file(),
+        "no Python at {} for the reference tokenizer: run scripts/test, which creates \
+         .cache/pyenv, or set UNSTEP_TEST_PYTHON",
+        python.display()
+    );
+    python
+}
+
+/// sha256 of bytes, lowercase hex, as bundle.toml lists files.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A copy of the tiny bundle at `dir` with the umt5 tokenizer `tokenizer_json` (listed in
+/// `[files]`), `text_len` tokens and a text encoder of `vocab` embedding rows in its bundle.toml,
+/// as exporter 0.13.0 writes them. The graphs stay the tiny bundle's, whose text encoder takes
+/// byte ids: enough for everything but running it on the tokenizer's ids.
+pub fn umt5_bundle(dir: &Path, tokenizer_json: &[u8], text_len: usize, vocab: usize) -> PathBuf {
+    let tiny = repo().join("assets/tiny");
+    std::fs::create_dir_all(dir).unwrap();
+    for entry in std::fs::read_dir(&tiny).unwrap().flatten() {
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json).unwrap();
+    let sha = sha256_hex(tokenizer_json);
+    let toml = std::fs::read_to_string(tiny.join("bundle.toml")).unwrap();
+    let sections = format!(
+        "[tokenizer]\nkind = \"umt5\"\nfile = \"tokenizer.json\"\nclean = \"whitespace\"\n\n\
+         [text_encoder]\nlayers = 2\nvocab = {vocab}\nprecision = \"fp32\"\n\n\
+         [weights]\n[weights.dit]\nsource = \"random\"\nseed = 0\n\
+         [weights.vae]\nsource = \"random\"\nseed = 2\n\
+         [weights.text_encoder]\nsource = \"random\"\nseed = 1\n\
+         [weights.tokenizer]\nsource = \"file\"\nfile = \"tokenizer.json\"\nsha256 = \"{sha}\"\n\n"
+    );
+    // The tiny bundle's own tokenizer, text encoder and weights tables give way to these.
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in toml.lines() {
+        if line.starts_with('[') {
+            let table = line.trim_matches(['[', ']']);
+            skipping = ["tokenizer", "text_encoder", "weights"]
+                .iter()
+                .any(|t| table == *t || table.starts_with(&format!("{t}.")));
+            if table == "graphs" {
+                out.push_str(&sections);
+            }
+        }
+        if skipping || line.starts_with("\"tokenizer.json\"") {
+            continue;
+        }
+        if line.starts_with("text_len = ") {
+            out.push_str(&format!("text_len = {text_len}\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if line == "[files]" {
+            out.push_str(&format!("\"tokenizer.json\" = \"{sha}\"\n"));
+        }
+    }
+    let toml = out;
+    std::fs::write(dir.join("bundle.toml"), toml).unwrap();
+    dir.to_path_buf()
+}
+
+/// The committed UMT5-type test tokenizer.
+pub fn test_tokenizer_json() -> Vec<u8> {
+    std::fs::read(repo().join("assets/tokenizer/tokenizer.json")).unwrap()
+}
