@@ -1143,6 +1143,14 @@ sha256 = "2222222222222222222222222222222222222222222222222222222222222222"
     fn a_bytes_tokenizer_needs_257_embedding_rows() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
         let mut bundle = Bundle::peek(&dir).unwrap();
+        bundle.manifest.tokenizer = TokenizerSection {
+            kind: TokenizerKind::Bytes,
+            file: None,
+            clean: None,
+        };
+        if let Some(weights) = bundle.manifest.weights.as_mut() {
+            weights.tokenizer = None;
+        }
         for (vocab, ok) in [(256, false), (257, true)] {
             bundle.manifest.text_encoder = Some(TextEncoderSection {
                 layers: 2,

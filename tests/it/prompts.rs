@@ -7,7 +7,9 @@ use std::process::Command;
 use serde_json::Value;
 use unstep::engine::Bundle;
 
-use crate::support::{Test, python, repo, sha256_hex, test_tokenizer_json, umt5_bundle};
+use crate::support::{
+    Test, bytes_bundle, python, repo, sha256_hex, test_tokenizer_json, umt5_bundle,
+};
 
 /// Prompts for the comparison: long ones, scripts and emoji, HTML references, quotes, ligatures,
 /// every kind of whitespace, control characters, and special tokens spelled out. None holds a
@@ -221,20 +223,19 @@ fn runner_prompts_shows_each_prompts_tokens_and_the_truncated_count() {
 #[test]
 fn runner_prompts_reads_a_bytes_bundle() {
     let t = Test::new().file("p.txt", "ab\nh\u{e9}\n");
-    let tiny = repo().join("assets/tiny");
+    let bundle = bytes_bundle(&t.path().join("bytes"));
     let out = t
         .cmd()
-        .args(["prompts", tiny.to_str().unwrap(), "p.txt", "--json"])
+        .args(["prompts", bundle.to_str().unwrap(), "p.txt", "--json"])
         .run();
     assert_eq!(out.code, 0, "{}", out.render());
     let value: Value = serde_json::from_str(&out.stdout).unwrap();
-    if value["tokenizer"] == "bytes" {
-        assert_eq!(value["prompts"][0]["ids"], serde_json::json!([98, 99]));
-        assert_eq!(
-            value["prompts"][1]["ids"],
-            serde_json::json!([105, 0xc4, 0xaa])
-        );
-    }
+    assert_eq!(value["tokenizer"], "bytes");
+    assert_eq!(value["prompts"][0]["ids"], serde_json::json!([98, 99]));
+    assert_eq!(
+        value["prompts"][1]["ids"],
+        serde_json::json!([105, 0xc4, 0xaa])
+    );
 }
 
 /// A tokenizers tokenizer.json of the given model type, with `<pad>` and `</s>`.

@@ -205,6 +205,38 @@ pub fn umt5_bundle(dir: &Path, tokenizer_json: &[u8], text_len: usize, vocab: us
     dir.to_path_buf()
 }
 
+/// A copy of the tiny bundle at `dir` with the `bytes` tokenizer of bundles before exporter
+/// 0.13.0 (`[tokenizer] kind = "bytes"`, no tokenizer.json); the text encoder's 1000 embedding
+/// rows take its ids.
+pub fn bytes_bundle(dir: &Path) -> PathBuf {
+    let tiny = repo().join("assets/tiny");
+    std::fs::create_dir_all(dir).unwrap();
+    for entry in std::fs::read_dir(&tiny).unwrap().flatten() {
+        if entry.path().is_file() && entry.file_name() != "tokenizer.json" {
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+    }
+    let toml = std::fs::read_to_string(tiny.join("bundle.toml")).unwrap();
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in toml.lines() {
+        if line.starts_with('[') {
+            let table = line.trim_matches(['[', ']']);
+            skipping = table == "tokenizer" || table == "weights.tokenizer";
+            if table == "tokenizer" {
+                out.push_str("[tokenizer]\nkind = \"bytes\"\n\n");
+            }
+        }
+        if skipping || line.starts_with("\"tokenizer.json\"") {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    std::fs::write(dir.join("bundle.toml"), out).unwrap();
+    dir.to_path_buf()
+}
+
 /// The committed UMT5-type test tokenizer.
 pub fn test_tokenizer_json() -> Vec<u8> {
     std::fs::read(repo().join("assets/tokenizer/tokenizer.json")).unwrap()
