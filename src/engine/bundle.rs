@@ -132,7 +132,7 @@ pub struct Architecture {
     pub tokens_per_frame: usize,
 }
 
-/// The export-time method settings a bundle was made with (SPEC §3, class "export").
+/// The export-time method settings a bundle was made with (the "export" class).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportSection {

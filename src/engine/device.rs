@@ -296,7 +296,7 @@ pub(crate) struct DeviceLoop {
     /// The decoder's sessions and buffers; taken out of the loop while a prompt runs, so that a
     /// decoder thread can hold them while the DiT runs on the caller's thread.
     vae: Option<VaeParts>,
-    /// Decode each block while the DiT generates the next (SPEC §6).
+    /// Decode each block while the DiT generates the next.
     overlap_vae: bool,
     /// CUDA graphs of the DiT's session, one per block shape (`runtime.cuda_graphs`).
     capture: Option<GraphCapture>,

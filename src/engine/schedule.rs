@@ -1,7 +1,7 @@
 //! Method settings that change what is generated, and the denoising schedule they imply.
 //!
 //! `MethodSettings` is a plain struct so that the manifest layer can build it from a resolved
-//! manifest; the defaults are those of SPEC §3.
+//! manifest; the defaults are Self-Forcing's released sampling settings.
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,7 +45,7 @@ impl FromStr for Emit {
     }
 }
 
-/// The method settings the generation loop reads (SPEC §3, classes flag and config).
+/// The method settings the generation loop reads (the flag and config classes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MethodSettings {
     /// Noise level of the clean-cache pass (`--clean-sigma-override`).

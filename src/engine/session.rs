@@ -349,14 +349,14 @@ pub struct RuntimeOptions {
     /// Intra-op threads per session; `None` lets ONNX Runtime use one per core.
     pub intra_op_threads: Option<usize>,
     /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
-    /// inspection and for the cache audit of SPEC §7.
+    /// inspection and for the staging area's cache audit.
     pub optimized_model_dir: Option<PathBuf>,
     /// Run the device loop (IoBinding, device-resident buffers, scheduler arithmetic as graphs)
     /// also on the CPU provider. GPU providers always use it; on the CPU it exists so that tests
     /// can check the device loop against the golden files.
     pub io_binding: bool,
     /// Device loop: decode each finished block with the VAE on a second thread (its own CUDA
-    /// stream) while the DiT generates the next block (SPEC §6).
+    /// stream) while the DiT generates the next block.
     pub overlap_vae: bool,
     /// The DiT's graph and elementwise kernels.
     pub dit_kernels: FusedKernels,

@@ -611,7 +611,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     );
     write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
 
-    // Cleanup (SPEC §7): success and interruption remove the staging snapshot; a failed run keeps
+    // Cleanup: success and interruption remove the staging snapshot; a failed run keeps
     // it, with its isolated state, for diagnosis.
     if status != RunStatus::Failed {
         let _ = stage.remove();
@@ -812,7 +812,7 @@ fn run_process(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)
-        // Compiler caches of this process, and nothing global (SPEC §7): the CUDA driver's JIT
+        // Compiler caches of this process, and nothing global: the CUDA driver's JIT
         // cache and the decoder convolutions' engine choices.
         .env("CUDA_CACHE_PATH", spec.cache_dir.join("cuda_jit"))
         .env(

@@ -2,7 +2,7 @@
 //!
 //! 1. built-in defaults ([`Manifest::defaults`](super::settings::Manifest::defaults));
 //! 2. the manifest chain, base first (each file its own layer; a child replaces its parent);
-//! 3. environment variables: the seed's names ([`ENV_VARS`]), the generic
+//! 3. environment variables: the benchmark scripts' names ([`ENV_VARS`]), the generic
 //!    `UNSTEP_<TABLE>__<KEY>`, and `UNSTEP_EXTRA_ARGS`;
 //! 4. the command line: `--set table.key=value` and `--extra-args '…'`.
 //!
@@ -53,15 +53,17 @@ impl Layer {
     }
 }
 
-/// An environment variable of the seed document and the setting it controls.
+/// A named environment variable (the names the reference benchmark scripts read) and the setting
+/// it controls.
 pub struct EnvVar {
     pub var: &'static str,
     pub key: &'static str,
-    /// Read only for probes (the seed's probe controls).
+    /// Read only for probes (the probe controls).
     pub probe_only: bool,
 }
 
-/// The seed's environment variables (SPEC §3). `UNSTEP_EXTRA_ARGS` and `CUDA_VISIBLE_DEVICES`
+/// The named environment variables, each read once here; the README lists them (a test checks
+/// the list). `UNSTEP_EXTRA_ARGS` and `CUDA_VISIBLE_DEVICES`
 /// are handled beside these.
 pub const ENV_VARS: &[EnvVar] = &[
     EnvVar {

@@ -692,7 +692,7 @@ fn validate(
     }
 }
 
-/// SPEC §7: output, cache and work directories must not overlap the source checkout, the asset
+/// Output, cache and work directories must not overlap the source checkout, the asset
 /// bundle, installations or broad roots; the work root may not contain outputs or caches.
 fn check_paths(
     m: &Manifest,

@@ -1,5 +1,5 @@
 //! Paths of a run: expansion of `${VAR:-default}` and `~`, lexical normalisation, and the safety
-//! rules of SPEC §7 (what output, cache and work directories may not overlap).
+//! rules of the run layout (what output, cache and work directories may not overlap).
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};

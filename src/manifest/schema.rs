@@ -47,7 +47,8 @@ pub enum ValueType {
     Text,
 }
 
-/// The class of a method setting (SPEC §3).
+/// The class of a method setting: flag (extra args), config (manifest or `--set`) or export
+/// (fixed by the bundle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MethodClass {
     /// Settable anywhere, including extra args.

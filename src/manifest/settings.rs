@@ -297,7 +297,7 @@ pub enum AttentionBackend {
     Auto,
     /// Flash attention.
     Flash,
-    /// FA2-class flash attention, the seed's Blackwell (GB200) path; on ONNX Runtime it selects
+    /// FA2-class flash attention, the Blackwell (GB200) path of `gb200_speed.toml`; on ONNX Runtime it selects
     /// the same fused flash kernels as `flash`, and results record that it was asked for.
     Fa2,
     /// cuDNN's flash attention.

@@ -2,7 +2,7 @@
 //!
 //! The first measured prompt of a process pays for lazy work (allocator growth, kernel
 //! selection, graph capture) that a warmup process cannot always absorb, so besides the plain
-//! mean the seed reports statistics that leave it out, and the mean of the last three prompts as
+//! mean the summary has statistics that leave it out, and the mean of the last three prompts as
 //! the steady state. A statistic without inputs is `None` (JSON `null`, shown as `n/a`), never 0.
 
 use serde::{Deserialize, Serialize};

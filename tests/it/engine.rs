@@ -376,7 +376,7 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// Regression guard for SPEC §4: a prompt's noise is keyed on its global index, so prompt 7
+/// Regression guard: a prompt's noise is keyed on its global index, so prompt 7
 /// alone and prompt 7 after 0..=6 in one process give bit-identical latents.
 #[test]
 fn prompt_latents_do_not_depend_on_the_other_prompts_of_the_process() {

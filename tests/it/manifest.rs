@@ -478,3 +478,25 @@ fn a_closed_pipe_is_not_an_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The README's list of environment variables is the table the runner reads them from.
+#[test]
+fn the_readme_lists_every_environment_variable() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let start = readme
+        .find("3. environment variables")
+        .expect("the layers list");
+    let item = &readme[start..readme[start..].find("\n4. ").unwrap() + start];
+    let listed: std::collections::BTreeSet<&str> = item
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| w.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect();
+    let mut known: std::collections::BTreeSet<&str> = unstep::manifest::layers::ENV_VARS
+        .iter()
+        .map(|v| v.var)
+        .collect();
+    known.insert(unstep::manifest::layers::EXTRA_ARGS_VAR);
+    assert_eq!(listed, known, "README.md's environment variables");
+}
