@@ -5,6 +5,7 @@
 //! [`plan`] (processes, shards, caches) → [`engine`] (ONNX Runtime and the generation loop) →
 //! [`results`] → [`report`]. [`cli`] is the edge that turns errors into exit codes.
 
+pub mod atomic_file;
 pub mod cli;
 pub mod engine;
 pub mod execute;

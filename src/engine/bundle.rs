@@ -950,42 +950,76 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Unpacks a `.zip` bundle into `unpack_dir/<zip stem>` and returns the folder that holds its
-/// `bundle.toml` (the archive's root, or its single top-level folder).
+/// Unpacks a `.zip` bundle into `unpack_dir/<zip stem>` and returns that folder, which holds the
+/// bundle's `bundle.toml` ([`extract_bundle_zip`]).
 fn unpack_zip(path: &Path, unpack_dir: &Path) -> Result<PathBuf, BundleError> {
-    let zip_error = |message: String| BundleError::Zip {
-        path: path.to_path_buf(),
-        message,
-    };
-    let file = std::fs::File::open(path).map_err(|source| BundleError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut archive = zip::ZipArchive::new(file).map_err(|e| zip_error(e.to_string()))?;
     let stem = path
         .file_stem()
         .map(|s| s.to_os_string())
         .unwrap_or_else(|| "bundle".into());
     let target = unpack_dir.join(stem);
-    std::fs::create_dir_all(&target)
-        .map_err(|e| zip_error(format!("create {}: {e}", target.display())))?;
-    // `extract` refuses entries that would land outside `target`.
-    archive
-        .extract(&target)
-        .map_err(|e| zip_error(e.to_string()))?;
-    if target.join(BUNDLE_TOML).is_file() {
-        return Ok(target);
-    }
-    let entries: Vec<PathBuf> = std::fs::read_dir(&target)
-        .map_err(|e| zip_error(e.to_string()))?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
+    extract_bundle_zip(path, &target).map_err(|message| BundleError::Zip {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    Ok(target)
+}
+
+/// Extracts the bundle archive `archive` into `dst`. An archive whose files all sit under one top
+/// folder (a zipped bundle directory) is unwrapped, so `bundle.toml` ends up at `dst`'s top
+/// either way; an archive without it there, or with an entry whose path would leave `dst`, is
+/// refused. The error is the reason, for the caller to put beside the archive's path.
+pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), String> {
+    let file = std::fs::File::open(archive).map_err(|e| e.to_string())?;
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| e.to_string())?;
+    let names: Vec<PathBuf> = (0..zip.len())
+        .filter_map(|i| zip.by_index(i).ok().and_then(|f| f.enclosed_name()))
         .collect();
-    match entries.as_slice() {
-        [only] if only.join(BUNDLE_TOML).is_file() => Ok(only.clone()),
-        _ => Err(zip_error(format!(
-            "no {BUNDLE_TOML} at the archive's root or in its single top-level folder"
-        ))),
+    if names.len() != zip.len() {
+        return Err("an entry has an unsafe path".into());
     }
+    let strip = if names.iter().any(|n| n == Path::new(BUNDLE_TOML)) {
+        None
+    } else {
+        names
+            .first()
+            .and_then(|n| n.components().next())
+            .map(|c| PathBuf::from(c.as_os_str()))
+            .filter(|top| names.iter().all(|n| n.starts_with(top)))
+    };
+    let top = match &strip {
+        Some(top) => top.join(BUNDLE_TOML),
+        None => PathBuf::from(BUNDLE_TOML),
+    };
+    if !names.contains(&top) {
+        return Err(format!(
+            "no {BUNDLE_TOML} at the archive's root or in its single top-level folder"
+        ));
+    }
+    let create = |dir: &Path| {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
+    };
+    create(dst)?;
+    for (i, name) in names.iter().enumerate() {
+        let mut entry = zip.by_index(i).map_err(|e| e.to_string())?;
+        let rel = match &strip {
+            Some(top) => name.strip_prefix(top).unwrap_or(name),
+            None => name,
+        };
+        let target = dst.join(rel);
+        if entry.is_dir() {
+            create(&target)?;
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            create(parent)?;
+        }
+        let mut out = std::fs::File::create(&target)
+            .map_err(|e| format!("create {}: {e}", target.display()))?;
+        std::io::copy(&mut entry, &mut out)
+            .map_err(|e| format!("write {}: {e}", target.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use ort::value::{
 
 use super::bundle::Bundle;
 use super::generate::{
-    Dims, GenerateError, GenerateOptions, HostContext, PhaseTimes, TimedRegionEnd,
+    Dims, GenerateError, GenerateOptions, HostContext, PhaseTimes, TimedRegionEnd, run_error,
 };
 use super::onnx_graph;
 use super::schedule::{Emit, Schedule};
@@ -505,13 +505,6 @@ fn run_once_per_prompt(
     Ok(())
 }
 
-fn run_err(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
-    move |e| GenerateError::Run {
-        graph,
-        message: e.to_string(),
-    }
-}
-
 /// Results of one prompt on the device loop, copied to the host.
 pub(crate) struct DeviceOutput {
     pub latents: Vec<f32>,
@@ -530,7 +523,7 @@ impl DeviceLoop {
         let m = &bundle.manifest;
         let d = Dims::of(bundle);
         let model = float_type(m.precision);
-        let setup = run_err("device setup");
+        let setup = run_error("device setup");
         let on_gpu = !matches!(runtime.provider, Provider::Cpu);
         let device_id = match &runtime.provider {
             Provider::Cuda(c) => Some(c.device_id),
@@ -724,7 +717,7 @@ impl DeviceLoop {
 
     fn view(&self, b: &Buf, offset: usize, shape: &[i64]) -> Result<View, GenerateError> {
         b.view(&self.mem, offset, shape)
-            .map_err(run_err("device view"))
+            .map_err(run_error("device view"))
     }
 
     /// `out = a·p + b·q` (and its bundle-typed copy into `out_model`).
@@ -739,7 +732,7 @@ impl DeviceLoop {
         out_model: (&Buf, usize),
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
-        let e = run_err("axpby");
+        let e = run_error("axpby");
         let n = self.d.block_elems() as i64;
         let one = [1i64];
         let mut binding = if q_is_model {
@@ -816,7 +809,7 @@ impl DeviceLoop {
         let d = self.d;
         let method = &options.method;
         let mut times = PhaseTimes::default();
-        let setup = run_err("device upload");
+        let setup = run_error("device upload");
 
         // --- Outside the timed region: noise, tables. ---
 
@@ -828,7 +821,7 @@ impl DeviceLoop {
         let grow =
             |buf: &mut Buf, ty, len: usize, alloc: &Allocator| -> Result<bool, GenerateError> {
                 if buf.len < len {
-                    *buf = Buf::new(alloc, ty, len).map_err(run_err("device setup"))?;
+                    *buf = Buf::new(alloc, ty, len).map_err(run_error("device setup"))?;
                     return Ok(true);
                 }
                 Ok(false)
@@ -974,7 +967,7 @@ impl DeviceLoop {
         let peak_device_memory = self.memory.as_ref().and_then(|m| m.in_use());
 
         // --- After the timed region: copies to the host. ---
-        let down = run_err("device download");
+        let down = run_error("device download");
         let blocks_f32: Vec<f32> = bufs
             .latents
             .download(&mut self.graphs.identity_f32, &self.mem, d.blocks() * block)
@@ -1123,7 +1116,7 @@ impl DeviceLoop {
         session: &mut Session,
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
-        let e = run_err("dit_context");
+        let e = run_error("dit_context");
         let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
         binding.input("context", self.context_view()?).map_err(e)?;
         for (name, view) in self.context_kv_views()? {
@@ -1157,7 +1150,7 @@ impl DeviceLoop {
     /// Copies a prompt's context into the loop's context buffer.
     fn upload_context(&mut self, context: &HostContext) -> Result<(), GenerateError> {
         let (identity, mem) = (&mut self.graphs.identity_model, &self.mem);
-        let e = run_err("context upload");
+        let e = run_error("context upload");
         match context {
             HostContext::F32(v) => self.context.upload(identity, mem, v),
             HostContext::F16(v) => self.context.upload(identity, mem, v),
@@ -1187,7 +1180,7 @@ impl DeviceLoop {
     /// The DiT binding of one block: the same for all its passes, but for the timestep, which
     /// `dit_pass` binds (or, with CUDA graphs, copies into the one buffer bound here).
     fn dit_binding(&self, dit: &Session, shape: BlockShape) -> Result<Bound, GenerateError> {
-        let e = run_err("dit");
+        let e = run_error("dit");
         let d = self.d;
         let BlockShape {
             block,
@@ -1263,7 +1256,7 @@ impl DeviceLoop {
         level: usize,
         times: &mut PhaseTimes,
     ) -> Result<(), GenerateError> {
-        let e = run_err("dit");
+        let e = run_error("dit");
         let f = self.d.frames_per_block;
         let timestep = self.view(&self.timesteps, level * f, &[1, f as i64])?;
         let start = Instant::now();
@@ -1274,7 +1267,7 @@ impl DeviceLoop {
             }
             Some(capture) => {
                 // The level's timestep into the buffer every pass of the graph reads.
-                let copy = run_err("timestep copy");
+                let copy = run_error("timestep copy");
                 let identity = &mut self.graphs.identity_f32;
                 let mut copy_binding = identity.create_binding().map(Bound::new).map_err(copy)?;
                 copy_binding.input("x", timestep).map_err(copy)?;
@@ -1315,7 +1308,7 @@ fn decode_blocks(
     blocks: std::sync::mpsc::Receiver<usize>,
     gate: &CaptureGate,
 ) -> Result<Duration, GenerateError> {
-    let mem = device_memory_info(v.device).map_err(run_err("device setup"))?;
+    let mem = device_memory_info(v.device).map_err(run_error("device setup"))?;
     let mut run = Duration::ZERO;
     for b in blocks {
         for f in 0..v.d.frames_per_block {
@@ -1342,7 +1335,8 @@ fn decode_frame(
 ) -> Result<Duration, GenerateError> {
     let d = v.d;
     let view = |buf: &Buf, offset: usize, shape: &[i64]| {
-        buf.view(mem, offset, shape).map_err(run_err("device view"))
+        buf.view(mem, offset, shape)
+            .map_err(run_error("device view"))
     };
     let z_shape = [1, d.channels as i64, 1, d.h as i64, d.w as i64];
     let t = b * d.frames_per_block + f;
@@ -1354,7 +1348,7 @@ fn decode_frame(
     };
     let mut run = Duration::ZERO;
     {
-        let e = run_err("latent_frame");
+        let e = run_error("latent_frame");
         let mut binding = latent_frame.create_binding().map(Bound::new).map_err(e)?;
         let stat = [1, d.channels as i64, 1, 1, 1];
         binding
@@ -1378,7 +1372,7 @@ fn decode_frame(
     } else {
         ("vae_step", vae_step, d.frames_per_step)
     };
-    let e = run_err(graph);
+    let e = run_error(graph);
     let mut binding = session.create_binding().map(Bound::new).map_err(e)?;
     binding.input("z", view(&v.z, 0, &z_shape)?).map_err(e)?;
     let (cache_in, cache_out) = (&v.cache[(t + 1) % 2], &v.cache[t % 2]);
@@ -1416,7 +1410,7 @@ fn layout_frames(
     times: &mut PhaseTimes,
 ) -> Result<(), GenerateError> {
     let d = v.d;
-    let e = run_err("layout");
+    let e = run_error("layout");
     let mut next_frame = 0usize;
     for t in 0..d.latent_frames {
         let n = if t == 0 { 1 } else { d.frames_per_step };

@@ -897,7 +897,8 @@ fn fill_noise(seed: u64, prompt: u32, draw: u32, out: &mut [f32]) {
         });
 }
 
-fn run_error(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
+/// Maps an ONNX Runtime error of running `graph` to [`GenerateError::Run`].
+pub(super) fn run_error(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
     move |e| GenerateError::Run {
         graph,
         message: e.to_string(),

@@ -1,10 +1,9 @@
-//! Exclusive advisory locks (`flock`) on work roots and shared cache folders. A lock is held
+//! Exclusive advisory locks (`File::try_lock`, `flock` on Linux) on work roots and shared cache folders. A lock is held
 //! for as long as its [`Lock`] lives; the kernel releases it when the process ends, so a crashed
 //! run never leaves a stale lock behind.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// The lock file inside a locked folder.
@@ -47,11 +46,10 @@ impl Lock {
             .truncate(false)
             .open(dir.join(LOCK_FILE))
             .map_err(io)?;
-        // SAFETY: flock on a file descriptor we own; no memory is shared with the kernel.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        // `File::try_lock` is `flock(LOCK_EX | LOCK_NB)` on Linux: held by this open file.
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
                 let mut text = String::new();
                 let _ = file.read_to_string(&mut text);
                 let field = |name: &str| {
@@ -66,7 +64,7 @@ impl Lock {
                     pid: field("pid"),
                 });
             }
-            return Err(io(err));
+            Err(std::fs::TryLockError::Error(err)) => return Err(io(err)),
         }
         file.set_len(0).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
@@ -83,8 +81,7 @@ impl Drop for Lock {
     fn drop(&mut self) {
         // Clearing the holder first means a reader never names a run that has finished.
         let _ = self.file.set_len(0);
-        // SAFETY: as in `acquire`.
-        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+        let _ = self.file.unlock();
     }
 }
 

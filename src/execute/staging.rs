@@ -248,49 +248,12 @@ fn copy_dir(src: &Path, dst: &Path) -> Result<(), StagingError> {
     Ok(())
 }
 
-/// Extracts a bundle archive. An archive whose files all sit under one top folder (a zipped
-/// bundle directory) is unwrapped, so `bundle.toml` ends up at the top either way.
+/// Extracts a bundle archive, as the engine does ([`crate::engine::bundle::extract_bundle_zip`]).
 fn unzip(archive: &Path, dst: &Path) -> Result<(), StagingError> {
-    let zip_err = |reason: String| StagingError::Zip {
+    crate::engine::bundle::extract_bundle_zip(archive, dst).map_err(|reason| StagingError::Zip {
         path: archive.to_path_buf(),
         reason,
-    };
-    let file = fs::File::open(archive).map_err(io(archive))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| zip_err(e.to_string()))?;
-    let names: Vec<PathBuf> = (0..zip.len())
-        .filter_map(|i| zip.by_index(i).ok().and_then(|f| f.enclosed_name()))
-        .collect();
-    if names.len() != zip.len() {
-        return Err(zip_err("an entry has an unsafe path".into()));
-    }
-    let strip = if names.iter().any(|n| n == Path::new("bundle.toml")) {
-        None
-    } else {
-        names
-            .first()
-            .and_then(|n| n.components().next())
-            .map(|c| PathBuf::from(c.as_os_str()))
-            .filter(|top| names.iter().all(|n| n.starts_with(top)))
-    };
-    for (i, name) in names.iter().enumerate() {
-        let mut entry = zip.by_index(i).map_err(|e| zip_err(e.to_string()))?;
-        let name = name.clone();
-        let rel = match &strip {
-            Some(top) => name.strip_prefix(top).unwrap_or(&name).to_path_buf(),
-            None => name,
-        };
-        let target = dst.join(rel);
-        if entry.is_dir() {
-            fs::create_dir_all(&target).map_err(io(&target))?;
-            continue;
-        }
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent).map_err(io(parent))?;
-        }
-        let mut out = fs::File::create(&target).map_err(io(&target))?;
-        std::io::copy(&mut entry, &mut out).map_err(io(&target))?;
-    }
-    Ok(())
+    })
 }
 
 /// The sha256 of every file below `dir` except the audit itself.

@@ -4,9 +4,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -53,36 +51,10 @@ fn write_err(path: &Path) -> impl FnOnce(io::Error) -> RecordError + '_ {
     }
 }
 
-/// Replaces `path` with `bytes` so that readers see the old file or the new one, never a mix.
+/// Replaces `path` with `bytes` so that readers see the old file or the new one, never a mix
+/// ([`crate::atomic_file::write_with`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RecordError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Same folder, so the rename stays on one file system and is atomic; the process id and a
-    // counter keep concurrent writers (other processes, other threads) off each other's file.
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{name}.tmp{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        // The rename itself is durable only once the folder is synced.
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(write_err(path))
+    crate::atomic_file::write_with(path, |w| w.write_all(bytes)).map_err(write_err(path))
 }
 
 /// Writes `value` as pretty JSON (with a final newline), atomically.
@@ -110,7 +82,8 @@ pub fn append_jsonl<T: Serialize>(path: &Path, value: &T) -> Result<(), RecordEr
         .create(true)
         .open(path)
         .map_err(write_err(path))?;
-    let _lock = Flock::exclusive(&f).map_err(write_err(path))?;
+    // An exclusive advisory lock (`flock` on Linux), released when `f` is closed on return.
+    f.lock().map_err(write_err(path))?;
     cut_torn_tail(&mut f).map_err(write_err(path))?;
     // One write call: with O_APPEND the line lands whole at the end of the file.
     f.write_all(line.as_bytes()).map_err(write_err(path))?;
@@ -144,29 +117,6 @@ fn cut_torn_tail(f: &mut File) -> io::Result<()> {
         end = start;
     }
     f.set_len(keep)
-}
-
-/// An exclusive advisory lock on an open file, released on drop. It must be dropped before the
-/// file is closed (declare it after the file).
-struct Flock(RawFd);
-
-impl Flock {
-    fn exclusive(f: &File) -> io::Result<Flock> {
-        let fd = f.as_raw_fd();
-        // SAFETY: flock on a valid open descriptor.
-        if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Flock(fd))
-    }
-}
-
-impl Drop for Flock {
-    fn drop(&mut self) {
-        // SAFETY: the descriptor is still open (see above); unlocking cannot fail in a way we
-        // could act on, and closing the file would release the lock anyway.
-        unsafe { libc::flock(self.0, libc::LOCK_UN) };
-    }
 }
 
 /// Reads a JSON file written by [`write_json_atomic`].

@@ -10,10 +10,9 @@ mod encode;
 mod mp4;
 mod yuv;
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Largest frame OpenH264 accepts (level 5.2): 3840 wide by 2160 high, or the transpose.
 const MAX_LONG_SIDE: usize = 3840;
@@ -129,57 +128,15 @@ pub fn write_mp4(
     })
 }
 
-/// Writes via a uniquely named temporary file next to `path`, flushed to disk, then renamed
-/// into place. Rename within one directory (one filesystem) is atomic on POSIX, so readers
-/// see either the old file or the complete new one.
+/// Writes `path` atomically ([`crate::atomic_file::write_with`]).
 fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
 ) -> Result<(), VideoError> {
-    let io_err = |source| VideoError::Io {
+    crate::atomic_file::write_with(path, write).map_err(|source| VideoError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let file_name = path.file_name().ok_or_else(|| {
-        io_err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "path has no file name",
-        ))
-    })?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    // Unique per process and per call, so concurrent writers (threads or processes) to the
-    // same directory never share a temporary file. The leading dot keeps it out of globs
-    // like `*.mp4`.
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{}.{}-{}.tmp",
-        file_name.to_string_lossy(),
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-
-    let result = (|| {
-        let file = File::options().write(true).create_new(true).open(&tmp)?;
-        let mut w = BufWriter::new(file);
-        write(&mut w)?;
-        let file = w.into_inner().map_err(|e| e.into_error())?;
-        // Data must be on disk before the rename makes it visible, or a power loss could
-        // leave a complete-looking name over incomplete contents.
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err(e));
-    }
-    // Persist the rename itself; best effort, as not every platform can fsync a directory.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]
