@@ -8,7 +8,7 @@ use serde_json::Value;
 use unstep::engine::Bundle;
 
 use crate::support::{
-    Test, bytes_bundle, python, repo, sha256_hex, test_tokenizer_json, umt5_bundle,
+    Test, bytes_bundle, filtered, python, repo, sha256_hex, test_tokenizer_json, umt5_bundle,
 };
 
 /// Prompts for the comparison: long ones, scripts and emoji, HTML references, quotes, ligatures,
@@ -186,17 +186,6 @@ fn mojibake_is_reported_rather_than_repaired() {
         ids(&expected[1]["ids"])[..len],
         "the reference repairs the mojibake"
     );
-}
-
-/// Replaces the scratch folder's path and full hashes so snapshots read the same everywhere.
-fn filtered<F: FnOnce()>(dir: &Path, f: F) {
-    let mut settings = insta::Settings::clone_current();
-    for p in [dir.to_path_buf(), dir.canonicalize().unwrap()] {
-        settings.add_filter(&regex::escape(&p.display().to_string()), "[TMP]");
-    }
-    settings.add_filter(r"[0-9a-f]{64}", "[SHA256]");
-    settings.set_prepend_module_to_snapshot(false);
-    settings.bind(f);
 }
 
 const SHOWN_PROMPTS: &str = "a cat on a mat\n\

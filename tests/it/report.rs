@@ -1,14 +1,12 @@
 //! `runner report` and `runner compare` on run directories written through the results API.
 
-use std::path::Path;
-
 use unstep::manifest::{LoadRequest, load};
 use unstep::results::{
     BundleRecord, DeviceRecord, GitState, LibraryVersions, ProcessRole, RUN_JSON, RunRecord,
     RunStatus, SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord, append_jsonl, write_json_atomic,
 };
 
-use crate::support::{Test, tree};
+use crate::support::{Test, filtered, tree};
 
 const PROBE: &str = r#"
 kind = "probe"
@@ -129,17 +127,6 @@ fn row(stdout: &str, label: &str) -> Vec<String> {
         .split_whitespace()
         .map(String::from)
         .collect()
-}
-
-/// Replaces the scratch folder's path and full hashes so snapshots read the same everywhere.
-fn filtered<F: FnOnce()>(dir: &Path, f: F) {
-    let mut settings = insta::Settings::clone_current();
-    for p in [dir.to_path_buf(), dir.canonicalize().unwrap()] {
-        settings.add_filter(&regex::escape(&p.display().to_string()), "[TMP]");
-    }
-    settings.add_filter(r"[0-9a-f]{64}", "[SHA256]");
-    settings.set_prepend_module_to_snapshot(false);
-    settings.bind(f);
 }
 
 #[test]

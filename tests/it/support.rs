@@ -151,11 +151,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// A copy of the tiny bundle at `dir` with the umt5 tokenizer `tokenizer_json` (listed in
-/// `[files]`), `text_len` tokens and a text encoder of `vocab` embedding rows in its bundle.toml,
-/// as exporter 0.13.0 writes them. The graphs stay the tiny bundle's, whose text encoder takes
-/// byte ids: enough for everything but running it on the tokenizer's ids.
-pub fn umt5_bundle(dir: &Path, tokenizer_json: &[u8], text_len: usize, vocab: usize) -> PathBuf {
+/// Copies the tiny bundle's files (not its golden folder) to `dir`; returns the tiny bundle's path.
+fn copy_tiny(dir: &Path) -> PathBuf {
     let tiny = repo().join("assets/tiny");
     std::fs::create_dir_all(dir).unwrap();
     for entry in std::fs::read_dir(&tiny).unwrap().flatten() {
@@ -163,6 +160,15 @@ pub fn umt5_bundle(dir: &Path, tokenizer_json: &[u8], text_len: usize, vocab: us
             std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
         }
     }
+    tiny
+}
+
+/// A copy of the tiny bundle at `dir` with the umt5 tokenizer `tokenizer_json` (listed in
+/// `[files]`), `text_len` tokens and a text encoder of `vocab` embedding rows in its bundle.toml,
+/// as exporter 0.13.0 writes them. The graphs stay the tiny bundle's, whose text encoder takes
+/// byte ids: enough for everything but running it on the tokenizer's ids.
+pub fn umt5_bundle(dir: &Path, tokenizer_json: &[u8], text_len: usize, vocab: usize) -> PathBuf {
+    let tiny = copy_tiny(dir);
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json).unwrap();
     let sha = sha256_hex(tokenizer_json);
     let toml = std::fs::read_to_string(tiny.join("bundle.toml")).unwrap();
@@ -209,13 +215,8 @@ pub fn umt5_bundle(dir: &Path, tokenizer_json: &[u8], text_len: usize, vocab: us
 /// 0.13.0 (`[tokenizer] kind = "bytes"`, no tokenizer.json); the text encoder's 1000 embedding
 /// rows take its ids.
 pub fn bytes_bundle(dir: &Path) -> PathBuf {
-    let tiny = repo().join("assets/tiny");
-    std::fs::create_dir_all(dir).unwrap();
-    for entry in std::fs::read_dir(&tiny).unwrap().flatten() {
-        if entry.path().is_file() && entry.file_name() != "tokenizer.json" {
-            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
-        }
-    }
+    let tiny = copy_tiny(dir);
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
     let toml = std::fs::read_to_string(tiny.join("bundle.toml")).unwrap();
     let mut out = String::new();
     let mut skipping = false;
@@ -235,6 +236,17 @@ pub fn bytes_bundle(dir: &Path) -> PathBuf {
     }
     std::fs::write(dir.join("bundle.toml"), out).unwrap();
     dir.to_path_buf()
+}
+
+/// Replaces the scratch folder's path and full hashes so snapshots read the same everywhere.
+pub fn filtered<F: FnOnce()>(dir: &Path, f: F) {
+    let mut settings = insta::Settings::clone_current();
+    for p in [dir.to_path_buf(), dir.canonicalize().unwrap()] {
+        settings.add_filter(&regex::escape(&p.display().to_string()), "[TMP]");
+    }
+    settings.add_filter(r"[0-9a-f]{64}", "[SHA256]");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(f);
 }
 
 /// The committed UMT5-type test tokenizer.
