@@ -317,20 +317,26 @@ fn fused_kernels_preflight(r: &Resolved) -> Result<(), ApplyError> {
     Ok(())
 }
 
-/// What a previous apply of the same run left: the prompts already complete, and its run
-/// record (a generation's, which this apply resumes; a probe is measured afresh).
-fn completed(
-    r: &Resolved,
-    run_dir: &Path,
-    config_hash: &str,
-) -> Result<(BTreeSet<u32>, Option<RunRecord>), ApplyError> {
+/// What a previous apply of the same run left.
+#[derive(Default)]
+struct Completed {
+    /// The prompts already complete.
+    done: BTreeSet<u32>,
+    /// Its run record (a generation's, which this apply resumes; a probe is measured afresh).
+    previous: Option<RunRecord>,
+    /// Videos of prompts whose text has changed since they were made, to be removed before the
+    /// prompts are made again.
+    stale_videos: Vec<PathBuf>,
+}
+
+fn completed(r: &Resolved, run_dir: &Path, config_hash: &str) -> Result<Completed, ApplyError> {
     let run_json = run_dir.join(RUN_JSON);
     if !run_json.exists() {
-        return Ok((BTreeSet::new(), None));
+        return Ok(Completed::default());
     }
     let previous: RunRecord = read_json(&run_json)?;
     if r.manifest.kind == Kind::Probe {
-        return Ok((BTreeSet::new(), None));
+        return Ok(Completed::default());
     }
     if previous.config_hash != config_hash {
         return Err(ApplyError::refused(
@@ -342,17 +348,51 @@ fn completed(
             "give this configuration its own run name (`name = \"…\"` or --set name=…)",
         ));
     }
-    let mut done = BTreeSet::new();
+    // A prompt is done when a record of its latest output has this configuration, the prompt's
+    // current text and its video; the latest record decides (a prompt made again after its text
+    // changed has a newer record).
+    let prompts = r.prompts.as_deref().unwrap_or_default();
+    let mut latest: BTreeMap<u32, TimingRecord> = BTreeMap::new();
     for rec in all_timings(run_dir) {
+        if rec.role == ProcessRole::Shard {
+            latest.insert(rec.prompt, rec);
+        }
+    }
+    let mut done = BTreeSet::new();
+    let mut changed = Vec::new();
+    let mut stale_videos = Vec::new();
+    for (prompt, rec) in &latest {
         let video_ok = match &rec.video {
             Some(v) => run_dir.join(v).is_file(),
             None => !r.manifest.outputs.save_videos,
         };
-        if rec.role == ProcessRole::Shard && rec.config_hash == config_hash && video_ok {
-            done.insert(rec.prompt);
+        let text = prompts
+            .get(*prompt as usize)
+            .map(|t| crate::results::prompt_hash(t));
+        let same_text = rec.prompt_sha256.is_some() && rec.prompt_sha256 == text;
+        if rec.prompt_sha256.is_some() && !same_text {
+            changed.push(*prompt);
+            stale_videos.extend(rec.video.as_ref().map(|v| run_dir.join(v)));
+        }
+        if rec.config_hash == config_hash && video_ok && same_text {
+            done.insert(*prompt);
         }
     }
-    Ok((done, Some(previous)))
+    if !changed.is_empty() {
+        let shown: Vec<String> = changed.iter().take(10).map(u32::to_string).collect();
+        let more = if changed.len() > 10 { ", …" } else { "" };
+        eprintln!(
+            "warning: the text of prompt(s) {}{more} in {} differs from the text their videos in {} were made from; they are generated again",
+            shown.join(", "),
+            display_path(&r.paths.prompts_file),
+            display_path(run_dir),
+        );
+    }
+    Ok(Completed {
+        done,
+        previous: Some(previous),
+        stale_videos,
+    })
 }
 
 /// What an `apply` of a plan finds under its results folder, as `runner plan` tells it.
@@ -390,13 +430,17 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
     }
     match completed(r, &plan.run_dir, &crate::results::config_hash(r)) {
         Err(e) => refused(e),
-        Ok((done, Some(_))) => PreviousRun::Resumes {
+        Ok(Completed {
+            done,
+            previous: Some(_),
+            ..
+        }) => PreviousRun::Resumes {
             done: done.intersection(&selected).count(),
             selected: selected.len(),
         },
         // `completed` gives no record to resume for a probe's (measured afresh) or for none.
-        Ok((_, None)) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
-        Ok((_, None)) => PreviousRun::New,
+        Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
+        Ok(_) => PreviousRun::New,
     }
 }
 
@@ -419,7 +463,11 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     let m = &r.manifest;
     let run_dir = plan.run_dir.clone();
     let config_hash = crate::results::config_hash(r);
-    let (done, previous) = completed(r, &run_dir, &config_hash)?;
+    let Completed {
+        done,
+        previous,
+        stale_videos,
+    } = completed(r, &run_dir, &config_hash)?;
 
     // Nothing has been written so far; from here on the run holds its locks.
     let _work_lock = Lock::acquire(&plan.work_root, &plan.run)?;
@@ -430,6 +478,17 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     };
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
+    // A video made from a prompt's earlier text would otherwise stay beside the new one.
+    for video in &stale_videos {
+        if let Err(e) = fs::remove_file(video)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(ApplyError::Io(format!(
+                "cannot remove the stale video {}: {e}",
+                display_path(video)
+            )));
+        }
+    }
 
     let runner = std::env::current_exe()
         .map_err(|e| ApplyError::Io(format!("cannot find the runner binary: {e}")))?;

@@ -309,6 +309,7 @@ pub fn run(spec: &ProcessSpec) -> Result<(), WorkerError> {
                 TimedRegionEnd::Uint8Frames
             },
             config_hash: spec.config_hash.clone(),
+            prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
             video,
         };
         // The record is written last: a prompt counts as done only once its video exists.

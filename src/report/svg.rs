@@ -241,6 +241,7 @@ mod tests {
             peak_device_memory_bytes: None,
             timed_region_ends: TimedRegionEnd::Uint8Frames,
             config_hash: String::new(),
+            prompt_sha256: None,
             video: None,
         }
     }

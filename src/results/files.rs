@@ -180,6 +180,7 @@ mod tests {
             peak_device_memory_bytes: Some(20 << 30),
             timed_region_ends: TimedRegionEnd::Uint8Frames,
             config_hash: "abc".into(),
+            prompt_sha256: None,
             video: None,
         }
     }

@@ -41,6 +41,12 @@ pub fn config_hash(resolved: &Resolved) -> String {
     hex(&Sha256::digest(identity.to_string().as_bytes()))
 }
 
+/// The sha256 (hex) of a prompt's text, recorded beside each prompt's output so that a resume
+/// skips a prompt only when its text is the one its video was made from.
+pub fn prompt_hash(text: &str) -> String {
+    hex(&Sha256::digest(text.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@ pub use files::{
     LATENCY_SVG, RUN_JSON, RecordError, SUMMARY_JSON, TIMINGS_JSONL, append_jsonl, read_json,
     read_timings, write_atomic, write_json_atomic,
 };
-pub use hash::config_hash;
+pub use hash::{config_hash, prompt_hash};
 pub use records::{
     AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
     LibraryVersions, ManifestRecord, ProcessRecord, ProcessRole, RunRecord, RunStatus,

@@ -122,6 +122,10 @@ pub struct TimingRecord {
     pub timed_region_ends: TimedRegionEnd,
     /// [`super::config_hash`] of the settings that produced this prompt's output.
     pub config_hash: String,
+    /// [`super::prompt_hash`] of the prompt's text (absent in records of earlier runners, whose
+    /// prompts a resume therefore makes again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_sha256: Option<String>,
     /// The video, relative to the run directory, when one was kept.
     pub video: Option<String>,
 }
@@ -549,6 +553,7 @@ mod tests {
             peak_device_memory_bytes: None,
             timed_region_ends: TimedRegionEnd::VaeOutput,
             config_hash: "h".into(),
+            prompt_sha256: None,
             video: None,
         }
     }

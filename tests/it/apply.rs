@@ -675,3 +675,54 @@ fn re_applying_a_run_with_a_changed_configuration_is_refused() {
         "nothing lost"
     );
 }
+
+/// A resume checks each prompt's text: a prompt edited since its video was made is made again
+/// (its old video removed, with a warning naming it), the others are skipped.
+#[test]
+fn a_prompt_whose_text_changed_is_generated_again_on_resume() {
+    let tiny = std::fs::read_to_string(repo().join("assets/prompts/tiny.txt")).unwrap();
+    let t = Test::new().file("p.txt", &tiny);
+    let path = generation(&t, "edit", "0-1");
+    let prompts = t.path().join("p.txt");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        &repo().join("assets/prompts/tiny.txt").display().to_string(),
+        &prompts.display().to_string(),
+    );
+    std::fs::write(&path, text).unwrap();
+    let run_dir = t.path().join("results/edit");
+    let first = t.cmd().args(["apply", "--quiet", "edit.toml"]).run();
+    assert_eq!(first.code, 0, "{}", first.render());
+    assert_eq!(shard_prompts(&run_dir), [0, 1]);
+    let before: Vec<String> = videos(&run_dir).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    let mut lines: Vec<&str> = tiny.lines().collect();
+    lines[1] = "a red kite over a grey sea";
+    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
+    let second = t.cmd().args(["apply", "--quiet", "edit.toml"]).run();
+    assert_eq!(second.code, 0, "{}", second.render());
+    assert!(
+        second.stderr.contains("prompt(s) 1 in") && second.stderr.contains("generated again"),
+        "{}",
+        second.render()
+    );
+    // Prompt 1 made twice, prompt 0 once; the old video of prompt 1 is gone.
+    assert_eq!(shard_prompts(&run_dir), [0, 1, 1]);
+    let after: Vec<String> = videos(&run_dir).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(after.contains(&before[0]) || after.contains(&before[1]));
+    assert!(
+        after.iter().any(|n| n.starts_with("a red kite")),
+        "{after:?}"
+    );
+
+    // With the text unchanged, nothing is made again.
+    let third = t.cmd().args(["apply", "--quiet", "edit.toml"]).run();
+    assert_eq!(third.code, 0, "{}", third.render());
+    assert!(
+        !third.stderr.contains("generated again"),
+        "{}",
+        third.render()
+    );
+    assert_eq!(shard_prompts(&run_dir), [0, 1, 1]);
+}

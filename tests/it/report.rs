@@ -96,6 +96,7 @@ fn fake_run(
         peak_device_memory_bytes: Some(21 << 30),
         timed_region_ends: record.timed_region_ends,
         config_hash: record.config_hash.clone(),
+        prompt_sha256: None,
         video: None,
     };
     let mut records = vec![
