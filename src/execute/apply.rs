@@ -222,16 +222,12 @@ fn bundle_facts(
 }
 
 /// Warnings about the prompts a umt5 tokenizer cut or may read differently from the reference.
-/// The bytes tokenizer of the tiny bundle cuts most prompts by design and is not warned about.
+/// The bytes tokenizer of bundles before exporter 0.13.0 cuts most prompts by design and is not
+/// warned about.
 fn tokenizer_warnings(t: &TokenizerRecord, r: &Resolved) -> Vec<String> {
     if t.kind != "umt5" {
         return Vec::new();
     }
-    let list = |indices: &[u32]| {
-        let shown: Vec<String> = indices.iter().take(10).map(u32::to_string).collect();
-        let more = if indices.len() > 10 { ", …" } else { "" };
-        format!("{}{more}", shown.join(", "))
-    };
     let command = format!(
         "`runner prompts {} {}`",
         display_path(&r.paths.bundle),
@@ -244,16 +240,23 @@ fn tokenizer_warnings(t: &TokenizerRecord, r: &Resolved) -> Vec<String> {
             t.truncated,
             t.prompts,
             t.text_len,
-            list(&t.truncated_prompts)
+            short_list(&t.truncated_prompts)
         ));
     }
     if !t.mojibake_prompts.is_empty() {
         warnings.push(format!(
             "prompts {} look like mojibake (UTF-8 read as Latin-1 or Windows-1252), which the reference pipeline's ftfy repairs before tokenizing and the runner does not: their tokens may differ; {command} lists them",
-            list(&t.mojibake_prompts)
+            short_list(&t.mojibake_prompts)
         ));
     }
     warnings
+}
+
+/// Prompt indices for a message: the first ten, then `…`.
+fn short_list(indices: &[u32]) -> String {
+    let shown: Vec<String> = indices.iter().take(10).map(u32::to_string).collect();
+    let more = if indices.len() > 10 { ", …" } else { "" };
+    format!("{}{more}", shown.join(", "))
 }
 
 /// A probe measures with fresh compiler caches: runtime state left by an earlier apply of the
@@ -379,11 +382,9 @@ fn completed(r: &Resolved, run_dir: &Path, config_hash: &str) -> Result<Complete
         }
     }
     if !changed.is_empty() {
-        let shown: Vec<String> = changed.iter().take(10).map(u32::to_string).collect();
-        let more = if changed.len() > 10 { ", …" } else { "" };
         eprintln!(
-            "warning: the text of prompt(s) {}{more} in {} differs from the text their videos in {} were made from; they are generated again",
-            shown.join(", "),
+            "warning: the text of prompt(s) {} in {} differs from the text their videos in {} were made from; they are generated again",
+            short_list(&changed),
             display_path(&r.paths.prompts_file),
             display_path(run_dir),
         );
