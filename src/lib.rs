@@ -8,6 +8,7 @@
 pub mod atomic_file;
 pub mod cli;
 pub mod engine;
+pub mod env_vars;
 pub mod execute;
 pub mod exit;
 pub mod manifest;

@@ -134,7 +134,7 @@ fn bundle_checks(bundles: &[PathBuf]) -> Vec<Check> {
                     detail: format!(
                         "preset {}, {}, every file matches its sha256",
                         b.manifest.preset,
-                        b.manifest.precision.as_str()
+                        b.manifest.precision.name()
                     ),
                     fix: None,
                 },

@@ -1,36 +1,21 @@
-//! `runner worker`: the hidden subcommand a run's warmup and measurement processes execute. It
-//! generates the given prompts of a prompt file with one set of sessions and writes a JSON line
-//! of phase times per prompt; tests and benchmarks also use it directly.
+//! `runner worker`: the hidden subcommand a run's warmup and measurement processes execute
+//! (`--spec`, the job `runner apply` wrote), and a front for benchmarks and tests whose flags build
+//! the same job ([`crate::execute::job::JobSpec`]) and run it through the same worker code, which
+//! writes the same timing records.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use crate::engine::{
-    ArenaExtend, AttentionKernel, Bundle, ConvAlgoSearch, CudaOptions, Emit, ExportSettings,
-    FusedKernels, GenerateError, GenerateOptions, Generated, Generator, MethodSettings, Precision,
-    Provider, RuntimeOptions, SessionError, SvdRank, TensorRtOptions,
+    ArenaExtend, AttentionBackend, ConvAlgoSearch, CudaOptions, Emit, ExportSettings, FusedKernels,
+    MethodSettings, Precision, Provider, ProviderKind, RuntimeOptions, SvdRank, TensorRtOptions,
 };
+use crate::execute::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
+use crate::execute::worker::{self, WorkerError};
 use crate::exit;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ProviderArg {
-    Cpu,
-    Cuda,
-    Tensorrt,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum EmitArg {
-    /// The clean-cache pass's x0 prediction.
-    #[value(name = "cache_pass", alias = "cache-pass")]
-    CachePass,
-    /// The last denoising step's x0.
-    Denoised,
-}
+use crate::manifest::VideoNaming;
+use crate::results::records::ProcessRole;
 
 /// Generate prompts with one set of ONNX Runtime sessions (started by `runner apply`).
 // The doc comments are the flags' help text, where `<index>` is a placeholder, not HTML.
@@ -69,7 +54,7 @@ pub struct WorkerArgs {
     pub timestep_shift: Option<f64>,
     /// Which prediction becomes a block's output (default cache_pass).
     #[arg(long, value_enum)]
-    pub emit: Option<EmitArg>,
+    pub emit: Option<Emit>,
     /// Latent frames of past keys and values a block attends to; -1 = all (default).
     #[arg(long, value_name = "FRAMES", allow_negative_numbers = true)]
     pub attention_window: Option<i64>,
@@ -79,7 +64,7 @@ pub struct WorkerArgs {
     /// Stop after the DiT: no VAE decode, no frames (the timed region ends with the latents).
     #[arg(long)]
     pub latents_only: bool,
-    /// Append one JSON line of phase times per prompt to this file.
+    /// Append one timing record per prompt to this file (the JSON lines of a run's timings).
     #[arg(long, value_name = "FILE")]
     pub timings: Option<PathBuf>,
     /// Write each prompt's final latents to DIR/latents_<index>.f32.
@@ -89,8 +74,8 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "DIR")]
     pub save_frames: Option<PathBuf>,
     /// Execution provider.
-    #[arg(long, value_enum, default_value_t = ProviderArg::Cpu)]
-    pub provider: ProviderArg,
+    #[arg(long, value_enum, default_value_t = ProviderKind::Cpu)]
+    pub provider: ProviderKind,
     /// GPU of the CUDA or TensorRT provider.
     #[arg(long, default_value_t = 0)]
     pub device_id: i32,
@@ -114,18 +99,18 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub cuda_graphs: bool,
     /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).
-    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_attention)]
-    pub attention_backend: AttentionKernel,
+    #[arg(long, value_name = "NAME", value_enum, default_value_t = AttentionBackend::Auto)]
+    pub attention_backend: AttentionBackend,
     /// CUDA: cuDNN convolution algorithm search (exhaustive, heuristic, default).
-    #[arg(long, value_name = "MODE", default_value = "exhaustive", value_parser = parse_conv_search)]
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = ConvAlgoSearch::Exhaustive)]
     pub conv_algo_search: ConvAlgoSearch,
     /// Kernels for the DiT's elementwise work: auto, unstep (the runner's fused kernels on the
     /// bundle's `dit_fused` graph), onnxruntime (stock kernels on `dit`).
-    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_fused_kernels)]
+    #[arg(long, value_name = "NAME", value_enum, default_value_t = FusedKernels::Auto)]
     pub dit_kernels: FusedKernels,
     /// Kernels for the VAE decoder's norms and SiLU: auto, unstep (the runner's fused kernels on
     /// the bundle's `vae_first_fused` / `vae_step_fused`), onnxruntime.
-    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_fused_kernels)]
+    #[arg(long, value_name = "NAME", value_enum, default_value_t = FusedKernels::Auto)]
     pub vae_kernels: FusedKernels,
     /// Run the device loop (IoBinding, scheduler arithmetic as graphs) on the CPU provider too;
     /// GPU providers always use it.
@@ -137,7 +122,7 @@ pub struct WorkerArgs {
     pub no_overlap_vae: bool,
     /// CUDA: how the memory arena grows (same_as_requested, next_power_of_two), like
     /// `runtime.cuda_arena`.
-    #[arg(long, value_name = "MODE", default_value = "same_as_requested", value_parser = parse_arena)]
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = ArenaExtend::SameAsRequested)]
     pub cuda_arena: ArenaExtend,
     /// CUDA: cap cuDNN's convolution workspace at 32 MiB (cudnn_conv_use_max_workspace = 0).
     #[arg(long)]
@@ -172,7 +157,7 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "PX")]
     pub width: Option<usize>,
     /// Refuse a bundle not exported at this precision (fp32, fp16, bf16).
-    #[arg(long, value_name = "DTYPE")]
+    #[arg(long, value_name = "DTYPE", value_enum)]
     pub precision: Option<Precision>,
     /// Refuse a bundle not exported with this SVD rank ("none" or an integer).
     #[arg(long, value_name = "RANK")]
@@ -183,52 +168,26 @@ pub struct WorkerArgs {
     pub bench: bool,
 }
 
-#[derive(Debug, thiserror::Error)]
-enum WorkerError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    Io(String),
-    #[error(transparent)]
-    Generate(#[from] GenerateError),
-}
-
-impl WorkerError {
-    fn exit_code(&self) -> i32 {
-        match self {
-            WorkerError::Usage(_) => exit::USAGE,
-            WorkerError::Io(_) => exit::INTERNAL,
-            // A bundle that fails its checks is the user's input to fix; ONNX Runtime or graph
-            // failures are failures of the run.
-            WorkerError::Generate(GenerateError::Bundle(_))
-            | WorkerError::Generate(GenerateError::Session(SessionError::Bundle(_)))
-            | WorkerError::Generate(GenerateError::Schedule(_)) => exit::USAGE,
-            WorkerError::Generate(_) => exit::FAILURE,
-        }
-    }
-}
-
 /// Runs the worker and returns the process exit status.
 pub fn run(args: WorkerArgs) -> i32 {
     if let Some(spec) = &args.spec {
-        let result = crate::execute::spec::ProcessSpec::read(spec)
-            .and_then(|spec| crate::execute::spec::run(&spec));
-        return match result {
-            Ok(()) => exit::OK,
-            Err(error) => {
-                eprintln!("error: failed to generate: {error}");
-                exit::FAILURE
-            }
-        };
+        let result = JobSpec::read(spec)
+            .map_err(|e| WorkerError::Usage(e.to_string()))
+            .and_then(|job| worker::run(&job));
+        return report(result);
     }
     let temp_unpack = args
         .unpack_dir
         .is_none()
         .then(|| std::env::temp_dir().join(format!("unstep-worker-{}", std::process::id())));
-    let result = run_inner(&args, temp_unpack.as_deref());
+    let result = job_from_args(&args, temp_unpack.as_deref()).and_then(|job| worker::run(&job));
     if let Some(dir) = &temp_unpack {
         let _ = std::fs::remove_dir_all(dir);
     }
+    report(result)
+}
+
+fn report(result: Result<(), WorkerError>) -> i32 {
     match result {
         Ok(()) => exit::OK,
         Err(error) => {
@@ -238,195 +197,111 @@ pub fn run(args: WorkerArgs) -> i32 {
     }
 }
 
-fn run_inner(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<(), WorkerError> {
-    let prompts = read_prompts(args.prompts.as_deref().expect("clap requires --prompts"))?;
-    let indices = parse_indices(args.indices.as_deref().unwrap_or_default(), prompts.len())
-        .map_err(WorkerError::Usage)?;
-    let options = generate_options(args);
-    if args.cuda_graphs && args.provider != ProviderArg::Cuda {
+/// The job the flags describe: the prompts of a prompt file, the engine and method settings, and
+/// the benchmark options.
+fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpec, WorkerError> {
+    if args.cuda_graphs && args.provider != ProviderKind::Cuda {
         return Err(WorkerError::Usage(
             "--cuda-graphs needs --provider cuda (ONNX Runtime's CUDA provider captures the \
              graphs); leave the flag out on this provider"
                 .into(),
         ));
     }
-    let runtime = runtime_options(args);
-    let export = ExportSettings {
-        frames_per_block: args.frames_per_block,
-        latent_frames: args.latent_frames,
-        height: args.height,
-        width: args.width,
-        precision: args.precision,
-        svd_rank: args.svd_rank,
-    };
+    let path = args.prompts.as_deref().expect("clap requires --prompts");
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        WorkerError::Usage(format!("cannot read prompt file {}: {e}", path.display()))
+    })?;
+    let prompts = crate::manifest::load::prompt_lines(&text);
+    let list = args.indices.as_deref().unwrap_or_default();
+    let indices = prompt_indices(list, prompts.len()).map_err(WorkerError::Usage)?;
     let unpack_dir = args
         .unpack_dir
         .as_deref()
         .or(temp_unpack)
         .unwrap_or(Path::new("."));
-    // Schedule errors are reported before the (slow) session build.
-    crate::engine::Schedule::new(&options.method).map_err(GenerateError::from)?;
-    // Every prompt's context first, with the text encoder alone on the device; then the DiT
-    // and the decoder (docs/generation.md).
-    let bundle = Bundle::open_for(
-        args.bundle.as_deref().expect("clap requires --bundle"),
-        unpack_dir,
-        &export,
-    )
-    .map_err(GenerateError::from)?;
-    let mut generator = Generator::with_prompts(
-        bundle,
-        &runtime,
-        indices.iter().map(|&i| prompts[i as usize].as_str()),
-    )?;
-    if let Ok(ort) = crate::engine::ort_lib::runtime(runtime.ort_library.as_deref()) {
-        eprintln!(
-            "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}, {} loop{}",
-            ort.version,
-            ort.location.path.display(),
-            ort.location.source,
-            runtime.provider.name(),
-            attention_name(&runtime.provider, &generator),
-            generator.dit_kernels().name(),
-            generator.vae_kernels().name(),
-            if generator.uses_device_loop() {
-                "device (io binding)"
-            } else {
-                "host"
-            },
-            if runtime.cuda_graphs() {
-                ", DiT as CUDA graphs"
-            } else {
-                ""
-            }
-        );
-    }
-
-    for dir in [&args.save_latents, &args.save_frames]
-        .into_iter()
-        .flatten()
-    {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| WorkerError::Io(format!("create {}: {e}", dir.display())))?;
-    }
-    let mut timings = match &args.timings {
-        Some(path) => Some(BufWriter::new(
-            File::options()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| WorkerError::Io(format!("open {}: {e}", path.display())))?,
-        )),
-        None => None,
-    };
-
-    if let (Some(n), Some(&first)) = (args.warmup, indices.first()) {
-        for _ in 0..n {
-            generator.generate(first, &prompts[first as usize], &options)?;
-        }
-    }
-    let rounds = if args.bench && args.warmup.is_none() {
-        2
-    } else {
-        1
-    };
-    let mut measured: Vec<Generated> = Vec::new();
-    for round in 0..rounds {
-        for &index in &indices {
-            let generated = generator.generate(index, &prompts[index as usize], &options)?;
-            if round + 1 < rounds {
-                continue;
-            }
-            if let Some(out) = timings.as_mut() {
-                let line = timing_record(&generated, runtime.provider.name());
-                writeln!(out, "{line}")
-                    .and_then(|_| out.flush())
-                    .map_err(|e| WorkerError::Io(format!("write timings: {e}")))?;
-            }
-            save_outputs(args, &generated)?;
-            if args.bench {
-                measured.push(generated);
-            }
-        }
-    }
-    if args.bench {
-        print_bench(&measured);
-    }
-    Ok(())
-}
-
-fn read_prompts(path: &Path) -> Result<Vec<String>, WorkerError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| WorkerError::Usage(format!("read prompt file {}: {e}", path.display())))?;
-    Ok(text.lines().map(str::to_string).collect())
-}
-
-/// Parses `0,3,5-7`: sorted, without duplicates, every index inside the prompt file.
-pub fn parse_indices(list: &str, prompt_count: usize) -> Result<Vec<u32>, String> {
-    let mut indices: Vec<u32> = Vec::new();
-    for part in list.split(',').map(str::trim) {
-        let number = |s: &str| {
-            s.trim().parse::<u32>().map_err(|_| {
-                format!("prompt index `{s}` in `{list}` is not a non-negative integer")
+    Ok(JobSpec {
+        label: JobLabel {
+            run: "worker".into(),
+            process: 0,
+            role: ProcessRole::Measurement,
+            shard: None,
+            slot: format!("{}{}", args.provider.name(), args.device_id),
+        },
+        bundle: args.bundle.clone().expect("clap requires --bundle"),
+        bundle_sha256: Default::default(),
+        unpack_dir: unpack_dir.to_path_buf(),
+        prompts: indices
+            .into_iter()
+            .map(|index| PromptSpec {
+                index,
+                text: prompts[index as usize].clone(),
             })
-        };
-        let (start, end) = match part.split_once('-') {
-            Some((a, b)) => (number(a)?, number(b)?),
-            None => (number(part)?, number(part)?),
-        };
-        if end < start {
-            return Err(format!(
-                "prompt range `{part}` runs backwards; write it as {end}-{start}"
-            ));
-        }
-        for index in start..=end {
-            if let Some(&last) = indices.last()
-                && index <= last
-            {
-                return Err(format!(
-                    "prompt indices `{list}` must be sorted and without duplicates (at {index})"
-                ));
-            }
-            if index as usize >= prompt_count {
-                return Err(format!(
-                    "prompt index {index} is beyond the prompt file's {prompt_count} prompts"
-                ));
-            }
-            indices.push(index);
-        }
-    }
-    Ok(indices)
-}
-
-fn generate_options(args: &WorkerArgs) -> GenerateOptions {
-    let defaults = MethodSettings::default();
-    GenerateOptions {
-        method: MethodSettings {
-            clean_sigma: args.clean_sigma_override.unwrap_or(defaults.clean_sigma),
-            denoising_steps: args
-                .denoising_steps
-                .clone()
-                .unwrap_or(defaults.denoising_steps),
-            warp_denoising_steps: args
-                .warp_denoising_steps
-                .unwrap_or(defaults.warp_denoising_steps),
-            timestep_shift: args.timestep_shift.unwrap_or(defaults.timestep_shift),
-            emit: match args.emit {
-                Some(EmitArg::Denoised) => Emit::Denoised,
-                Some(EmitArg::CachePass) | None => Emit::CachePass,
-            },
-            attention_window: args.attention_window.unwrap_or(defaults.attention_window),
-            seed: args.seed,
+            .collect(),
+        engine: runtime_options(args),
+        method: method_settings(args),
+        export: ExportSettings {
+            frames_per_block: args.frames_per_block,
+            latent_frames: args.latent_frames,
+            height: args.height,
+            width: args.width,
+            precision: args.precision,
+            svd_rank: args.svd_rank,
         },
         exclude_final_output_layout: args.exclude_final_output_layout,
-        latents_only: args.latents_only,
+        video_naming: VideoNaming::Indexed,
+        timings: args.timings.clone(),
+        run_dir: PathBuf::from("."),
+        videos: None,
+        config_hash: String::new(),
+        bench: BenchOptions {
+            warmup: args.warmup.unwrap_or(0),
+            // `--bench` without `--warmup` warms up with a whole unrecorded round.
+            warm_rounds: usize::from(args.bench && args.warmup.is_none()),
+            latents_only: args.latents_only,
+            save_latents: args.save_latents.clone(),
+            save_frames: args.save_frames.clone(),
+            summary: args.bench,
+            events: false,
+        },
+    })
+}
+
+/// `--indices`: the manifest's index-list syntax, every index inside the prompt file.
+fn prompt_indices(list: &str, prompt_count: usize) -> Result<Vec<u32>, String> {
+    let indices = match list.parse::<crate::manifest::IndexList>()? {
+        crate::manifest::IndexList::All => (0..prompt_count as u32).collect(),
+        crate::manifest::IndexList::List(indices) => indices,
+    };
+    match indices.iter().find(|&&i| i as usize >= prompt_count) {
+        Some(i) => Err(format!(
+            "prompt index {i} is beyond the prompt file's {prompt_count} prompts"
+        )),
+        None => Ok(indices),
+    }
+}
+
+fn method_settings(args: &WorkerArgs) -> MethodSettings {
+    let defaults = MethodSettings::default();
+    MethodSettings {
+        clean_sigma: args.clean_sigma_override.unwrap_or(defaults.clean_sigma),
+        denoising_steps: args
+            .denoising_steps
+            .clone()
+            .unwrap_or(defaults.denoising_steps),
+        warp_denoising_steps: args
+            .warp_denoising_steps
+            .unwrap_or(defaults.warp_denoising_steps),
+        timestep_shift: args.timestep_shift.unwrap_or(defaults.timestep_shift),
+        emit: args.emit.unwrap_or_default(),
+        attention_window: args.attention_window.unwrap_or(defaults.attention_window),
+        seed: args.seed,
     }
 }
 
 fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
     let provider = match args.provider {
-        ProviderArg::Cpu => Provider::Cpu,
-        ProviderArg::Cuda => Provider::Cuda(CudaOptions {
+        ProviderKind::Cpu => Provider::Cpu,
+        ProviderKind::Cuda => Provider::Cuda(CudaOptions {
             device_id: args.device_id,
             cuda_graphs: args.cuda_graphs,
             prefer_nhwc: args.prefer_nhwc,
@@ -436,7 +311,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
             conv_max_workspace: !args.conv_workspace_cap,
             ..CudaOptions::default()
         }),
-        ProviderArg::Tensorrt => Provider::TensorRt(TensorRtOptions {
+        ProviderKind::Tensorrt => Provider::TensorRt(TensorRtOptions {
             device_id: args.device_id,
             fp16: args.trt_fp16,
             engine_cache_dir: args.trt_engine_cache.clone(),
@@ -452,149 +327,15 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         overlap_vae: !args.no_overlap_vae,
         dit_kernels: args.dit_kernels,
         vae_kernels: args.vae_kernels,
+        ort_profile_dir: None,
+        disabled_optimizers: None,
     }
-}
-
-fn parse_arena(name: &str) -> Result<ArenaExtend, String> {
-    match name {
-        "same_as_requested" => Ok(ArenaExtend::SameAsRequested),
-        "next_power_of_two" => Ok(ArenaExtend::NextPowerOfTwo),
-        _ => Err(format!(
-            "unknown arena growth {name:?}; use same_as_requested or next_power_of_two"
-        )),
-    }
-}
-
-fn parse_attention(name: &str) -> Result<AttentionKernel, String> {
-    AttentionKernel::parse(name).ok_or_else(|| {
-        let names: Vec<&str> = AttentionKernel::ALL.iter().map(|k| k.name()).collect();
-        format!(
-            "unknown attention backend `{name}`; one of {}",
-            names.join(", ")
-        )
-    })
-}
-
-fn parse_fused_kernels(name: &str) -> Result<FusedKernels, String> {
-    FusedKernels::parse(name).ok_or_else(|| {
-        let names: Vec<&str> = FusedKernels::ALL.iter().map(|k| k.name()).collect();
-        format!("unknown kernels `{name}`; one of {}", names.join(", "))
-    })
-}
-
-fn parse_conv_search(name: &str) -> Result<ConvAlgoSearch, String> {
-    match name {
-        "exhaustive" => Ok(ConvAlgoSearch::Exhaustive),
-        "heuristic" => Ok(ConvAlgoSearch::Heuristic),
-        "default" => Ok(ConvAlgoSearch::Default),
-        _ => Err(format!(
-            "unknown cuDNN search `{name}`; one of exhaustive, heuristic, default"
-        )),
-    }
-}
-
-/// The attention kernel a generator's provider was configured with, as results record it; with a
-/// fused DiT whose self-attention is the runner's own call of cuDNN (exporter 0.10.0 and later),
-/// also that.
-pub fn attention_name(provider: &Provider, generator: &crate::engine::Generator) -> String {
-    let manifest = &generator.bundle().manifest;
-    let name = provider_attention_name(provider, manifest.precision);
-    let runner = matches!(provider, Provider::Cuda(_))
-        && generator.dit_kernels() == crate::engine::FusedKernels::Unstep
-        && manifest.fused_dit_has_runner_attention();
-    if runner {
-        format!("{name}, self-attention the runner's own cuDNN call")
-    } else {
-        name
-    }
-}
-
-/// The attention kernel a provider was configured with.
-fn provider_attention_name(provider: &Provider, precision: Precision) -> String {
-    match provider {
-        Provider::Cpu => "math (cpu)".into(),
-        Provider::Cuda(c) => match (c.attention, c.attention.resolve(precision)) {
-            (AttentionKernel::Auto, AttentionKernel::Auto) => {
-                "auto (onnxruntime's default order)".into()
-            }
-            (AttentionKernel::Auto, kernel) => format!("{} (auto)", kernel.name()),
-            (asked, _) => asked.name().into(),
-        },
-        Provider::TensorRt(_) => "tensorrt's own".into(),
-    }
-}
-
-fn timing_record(generated: &Generated, provider: &str) -> serde_json::Value {
-    let t = &generated.times;
-    serde_json::json!({
-        "prompt_index": generated.prompt_index,
-        "text_encoding_s": t.text_encoding.as_secs_f64(),
-        "dit_s": t.dit.as_secs_f64(),
-        "vae_s": t.vae.as_secs_f64(),
-        "layout_s": t.layout.as_secs_f64(),
-        "timed_total_s": t.timed_total.as_secs_f64(),
-        "session_run_s": t.session_run.as_secs_f64(),
-        "timed_region_end": generated.timed_region_end.as_str(),
-        "provider": provider,
-        "peak_device_memory_bytes": generated.peak_device_memory,
-    })
-}
-
-fn save_outputs(args: &WorkerArgs, generated: &Generated) -> Result<(), WorkerError> {
-    let write = |path: PathBuf, bytes: &[u8]| {
-        std::fs::write(&path, bytes)
-            .map_err(|e| WorkerError::Io(format!("write {}: {e}", path.display())))
-    };
-    let index = generated.prompt_index;
-    if let Some(dir) = &args.save_latents {
-        let bytes: Vec<u8> = generated
-            .latents
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        write(dir.join(format!("latents_{index}.f32")), &bytes)?;
-    }
-    if let Some(dir) = args
-        .save_frames
-        .as_ref()
-        .filter(|_| !generated.frames.is_empty())
-    {
-        write(dir.join(format!("frames_{index}.u8")), &generated.frames)?;
-    }
-    Ok(())
-}
-
-fn print_bench(measured: &[Generated]) {
-    if measured.is_empty() {
-        return;
-    }
-    let n = measured.len() as f64;
-    let mean = |f: fn(&Generated) -> Duration| {
-        measured.iter().map(|g| f(g).as_secs_f64()).sum::<f64>() / n
-    };
-    let total = mean(|g| g.times.timed_total);
-    let run = mean(|g| g.times.session_run);
-    let peak = measured.iter().filter_map(|g| g.peak_device_memory).max();
-    println!(
-        "bench: {} videos, {:.4} s per video (timed region; dit {:.4} s, vae {:.4} s, layout {:.4} s), session.run {:.4} s, outside session.run {:.2}%, peak device memory {}",
-        measured.len(),
-        total,
-        mean(|g| g.times.dit),
-        mean(|g| g.times.vae),
-        mean(|g| g.times.layout),
-        run,
-        100.0 * (total - run).max(0.0) / total,
-        peak.map_or("n/a".to_string(), |b| format!(
-            "{:.2} GiB",
-            b as f64 / (1u64 << 30) as f64
-        )),
-    );
+    .with_diagnostics_from_env()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::BundleError;
 
     #[test]
     fn indices_parse_lists_and_ranges() {
@@ -603,9 +344,10 @@ mod tests {
             ("0,3,5-7", vec![0, 3, 5, 6, 7]),
             ("2-2", vec![2]),
             (" 1 , 4", vec![1, 4]),
+            ("all", (0..10).collect()),
         ];
         for (list, expected) in ok {
-            assert_eq!(parse_indices(list, 10).unwrap(), expected, "{list}");
+            assert_eq!(prompt_indices(list, 10).unwrap(), expected, "{list}");
         }
     }
 
@@ -613,21 +355,15 @@ mod tests {
     fn bad_index_lists_are_refused() {
         let bad = [
             ("3,1", "sorted"),
-            ("1,1", "sorted"),
+            ("1,1", "twice"),
             ("5-3", "backwards"),
             ("10", "beyond"),
-            ("a", "integer"),
-            ("", "integer"),
+            ("a", "not a prompt index"),
+            ("", "empty"),
         ];
         for (list, fragment) in bad {
-            let error = parse_indices(list, 10).unwrap_err();
+            let error = prompt_indices(list, 10).unwrap_err();
             assert!(error.contains(fragment), "{list}: {error}");
         }
-    }
-
-    #[test]
-    fn bundle_errors_are_usage_errors() {
-        let error = WorkerError::Generate(GenerateError::Bundle(BundleError::Format { found: 9 }));
-        assert_eq!(error.exit_code(), exit::USAGE);
     }
 }

@@ -35,23 +35,27 @@ pub mod generate;
 pub(crate) mod kernels;
 pub mod noise;
 pub mod onnx_graph;
+pub mod options;
 pub mod ort_lib;
 pub mod probe;
 pub mod schedule;
 pub mod session;
+pub mod settings;
 pub mod text;
 
-pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings, Precision, SvdRank};
+pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings};
 pub use generate::{
     GenerateError, GenerateOptions, Generated, Generator, PhaseTimes, TimedRegionEnd,
 };
 pub use noise::fill_normal;
+pub use options::{CudaOptions, FusedPart, Provider, RuntimeOptions, TensorRtOptions};
 pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};
-pub use schedule::{Emit, MethodSettings, Schedule, ScheduleError};
-pub use session::{
-    ArenaExtend, AttentionKernel, ContextInterface, ConvAlgoSearch, CudaOptions, FusedKernels,
-    FusedPart, KvInterface, Provider, RuntimeOptions, SessionError, TensorRtOptions,
+pub use schedule::{MethodSettings, Schedule, ScheduleError};
+pub use session::{ContextInterface, KvInterface, SessionError};
+pub use settings::{
+    ArenaExtend, AttentionBackend, ConvAlgoSearch, Emit, FusedKernels, Precision, ProviderKind,
+    SvdRank,
 };
 pub use text::{PromptTokenizer, PromptTokens, TokenizerError};
 

@@ -101,13 +101,17 @@ pub fn locate(explicit: Option<&Path>) -> Result<OrtLocation, OrtLoadError> {
     if let Some(path) = explicit {
         return existing(at(path.to_path_buf(), OrtSource::Explicit));
     }
-    if let Some(path) = std::env::var_os("ORT_DYLIB_PATH").filter(|p| !p.is_empty()) {
+    if let Some(path) =
+        std::env::var_os(crate::env_vars::EnvVars::ORT_DYLIB_PATH).filter(|p| !p.is_empty())
+    {
         return existing(at(PathBuf::from(path), OrtSource::EnvVar));
     }
     if let Some(location) = python_package() {
         return Ok(location);
     }
-    if let Some(dir) = std::env::var_os("UNSTEP_ORT_CACHE_DIR").filter(|p| !p.is_empty()) {
+    if let Some(dir) =
+        std::env::var_os(crate::env_vars::EnvVars::UNSTEP_ORT_CACHE_DIR).filter(|p| !p.is_empty())
+    {
         let path = PathBuf::from(dir)
             .join(PINNED_ORT_VERSION)
             .join(format!("libonnxruntime.so.{PINNED_ORT_VERSION}"));

@@ -3,50 +3,10 @@
 //! `MethodSettings` is a plain struct so that the manifest layer can build it from a resolved
 //! manifest; the defaults are Self-Forcing's released sampling settings.
 
-use std::fmt;
-use std::str::FromStr;
-
-/// Which prediction becomes a block's output latent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Emit {
-    /// The clean-cache pass's x0 prediction (`x_c - sigma_c * v_c`): the method's default.
-    #[default]
-    CachePass,
-    /// The last denoising step's x0, ignoring the clean-cache pass's prediction.
-    Denoised,
-}
-
-impl Emit {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Emit::CachePass => "cache_pass",
-            Emit::Denoised => "denoised",
-        }
-    }
-}
-
-impl fmt::Display for Emit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Emit {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "cache_pass" => Ok(Emit::CachePass),
-            "denoised" => Ok(Emit::Denoised),
-            other => Err(format!(
-                "unknown emit `{other}`; expected `cache_pass` or `denoised`"
-            )),
-        }
-    }
-}
+pub use super::settings::Emit;
 
 /// The method settings the generation loop reads (the flag and config classes).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MethodSettings {
     /// Noise level of the clean-cache pass (`--clean-sigma-override`).
     pub clean_sigma: f32,

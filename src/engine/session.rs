@@ -3,388 +3,19 @@
 //! A provider that was asked for and fails to register is an error: a silent fall-back to the
 //! CPU would turn a GPU speed probe into a meaningless number.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ort::ep::{self, ArenaExtendStrategy, ExecutionProvider};
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{Outlet, TensorElementType};
 
-use super::bundle::{Bundle, BundleError, Precision};
+use super::bundle::{Bundle, BundleError};
+pub use super::options::{CudaOptions, FusedPart, Provider, RuntimeOptions, TensorRtOptions};
 use super::ort_lib::{self, OrtLoadError, OrtRuntime};
-
-/// cuDNN convolution algorithm search (`cudnn_conv_algo_search`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ConvAlgoSearch {
-    #[default]
-    Exhaustive,
-    Heuristic,
-    Default,
-}
-
-/// How the CUDA memory arena grows (`arena_extend_strategy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ArenaExtend {
-    #[default]
-    NextPowerOfTwo,
-    SameAsRequested,
-}
-
-/// The attention kernels the CUDA provider may use for `com.microsoft.MultiHeadAttention`
-/// (`method.attention_backend`), passed as the provider option `sdpa_kernel`, a bitmask of
-/// ONNX Runtime's `AttentionBackend` (contrib_ops/cpu/bert/attention_common.h). With one bit set,
-/// ONNX Runtime uses that kernel where it supports the inputs and its unfused kernel elsewhere;
-/// [`AttentionKernel::check`] refuses the combinations where the kernel can never run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AttentionKernel {
-    /// ONNX Runtime's own choice (`sdpa_kernel` 0: flash, then memory-efficient, then unfused;
-    /// cuDNN flash only when asked for); [`AttentionKernel::resolve`] says what it stands for.
-    #[default]
-    Auto,
-    Flash,
-    /// FA2-class flash attention: on ONNX Runtime the same fused flash kernel as `Flash` (its
-    /// flash attention is FlashAttention-2); recorded as asked.
-    Fa2,
-    CudnnFlash,
-    Efficient,
-    Math,
-}
-
-impl AttentionKernel {
-    pub const ALL: [AttentionKernel; 6] = [
-        AttentionKernel::Auto,
-        AttentionKernel::Flash,
-        AttentionKernel::Fa2,
-        AttentionKernel::CudnnFlash,
-        AttentionKernel::Efficient,
-        AttentionKernel::Math,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            AttentionKernel::Auto => "auto",
-            AttentionKernel::Flash => "flash",
-            AttentionKernel::Fa2 => "fa2",
-            AttentionKernel::CudnnFlash => "cudnn_flash",
-            AttentionKernel::Efficient => "efficient",
-            AttentionKernel::Math => "math",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// The kernel `auto` stands for, for a bundle of this precision: cuDNN's flash attention for
-    /// fp16/bf16, the fastest measured on one H200 with ONNX Runtime 1.31 (wan-1.3b, one video:
-    /// DiT 3.57 s with cudnn_flash, 4.43 s flash, 6.06 s efficient; ONNX Runtime's own default
-    /// order measured the same as cudnn_flash); ONNX Runtime's default for fp32, where the flash
-    /// kernels cannot run.
-    pub fn resolve(self, precision: Precision) -> AttentionKernel {
-        match (self, precision) {
-            (AttentionKernel::Auto, Precision::Fp16 | Precision::Bf16) => {
-                AttentionKernel::CudnnFlash
-            }
-            (kernel, _) => kernel,
-        }
-    }
-
-    /// Refuses, before any session is built, a kernel that cannot run for this provider and
-    /// precision: ONNX Runtime would otherwise fall back to another kernel without a word, and the
-    /// result would be labelled with a kernel that never ran.
-    pub fn check(self, provider: &Provider, precision: Precision) -> Result<(), SessionError> {
-        let unavailable = |reason: &str| {
-            Err(SessionError::AttentionUnavailable {
-                backend: self.name(),
-                provider: provider.name(),
-                reason: reason.to_string(),
-            })
-        };
-        match (provider, self) {
-            (_, AttentionKernel::Auto) => Ok(()),
-            (Provider::Cpu, AttentionKernel::Math) => Ok(()),
-            (Provider::Cpu, _) => {
-                unavailable("the CPU provider has only the unfused kernel (auto or math)")
-            }
-            (Provider::TensorRt(_), _) => unavailable(
-                "TensorRT chooses its own attention kernels; use attention_backend = auto",
-            ),
-            (
-                Provider::Cuda(_),
-                AttentionKernel::Flash | AttentionKernel::Fa2 | AttentionKernel::CudnnFlash,
-            ) if precision == Precision::Fp32 => {
-                unavailable("flash kernels need an fp16 or bf16 bundle; this bundle is fp32")
-            }
-            (Provider::Cuda(_), _) => Ok(()),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CudaOptions {
-    pub device_id: i32,
-    /// Kernel for `com.microsoft.MultiHeadAttention`.
-    pub attention: AttentionKernel,
-    pub conv_algo_search: ConvAlgoSearch,
-    pub arena_extend: ArenaExtend,
-    /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
-    pub memory_limit: Option<usize>,
-    /// ONNX Runtime's CUDA graph capture (`enable_cuda_graph`) in the DiT's session only: the
-    /// device loop captures one graph per block shape and replays it (see `device.rs`).
-    pub cuda_graphs: bool,
-    /// NHWC convolutions (`prefer_nhwc`) in every session; the decoder's sessions use them
-    /// whatever this says.
-    pub prefer_nhwc: bool,
-    /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
-    /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
-    pub conv_max_workspace: bool,
-}
-
-impl Default for CudaOptions {
-    fn default() -> Self {
-        Self {
-            device_id: 0,
-            attention: AttentionKernel::Auto,
-            conv_algo_search: ConvAlgoSearch::Exhaustive,
-            arena_extend: ArenaExtend::NextPowerOfTwo,
-            memory_limit: None,
-            cuda_graphs: false,
-            prefer_nhwc: false,
-            conv_max_workspace: true,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TensorRtOptions {
-    pub device_id: i32,
-    pub fp16: bool,
-    pub engine_cache_dir: Option<PathBuf>,
-    pub timing_cache_dir: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Provider {
-    #[default]
-    Cpu,
-    Cuda(CudaOptions),
-    /// TensorRT, with CUDA registered after it for the nodes TensorRT does not take.
-    TensorRt(TensorRtOptions),
-}
-
-impl Provider {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Provider::Cpu => "cpu",
-            Provider::Cuda(_) => "cuda",
-            Provider::TensorRt(_) => "tensorrt",
-        }
-    }
-}
-
-/// Which kernels do the per-row elementwise work of the DiT (`runtime.dit_kernels`,
-/// `--dit-kernels`) or of the VAE decoder (`runtime.vae_kernels`, `--vae-kernels`): the bundle's
-/// fused graphs with the runner's own operators (`ai.unstep`, see `engine::kernels`), or the
-/// standard graphs with ONNX Runtime's stock kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FusedKernels {
-    /// The runner's own on CUDA when the bundle has the fused graphs (fp16 or fp32) and NVRTC,
-    /// cuBLASLt and cuDNN load, ONNX Runtime's otherwise. For the DiT of exporter 0.10.0 and
-    /// later, whose self-attention is the runner's cuDNN call, also only with an fp16 bundle and
-    /// `attention_backend` auto or cudnn_flash.
-    #[default]
-    Auto,
-    /// The runner's own, on any provider but TensorRT (on the CPU, for tests and comparisons).
-    Unstep,
-    Onnxruntime,
-}
-
-/// The graphs a [`FusedKernels`] setting is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FusedPart {
-    /// `dit_fused` instead of `dit`.
-    Dit,
-    /// `vae_first_fused` and `vae_step_fused` instead of `vae_first` and `vae_step`.
-    Vae,
-}
-
-impl FusedPart {
-    fn setting(self) -> &'static str {
-        match self {
-            FusedPart::Dit => "dit_kernels",
-            FusedPart::Vae => "vae_kernels",
-        }
-    }
-
-    /// The error for kernels of this part that cannot be used.
-    fn unavailable(self, provider: &Provider, reason: String) -> SessionError {
-        SessionError::KernelsUnavailable {
-            setting: self.setting(),
-            flag: match self {
-                FusedPart::Dit => "dit-kernels",
-                FusedPart::Vae => "vae-kernels",
-            },
-            provider: provider.name(),
-            reason,
-        }
-    }
-
-    /// The fused graphs of the bundle, when it has all of them.
-    fn present(self, graphs: &super::bundle::Graphs) -> bool {
-        match self {
-            FusedPart::Dit => graphs.dit_fused.is_some(),
-            FusedPart::Vae => graphs.vae_first_fused.is_some() && graphs.vae_step_fused.is_some(),
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            FusedPart::Dit => "no `dit_fused` graph (exporter 0.4.0 and later write one)",
-            FusedPart::Vae => {
-                "no `vae_first_fused` and `vae_step_fused` graphs (exporter 0.5.0 and later write them)"
-            }
-        }
-    }
-}
-
-impl FusedKernels {
-    pub const ALL: [FusedKernels; 3] = [
-        FusedKernels::Auto,
-        FusedKernels::Unstep,
-        FusedKernels::Onnxruntime,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FusedKernels::Auto => "auto",
-            FusedKernels::Unstep => "unstep",
-            FusedKernels::Onnxruntime => "onnxruntime",
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// What `self` stands for with this provider and bundle for `part`'s graphs (never `Auto`),
-    /// or why the runner's kernels cannot be used when they were asked for by name.
-    pub fn resolve(
-        self,
-        part: FusedPart,
-        provider: &Provider,
-        bundle: &Bundle,
-    ) -> Result<FusedKernels, SessionError> {
-        let m = &bundle.manifest;
-        let supported = m.precision != Precision::Bf16;
-        let present = part.present(&m.graphs);
-        let unavailable = |reason: String| Err(part.unavailable(provider, reason));
-        // From exporter 0.10.0 the fused DiT's self-attention is the runner's own (cuDNN's flash
-        // attention, fp16, on CUDA): another attention backend asked for, or an fp32 bundle, keeps
-        // the standard graph, whose every attention is ONNX Runtime's and follows the setting.
-        let attention_conflict = match provider {
-            Provider::Cuda(c) if part == FusedPart::Dit && m.fused_dit_has_runner_attention() => {
-                match c.attention.resolve(m.precision) {
-                    AttentionKernel::CudnnFlash => None,
-                    _ if m.precision == Precision::Fp32 => Some(
-                        "the fused DiT's self-attention (exporter 0.10.0 and later) is cuDNN's \
-                         flash attention, which runs fp16 bundles; this one is fp32"
-                            .to_string(),
-                    ),
-                    kernel => Some(format!(
-                        "the fused DiT's self-attention (exporter 0.10.0 and later) is the \
-                         runner's own call of cuDNN's flash attention, and attention_backend = \
-                         \"{}\" asks for ONNX Runtime's {} kernel; use attention_backend = \
-                         \"auto\" or \"cudnn_flash\" with them",
-                        c.attention.name(),
-                        kernel.name()
-                    )),
-                }
-            }
-            _ => None,
-        };
-        match self {
-            FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
-            // Without NVRTC, cuBLASLt or cuDNN the kernels cannot be built: `auto` keeps ONNX
-            // Runtime's (and the records say so); asking for `unstep` by name is an error at
-            // session build.
-            FusedKernels::Auto => Ok(
-                if matches!(provider, Provider::Cuda(_))
-                    && present
-                    && supported
-                    && attention_conflict.is_none()
-                    && super::kernels::cuda_libraries_available().is_ok()
-                {
-                    FusedKernels::Unstep
-                } else {
-                    FusedKernels::Onnxruntime
-                },
-            ),
-            FusedKernels::Unstep => {
-                if matches!(provider, Provider::TensorRt(_)) {
-                    unavailable("TensorRT builds its own fused kernels".into())
-                } else if !present {
-                    unavailable(format!(
-                        "the bundle (exporter {}) has {}: export the bundle again",
-                        m.exporter_version,
-                        part.describe()
-                    ))
-                } else if !supported {
-                    unavailable("they exist for fp16 and fp32 bundles; this one is bf16".into())
-                } else if let Some(reason) = attention_conflict {
-                    unavailable(reason)
-                } else {
-                    Ok(FusedKernels::Unstep)
-                }
-            }
-        }
-    }
-}
-
-/// How sessions are built: where ONNX Runtime comes from, the provider and its options.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RuntimeOptions {
-    /// An explicit libonnxruntime path (`runtime.ort_library`, `--ort-library`).
-    pub ort_library: Option<PathBuf>,
-    pub provider: Provider,
-    /// Intra-op threads per session; `None` lets ONNX Runtime use one per core.
-    pub intra_op_threads: Option<usize>,
-    /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
-    /// inspection and for the staging area's cache audit.
-    pub optimized_model_dir: Option<PathBuf>,
-    /// Run the device loop (IoBinding, device-resident buffers, scheduler arithmetic as graphs)
-    /// also on the CPU provider. GPU providers always use it; on the CPU it exists so that tests
-    /// can check the device loop against the golden files.
-    pub io_binding: bool,
-    /// Device loop: decode each finished block with the VAE on a second thread (its own CUDA
-    /// stream) while the DiT generates the next block.
-    pub overlap_vae: bool,
-    /// The DiT's graph and elementwise kernels.
-    pub dit_kernels: FusedKernels,
-    /// The VAE decoder's graphs and elementwise kernels.
-    pub vae_kernels: FusedKernels,
-}
-
-impl RuntimeOptions {
-    /// Whether the DiT's session captures CUDA graphs (`cuda_graphs` on the CUDA provider).
-    pub fn cuda_graphs(&self) -> bool {
-        matches!(
-            self.provider,
-            Provider::Cuda(CudaOptions {
-                cuda_graphs: true,
-                ..
-            })
-        )
-    }
-
-    /// The same options without CUDA graph capture: every session but the DiT's.
-    pub(crate) fn without_cuda_graphs(&self) -> RuntimeOptions {
-        let mut options = self.clone();
-        if let Provider::Cuda(cuda) = &mut options.provider {
-            cuda.cuda_graphs = false;
-        }
-        options
-    }
-}
+pub use super::settings::{
+    ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -945,18 +576,16 @@ fn session_builder(
             .with_optimized_model_path(file)
             .map_err(|e| load(e.to_string()))?;
     }
-    // A diagnostic switch, not a setting: ONNX Runtime's per-node profile of every session,
-    // written as `<dir>/<graph>_<timestamp>.json` when the session ends.
-    if let Some(dir) = std::env::var_os("UNSTEP_ORT_PROFILE") {
-        let dir = PathBuf::from(dir);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| load(format!("create {}: {e}", dir.display())))?;
+    if let Some(dir) = &options.ort_profile_dir {
+        std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;
         builder = builder
             .with_profiling(dir.join(graph_stem(graph)))
             .map_err(|e| load(e.to_string()))?;
     }
-    let disabled = std::env::var("UNSTEP_ORT_DISABLE_OPTIMIZERS")
-        .unwrap_or_else(|_| disabled_optimizers(&options.provider).to_string());
+    let disabled = options
+        .disabled_optimizers
+        .clone()
+        .unwrap_or_else(|| disabled_optimizers(&options.provider).to_string());
     if !disabled.is_empty() {
         builder = builder
             .with_config_entry("optimization.disable_specified_optimizers", disabled)
@@ -977,14 +606,13 @@ fn session_builder(
 }
 
 /// ONNX Runtime graph optimizers left out on this provider, by name, separated by commas
-/// (`optimization.disable_specified_optimizers`). The environment variable
-/// `UNSTEP_ORT_DISABLE_OPTIMIZERS` replaces the list (a diagnostic switch, to measure what a
-/// fusion is worth; empty leaves every optimizer on).
+/// (`optimization.disable_specified_optimizers`); [`RuntimeOptions::disabled_optimizers`]
+/// replaces the list, to measure what a fusion is worth.
 ///
 /// On GPUs `MatMulAddFusion` is left out: it turns each biased projection into a `Gemm` whose
-/// bias the CUDA provider first broadcasts into the output with a slow kernel (`BroadcastBias`,
-/// 0.20 s per wan-1.3b video on an H200) before a `beta = 1` GEMM; a `MatMul` and a broadcast
-/// `Add` measured 0.11 s faster per video (DiT 2.469 s against 2.578 s, same run).
+/// bias the CUDA provider first broadcasts into the output with a slow kernel (`BroadcastBias`)
+/// before a `beta = 1` GEMM; a `MatMul` and a broadcast `Add` measured faster
+/// (benches/README.md).
 fn disabled_optimizers(provider: &Provider) -> &'static str {
     match provider {
         Provider::Cpu => "",
@@ -1050,11 +678,11 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
         .with_conv_max_workspace(options.conv_max_workspace);
     use ep::cuda::AttentionBackend as B;
     let kernel = match options.attention {
-        AttentionKernel::Auto => None,
-        AttentionKernel::Flash | AttentionKernel::Fa2 => Some(B::FLASH_ATTENTION),
-        AttentionKernel::Efficient => Some(B::EFFICIENT_ATTENTION),
-        AttentionKernel::CudnnFlash => Some(B::CUDNN_FLASH_ATTENTION),
-        AttentionKernel::Math => Some(B::MATH),
+        AttentionBackend::Auto => None,
+        AttentionBackend::Flash | AttentionBackend::Fa2 => Some(B::FLASH_ATTENTION),
+        AttentionBackend::Efficient => Some(B::EFFICIENT_ATTENTION),
+        AttentionBackend::CudnnFlash => Some(B::CUDNN_FLASH_ATTENTION),
+        AttentionBackend::Math => Some(B::MATH),
     };
     if let Some(kernel) = kernel {
         cuda = cuda.with_attention_backend(kernel);

@@ -1,10 +1,18 @@
-//! The execute pass: locks, staging, worker processes, and the records they leave.
+//! The execute pass: the run's configuration resolved once ([`config`]), preflight checks, locks,
+//! staging, worker processes and their jobs and events, and the records they leave.
 
 pub mod apply;
+pub mod config;
 pub mod device;
+pub mod events;
+pub mod job;
 pub mod lock;
+mod preflight;
 pub mod progress;
-pub mod spec;
+mod resume;
+mod slots;
 pub mod staging;
+pub mod worker;
 
-pub use apply::{ApplyError, ApplyOptions, Outcome, PreviousRun, apply, previous_run};
+pub use apply::{ApplyError, ApplyOptions, Outcome, apply};
+pub use resume::{PreviousRun, previous_run};

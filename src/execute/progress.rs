@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use super::spec::WorkerEvent;
+use super::events::RunEventKind;
 
 /// One slot's share of the work.
 pub struct SlotWork {
@@ -50,41 +50,31 @@ impl Progress {
         Progress::Bars(multi, bars)
     }
 
-    /// A worker's event; `what` names its process (`warmup 1`, `shard 3`).
-    pub fn event(&self, slot: usize, what: &str, warmup: bool, event: &WorkerEvent) {
+    /// An event of the run; `what` names its process (`warmup 1`, `shard 3`).
+    pub fn event(&self, slot: usize, what: &str, warmup: bool, event: &RunEventKind) {
         match (self, event) {
             (Progress::Quiet, _) => {}
-            (
-                Progress::Lines,
-                WorkerEvent::Ready {
-                    provider,
-                    attention_backend,
-                    dit_kernels,
-                    vae_kernels,
-                    ..
-                },
-            ) => eprintln!(
-                "{what}: sessions ready on {provider}, attention {attention_backend}, kernels dit {}, vae {}",
-                dit_kernels.as_deref().unwrap_or("n/a"),
-                vae_kernels.as_deref().unwrap_or("n/a")
+            (Progress::Lines, RunEventKind::Ready(facts)) => eprintln!(
+                "{what}: sessions ready on {}, attention {}, kernels dit {}, vae {}",
+                facts.provider, facts.attention_backend, facts.dit_kernels, facts.vae_kernels
             ),
             (
                 Progress::Lines,
-                WorkerEvent::Prompt {
+                RunEventKind::PromptDone {
                     prompt,
                     timed_total_s,
                 },
             ) => {
                 eprintln!("{what}: prompt {prompt} done in {timed_total_s:.3} s")
             }
-            (Progress::Bars(_, bars), WorkerEvent::Ready { .. }) => {
+            (Progress::Bars(_, bars), RunEventKind::Ready(_)) => {
                 if let Some(bar) = bars.get(slot) {
                     bar.set_message(format!("{what}: starting"));
                 }
             }
             (
                 Progress::Bars(_, bars),
-                WorkerEvent::Prompt {
+                RunEventKind::PromptDone {
                     prompt,
                     timed_total_s,
                 },
@@ -97,6 +87,8 @@ impl Progress {
                     bar.set_message(format!("{what}: prompt {prompt} in {timed_total_s:.2} s"));
                 }
             }
+            // Starts and ends show through the prompts; failures are reported at the end.
+            (_, RunEventKind::Started { .. } | RunEventKind::Finished { .. }) => {}
         }
     }
 

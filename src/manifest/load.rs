@@ -11,7 +11,7 @@ use super::diagnostic::{Diagnostic, Diagnostics, Excerpt, Origin, display_path};
 use super::layers::{Entry, Layer, env_layer, flag_layer, unknown_key};
 use super::paths;
 use super::schema::keys;
-use super::settings::{Kind, Manifest, Provider};
+use super::settings::{Kind, Manifest, ProviderKind};
 use super::source::SourceFile;
 use super::values::{IndexList, RunName};
 
@@ -608,7 +608,7 @@ fn validate(
             ));
         }
     }
-    if m.runtime.cuda_graphs && m.runtime.provider != Provider::Cuda {
+    if m.runtime.cuda_graphs && m.runtime.provider != ProviderKind::Cuda {
         errors.push(at_key(
             Diagnostic::new(format!(
                 "runtime.cuda_graphs needs the CUDA provider; runtime.provider is \"{}\"",

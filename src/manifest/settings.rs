@@ -6,7 +6,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::values::{
-    AttentionWindow, Bounded, DenoisingSteps, IndexList, Positive, RunName, Sigma, SvdRank,
+    AttentionWindow, Bounded, DenoisingSteps, IndexList, Positive, RunName, Sigma,
+};
+pub use crate::engine::settings::{
+    ArenaExtend, AttentionBackend, ConvAlgoSearch, Emit, FusedKernels, Precision, ProviderKind,
+    SvdRank,
 };
 
 /// What a manifest runs.
@@ -132,7 +136,7 @@ pub struct Timing {
 #[serde(deny_unknown_fields)]
 pub struct Runtime {
     /// Execution provider: `cuda`, `tensorrt`, or `cpu` (tests and small models).
-    pub provider: Provider,
+    pub provider: ProviderKind,
     /// CPU threads of each worker process. Env: `UNSTEP_CPU_THREADS_PER_PROCESS`.
     pub cpu_threads_per_process: Bounded<1, 1024>,
     /// Threads for graph optimisation and engine builds. Env: `UNSTEP_COMPILE_THREADS`.
@@ -154,7 +158,7 @@ pub struct Runtime {
     pub cuda_graphs: bool,
     /// How the CUDA memory arena grows: `same_as_requested` (measured on an H200: 36.5 GiB in
     /// use for wan-1.3b at the same speed) or `next_power_of_two` (40.6 GiB).
-    pub cuda_arena: CudaArena,
+    pub cuda_arena: ArenaExtend,
     /// Kernels for the DiT's norms, rotary embedding, bias and gated residual adds, its FFN's
     /// first layer with GELU and (exporter 0.10.0 and later) its self-attention: `unstep` (the
     /// runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime` (the
@@ -167,37 +171,6 @@ pub struct Runtime {
     /// (the runner's on CUDA when the bundle has those graphs and NVRTC, cuBLASLt and cuDNN
     /// load).
     pub vae_kernels: FusedKernels,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum FusedKernels {
-    Auto,
-    Unstep,
-    Onnxruntime,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum CudaArena {
-    SameAsRequested,
-    NextPowerOfTwo,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Provider {
-    Cpu,
-    Cuda,
-    Tensorrt,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ConvAlgoSearch {
-    Exhaustive,
-    Heuristic,
-    Default,
 }
 
 /// Compiler caches: ORT optimised models, TensorRT engines and timing caches, CUDA's JIT cache.
@@ -290,39 +263,6 @@ pub struct Method {
     pub svd_rank: SvdRank,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum AttentionBackend {
-    /// The fastest measured for the GPU.
-    Auto,
-    /// Flash attention.
-    Flash,
-    /// FA2-class flash attention, the Blackwell (GB200) path of `gb200_speed.toml`; on ONNX Runtime it selects
-    /// the same fused flash kernels as `flash`, and results record that it was asked for.
-    Fa2,
-    /// cuDNN's flash attention.
-    CudnnFlash,
-    /// Memory-efficient attention.
-    Efficient,
-    /// Unfused reference attention.
-    Math,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Emit {
-    CachePass,
-    Denoised,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Precision {
-    Fp32,
-    Fp16,
-    Bf16,
-}
-
 /// What a run keeps.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -395,7 +335,7 @@ impl Manifest {
                 exclude_final_output_layout: false,
             },
             runtime: Runtime {
-                provider: Provider::Cuda,
+                provider: ProviderKind::Cuda,
                 cpu_threads_per_process: Bounded(32),
                 compile_threads: Bounded(32),
                 cpu_slots: Bounded(1),
@@ -403,7 +343,7 @@ impl Manifest {
                 ort_library: None,
                 cudnn_conv_algo_search: ConvAlgoSearch::Exhaustive,
                 cuda_graphs: false,
-                cuda_arena: CudaArena::SameAsRequested,
+                cuda_arena: ArenaExtend::SameAsRequested,
                 dit_kernels: FusedKernels::Auto,
                 vae_kernels: FusedKernels::Auto,
             },

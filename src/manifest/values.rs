@@ -322,81 +322,6 @@ impl JsonSchema for DenoisingSteps {
     }
 }
 
-/// Low-rank factorisation of the DiT's linear layers at export: `none` or a rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SvdRank {
-    #[default]
-    None,
-    Rank(u32),
-}
-
-impl FromStr for SvdRank {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s.trim() == "none" {
-            return Ok(SvdRank::None);
-        }
-        match s.trim().parse::<u32>() {
-            Ok(r) if r > 0 => Ok(SvdRank::Rank(r)),
-            _ => Err(format!(
-                "`{s}` is not an SVD rank; use `none` or a positive integer"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for SvdRank {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SvdRank::None => f.write_str("none"),
-            SvdRank::Rank(r) => write!(f, "{r}"),
-        }
-    }
-}
-
-impl Serialize for SvdRank {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            SvdRank::None => s.serialize_str("none"),
-            SvdRank::Rank(r) => s.serialize_u32(*r),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for SvdRank {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = SvdRank;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("`none` or a positive rank")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SvdRank, E> {
-                v.parse().map_err(E::custom)
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SvdRank, E> {
-                self.visit_str(&v.to_string())
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SvdRank, E> {
-                self.visit_str(&v.to_string())
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl JsonSchema for SvdRank {
-    fn schema_name() -> Cow<'static, str> {
-        "SvdRank".into()
-    }
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "anyOf": [ { "const": "none" }, { "type": "integer", "minimum": 1 } ],
-            "description": "`none`, or the rank of the low-rank factorisation of DiT linear layers."
-        })
-    }
-}
-
 /// The clean-cache noise level: a sigma strictly between 0 and 1.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
 pub struct Sigma(pub f64);
@@ -657,8 +582,5 @@ mod tests {
         }
         assert!("-1".parse::<AttentionWindow>().is_ok());
         assert!("0".parse::<AttentionWindow>().is_err());
-        assert_eq!("none".parse::<SvdRank>().unwrap(), SvdRank::None);
-        assert_eq!("64".parse::<SvdRank>().unwrap(), SvdRank::Rank(64));
-        assert!("0".parse::<SvdRank>().is_err());
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::manifest::{CacheMode, CacheScope, IndexList, Kind, Provider, Resolved};
+use crate::manifest::{CacheMode, CacheScope, IndexList, Kind, ProviderKind, Resolved};
 
 /// A worker slot: one GPU, or with the CPU provider one stand-in worker.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -60,6 +60,12 @@ pub struct Process {
     pub log: PathBuf,
 }
 
+impl Process {
+    pub fn is_warmup(&self) -> bool {
+        matches!(self.role, Role::Warmup { .. })
+    }
+}
+
 /// Where timing starts and stops.
 #[derive(Debug, Clone, Serialize)]
 pub struct TimedRegion {
@@ -79,7 +85,7 @@ pub struct Plan {
     pub prompts_file: PathBuf,
     /// Prompts in the prompt file (or `expect_count` when the file is missing).
     pub prompt_count: Option<u32>,
-    pub provider: Provider,
+    pub provider: ProviderKind,
     pub slots: Vec<Slot>,
     pub seed: u64,
     pub cache_mode: CacheMode,
@@ -108,7 +114,7 @@ pub fn shard_sizes(n: usize, k: usize) -> Vec<usize> {
 /// The visible worker slots: `CUDA_VISIBLE_DEVICES` (GPU 0 when unset) or CPU slots.
 fn slots(r: &Resolved) -> Vec<Slot> {
     let rt = &r.manifest.runtime;
-    if rt.provider == Provider::Cpu {
+    if rt.provider == ProviderKind::Cpu {
         return (0..rt.cpu_slots.0 as usize)
             .map(|i| Slot {
                 index: i,

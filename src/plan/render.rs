@@ -59,7 +59,7 @@ pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
         s,
         "  provider      {} on {} [{}]{}",
         word(&plan.provider),
-        if plan.provider == crate::manifest::Provider::Cpu {
+        if plan.provider == crate::manifest::ProviderKind::Cpu {
             "cpu slots"
         } else {
             "GPUs"

@@ -267,10 +267,7 @@ pub fn report_text(run: &LoadedRun) -> String {
             name_of(&r.cache.scope)
         ),
     );
-    row(
-        "timed region",
-        format!("ends at {}", r.timed_region_ends.as_str()),
-    );
+    row("timed region", format!("ends at {}", r.timed_region_ends));
     // Where no indices are given, the plan's defaults (plan::build): a probe warms up on the
     // prompts it measures, a generation's slot on the first prompt of its first shard.
     let warmup_prompts = match (&r.warmup.indices, r.kind) {
@@ -470,8 +467,8 @@ fn warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
     differs("precision", name_of(&ra.precision), name_of(&rb.precision));
     differs(
         "timed region end",
-        ra.timed_region_ends.as_str().into(),
-        rb.timed_region_ends.as_str().into(),
+        ra.timed_region_ends.to_string(),
+        rb.timed_region_ends.to_string(),
     );
     w
 }

@@ -228,6 +228,7 @@ mod tests {
 
     fn rec(process: usize, role: ProcessRole, prompt: u32, total: f64) -> TimingRecord {
         TimingRecord {
+            session_run_s: None,
             process,
             role,
             shard: (role == ProcessRole::Shard).then_some(process),

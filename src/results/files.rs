@@ -167,6 +167,7 @@ mod tests {
 
     pub(crate) fn record(prompt: u32, total: f64) -> TimingRecord {
         TimingRecord {
+            session_run_s: None,
             process: 1,
             role: ProcessRole::Measurement,
             shard: None,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::stats::Statistics;
 use crate::manifest::{
-    AttentionBackend, CacheMode, CacheScope, Kind, Precision, Provider, Resolved,
+    AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
 use crate::plan::{Plan, Role};
 
@@ -46,32 +46,7 @@ impl From<Role> for ProcessRole {
     }
 }
 
-/// Where the timed region of a prompt ended (`timing.exclude_final_output_layout`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TimedRegionEnd {
-    /// uint8 frames laid out on the device, device synchronised (the default).
-    Uint8Frames,
-    /// VAE output on the device; the final clamp and layout are outside.
-    VaeOutput,
-}
-
-impl TimedRegionEnd {
-    pub fn of(resolved: &Resolved) -> TimedRegionEnd {
-        if resolved.manifest.timing.exclude_final_output_layout {
-            TimedRegionEnd::VaeOutput
-        } else {
-            TimedRegionEnd::Uint8Frames
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TimedRegionEnd::Uint8Frames => "uint8_frames",
-            TimedRegionEnd::VaeOutput => "vae_output",
-        }
-    }
-}
+pub use crate::engine::settings::TimedRegionEnd;
 
 /// Whether compiler caches started empty. Warm-cache times are not comparable with fresh ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +93,10 @@ pub struct TimingRecord {
     /// Final clamp and uint8 layout; 0 when it is excluded from the timed region.
     pub layout_s: f64,
     pub timed_total_s: f64,
+    /// Time inside ONNX Runtime's `run` calls within the timed region (`runner worker`'s flag
+    /// form records it, for benchmarks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_run_s: Option<f64>,
     pub peak_device_memory_bytes: Option<u64>,
     pub timed_region_ends: TimedRegionEnd,
     /// [`super::config_hash`] of the settings that produced this prompt's output.
@@ -302,7 +281,7 @@ pub struct RunRecord {
     pub settings: BTreeMap<String, SettingRecord>,
     /// Method settings that differ from the built-in defaults.
     pub method_overrides: BTreeMap<String, SettingRecord>,
-    pub provider: Provider,
+    pub provider: ProviderKind,
     /// The execution provider ONNX Runtime registered (`CUDAExecutionProvider`).
     pub execution_provider: Option<String>,
     pub attention_backend: AttentionRecord,
@@ -435,7 +414,9 @@ impl RunRecord {
                 label: CacheLabel::of(m.cache.mode),
                 clear_global: m.cache.clear_global,
             },
-            timed_region_ends: TimedRegionEnd::of(resolved),
+            timed_region_ends: TimedRegionEnd::of(
+                resolved.manifest.timing.exclude_final_output_layout,
+            ),
             host: hostname(),
             started_at: super::time::rfc3339(started),
             resumed_at: Vec::new(),
@@ -540,6 +521,7 @@ mod tests {
 
     fn rec(role: ProcessRole, shard: Option<usize>, prompt: u32, total: f64) -> TimingRecord {
         TimingRecord {
+            session_run_s: None,
             process: 0,
             role,
             shard,

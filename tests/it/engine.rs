@@ -427,7 +427,7 @@ fn prompt_latents_do_not_depend_on_the_other_prompts_of_the_process() {
         .collect();
     assert_eq!(lines.len(), 8);
     for (i, line) in lines.iter().enumerate() {
-        assert_eq!(line["prompt_index"], i);
+        assert_eq!(line["prompt"], i);
         for key in [
             "text_encoding_s",
             "dit_s",
@@ -440,7 +440,7 @@ fn prompt_latents_do_not_depend_on_the_other_prompts_of_the_process() {
                 "{key} in {line}"
             );
         }
-        assert_eq!(line["timed_region_end"], "after_latents");
+        assert_eq!(line["timed_region_ends"], "latents");
     }
 }
 
@@ -796,7 +796,7 @@ fn unknown_fused_kernels_are_usage_errors_naming_the_choices() {
         assert_eq!(output.status.code(), Some(unstep::exit::USAGE), "{flag}");
         let err = stderr(&output);
         assert!(
-            err.contains(flag) && err.contains("one of auto, unstep, onnxruntime"),
+            err.contains(flag) && err.contains("possible values: auto, unstep, onnxruntime"),
             "{err}"
         );
     }
@@ -875,7 +875,7 @@ fn the_device_loop_equals_the_host_loop_bit_for_bit() {
 
 #[test]
 fn an_attention_backend_the_provider_cannot_run_is_refused_before_any_work() {
-    use unstep::engine::{AttentionKernel, CudaOptions, Precision, Provider};
+    use unstep::engine::{AttentionBackend, CudaOptions, Precision, Provider};
     let cuda = |attention| {
         Provider::Cuda(CudaOptions {
             attention,
@@ -883,37 +883,37 @@ fn an_attention_backend_the_provider_cannot_run_is_refused_before_any_work() {
         })
     };
     assert!(
-        AttentionKernel::Flash
-            .check(&cuda(AttentionKernel::Flash), Precision::Fp32)
+        AttentionBackend::Flash
+            .check(&cuda(AttentionBackend::Flash), Precision::Fp32)
             .unwrap_err()
             .to_string()
             .contains("fp16 or bf16")
     );
     assert!(
-        AttentionKernel::Flash
-            .check(&cuda(AttentionKernel::Flash), Precision::Fp16)
+        AttentionBackend::Flash
+            .check(&cuda(AttentionBackend::Flash), Precision::Fp16)
             .is_ok()
     );
     assert!(
-        AttentionKernel::CudnnFlash
+        AttentionBackend::CudnnFlash
             .check(&Provider::Cpu, Precision::Fp32)
             .is_err()
     );
     assert!(
-        AttentionKernel::Math
+        AttentionBackend::Math
             .check(&Provider::Cpu, Precision::Fp32)
             .is_ok()
     );
     assert_eq!(
-        AttentionKernel::Auto.resolve(Precision::Fp16),
-        AttentionKernel::CudnnFlash
+        AttentionBackend::Auto.resolve(Precision::Fp16),
+        AttentionBackend::CudnnFlash
     );
     assert_eq!(
-        AttentionKernel::Auto.resolve(Precision::Fp32),
-        AttentionKernel::Auto
+        AttentionBackend::Auto.resolve(Precision::Fp32),
+        AttentionBackend::Auto
     );
-    for kernel in AttentionKernel::ALL {
-        assert_eq!(AttentionKernel::parse(kernel.name()), Some(kernel));
+    for &kernel in <AttentionBackend as strum::VariantArray>::VARIANTS {
+        assert_eq!(kernel.name().parse::<AttentionBackend>(), Ok(kernel));
     }
 }
 
@@ -1137,7 +1137,7 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
     // The fused DiT's self-attention is cuDNN's flash attention: `auto` keeps the standard graph
     // (every attention ONNX Runtime's) for an fp32 bundle or another attention backend, and
     // `unstep` asked for by name says why not. Exporter 0.9.0's fused DiT had ONNX Runtime's.
-    use unstep::engine::AttentionKernel;
+    use unstep::engine::AttentionBackend;
     let cuda_with = |attention| {
         Provider::Cuda(CudaOptions {
             attention,
@@ -1153,9 +1153,9 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         "{e}"
     );
     for kernel in [
-        AttentionKernel::Flash,
-        AttentionKernel::Efficient,
-        AttentionKernel::Math,
+        AttentionBackend::Flash,
+        AttentionBackend::Efficient,
+        AttentionBackend::Math,
     ] {
         assert_eq!(ok(Auto, Dit, &cuda_with(kernel), &fp16), Onnxruntime);
         let e = error(Dit, &cuda_with(kernel), &fp16);
@@ -1166,13 +1166,13 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         );
     }
     assert_eq!(
-        ok(Unstep, Dit, &cuda_with(AttentionKernel::CudnnFlash), &fp16),
+        ok(Unstep, Dit, &cuda_with(AttentionBackend::CudnnFlash), &fp16),
         Unstep
     );
     let mut older = fp16.clone();
     older.manifest.exporter_version = "0.9.0".into();
     assert_eq!(
-        ok(Unstep, Dit, &cuda_with(AttentionKernel::Flash), &older),
+        ok(Unstep, Dit, &cuda_with(AttentionBackend::Flash), &older),
         Unstep
     );
     let e = error(Dit, &trt, &bundle);
@@ -1198,7 +1198,7 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         e.contains("vae_step_fused") && e.contains("vae_kernels"),
         "{e}"
     );
-    for kernels in FusedKernels::ALL {
-        assert_eq!(FusedKernels::parse(kernels.name()), Some(kernels));
+    for kernels in [Auto, Unstep, Onnxruntime] {
+        assert_eq!(kernels.name().parse::<FusedKernels>(), Ok(kernels));
     }
 }

@@ -88,6 +88,7 @@ fn fake_run(
         slot: "gpu0".into(),
         prompt,
         text_encoding_s: 0.25,
+        session_run_s: None,
         // Binary fractions, so the phase split prints exactly.
         dit_s: total * 0.5,
         vae_s: total * 0.375,

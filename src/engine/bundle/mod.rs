@@ -4,7 +4,6 @@
 //! reported before any generation (or any GPU) is touched.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +11,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+pub use super::settings::{Precision, SvdRank};
 use super::text::tokenizer::BYTES_VOCAB;
 use super::text::{PromptTokenizer, TokenizerError, Umt5Tokenizer};
 
@@ -25,103 +25,6 @@ pub use provenance::{
 /// The only bundle format this runner reads.
 pub const BUNDLE_FORMAT: u32 = 1;
 pub const BUNDLE_TOML: &str = "bundle.toml";
-
-/// The dtype of every float tensor the graphs take or give.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    Fp32,
-    Fp16,
-    Bf16,
-}
-
-impl Precision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fp32" => Ok(Precision::Fp32),
-            "fp16" => Ok(Precision::Fp16),
-            "bf16" => Ok(Precision::Bf16),
-            other => Err(format!(
-                "unknown precision `{other}`; expected fp32, fp16 or bf16"
-            )),
-        }
-    }
-}
-
-/// Low-rank factorisation of the DiT's linear layers at export time: `"none"` or a rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SvdRank {
-    None,
-    Rank(u32),
-}
-
-impl fmt::Display for SvdRank {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SvdRank::None => f.write_str("none"),
-            SvdRank::Rank(rank) => write!(f, "{rank}"),
-        }
-    }
-}
-
-impl std::str::FromStr for SvdRank {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s == "none" {
-            return Ok(SvdRank::None);
-        }
-        s.parse::<u32>()
-            .ok()
-            .filter(|&rank| rank > 0)
-            .map(SvdRank::Rank)
-            .ok_or_else(|| format!("svd_rank must be \"none\" or a positive integer, not `{s}`"))
-    }
-}
-
-impl<'de> Deserialize<'de> for SvdRank {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = SvdRank;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("\"none\" or a positive integer")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SvdRank, E> {
-                v.parse().map_err(E::custom)
-            }
-
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SvdRank, E> {
-                u32::try_from(v)
-                    .ok()
-                    .filter(|&rank| rank > 0)
-                    .map(SvdRank::Rank)
-                    .ok_or_else(|| E::custom(format!("svd_rank {v} must be positive")))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -222,7 +125,7 @@ impl BundleManifest {
 
 /// Export settings a run asks for; `None` takes the bundle's value. A value that differs from the
 /// bundle's is refused, because it can only be changed by exporting again.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, Deserialize)]
 pub struct ExportSettings {
     pub frames_per_block: Option<usize>,
     pub latent_frames: Option<usize>,

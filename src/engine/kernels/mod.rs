@@ -130,10 +130,6 @@ use super::{onnx_graph, ort_lib};
 
 pub(crate) const DOMAIN: &str = "ai.unstep";
 
-/// The environment variable naming where `CausalConv3d` keeps its engine choices between processes
-/// (`conv.rs`).
-pub(crate) use conv::CACHE_ENV as CONV_CACHE_ENV;
-
 /// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`),
 /// cuBLASLt (`MatMulBiasGelu`) and cuDNN (`Attention`, `CausalConv3d`) load; no GPU needed. For
 /// `runner doctor` and `auto`.

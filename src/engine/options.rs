@@ -1,0 +1,314 @@
+//! How sessions are built, as values: the execution provider and its options, the kernels of
+//! the fused graphs, and how `auto` settings resolve for a provider and bundle. A worker receives
+//! these (serialised in its job) and builds its sessions from them alone.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::bundle::Bundle;
+use super::session::SessionError;
+use super::settings::{
+    ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
+};
+
+impl AttentionBackend {
+    /// The kernel `auto` stands for, for a bundle of this precision: cuDNN's flash attention for
+    /// fp16/bf16, the fastest measured on an H200 (benches/README.md); ONNX Runtime's default for
+    /// fp32, where the flash kernels cannot run.
+    pub fn resolve(self, precision: Precision) -> AttentionBackend {
+        match (self, precision) {
+            (AttentionBackend::Auto, Precision::Fp16 | Precision::Bf16) => {
+                AttentionBackend::CudnnFlash
+            }
+            (kernel, _) => kernel,
+        }
+    }
+
+    /// Refuses, before any session is built, a kernel that cannot run for this provider and
+    /// precision: ONNX Runtime would otherwise fall back to another kernel without a word, and the
+    /// result would be labelled with a kernel that never ran.
+    pub fn check(self, provider: &Provider, precision: Precision) -> Result<(), SessionError> {
+        let unavailable = |reason: &str| {
+            Err(SessionError::AttentionUnavailable {
+                backend: self.name(),
+                provider: provider.name(),
+                reason: reason.to_string(),
+            })
+        };
+        match (provider, self) {
+            (_, AttentionBackend::Auto) => Ok(()),
+            (Provider::Cpu, AttentionBackend::Math) => Ok(()),
+            (Provider::Cpu, _) => {
+                unavailable("the CPU provider has only the unfused kernel (auto or math)")
+            }
+            (Provider::TensorRt(_), _) => unavailable(
+                "TensorRT chooses its own attention kernels; use attention_backend = auto",
+            ),
+            (
+                Provider::Cuda(_),
+                AttentionBackend::Flash | AttentionBackend::Fa2 | AttentionBackend::CudnnFlash,
+            ) if precision == Precision::Fp32 => {
+                unavailable("flash kernels need an fp16 or bf16 bundle; this bundle is fp32")
+            }
+            (Provider::Cuda(_), _) => Ok(()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CudaOptions {
+    pub device_id: i32,
+    /// Kernel for `com.microsoft.MultiHeadAttention`.
+    pub attention: AttentionBackend,
+    pub conv_algo_search: ConvAlgoSearch,
+    pub arena_extend: ArenaExtend,
+    /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
+    pub memory_limit: Option<usize>,
+    /// ONNX Runtime's CUDA graph capture (`enable_cuda_graph`) in the DiT's session only: the
+    /// device loop captures one graph per block shape and replays it (see `device.rs`).
+    pub cuda_graphs: bool,
+    /// NHWC convolutions (`prefer_nhwc`) in every session; the decoder's sessions use them
+    /// whatever this says.
+    pub prefer_nhwc: bool,
+    /// Let cuDNN's algorithm search use as much workspace as the fastest convolution wants
+    /// (`cudnn_conv_use_max_workspace`); off caps it at ONNX Runtime's 32 MiB.
+    pub conv_max_workspace: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        Self {
+            device_id: 0,
+            attention: AttentionBackend::Auto,
+            conv_algo_search: ConvAlgoSearch::Exhaustive,
+            arena_extend: ArenaExtend::NextPowerOfTwo,
+            memory_limit: None,
+            cuda_graphs: false,
+            prefer_nhwc: false,
+            conv_max_workspace: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TensorRtOptions {
+    pub device_id: i32,
+    pub fp16: bool,
+    pub engine_cache_dir: Option<PathBuf>,
+    pub timing_cache_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Provider {
+    #[default]
+    Cpu,
+    Cuda(CudaOptions),
+    /// TensorRT, with CUDA registered after it for the nodes TensorRT does not take.
+    #[serde(rename = "tensorrt")]
+    TensorRt(TensorRtOptions),
+}
+
+impl Provider {
+    pub fn kind(&self) -> ProviderKind {
+        match self {
+            Provider::Cpu => ProviderKind::Cpu,
+            Provider::Cuda(_) => ProviderKind::Cuda,
+            Provider::TensorRt(_) => ProviderKind::Tensorrt,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+/// The graphs a [`FusedKernels`] setting is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedPart {
+    /// `dit_fused` instead of `dit`.
+    Dit,
+    /// `vae_first_fused` and `vae_step_fused` instead of `vae_first` and `vae_step`.
+    Vae,
+}
+
+impl FusedPart {
+    fn setting(self) -> &'static str {
+        match self {
+            FusedPart::Dit => "dit_kernels",
+            FusedPart::Vae => "vae_kernels",
+        }
+    }
+
+    /// The error for kernels of this part that cannot be used.
+    pub(super) fn unavailable(self, provider: &Provider, reason: String) -> SessionError {
+        SessionError::KernelsUnavailable {
+            setting: self.setting(),
+            flag: match self {
+                FusedPart::Dit => "dit-kernels",
+                FusedPart::Vae => "vae-kernels",
+            },
+            provider: provider.name(),
+            reason,
+        }
+    }
+
+    /// The fused graphs of the bundle, when it has all of them.
+    fn present(self, graphs: &super::bundle::Graphs) -> bool {
+        match self {
+            FusedPart::Dit => graphs.dit_fused.is_some(),
+            FusedPart::Vae => graphs.vae_first_fused.is_some() && graphs.vae_step_fused.is_some(),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            FusedPart::Dit => "no `dit_fused` graph (exporter 0.4.0 and later write one)",
+            FusedPart::Vae => {
+                "no `vae_first_fused` and `vae_step_fused` graphs (exporter 0.5.0 and later write them)"
+            }
+        }
+    }
+}
+
+impl FusedKernels {
+    /// What `self` stands for with this provider and bundle for `part`'s graphs (never `Auto`),
+    /// or why the runner's kernels cannot be used when they were asked for by name.
+    pub fn resolve(
+        self,
+        part: FusedPart,
+        provider: &Provider,
+        bundle: &Bundle,
+    ) -> Result<FusedKernels, SessionError> {
+        let m = &bundle.manifest;
+        let supported = m.precision != Precision::Bf16;
+        let present = part.present(&m.graphs);
+        let unavailable = |reason: String| Err(part.unavailable(provider, reason));
+        // From exporter 0.10.0 the fused DiT's self-attention is the runner's own (cuDNN's flash
+        // attention, fp16, on CUDA): another attention backend asked for, or an fp32 bundle, keeps
+        // the standard graph, whose every attention is ONNX Runtime's and follows the setting.
+        let attention_conflict = match provider {
+            Provider::Cuda(c) if part == FusedPart::Dit && m.fused_dit_has_runner_attention() => {
+                match c.attention.resolve(m.precision) {
+                    AttentionBackend::CudnnFlash => None,
+                    _ if m.precision == Precision::Fp32 => Some(
+                        "the fused DiT's self-attention (exporter 0.10.0 and later) is cuDNN's \
+                         flash attention, which runs fp16 bundles; this one is fp32"
+                            .to_string(),
+                    ),
+                    kernel => Some(format!(
+                        "the fused DiT's self-attention (exporter 0.10.0 and later) is the \
+                         runner's own call of cuDNN's flash attention, and attention_backend = \
+                         \"{}\" asks for ONNX Runtime's {} kernel; use attention_backend = \
+                         \"auto\" or \"cudnn_flash\" with them",
+                        c.attention.name(),
+                        kernel.name()
+                    )),
+                }
+            }
+            _ => None,
+        };
+        match self {
+            FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
+            // Without NVRTC, cuBLASLt or cuDNN the kernels cannot be built: `auto` keeps ONNX
+            // Runtime's (and the records say so); asking for `unstep` by name is an error at
+            // session build.
+            FusedKernels::Auto => Ok(
+                if matches!(provider, Provider::Cuda(_))
+                    && present
+                    && supported
+                    && attention_conflict.is_none()
+                    && super::kernels::cuda_libraries_available().is_ok()
+                {
+                    FusedKernels::Unstep
+                } else {
+                    FusedKernels::Onnxruntime
+                },
+            ),
+            FusedKernels::Unstep => {
+                if matches!(provider, Provider::TensorRt(_)) {
+                    unavailable("TensorRT builds its own fused kernels".into())
+                } else if !present {
+                    unavailable(format!(
+                        "the bundle (exporter {}) has {}: export the bundle again",
+                        m.exporter_version,
+                        part.describe()
+                    ))
+                } else if !supported {
+                    unavailable("they exist for fp16 and fp32 bundles; this one is bf16".into())
+                } else if let Some(reason) = attention_conflict {
+                    unavailable(reason)
+                } else {
+                    Ok(FusedKernels::Unstep)
+                }
+            }
+        }
+    }
+}
+
+/// How sessions are built: where ONNX Runtime comes from, the provider and its options.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RuntimeOptions {
+    /// An explicit libonnxruntime path (`runtime.ort_library`, `--ort-library`).
+    pub ort_library: Option<PathBuf>,
+    pub provider: Provider,
+    /// Intra-op threads per session; `None` lets ONNX Runtime use one per core.
+    pub intra_op_threads: Option<usize>,
+    /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
+    /// inspection and for the staging area's cache audit.
+    pub optimized_model_dir: Option<PathBuf>,
+    /// Run the device loop (IoBinding, device-resident buffers, scheduler arithmetic as graphs)
+    /// also on the CPU provider. GPU providers always use it; on the CPU it exists so that tests
+    /// can check the device loop against the golden files.
+    pub io_binding: bool,
+    /// Device loop: decode each finished block with the VAE on a second thread (its own CUDA
+    /// stream) while the DiT generates the next block.
+    pub overlap_vae: bool,
+    /// The DiT's graph and elementwise kernels.
+    pub dit_kernels: FusedKernels,
+    /// The VAE decoder's graphs and elementwise kernels.
+    pub vae_kernels: FusedKernels,
+    /// Diagnostics: write ONNX Runtime's per-node profile of every session here
+    /// (`<graph>_<timestamp>.json` when the session ends); from `UNSTEP_ORT_PROFILE`.
+    #[serde(default)]
+    pub ort_profile_dir: Option<PathBuf>,
+    /// Diagnostics: the ONNX Runtime graph optimizers to leave out, by name, separated by commas,
+    /// in place of the provider's own list (empty leaves every optimizer on); from
+    /// `UNSTEP_ORT_DISABLE_OPTIMIZERS`.
+    #[serde(default)]
+    pub disabled_optimizers: Option<String>,
+}
+
+impl RuntimeOptions {
+    /// Takes the diagnostic switches from the environment: the one place they are read.
+    pub fn with_diagnostics_from_env(mut self) -> Self {
+        use crate::env_vars::EnvVars;
+        self.ort_profile_dir = std::env::var_os(EnvVars::UNSTEP_ORT_PROFILE)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        self.disabled_optimizers = std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok();
+        self
+    }
+
+    /// Whether the DiT's session captures CUDA graphs (`cuda_graphs` on the CUDA provider).
+    pub fn cuda_graphs(&self) -> bool {
+        matches!(
+            self.provider,
+            Provider::Cuda(CudaOptions {
+                cuda_graphs: true,
+                ..
+            })
+        )
+    }
+
+    /// The same options without CUDA graph capture: every session but the DiT's.
+    pub(crate) fn without_cuda_graphs(&self) -> RuntimeOptions {
+        let mut options = self.clone();
+        if let Provider::Cuda(cuda) = &mut options.provider {
+            cuda.cuda_graphs = false;
+        }
+        options
+    }
+}

@@ -1,0 +1,106 @@
+//! The typed configuration a run executes with, resolved once from the manifest: the engine's
+//! session options, the method and export settings, and what each process records. Preflight
+//! checks and every worker's job are built from it; no worker sees the manifest.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{
+    CudaOptions, ExportSettings, MethodSettings, Precision, Provider, ProviderKind, RuntimeOptions,
+    TensorRtOptions,
+};
+use crate::manifest::{Kind, Manifest, Resolved, VideoNaming};
+
+/// Everything about how prompts are generated that is the same for every process of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// Session options; [`RunConfig::engine_for`] adds a process's cache folders.
+    pub engine: RuntimeOptions,
+    pub method: MethodSettings,
+    /// What the run asks of its bundle (every field set: a manifest states each).
+    pub export: ExportSettings,
+    /// End the timed region at the VAE output (`timing.exclude_final_output_layout`).
+    pub exclude_final_output_layout: bool,
+    /// How videos are named (a probe's debug videos are always `indexed`).
+    pub video_naming: VideoNaming,
+}
+
+impl RunConfig {
+    /// The configuration of a resolved manifest. Inside a worker the GPU is always device 0:
+    /// `runner apply` narrows `CUDA_VISIBLE_DEVICES` to the slot's GPU.
+    pub fn resolve(r: &Resolved) -> RunConfig {
+        Self::of(&r.manifest, r.paths.ort_library.clone())
+    }
+
+    pub fn of(m: &Manifest, ort_library: Option<PathBuf>) -> RunConfig {
+        let rt = &m.runtime;
+        let provider = match rt.provider {
+            ProviderKind::Cpu => Provider::Cpu,
+            ProviderKind::Cuda => Provider::Cuda(CudaOptions {
+                device_id: 0,
+                attention: m.method.attention_backend,
+                conv_algo_search: rt.cudnn_conv_algo_search,
+                arena_extend: rt.cuda_arena,
+                cuda_graphs: rt.cuda_graphs,
+                ..CudaOptions::default()
+            }),
+            ProviderKind::Tensorrt => Provider::TensorRt(TensorRtOptions {
+                device_id: 0,
+                fp16: m.method.precision != Precision::Fp32,
+                engine_cache_dir: None,
+                timing_cache_dir: None,
+            }),
+        };
+        let engine = RuntimeOptions {
+            ort_library,
+            provider,
+            intra_op_threads: Some(rt.cpu_threads_per_process.0 as usize),
+            optimized_model_dir: None,
+            io_binding: false,
+            overlap_vae: true,
+            dit_kernels: rt.dit_kernels,
+            vae_kernels: rt.vae_kernels,
+            ort_profile_dir: None,
+            disabled_optimizers: None,
+        }
+        .with_diagnostics_from_env();
+        RunConfig {
+            engine,
+            method: MethodSettings {
+                clean_sigma: m.method.clean_sigma.0 as f32,
+                denoising_steps: m.method.denoising_steps.0.clone(),
+                warp_denoising_steps: m.method.warp_denoising_steps,
+                timestep_shift: m.method.timestep_shift.0,
+                emit: m.method.emit,
+                attention_window: m.method.attention_window.0,
+                seed: m.noise.seed,
+            },
+            export: ExportSettings {
+                frames_per_block: Some(m.method.frames_per_block.0 as usize),
+                latent_frames: Some(m.method.latent_frames.0 as usize),
+                height: Some(m.method.height.0 as usize),
+                width: Some(m.method.width.0 as usize),
+                precision: Some(m.method.precision),
+                svd_rank: Some(m.method.svd_rank),
+            },
+            exclude_final_output_layout: m.timing.exclude_final_output_layout,
+            // A probe's debug videos go to `indexed_videos`, named by prompt index.
+            video_naming: match m.kind {
+                Kind::Probe => VideoNaming::Indexed,
+                Kind::Generation => m.outputs.video_naming,
+            },
+        }
+    }
+
+    /// The session options of a process whose compiler caches live in `cache_dir`.
+    pub fn engine_for(&self, cache_dir: &Path) -> RuntimeOptions {
+        let mut engine = self.engine.clone();
+        engine.optimized_model_dir = Some(cache_dir.join("ort_optimized"));
+        if let Provider::TensorRt(trt) = &mut engine.provider {
+            trt.engine_cache_dir = Some(cache_dir.join("tensorrt_engines"));
+            trt.timing_cache_dir = Some(cache_dir.join("tensorrt_timing"));
+        }
+        engine
+    }
+}

@@ -1,0 +1,216 @@
+//! Checks that need the real world (the bundle, the prompt file, existing state), run by
+//! `runner apply` before anything is written, and the facts about the staged bundle a run's
+//! record keeps.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+
+use super::apply::ApplyError;
+use super::config::RunConfig;
+use crate::engine::{self, AttentionBackend, ProviderKind};
+use crate::manifest::diagnostic::display_path;
+use crate::manifest::{Kind, Resolved};
+use crate::plan::Plan;
+use crate::results::records::{TokenizerRecord, WeightsRecord};
+
+/// Checks that need the real world (files present, no conflicting state) — before any write.
+pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
+    let p = &r.paths;
+    if r.prompts.is_none() {
+        return Err(ApplyError::refused(
+            format!(
+                "prompt file {} does not exist",
+                display_path(&p.prompts_file)
+            ),
+            "put one prompt per line there (see assets/prompts/README.md), or set prompts.file",
+        ));
+    }
+    if !p.bundle.exists() {
+        return Err(ApplyError::refused(
+            format!("asset bundle {} does not exist", display_path(&p.bundle)),
+            "export it on a GPU machine with `PYTHONPATH=assets/export python -m unstep_export export --preset wan-1.3b --device cuda --out assets/wan-1.3b` (see assets/export/README.md), or set assets.bundle",
+        ));
+    }
+    let m = &r.manifest;
+    if m.runtime.provider == ProviderKind::Cpu
+        && !matches!(
+            m.method.attention_backend,
+            AttentionBackend::Auto | AttentionBackend::Math
+        )
+    {
+        return Err(ApplyError::refused(
+            format!(
+                "attention backend `{}` is not available on the CPU provider",
+                m.method.attention_backend
+            ),
+            "use `auto` or `math` on the CPU, or runtime.provider = \"cuda\"",
+        ));
+    }
+    fused_kernels_preflight(r, config)?;
+    tokenizer_preflight(r)?;
+    probe_state_preflight(r)
+}
+
+/// The bundle's prompt tokenizer must read and check (a umt5 tokenizer.json of the right model,
+/// its sha256, ids within the text encoder's vocabulary) before anything runs. A bundle that is
+/// not a readable directory is left to the worker.
+fn tokenizer_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return Ok(());
+    };
+    bundle
+        .tokenizer()
+        .map(drop)
+        .map_err(|e| ApplyError::Refused {
+            message: format!("asset bundle {}: {e}", display_path(&r.paths.bundle)),
+            hint: None,
+        })
+}
+
+/// The staged bundle's tokenizer over every prompt of the plan, and the sources of its weights.
+pub(super) fn bundle_facts(
+    bundle_dir: &Path,
+    plan: &Plan,
+    prompts: &[String],
+) -> Result<(TokenizerRecord, WeightsRecord), engine::BundleError> {
+    let bundle = engine::Bundle::peek(bundle_dir)?;
+    let tokenizer = bundle.tokenizer()?;
+    let indices: BTreeSet<u32> = plan
+        .processes
+        .iter()
+        .flat_map(|p| p.prompts.iter().copied())
+        .collect();
+    let mut truncated = Vec::new();
+    let mut mojibake = Vec::new();
+    for &index in &indices {
+        let Some(text) = prompts.get(index as usize) else {
+            continue;
+        };
+        let tokens = tokenizer.encode(text)?;
+        if tokens.truncated {
+            truncated.push(index);
+        }
+        if tokens.mojibake {
+            mojibake.push(index);
+        }
+    }
+    let tokenizer = TokenizerRecord {
+        kind: tokenizer.kind().to_string(),
+        text_len: tokenizer.text_len(),
+        prompts: indices.len(),
+        truncated: truncated.len(),
+        truncated_prompts: truncated,
+        mojibake_prompts: mojibake,
+    };
+    let m = &bundle.manifest;
+    let weights = m.weights.clone().unwrap_or_default();
+    let [dit, vae, text_encoder] = weights.sources().map(|(_, s)| s.as_str().to_string());
+    let weights = WeightsRecord {
+        source: weights.summary().as_str().to_string(),
+        dit,
+        vae,
+        text_encoder,
+        tokenizer: weights.tokenizer.map(|t| t.source.as_str().to_string()),
+    };
+    Ok((tokenizer, weights))
+}
+
+/// Warnings about the prompts a umt5 tokenizer cut or may read differently from the reference.
+/// The bytes tokenizer of bundles before exporter 0.13.0 cuts most prompts by design and is not
+/// warned about.
+pub(super) fn tokenizer_warnings(t: &TokenizerRecord, r: &Resolved) -> Vec<String> {
+    if t.kind != "umt5" {
+        return Vec::new();
+    }
+    let command = format!(
+        "`runner prompts {} {}`",
+        display_path(&r.paths.bundle),
+        display_path(&r.paths.prompts_file)
+    );
+    let mut warnings = Vec::new();
+    if t.truncated > 0 {
+        warnings.push(format!(
+            "{} of {} prompts have more than text_len {} tokens and are cut there (prompts {}); {command} shows their tokens",
+            t.truncated,
+            t.prompts,
+            t.text_len,
+            short_list(&t.truncated_prompts)
+        ));
+    }
+    if !t.mojibake_prompts.is_empty() {
+        warnings.push(format!(
+            "prompts {} look like mojibake (UTF-8 read as Latin-1 or Windows-1252), which the reference pipeline's ftfy repairs before tokenizing and the runner does not: their tokens may differ; {command} lists them",
+            short_list(&t.mojibake_prompts)
+        ));
+    }
+    warnings
+}
+
+/// Prompt indices for a message: the first ten, then `…`.
+pub(super) fn short_list(indices: &[u32]) -> String {
+    let shown: Vec<String> = indices.iter().take(10).map(u32::to_string).collect();
+    let more = if indices.len() > 10 { ", …" } else { "" };
+    format!("{}{more}", shown.join(", "))
+}
+
+/// A probe measures with fresh compiler caches: runtime state left by an earlier apply of the
+/// same run is refused unless the manifest asks to reuse it.
+pub(super) fn probe_state_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let m = &r.manifest;
+    if m.kind == Kind::Probe {
+        let state = &r.paths.run_state_root;
+        let has_state = fs::read_dir(state)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if has_state && !m.cache.reuse_runtime_state {
+            return Err(ApplyError::refused(
+                format!("runtime state already exists at {}", display_path(state)),
+                "use a new run name for fresh results, or set cache.reuse_runtime_state = true (UNSTEP_REUSE_RUNTIME_STATE=1) to reuse it",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The runner's fused kernels asked for by name (`runtime.dit_kernels` / `runtime.vae_kernels` =
+/// "unstep") that the provider or the bundle cannot run (TensorRT, a bundle without the fused
+/// graphs or in bf16, a fused DiT whose self-attention is cuDNN's with an fp32 bundle or another
+/// attention backend): refused here, with the setting's location, instead of when the first
+/// worker builds its sessions. A bundle that is not a readable directory is left to the worker.
+fn fused_kernels_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return Ok(());
+    };
+    let runtime = &config.engine;
+    let parts = [
+        (
+            engine::FusedPart::Dit,
+            runtime.dit_kernels,
+            "runtime.dit_kernels",
+        ),
+        (
+            engine::FusedPart::Vae,
+            runtime.vae_kernels,
+            "runtime.vae_kernels",
+        ),
+    ];
+    for (part, kernels, key) in parts {
+        // `auto` falls back instead of failing (and would load the CUDA libraries here).
+        if kernels != engine::FusedKernels::Unstep {
+            continue;
+        }
+        if let Err(e) = kernels.resolve(part, &runtime.provider, &bundle) {
+            let origin = r
+                .settings
+                .get(key)
+                .map(|s| s.origin.to_string())
+                .unwrap_or_else(|| key.to_string());
+            return Err(ApplyError::refused(
+                format!("{origin}: {e}"),
+                "change the setting there, or export the bundle the setting needs",
+            ));
+        }
+    }
+    Ok(())
+}

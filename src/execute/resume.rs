@@ -1,0 +1,156 @@
+//! What an earlier apply of the same run left: the prompts already complete (resume), and what
+//! `runner plan` says an apply would do with it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::apply::ApplyError;
+use super::preflight::{probe_state_preflight, short_list};
+use crate::manifest::diagnostic::display_path;
+use crate::manifest::{Kind, Resolved};
+use crate::plan::Plan;
+use crate::results::files::{RUN_JSON, read_json, read_timings};
+use crate::results::records::{ProcessRole, RunRecord, TimingRecord};
+
+/// What a previous apply of the same run left.
+#[derive(Default)]
+pub(super) struct Completed {
+    /// The prompts already complete.
+    pub done: BTreeSet<u32>,
+    /// Its run record (a generation's, which this apply resumes; a probe is measured afresh).
+    pub previous: Option<RunRecord>,
+    /// Videos of prompts whose text has changed since they were made, to be removed before the
+    /// prompts are made again.
+    pub stale_videos: Vec<PathBuf>,
+}
+
+pub(super) fn completed(
+    r: &Resolved,
+    run_dir: &Path,
+    config_hash: &str,
+) -> Result<Completed, ApplyError> {
+    let run_json = run_dir.join(RUN_JSON);
+    if !run_json.exists() {
+        return Ok(Completed::default());
+    }
+    let previous: RunRecord = read_json(&run_json)?;
+    if r.manifest.kind == Kind::Probe {
+        return Ok(Completed::default());
+    }
+    if previous.config_hash != config_hash {
+        return Err(ApplyError::refused(
+            format!(
+                "{} holds run `{}` made with a different configuration",
+                display_path(run_dir),
+                previous.run
+            ),
+            "give this configuration its own run name (`name = \"…\"` or --set name=…)",
+        ));
+    }
+    // A prompt is done when a record of its latest output has this configuration, the prompt's
+    // current text and its video; the latest record decides (a prompt made again after its text
+    // changed has a newer record).
+    let prompts = r.prompts.as_deref().unwrap_or_default();
+    let mut latest: BTreeMap<u32, TimingRecord> = BTreeMap::new();
+    for rec in all_timings(run_dir) {
+        if rec.role == ProcessRole::Shard {
+            latest.insert(rec.prompt, rec);
+        }
+    }
+    let mut done = BTreeSet::new();
+    let mut changed = Vec::new();
+    let mut stale_videos = Vec::new();
+    for (prompt, rec) in &latest {
+        let video_ok = match &rec.video {
+            Some(v) => run_dir.join(v).is_file(),
+            None => !r.manifest.outputs.save_videos,
+        };
+        let text = prompts
+            .get(*prompt as usize)
+            .map(|t| crate::results::prompt_hash(t));
+        let same_text = rec.prompt_sha256.is_some() && rec.prompt_sha256 == text;
+        if rec.prompt_sha256.is_some() && !same_text {
+            changed.push(*prompt);
+            stale_videos.extend(rec.video.as_ref().map(|v| run_dir.join(v)));
+        }
+        if rec.config_hash == config_hash && video_ok && same_text {
+            done.insert(*prompt);
+        }
+    }
+    if !changed.is_empty() {
+        eprintln!(
+            "warning: the text of prompt(s) {} in {} differs from the text their videos in {} were made from; they are generated again",
+            short_list(&changed),
+            display_path(&r.paths.prompts_file),
+            display_path(run_dir),
+        );
+    }
+    Ok(Completed {
+        done,
+        previous: Some(previous),
+        stale_videos,
+    })
+}
+
+/// What an `apply` of a plan finds under its results folder, as `runner plan` tells it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PreviousRun {
+    /// Nothing there yet.
+    New,
+    /// A generation of the same configuration: apply resumes it, skipping the `done` prompts
+    /// of the `selected`.
+    Resumes { done: usize, selected: usize },
+    /// A probe's record (its runtime state reused, as the manifest asks): apply measures the
+    /// probe afresh.
+    Remeasures,
+    /// Apply would refuse the run, with this message and hint.
+    Refused {
+        message: String,
+        hint: Option<String>,
+    },
+}
+
+/// What an `apply` of `plan` would find under its results folder.
+pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
+    let selected: BTreeSet<u32> = plan
+        .shards
+        .iter()
+        .flat_map(|sh| sh.prompts.iter().copied())
+        .collect();
+    let refused = |e: ApplyError| PreviousRun::Refused {
+        message: e.to_string(),
+        hint: e.hint().map(str::to_string),
+    };
+    if let Err(e) = probe_state_preflight(r) {
+        return refused(e);
+    }
+    match completed(r, &plan.run_dir, &crate::results::config_hash(r)) {
+        Err(e) => refused(e),
+        Ok(Completed {
+            done,
+            previous: Some(_),
+            ..
+        }) => PreviousRun::Resumes {
+            done: done.intersection(&selected).count(),
+            selected: selected.len(),
+        },
+        // `completed` gives no record to resume for a probe's (measured afresh) or for none.
+        Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
+        Ok(_) => PreviousRun::New,
+    }
+}
+
+/// Every timing record of a run, from the per-process files, in process order.
+pub(super) fn all_timings(run_dir: &Path) -> Vec<TimingRecord> {
+    let dir = run_dir.join("timings");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| read_timings(f).unwrap_or_default())
+        .collect()
+}

@@ -1,0 +1,205 @@
+//! Worker processes: each slot's processes run one after another (slots in parallel) as
+//! `runner worker --spec` processes of the staged binary. Every thread sends what happens as
+//! [`RunEvent`]s to the calling thread, which hands them to the run's consumers and forwards an
+//! interruption to the workers.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+use super::apply::INTERRUPTED;
+use super::events::{RunEvent, RunEventKind};
+use super::job::JobSpec;
+use crate::engine::ProviderKind;
+use crate::env_vars::EnvVars;
+use crate::manifest::diagnostic::display_path;
+use crate::plan::{Plan, Process, Role};
+use crate::results::files::write_atomic;
+
+/// A run's worker processes: the plan, each process's job (`None`: nothing to do), and the
+/// staged runner that executes them.
+pub(super) struct Workers<'a> {
+    pub plan: &'a Plan,
+    pub jobs: &'a [Option<JobSpec>],
+    pub runner: &'a Path,
+    pub run_dir: &'a Path,
+    pub provider: ProviderKind,
+    /// Threads of each worker's CPU work (`OMP_NUM_THREADS`).
+    pub cpu_threads: u64,
+    /// A probe's debug videos are removed after each process.
+    pub probe: bool,
+}
+
+impl Workers<'_> {
+    /// Runs every slot's processes and gives each event to `on_event`, on this thread, in the
+    /// order they arrive. A slot stops at its first failed process: later ones depend on its
+    /// warm state.
+    pub fn run(&self, mut on_event: impl FnMut(&RunEvent)) {
+        let (tx, rx) = mpsc::channel::<RunEvent>();
+        let mut children: BTreeMap<usize, u32> = BTreeMap::new();
+        std::thread::scope(|scope| {
+            for slot in 0..self.plan.slots.len() {
+                let tx = tx.clone();
+                scope.spawn(move || self.run_slot(slot, &tx));
+            }
+            drop(tx);
+            loop {
+                match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                    Ok(event) => {
+                        match event.kind {
+                            RunEventKind::Started { pid } => {
+                                children.insert(event.process, pid);
+                            }
+                            RunEventKind::Finished { .. } => {
+                                children.remove(&event.process);
+                            }
+                            _ => {}
+                        }
+                        on_event(&event);
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+                if INTERRUPTED.load(Ordering::SeqCst) {
+                    for pid in children.values() {
+                        // SAFETY: sending a signal to a child we started.
+                        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGTERM) };
+                    }
+                }
+            }
+        });
+    }
+
+    fn run_slot(&self, slot: usize, tx: &mpsc::Sender<RunEvent>) {
+        for (p, job) in self.plan.processes.iter().zip(self.jobs) {
+            if p.slot != slot {
+                continue;
+            }
+            let Some(job) = job else { continue };
+            if INTERRUPTED.load(Ordering::SeqCst) {
+                return;
+            }
+            let result = self.run_process(p, job, tx);
+            if self.probe
+                && let Some(v) = &job.videos
+            {
+                // Debug videos never outlive their probe process, failed or not.
+                let _ = fs::remove_dir_all(v);
+            }
+            if result.is_ok()
+                && let Some(marker) = &p.skip_if_marker
+            {
+                let _ = fs::write(marker, format!("{}\n", self.plan.run));
+            }
+            let failed = result.is_err();
+            let _ = tx.send(RunEvent {
+                process: p.index,
+                kind: RunEventKind::Finished {
+                    failure: result.err(),
+                },
+            });
+            if failed {
+                return;
+            }
+        }
+    }
+
+    fn run_process(
+        &self,
+        p: &Process,
+        job: &JobSpec,
+        tx: &mpsc::Sender<RunEvent>,
+    ) -> Result<(), String> {
+        let describe = || process_name(self.plan, p);
+        let spec_path = self
+            .run_dir
+            .join("specs")
+            .join(format!("{:03}.json", p.index));
+        let text = serde_json::to_string_pretty(job).expect("jobs serialise");
+        write_atomic(&spec_path, text.as_bytes()).map_err(|e| format!("{}: {e}", describe()))?;
+        let create = |d: &Path| {
+            fs::create_dir_all(d)
+                .map_err(|e| format!("{}: cannot create {}: {e}", describe(), d.display()))
+        };
+        create(&p.cache_dir)?;
+        if let Some(v) = &job.videos {
+            create(v)?;
+        }
+        let log = fs::File::create(&p.log)
+            .map_err(|e| format!("{}: cannot create {}: {e}", describe(), p.log.display()))?;
+        let mut cmd = Command::new(self.runner);
+        cmd.arg("worker")
+            .arg("--spec")
+            .arg(&spec_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            // Compiler caches of this process, and nothing global: the CUDA driver's JIT
+            // cache and the decoder convolutions' engine choices.
+            .env("CUDA_CACHE_PATH", p.cache_dir.join("cuda_jit"))
+            .env(EnvVars::UNSTEP_CONV_CACHE, p.cache_dir.join("cudnn_conv"))
+            .env("OMP_NUM_THREADS", self.cpu_threads.to_string());
+        if self.provider != ProviderKind::Cpu {
+            cmd.env("CUDA_VISIBLE_DEVICES", &self.plan.slots[p.slot].device);
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            format!(
+                "{}: cannot start {}: {e}",
+                describe(),
+                self.runner.display()
+            )
+        })?;
+        let send = |kind| {
+            let _ = tx.send(RunEvent {
+                process: p.index,
+                kind,
+            });
+        };
+        send(RunEventKind::Started { pid: child.id() });
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                // Only the worker's own events: `Started` and `Finished` are the orchestrator's.
+                if let Some(kind @ (RunEventKind::Ready(_) | RunEventKind::PromptDone { .. })) =
+                    RunEventKind::from_line(&line)
+                {
+                    send(kind);
+                }
+            }
+        }
+        let status = child.wait().map_err(|e| format!("{}: {e}", describe()))?;
+        if status.success() {
+            return Ok(());
+        }
+        let tail = log_tail(&p.log, 20);
+        let how = match status.code() {
+            Some(c) => format!("exited with status {c}"),
+            None => "was killed by a signal".to_string(),
+        };
+        Err(format!(
+            "{} {how} (log {}):\n{tail}",
+            describe(),
+            display_path(&p.log)
+        ))
+    }
+}
+
+/// A process as messages name it: `gpu0 warmup 1`, `cpu1 shard 3`.
+pub(super) fn process_name(plan: &Plan, p: &Process) -> String {
+    let slot = &plan.slots[p.slot].label;
+    match p.role {
+        Role::Warmup { repeat } => format!("{slot} warmup {repeat}"),
+        Role::Measurement => format!("{slot} measurement"),
+        Role::Shard { shard } => format!("{slot} shard {shard}"),
+    }
+}
+
+/// The last `n` lines of a log, for failure reports.
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,374 @@
+//! The worker side of a run: one process turns a [`JobSpec`] into generated prompts with one set
+//! of sessions. `runner worker --spec` runs a job `runner apply` wrote; `runner worker`'s flags
+//! build a job and run it through the same code, so both write the same timing records.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::events::{RunEventKind, WorkerFacts};
+use super::job::{JobSpec, PromptSpec};
+use crate::engine::{
+    self, AttentionBackend, Bundle, FusedKernels, GenerateError, GenerateOptions, Generated,
+    Generator, Precision, Provider, Schedule, SessionError,
+};
+use crate::exit;
+use crate::manifest::VideoNaming;
+use crate::results::files::append_jsonl;
+use crate::results::records::{TimedRegionEnd, TimingRecord};
+
+/// Videos are written at 16 frames per second, as the model's training data.
+pub const FPS: u32 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A request the user must change (flags that do not fit together, a bad bundle).
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Ort(#[from] engine::OrtLoadError),
+    #[error("cannot record timings: {0}")]
+    Record(#[from] crate::results::files::RecordError),
+    #[error("cannot write {}: {reason}", .path.display())]
+    Write { path: PathBuf, reason: String },
+}
+
+impl WorkerError {
+    /// The exit status: a bundle that fails its checks, bad method settings or flags are the
+    /// user's input to fix; ONNX Runtime, graph or file failures are failures of the run.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            WorkerError::Usage(_)
+            | WorkerError::Generate(GenerateError::Bundle(_))
+            | WorkerError::Generate(GenerateError::Session(SessionError::Bundle(_)))
+            | WorkerError::Generate(GenerateError::Schedule(_)) => exit::USAGE,
+            _ => exit::FAILURE,
+        }
+    }
+}
+
+/// The video file name of a prompt: VBench names videos by prompt text and sample index.
+pub fn video_name(naming: VideoNaming, prompt: &PromptSpec) -> String {
+    match naming {
+        VideoNaming::Indexed => format!("{:04}.mp4", prompt.index),
+        VideoNaming::Vbench => {
+            // The prompt is the file name: keep it readable, but never a path.
+            let text: String = prompt
+                .text
+                .chars()
+                .map(|c| if c == '/' || c == '\0' { '_' } else { c })
+                .collect();
+            let text: String = text.trim().chars().take(180).collect();
+            format!("{text}-0.mp4")
+        }
+    }
+}
+
+/// The version suffix of a shared library this process has mapped (`libcudnn.so.9.10.2` →
+/// `9.10.2`), read from `/proc/self/maps`: the libraries actually loaded, whatever their path.
+fn loaded_version(maps: &str, stem: &str) -> Option<String> {
+    let path = engine::mapped_library(maps, stem)?;
+    engine::file_name(path)
+        .strip_prefix(stem)
+        .map(str::to_string)
+}
+
+/// The attention kernel a generator's provider was configured with, as results record it; with a
+/// fused DiT whose self-attention is the runner's own call of cuDNN, also that.
+pub fn attention_name(provider: &Provider, generator: &Generator) -> String {
+    let manifest = &generator.bundle().manifest;
+    let name = provider_attention_name(provider, manifest.precision);
+    let runner = matches!(provider, Provider::Cuda(_))
+        && generator.dit_kernels() == FusedKernels::Unstep
+        && manifest.fused_dit_has_runner_attention();
+    if runner {
+        format!("{name}, self-attention the runner's own cuDNN call")
+    } else {
+        name
+    }
+}
+
+/// The attention kernel a provider was configured with.
+fn provider_attention_name(provider: &Provider, precision: Precision) -> String {
+    match provider {
+        Provider::Cpu => "math (cpu)".into(),
+        Provider::Cuda(c) => match (c.attention, c.attention.resolve(precision)) {
+            (AttentionBackend::Auto, AttentionBackend::Auto) => {
+                "auto (onnxruntime's default order)".into()
+            }
+            (AttentionBackend::Auto, kernel) => format!("{kernel} (auto)"),
+            (asked, _) => asked.to_string(),
+        },
+        Provider::TensorRt(_) => "tensorrt's own".into(),
+    }
+}
+
+/// What the process reports once its sessions are ready.
+fn facts(job: &JobSpec, generator: &Generator, ort_version: &str) -> WorkerFacts {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let bundle = &generator.bundle().manifest;
+    WorkerFacts {
+        provider: job.engine.provider.name().into(),
+        ort_version: ort_version.into(),
+        attention_backend: attention_name(&job.engine.provider, generator),
+        dit_kernels: generator.dit_kernels().name().into(),
+        vae_kernels: generator.vae_kernels().name().into(),
+        bundle_preset: bundle.preset.clone(),
+        bundle_exporter_version: bundle.exporter_version.clone(),
+        cuda_version: loaded_version(&maps, "libcudart.so."),
+        cudnn_version: loaded_version(&maps, "libcudnn.so."),
+    }
+}
+
+fn emit(job: &JobSpec, event: &RunEventKind) {
+    use std::io::Write;
+    if !job.bench.events {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    // A closed pipe means the orchestrator is gone; the records on disk still say what was done.
+    let _ = writeln!(out, "{}", event.to_line()).and_then(|_| out.flush());
+}
+
+/// Builds the sessions: the bundle opened and checked against the job's export settings, every
+/// prompt's context encoded first with the text encoder alone on the device, then the DiT and
+/// the decoder (docs/generation.md).
+fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
+    // Schedule errors are reported before the (slow) session build.
+    Schedule::new(&job.method).map_err(GenerateError::from)?;
+    let bundle = Bundle::open_with_known_hashes(&job.bundle, &job.unpack_dir, &job.bundle_sha256)
+        .map_err(GenerateError::from)?;
+    bundle
+        .check_export(&job.export)
+        .map_err(GenerateError::from)?;
+    let prompts = job.prompts.iter().map(|p| p.text.as_str());
+    Ok(Generator::with_prompts(bundle, &job.engine, prompts)?)
+}
+
+/// Runs a job: builds the sessions, generates every prompt in order, and for each measured
+/// prompt writes its video and outputs when asked, then appends its timing record.
+pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
+    let ort = engine::ort_lib::runtime(job.engine.ort_library.as_deref())?;
+    let mut generator = build(job)?;
+    let facts = facts(job, &generator, &ort.version);
+    eprintln!(
+        "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}{}",
+        ort.version,
+        ort.location.path.display(),
+        ort.location.source,
+        facts.provider,
+        facts.attention_backend,
+        facts.dit_kernels,
+        facts.vae_kernels,
+        if job.engine.cuda_graphs() {
+            ", DiT as CUDA graphs"
+        } else {
+            ""
+        }
+    );
+    emit(job, &RunEventKind::Ready(Box::new(facts)));
+    let options = GenerateOptions {
+        method: job.method.clone(),
+        exclude_final_output_layout: job.exclude_final_output_layout,
+        latents_only: job.bench.latents_only,
+    };
+    for dir in [&job.bench.save_latents, &job.bench.save_frames]
+        .into_iter()
+        .flatten()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| write_error(dir, e))?;
+    }
+    if let Some(first) = job.prompts.first() {
+        for _ in 0..job.bench.warmup {
+            generator.generate(first.index, &first.text, &options)?;
+        }
+    }
+    for _ in 0..job.bench.warm_rounds {
+        for prompt in &job.prompts {
+            generator.generate(prompt.index, &prompt.text, &options)?;
+        }
+    }
+    let mut measured = Vec::new();
+    for prompt in &job.prompts {
+        let generated = generator.generate(prompt.index, &prompt.text, &options)?;
+        let record = keep(job, prompt, &generated)?;
+        emit(
+            job,
+            &RunEventKind::PromptDone {
+                prompt: prompt.index,
+                timed_total_s: record.timed_total_s,
+            },
+        );
+        if job.bench.summary {
+            measured.push((generated.times, generated.peak_device_memory));
+        }
+    }
+    if job.bench.summary {
+        print_summary(&measured);
+    }
+    Ok(())
+}
+
+fn write_error(path: &Path, e: impl std::fmt::Display) -> WorkerError {
+    WorkerError::Write {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+/// Writes what a generated prompt leaves (its video, saved latents and frames) and then its
+/// timing record: a prompt counts as done only once its video exists.
+fn keep(
+    job: &JobSpec,
+    prompt: &PromptSpec,
+    generated: &Generated,
+) -> Result<TimingRecord, WorkerError> {
+    let video = match &job.videos {
+        Some(dir) if !generated.frames.is_empty() => {
+            let path = dir.join(video_name(job.video_naming, prompt));
+            let [n, h, w, _] = generated.frame_shape;
+            crate::video::write_mp4(&path, &generated.frames, n, h, w, FPS)
+                .map_err(|e| write_error(&path, e))?;
+            Some(
+                path.strip_prefix(&job.run_dir)
+                    .unwrap_or(&path)
+                    .display()
+                    .to_string(),
+            )
+        }
+        _ => None,
+    };
+    save_outputs(job, generated)?;
+    let t = &generated.times;
+    let record = TimingRecord {
+        process: job.label.process,
+        role: job.label.role,
+        shard: job.label.shard,
+        slot: job.label.slot.clone(),
+        prompt: prompt.index,
+        text_encoding_s: t.text_encoding.as_secs_f64(),
+        dit_s: t.dit.as_secs_f64(),
+        vae_s: t.vae.as_secs_f64(),
+        layout_s: t.layout.as_secs_f64(),
+        timed_total_s: t.timed_total.as_secs_f64(),
+        session_run_s: job.bench.summary.then_some(t.session_run.as_secs_f64()),
+        peak_device_memory_bytes: generated.peak_device_memory,
+        timed_region_ends: timed_region_end(generated),
+        config_hash: job.config_hash.clone(),
+        prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
+        video,
+    };
+    if let Some(path) = &job.timings {
+        append_jsonl(path, &record)?;
+    }
+    Ok(record)
+}
+
+fn timed_region_end(generated: &Generated) -> TimedRegionEnd {
+    match generated.timed_region_end {
+        engine::TimedRegionEnd::AfterLayout => TimedRegionEnd::Uint8Frames,
+        engine::TimedRegionEnd::AfterVaeOutput => TimedRegionEnd::VaeOutput,
+        engine::TimedRegionEnd::AfterLatents => TimedRegionEnd::Latents,
+    }
+}
+
+/// `--save-latents` and `--save-frames`: raw little-endian arrays.
+fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError> {
+    let write = |path: PathBuf, bytes: &[u8]| {
+        std::fs::write(&path, bytes).map_err(|e| write_error(&path, e))
+    };
+    let index = generated.prompt_index;
+    if let Some(dir) = &job.bench.save_latents {
+        let bytes: Vec<u8> = generated
+            .latents
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        write(dir.join(format!("latents_{index}.f32")), &bytes)?;
+    }
+    if let Some(dir) = job
+        .bench
+        .save_frames
+        .as_ref()
+        .filter(|_| !generated.frames.is_empty())
+    {
+        write(dir.join(format!("frames_{index}.u8")), &generated.frames)?;
+    }
+    Ok(())
+}
+
+/// `--bench`'s line: means over the measured round.
+fn print_summary(measured: &[(engine::PhaseTimes, Option<u64>)]) {
+    if measured.is_empty() {
+        return;
+    }
+    let n = measured.len() as f64;
+    let mean = |f: fn(&engine::PhaseTimes) -> Duration| {
+        measured
+            .iter()
+            .map(|(t, _)| f(t).as_secs_f64())
+            .sum::<f64>()
+            / n
+    };
+    let total = mean(|t| t.timed_total);
+    let run = mean(|t| t.session_run);
+    let peak = measured.iter().filter_map(|(_, p)| *p).max();
+    println!(
+        "bench: {} videos, {:.4} s per video (timed region; dit {:.4} s, vae {:.4} s, layout {:.4} s), session.run {:.4} s, outside session.run {:.2}%, peak device memory {}",
+        measured.len(),
+        total,
+        mean(|t| t.dit),
+        mean(|t| t.vae),
+        mean(|t| t.layout),
+        run,
+        100.0 * (total - run).max(0.0) / total,
+        peak.map_or("n/a".to_string(), |b| format!(
+            "{:.2} GiB",
+            b as f64 / (1u64 << 30) as f64
+        )),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_library_versions_come_from_the_mapped_file_names() {
+        let maps = "7f0-7f1 r-xp 0 08:01 1 /usr/lib/libcudnn.so.9\n\
+                    7f1-7f2 r-xp 0 08:01 2 /opt/nvidia/cudnn/lib/libcudnn.so.9.10.2\n\
+                    7f2-7f3 r-xp 0 08:01 3 /usr/local/cuda/lib/libcudart.so.13.0.48\n";
+        assert_eq!(
+            loaded_version(maps, "libcudnn.so.").as_deref(),
+            Some("9.10.2")
+        );
+        assert_eq!(
+            loaded_version(maps, "libcudart.so.").as_deref(),
+            Some("13.0.48")
+        );
+        assert_eq!(loaded_version(maps, "libnvinfer.so."), None);
+    }
+
+    #[test]
+    fn vbench_names_are_the_prompt_and_never_a_path() {
+        let p = PromptSpec {
+            index: 3,
+            text: "a cat/dog on a skateboard".into(),
+        };
+        assert_eq!(
+            video_name(VideoNaming::Vbench, &p),
+            "a cat_dog on a skateboard-0.mp4"
+        );
+        assert_eq!(video_name(VideoNaming::Indexed, &p), "0003.mp4");
+    }
+
+    #[test]
+    fn bundle_errors_are_usage_errors() {
+        let error = WorkerError::Generate(GenerateError::Bundle(engine::BundleError::Format {
+            found: 9,
+        }));
+        assert_eq!(error.exit_code(), exit::USAGE);
+        assert_eq!(WorkerError::Usage("x".into()).exit_code(), exit::USAGE);
+    }
+}
