@@ -10,3 +10,47 @@ pub const USAGE: i32 = 2;
 pub const INTERNAL: i32 = 3;
 /// The run was interrupted (Ctrl-C); state is consistent and a re-apply resumes.
 pub const INTERRUPTED: i32 = 130;
+
+/// An error as every command reports it: its message, what to do about it, and its exit status.
+pub trait Failure: std::fmt::Display {
+    /// One of this module's statuses.
+    fn exit_code(&self) -> i32;
+    /// What the user can do about it, when there is something to say.
+    fn hint(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Prints `error: …` and, when there is one, the `  = hint: …` line (the form manifest
+/// diagnostics use), and gives the error's exit status.
+pub fn report(error: &dyn Failure) -> i32 {
+    eprintln!("error: {error}");
+    if let Some(hint) = error.hint() {
+        eprintln!("  = hint: {hint}");
+    }
+    error.exit_code()
+}
+
+/// A message with a hint and a status, for the command line's own refusals.
+#[derive(Debug)]
+pub struct Plain {
+    pub message: String,
+    pub hint: Option<String>,
+    pub code: i32,
+}
+
+impl std::fmt::Display for Plain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Failure for Plain {
+    fn exit_code(&self) -> i32 {
+        self.code
+    }
+
+    fn hint(&self) -> Option<String> {
+        self.hint.clone()
+    }
+}

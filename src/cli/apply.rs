@@ -30,17 +30,7 @@ pub fn run(args: &ApplyArgs) -> i32 {
     };
     let outcome = match execute::apply(&resolved, &plan, &opts) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("error: {e}");
-            if let Some(hint) = e.hint() {
-                eprintln!("  = hint: {hint}");
-            }
-            return if e.is_usage() {
-                exit::USAGE
-            } else {
-                exit::FAILURE
-            };
-        }
+        Err(e) => return exit::report(&e),
     };
     // The statistics table, as `runner report` shows it.
     let report = crate::report::load_run(&outcome.run_dir)

@@ -58,9 +58,11 @@ pub fn run(args: &PromptsArgs) -> i32 {
     let text = match std::fs::read_to_string(&args.file) {
         Ok(text) => text,
         Err(e) => {
-            eprintln!("error: read prompt file {}: {e}", display_path(&args.file));
-            eprintln!("  = hint: give a UTF-8 file with one prompt per line");
-            return exit::USAGE;
+            return exit::report(&exit::Plain {
+                message: format!("cannot read prompt file {}: {e}", display_path(&args.file)),
+                hint: Some("give a UTF-8 file with one prompt per line".into()),
+                code: exit::USAGE,
+            });
         }
     };
     let mut entries = Vec::new();

@@ -36,15 +36,7 @@ pub struct CompareArgs {
 }
 
 fn fail(e: &ReportError) -> i32 {
-    eprintln!("error: {e}");
-    if let Some(hint) = e.hint() {
-        eprintln!("hint: {hint}");
-    }
-    if e.is_missing() {
-        exit::USAGE
-    } else {
-        exit::INTERNAL
-    }
+    exit::report(e)
 }
 
 fn load(run: &str, results: &std::path::Path) -> Result<LoadedRun, ReportError> {

@@ -172,7 +172,7 @@ pub struct WorkerArgs {
 pub fn run(args: WorkerArgs) -> i32 {
     if let Some(spec) = &args.spec {
         let result = JobSpec::read(spec)
-            .map_err(|e| WorkerError::Usage(e.to_string()))
+            .map_err(WorkerError::from)
             .and_then(|job| worker::run(&job));
         return report(result);
     }
@@ -190,10 +190,7 @@ pub fn run(args: WorkerArgs) -> i32 {
 fn report(result: Result<(), WorkerError>) -> i32 {
     match result {
         Ok(()) => exit::OK,
-        Err(error) => {
-            eprintln!("error: failed to generate: {error}");
-            error.exit_code()
-        }
+        Err(error) => exit::report(&error),
     }
 }
 

@@ -66,7 +66,7 @@ impl ApplyError {
     }
 
     /// Errors of input (bad state, a held lock) rather than of the machine.
-    pub fn is_usage(&self) -> bool {
+    fn is_usage(&self) -> bool {
         matches!(
             self,
             ApplyError::Refused { .. }
@@ -78,10 +78,20 @@ impl ApplyError {
                 )
         )
     }
+}
 
-    pub fn hint(&self) -> Option<&str> {
+impl crate::exit::Failure for ApplyError {
+    fn exit_code(&self) -> i32 {
+        if self.is_usage() {
+            crate::exit::USAGE
+        } else {
+            crate::exit::FAILURE
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
         match self {
-            ApplyError::Refused { hint, .. } => hint.as_deref(),
+            ApplyError::Refused { hint, .. } => hint.clone(),
             _ => None,
         }
     }

@@ -121,7 +121,7 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
         .collect();
     let refused = |e: ApplyError| PreviousRun::Refused {
         message: e.to_string(),
-        hint: e.hint().map(str::to_string),
+        hint: crate::exit::Failure::hint(&e),
     };
     if let Err(e) = probe_state_preflight(r) {
         return refused(e);

@@ -24,8 +24,10 @@ pub enum WorkerError {
     /// A request the user must change (flags that do not fit together, a bad bundle).
     #[error("{0}")]
     Usage(String),
-    #[error(transparent)]
+    #[error("failed to generate: {0}")]
     Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Job(#[from] super::job::JobReadError),
     #[error(transparent)]
     Ort(#[from] engine::OrtLoadError),
     #[error("cannot record timings: {0}")]
@@ -34,15 +36,17 @@ pub enum WorkerError {
     Write { path: PathBuf, reason: String },
 }
 
-impl WorkerError {
-    /// The exit status: a bundle that fails its checks, bad method settings or flags are the
-    /// user's input to fix; ONNX Runtime, graph or file failures are failures of the run.
-    pub fn exit_code(&self) -> i32 {
+impl exit::Failure for WorkerError {
+    /// A bundle that fails its checks, bad method settings or flags are the user's input to fix;
+    /// ONNX Runtime, graph or file failures are failures of the run.
+    fn exit_code(&self) -> i32 {
         match self {
             WorkerError::Usage(_)
             | WorkerError::Generate(GenerateError::Bundle(_))
             | WorkerError::Generate(GenerateError::Session(SessionError::Bundle(_)))
             | WorkerError::Generate(GenerateError::Schedule(_)) => exit::USAGE,
+            // `runner apply` writes the jobs: one that cannot be read is not the user's doing.
+            WorkerError::Job(_) => exit::INTERNAL,
             _ => exit::FAILURE,
         }
     }
@@ -365,6 +369,7 @@ mod tests {
 
     #[test]
     fn bundle_errors_are_usage_errors() {
+        use exit::Failure;
         let error = WorkerError::Generate(GenerateError::Bundle(engine::BundleError::Format {
             found: 9,
         }));

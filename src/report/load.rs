@@ -20,9 +20,9 @@ pub enum ReportError {
     Record(#[from] RecordError),
 }
 
-impl ReportError {
+impl crate::exit::Failure for ReportError {
     /// What the user can do about it.
-    pub fn hint(&self) -> Option<String> {
+    fn hint(&self) -> Option<String> {
         match self {
             ReportError::NoRun { name, .. } => Some(format!(
                 "run `runner apply experiments/{name}.toml` first, or pass --results DIR or a \
@@ -35,16 +35,19 @@ impl ReportError {
                 "a run directory holds {RUN_JSON} from its start on; this one is not a run, or \
                  its run never started: re-run `runner apply`"
             )),
+            ReportError::Record(e) if !e.is_not_found() => Some(
+                "the run's records are damaged; `runner apply` of its manifest writes them again"
+                    .into(),
+            ),
             ReportError::Record(_) => None,
         }
     }
 
-    /// Whether the user named something that is not there, rather than a broken or unreadable
-    /// record.
-    pub fn is_missing(&self) -> bool {
+    /// A run that is not there is the user's input to fix; an unreadable record is not.
+    fn exit_code(&self) -> i32 {
         match self {
-            ReportError::Record(e) => e.is_not_found(),
-            _ => true,
+            ReportError::Record(e) if !e.is_not_found() => crate::exit::INTERNAL,
+            _ => crate::exit::USAGE,
         }
     }
 }
