@@ -105,7 +105,7 @@ pub struct Outcome {
     pub failures: Vec<String>,
 }
 
-/// Set by the SIGINT/SIGTERM handler; checked between processes and while waiting.
+/// Set by the SIGINT/SIGTERM/SIGHUP handler; checked between processes and while waiting.
 pub(super) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -117,6 +117,8 @@ fn install_signal_handlers() {
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        // A closed terminal stops the run as Ctrl-C does.
+        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
     }
 }
 
@@ -142,7 +144,10 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         stale_videos,
     } = completed(r, &run_dir, &config_hash)?;
 
-    // Nothing has been written so far; from here on the run holds its locks.
+    // Nothing has been written so far; from here on the run holds its locks: its results
+    // folder (whatever the work root, one apply of a run at a time), its work root, and its
+    // shared state.
+    let run_lock = Lock::acquire(&run_dir, &plan.run)?;
     let _work_lock = Lock::acquire(&plan.work_root, &plan.run)?;
     let _shared_lock = if m.cache.mode == CacheMode::Shared {
         Some(Lock::acquire(&r.paths.shared_state_dir, &plan.run)?)
@@ -190,6 +195,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         provider: m.runtime.provider,
         cpu_threads: m.runtime.cpu_threads_per_process.0,
         probe: m.kind == Kind::Probe,
+        run_lock: run_lock.fd(),
     }
     .run(|event| {
         let p = &plan.processes[event.process];

@@ -1,8 +1,10 @@
-//! Exclusive advisory locks (`File::try_lock`, `flock` on Linux) on work roots and shared cache folders. A lock is held
-//! for as long as its [`Lock`] lives; the kernel releases it when the process ends, so a crashed
-//! run never leaves a stale lock behind.
+//! Exclusive advisory locks (`File::try_lock`, `flock` on Linux) on a run's results folder, work
+//! root and shared cache folder. A lock is held for as long as its [`Lock`] lives, and by every
+//! worker process it is handed to ([`Lock::fd`]); the kernel releases it when the last holder
+//! ends, so a crashed run never leaves a stale lock behind.
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -77,6 +79,30 @@ impl Lock {
     }
 }
 
+impl Lock {
+    /// The locked file's descriptor, for worker processes to inherit: the lock then stays held
+    /// while any of them lives.
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Whether some process holds `dir`'s lock now. Reads only: a folder without a lock file
+    /// is not held.
+    pub fn is_held(dir: &Path) -> bool {
+        let Ok(file) = File::open(dir.join(LOCK_FILE)) else {
+            return false;
+        };
+        match file.try_lock_shared() {
+            Ok(()) => {
+                let _ = file.unlock();
+                false
+            }
+            Err(std::fs::TryLockError::WouldBlock) => true,
+            Err(std::fs::TryLockError::Error(_)) => false,
+        }
+    }
+}
+
 impl Drop for Lock {
     fn drop(&mut self) {
         // Clearing the holder first means a reader never names a run that has finished.
@@ -102,7 +128,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        assert!(Lock::is_held(dir.path()));
         drop(first);
+        assert!(!Lock::is_held(dir.path()));
         assert!(Lock::acquire(dir.path(), "beta").is_ok());
     }
 }

@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::fd::RawFd;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -32,6 +34,8 @@ pub(super) struct Workers<'a> {
     pub cpu_threads: u64,
     /// A probe's debug videos are removed after each process.
     pub probe: bool,
+    /// The run folder's lock, which every worker holds too.
+    pub run_lock: RawFd,
 }
 
 impl Workers<'_> {
@@ -146,6 +150,7 @@ impl Workers<'_> {
         if self.provider != ProviderKind::Cpu {
             cmd.env("CUDA_VISIBLE_DEVICES", &self.plan.slots[p.slot].device);
         }
+        bind_to_parent(&mut cmd, self.run_lock);
         let mut child = cmd.spawn().map_err(|e| {
             format!(
                 "{}: cannot start {}: {e}",
@@ -184,6 +189,32 @@ impl Workers<'_> {
             describe(),
             display_path(&p.log)
         ))
+    }
+}
+
+/// Makes a worker end with the orchestrator and hold the run folder's lock while it lives: the
+/// kernel kills it when the thread that started it ends (the orchestrator killed, even with
+/// SIGKILL, included), and it inherits the lock's open file, so a next apply of the run is
+/// refused until the last worker is gone.
+fn bind_to_parent(cmd: &mut Command, run_lock: RawFd) {
+    // SAFETY: getpid before the fork; in the child only async-signal-safe calls (prctl,
+    // getppid, fcntl, _exit).
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The orchestrator died between the fork and the prctl: nothing would kill us.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            let flags = libc::fcntl(run_lock, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(run_lock, libc::F_SETFD, flags & !libc::FD_CLOEXEC) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -276,6 +276,58 @@ fn hdlr(b: &mut Vec<u8>) {
 
 /// Appends a box: 32-bit size, four-character type, then whatever `body` writes. The size is
 /// patched in afterwards, so nesting calls builds the tree without computing sizes by hand.
+/// Checks that a file is a whole MP4 as [`header`] and the encoder write one: top-level boxes
+/// that tile the file exactly, `ftyp` first, then `mdat` and `moov` with a non-empty `mdat`. A
+/// file cut short by a crash, or empty, fails, naming what is wrong.
+pub fn check_complete(bytes: &[u8]) -> Result<(), String> {
+    let mut at = 0usize;
+    let mut kinds = Vec::new();
+    let mut mdat_payload = 0u64;
+    while at < bytes.len() {
+        if bytes.len() - at < 8 {
+            return Err(format!("{} stray bytes after the last box", bytes.len() - at));
+        }
+        let size32 = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let kind: [u8; 4] = bytes[at + 4..at + 8].try_into().expect("4 bytes");
+        let (size, header) = match size32 {
+            0 => ((bytes.len() - at) as u64, 8),
+            1 if bytes.len() - at >= 16 => (
+                u64::from_be_bytes(bytes[at + 8..at + 16].try_into().expect("8 bytes")),
+                16,
+            ),
+            1 => return Err("a box's 64-bit size is cut off".into()),
+            n => (u64::from(n), 8),
+        };
+        let name = String::from_utf8_lossy(&kind).into_owned();
+        if size < header || at as u64 + size > bytes.len() as u64 {
+            return Err(format!(
+                "box `{name}` at byte {at} claims {size} bytes; the file ends {} bytes later",
+                bytes.len() - at
+            ));
+        }
+        if &kind == b"mdat" {
+            mdat_payload = size - header;
+        }
+        kinds.push(kind);
+        at += size as usize;
+    }
+    if kinds.first() != Some(b"ftyp") {
+        return Err("it does not start with an `ftyp` box".into());
+    }
+    for needed in [b"mdat", b"moov"] {
+        if !kinds.contains(needed) {
+            return Err(format!(
+                "it has no `{}` box",
+                String::from_utf8_lossy(needed)
+            ));
+        }
+    }
+    if mdat_payload == 0 {
+        return Err("its `mdat` box is empty".into());
+    }
+    Ok(())
+}
+
 fn write_box(out: &mut Vec<u8>, kind: &[u8; 4], body: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     put_u32(out, 0);
@@ -483,5 +535,19 @@ mod tests {
             header(&track),
             Err(VideoError::MissingParameterSets)
         ));
+    }
+
+    #[test]
+    fn whole_files_pass_the_completeness_check_and_cut_ones_fail() {
+        let file = fake_track_file(&[Sample {
+            data: vec![0, 0, 0, 2, 0x65, 0x88],
+            sync: true,
+        }]);
+        assert_eq!(check_complete(&file), Ok(()));
+        assert!(check_complete(&[]).unwrap_err().contains("ftyp"));
+        for cut in [file.len() - 1, file.len() / 2, 12] {
+            let error = check_complete(&file[..cut]).unwrap_err();
+            assert!(error.contains("claims") || error.contains("stray"), "{cut}: {error}");
+        }
     }
 }
