@@ -1,16 +1,39 @@
 //! The generation loop of `docs/generation.md`: text encoding, block-causal denoising with a KV
 //! cache the runner owns, the clean-cache pass, per-frame VAE decoding and the uint8 layout.
 //!
-//! The loop itself is [`super::device`]: every tensor lives where the provider computes and the
-//! scheduler arithmetic runs as the runner's small graphs, on every provider.
+//! One loop runs on every provider. Every tensor it touches lives where the provider computes (on
+//! the GPU for the CUDA and TensorRT providers, in host memory for the CPU provider), in buffers
+//! allocated once per [`Generator`] and bound to the sessions with ONNX Runtime's IoBinding, so
+//! that nothing crosses the PCIe bus inside the timed region. The scheduler arithmetic between DiT
+//! passes, the latent de-normalisation and the uint8 layout are the runner's own small graphs
+//! ([`super::onnx_graph`]) on the same provider. ONNX Runtime synchronises the device at the end
+//! of every `run`, so host clocks read after a run are device-synchronised phase boundaries.
+//!
+//! - this file: [`Generator`], its options, results and errors;
+//! - `context`: the prompt's text context, encoded on the host and uploaded, and `dit_context`;
+//! - `dims`: the bundle's shapes;
+//! - `state`: the loop's buffers and small graphs, allocated once;
+//! - `buffers`: allocations, views into them, IoBindings, host ↔ device copies;
+//! - `prompt`: one prompt's phases (tables before the timed region, the timed region, copies
+//!   after it);
+//! - `dit`: the block loop, the DiT's bindings and passes, the scheduler arithmetic;
+//! - `capture`: the DiT's CUDA graphs and the turns captures and the decoder thread take;
+//! - `decode`: VAE decoding per latent frame and the uint8 layout;
+//! - `arena`: device arena statistics logged after each prompt on GPUs.
 
-use std::collections::HashMap;
+mod arena;
+mod buffers;
+mod capture;
+mod context;
+mod decode;
+mod dims;
+mod dit;
+mod prompt;
+mod state;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use ort::session::Session;
-use ort::value::{TensorElementType, TensorRef};
 
 use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::schedule::{MethodSettings, Schedule, ScheduleError};
@@ -18,6 +41,9 @@ use super::session::{
     ContextInterface, GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError,
 };
 use super::text::{PromptTokenizer, TokenizerError};
+use context::{Ahead, encode_ahead, encode_to_host, text_encoder_released};
+use dims::Dims;
+use state::DeviceLoop;
 
 /// Per-prompt options of a generation.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -121,140 +147,12 @@ pub enum GenerateError {
     },
 }
 
-/// The error for a prompt that needs the text encoder when the generator was built without it.
-fn text_encoder_released() -> GenerateError {
-    GenerateError::Run {
-        graph: "text_encoder",
-        message: "this generator encoded its prompts before loading the DiT and has no text \
-                  encoder, and this prompt was not among them"
-            .into(),
-    }
-}
-
 /// The CPU provider runs fp32 bundles only.
 fn check_provider_precision(bundle: &Bundle, runtime: &RuntimeOptions) -> Result<(), BundleError> {
     if runtime.provider == Provider::Cpu && bundle.manifest.precision != Precision::Fp32 {
         return Err(BundleError::UnsupportedPrecision(bundle.manifest.precision));
     }
     Ok(())
-}
-
-/// Tokenizes `prompt` with the bundle's tokenizer and runs a text encoder session on it; ONNX
-/// Runtime hands the context back in host memory.
-fn encode_to_host(
-    encoder: &mut Session,
-    tokenizer: &PromptTokenizer,
-    prompt: &str,
-) -> Result<HostContext, GenerateError> {
-    const GRAPH: &str = "text_encoder";
-    let e = run_error(GRAPH);
-    let tokens = tokenizer.encode(prompt)?;
-    let shape = [1i64, tokenizer.text_len() as i64];
-    let outputs = encoder
-        .run(ort::inputs![
-            "input_ids" => TensorRef::from_array_view((shape, tokens.ids.as_slice())).map_err(e)?,
-            "attention_mask" => TensorRef::from_array_view((shape, tokens.mask.as_slice())).map_err(e)?,
-        ])
-        .map_err(e)?;
-    let value = &outputs["context"];
-    let context = match value.dtype().tensor_type() {
-        Some(TensorElementType::Float16) => HostContext::F16(
-            value
-                .try_extract_tensor::<half::f16>()
-                .map_err(e)?
-                .1
-                .to_vec(),
-        ),
-        Some(TensorElementType::Bfloat16) => HostContext::Bf16(
-            value
-                .try_extract_tensor::<half::bf16>()
-                .map_err(e)?
-                .1
-                .to_vec(),
-        ),
-        _ => HostContext::F32(value.try_extract_tensor::<f32>().map_err(e)?.1.to_vec()),
-    };
-    Ok(context)
-}
-
-/// A prompt's text context on the host, in the bundle's float type.
-#[derive(Debug, Clone)]
-pub(crate) enum HostContext {
-    F32(Vec<f32>),
-    F16(Vec<half::f16>),
-    Bf16(Vec<half::bf16>),
-}
-
-/// Shapes derived from the bundle, in elements and tokens.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Dims {
-    pub(crate) channels: usize,
-    pub(crate) frames_per_block: usize,
-    pub(crate) latent_frames: usize,
-    pub(crate) h: usize,
-    pub(crate) w: usize,
-    pub(crate) height: usize,
-    pub(crate) width: usize,
-    pub(crate) dim: usize,
-    pub(crate) tokens_per_frame: usize,
-    pub(crate) text_len: usize,
-    pub(crate) text_dim: usize,
-    /// Pixel frames per latent frame after the first (the VAE's temporal stride).
-    pub(crate) frames_per_step: usize,
-    pub(crate) layers: usize,
-}
-
-impl Dims {
-    pub(crate) fn of(bundle: &Bundle) -> Self {
-        let m = &bundle.manifest;
-        let (h, w) = bundle.latent_hw();
-        Self {
-            channels: m.architecture.latent_channels,
-            frames_per_block: m.export.frames_per_block,
-            latent_frames: m.export.latent_frames,
-            h,
-            w,
-            height: m.export.height,
-            width: m.export.width,
-            dim: m.architecture.dim,
-            tokens_per_frame: m.architecture.tokens_per_frame,
-            text_len: m.architecture.text_len,
-            text_dim: m.architecture.text_dim,
-            frames_per_step: m.architecture.vae_stride[0],
-            layers: m.architecture.layers,
-        }
-    }
-
-    pub(crate) fn blocks(&self) -> usize {
-        self.latent_frames / self.frames_per_block
-    }
-
-    pub(crate) fn block_elems(&self) -> usize {
-        self.channels * self.frames_per_block * self.h * self.w
-    }
-
-    /// The shape of one block's latents, `[1, C, F, h, w]`.
-    pub(crate) fn block_shape(&self) -> [i64; 5] {
-        [
-            1,
-            self.channels as i64,
-            self.frames_per_block as i64,
-            self.h as i64,
-            self.w as i64,
-        ]
-    }
-
-    pub(crate) fn block_tokens(&self) -> usize {
-        self.frames_per_block * self.tokens_per_frame
-    }
-
-    pub(crate) fn video_frames(&self) -> usize {
-        1 + self.frames_per_step * (self.latent_frames - 1)
-    }
-
-    pub(crate) fn frame_px(&self) -> usize {
-        self.height * self.width
-    }
 }
 
 /// A bundle's sessions and buffers, ready to generate prompts one after another.
@@ -265,10 +163,10 @@ pub struct Generator {
     sessions: GraphSessions,
     dims: Dims,
     /// The loop's buffers and small graphs, where the provider computes.
-    device: super::device::DeviceLoop,
+    state: DeviceLoop,
     /// Contexts encoded ahead ([`Generator::with_prompts`]) by prompt text, with the time each
     /// encoding took.
-    ahead: HashMap<String, (HostContext, Duration)>,
+    ahead: Ahead,
 }
 
 impl std::fmt::Debug for Generator {
@@ -298,31 +196,17 @@ impl Generator {
     }
 
     /// Encodes every distinct prompt text of `prompts` with the bundle's text encoder alone,
-    /// keeps the contexts on the host (`text_len × text_dim` values each, in the bundle's type:
-    /// 4 MiB a prompt for wan-1.3b in fp16) and drops the encoder, then builds the DiT's and the
-    /// decoder's sessions: the encoder's weights and arena (0.85 GiB for the wan-1.3b preset's
-    /// 2-layer encoder; UMT5-XXL's 24 layers weigh about 11 GB in 16 bits, the size of Wan's
-    /// released encoder checkpoint, not measured here) are never on the device
-    /// together with theirs. Only these prompts can be generated; each generation records the
-    /// encoding time of its prompt measured here.
+    /// keeps the contexts on the host (`text_len × text_dim` values each, in the bundle's type) and
+    /// drops the encoder, then builds the DiT's and the decoder's sessions: the encoder's weights
+    /// and arena are never on the device together with theirs. Only these prompts can be
+    /// generated; each generation records the encoding time of its prompt measured here.
     pub fn with_prompts<'a>(
         bundle: Bundle,
         runtime: &RuntimeOptions,
         prompts: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, GenerateError> {
         check_provider_precision(&bundle, runtime)?;
-        let tokenizer = bundle.tokenizer()?;
-        let mut encoder = GraphSessions::build_text_encoder(&bundle, runtime)?;
-        let mut contexts = HashMap::new();
-        for text in prompts {
-            if contexts.contains_key(text) {
-                continue;
-            }
-            let started = Instant::now();
-            let context = encode_to_host(&mut encoder, &tokenizer, text)?;
-            contexts.insert(text.to_string(), (context, started.elapsed()));
-        }
-        drop(encoder);
+        let contexts = encode_ahead(&bundle, runtime, prompts)?;
         Self::build(bundle, runtime, Some(contexts))
     }
 
@@ -330,18 +214,18 @@ impl Generator {
     fn build(
         bundle: Bundle,
         runtime: &RuntimeOptions,
-        ahead: Option<HashMap<String, (HostContext, Duration)>>,
+        ahead: Option<Ahead>,
     ) -> Result<Self, GenerateError> {
         let tokenizer = bundle.tokenizer()?;
         let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none())?;
-        let device = super::device::DeviceLoop::new(&bundle, &sessions, runtime)?;
+        let state = DeviceLoop::new(&bundle, &sessions, runtime)?;
         let dims = Dims::of(&bundle);
         Ok(Self {
             bundle,
             tokenizer,
             sessions,
             dims,
-            device,
+            state,
             ahead: ahead.unwrap_or_default(),
         })
     }
@@ -403,7 +287,7 @@ impl Generator {
         let noise = |draw: u32, out: &mut [f32]| {
             super::noise::fill_normal(seed, prompt_index, draw, out);
         };
-        let out = self.device.generate(
+        let out = self.state.generate(
             &mut self.sessions,
             context,
             encoding,
@@ -431,7 +315,7 @@ impl Generator {
 }
 
 /// Maps an ONNX Runtime error of running `graph` to [`GenerateError::Run`].
-pub(super) fn run_error(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
+fn run_error(graph: &'static str) -> impl Fn(ort::Error) -> GenerateError + Copy {
     move |e| GenerateError::Run {
         graph,
         message: e.to_string(),
