@@ -215,7 +215,7 @@ mod tests {
     use crate::engine::onnx_graph;
     use crate::engine::session::{RuntimeOptions, build_small_session};
 
-    /// Contexts encoded ahead reach the loop through `Buf::upload` on the bundle's float type; in
+    /// Text contexts reach the loop through `Buf::upload` on the bundle's float type; in
     /// half precision the values must come back bit for bit (CPU provider, real ONNX Runtime).
     #[test]
     fn a_half_precision_buffer_round_trips_through_the_identity_graph() {
