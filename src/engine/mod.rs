@@ -30,7 +30,6 @@
 
 pub mod bundle;
 mod cuda_memory;
-mod device;
 pub mod generate;
 pub(crate) mod kernels;
 pub mod noise;
