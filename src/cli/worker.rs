@@ -112,12 +112,8 @@ pub struct WorkerArgs {
     /// the bundle's `vae_first_fused` / `vae_step_fused`), onnxruntime.
     #[arg(long, value_name = "NAME", value_enum, default_value_t = FusedKernels::Auto)]
     pub vae_kernels: FusedKernels,
-    /// Run the device loop (IoBinding, scheduler arithmetic as graphs) on the CPU provider too;
-    /// GPU providers always use it.
-    #[arg(long)]
-    pub io_binding: bool,
-    /// Device loop: decode the VAE after the DiT instead of beside it (block b while the DiT
-    /// generates block b + 1).
+    /// Decode the VAE after the DiT instead of beside it (block b while the DiT generates
+    /// block b + 1).
     #[arg(long)]
     pub no_overlap_vae: bool,
     /// CUDA: how the memory arena grows (same_as_requested, next_power_of_two), like
@@ -320,7 +316,6 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         provider,
         intra_op_threads: args.threads,
         optimized_model_dir: args.optimized_model_dir.clone(),
-        io_binding: args.io_binding,
         overlap_vae: !args.no_overlap_vae,
         dit_kernels: args.dit_kernels,
         vae_kernels: args.vae_kernels,

@@ -67,7 +67,7 @@ pub struct CudaOptions {
     /// Upper bound of the CUDA arena in bytes; `None` leaves ONNX Runtime's default.
     pub memory_limit: Option<usize>,
     /// ONNX Runtime's CUDA graph capture (`enable_cuda_graph`) in the DiT's session only: the
-    /// device loop captures one graph per block shape and replays it (see `device.rs`).
+    /// generation loop captures one graph per block shape and replays it (`generate/capture.rs`).
     pub cuda_graphs: bool,
     /// NHWC convolutions (`prefer_nhwc`) in every session; the decoder's sessions use them
     /// whatever this says.
@@ -259,12 +259,8 @@ pub struct RuntimeOptions {
     /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
     /// inspection and for the staging area's cache audit.
     pub optimized_model_dir: Option<PathBuf>,
-    /// Run the device loop (IoBinding, device-resident buffers, scheduler arithmetic as graphs)
-    /// also on the CPU provider. GPU providers always use it; on the CPU it exists so that tests
-    /// can check the device loop against the golden files.
-    pub io_binding: bool,
-    /// Device loop: decode each finished block with the VAE on a second thread (its own CUDA
-    /// stream) while the DiT generates the next block.
+    /// Decode each finished block with the VAE on a second thread (on GPUs, its own CUDA stream)
+    /// while the DiT generates the next block.
     pub overlap_vae: bool,
     /// The DiT's graph and elementwise kernels.
     pub dit_kernels: FusedKernels,

@@ -16,7 +16,7 @@ use super::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
 use super::lock::{Lock, LockError};
 use super::preflight::{bundle_facts, preflight, tokenizer_warnings};
 use super::progress::{Progress, SlotWork};
-use super::resume::{Completed, all_timings, completed};
+use super::resume::{Completed, completed};
 use super::slots::{Workers, process_name};
 use super::staging::{self, Stage, StageRequest, StagingError};
 use crate::engine::ProviderKind;
@@ -24,7 +24,8 @@ use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, Kind, Resolved};
 use crate::plan::{Plan, Process, Role};
 use crate::results::files::{
-    RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, write_atomic, write_json_atomic,
+    RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_process_timings, repair_timings, write_atomic,
+    write_json_atomic,
 };
 use crate::results::records::{
     BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus, Summary,
@@ -142,6 +143,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         done,
         previous,
         stale_videos,
+        damaged_timings,
     } = completed(r, &run_dir, &config_hash)?;
 
     // Nothing has been written so far; from here on the run holds its locks: its results
@@ -156,6 +158,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     };
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
+    for file in &damaged_timings {
+        repair_timings(file)?;
+    }
     // A video made from a prompt's earlier text would otherwise stay beside the new one.
     for video in &stale_videos {
         if let Err(e) = fs::remove_file(video)
@@ -356,7 +361,7 @@ fn slot_work(plan: &Plan, jobs: &[Option<JobSpec>]) -> Vec<SlotWork> {
 /// `timings.jsonl`, `summary.json` and `latency.svg` from every process's records.
 fn write_statistics(r: &Resolved, run_dir: &Path) -> Result<(), ApplyError> {
     let m = &r.manifest;
-    let records = all_timings(run_dir);
+    let records = read_process_timings(run_dir).records;
     let jsonl: String = records
         .iter()
         .map(|rec| serde_json::to_string(rec).expect("records serialise") + "\n")

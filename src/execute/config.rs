@@ -57,7 +57,6 @@ impl RunConfig {
             provider,
             intra_op_threads: Some(rt.cpu_threads_per_process.0 as usize),
             optimized_model_dir: None,
-            io_binding: false,
             overlap_vae: true,
             dit_kernels: rt.dit_kernels,
             vae_kernels: rt.vae_kernels,

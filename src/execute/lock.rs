@@ -4,8 +4,8 @@
 //! ends, so a crashed run never leaves a stale lock behind.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::{AsRawFd, RawFd};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// The lock file inside a locked folder.

@@ -2,7 +2,6 @@
 //! `runner plan` says an apply would do with it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::apply::ApplyError;
@@ -10,7 +9,7 @@ use super::preflight::{probe_state_preflight, short_list};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
-use crate::results::files::{RUN_JSON, read_json, read_timings};
+use crate::results::files::{RUN_JSON, read_json, read_process_timings};
 use crate::results::records::{ProcessRole, RunRecord, TimingRecord};
 
 /// What a previous apply of the same run left.
@@ -20,9 +19,11 @@ pub(super) struct Completed {
     pub done: BTreeSet<u32>,
     /// Its run record (a generation's, which this apply resumes; a probe is measured afresh).
     pub previous: Option<RunRecord>,
-    /// Videos of prompts whose text has changed since they were made, to be removed before the
-    /// prompts are made again.
+    /// Videos to remove before their prompts are made again: made from a prompt's earlier text,
+    /// or cut short.
     pub stale_videos: Vec<PathBuf>,
+    /// Timing files with lines that do not parse, to be repaired once the run holds its lock.
+    pub damaged_timings: Vec<PathBuf>,
 }
 
 pub(super) fn completed(
@@ -52,8 +53,14 @@ pub(super) fn completed(
     // current text and its video; the latest record decides (a prompt made again after its text
     // changed has a newer record).
     let prompts = r.prompts.as_deref().unwrap_or_default();
+    let timings = read_process_timings(run_dir);
+    for line in &timings.damaged {
+        eprintln!(
+            "warning: {line}: not a timing record; the line is skipped (its prompt is made again) and the file repaired"
+        );
+    }
     let mut latest: BTreeMap<u32, TimingRecord> = BTreeMap::new();
-    for rec in all_timings(run_dir) {
+    for rec in timings.records {
         if rec.role == ProcessRole::Shard {
             latest.insert(rec.prompt, rec);
         }
@@ -63,7 +70,18 @@ pub(super) fn completed(
     let mut stale_videos = Vec::new();
     for (prompt, rec) in &latest {
         let video_ok = match &rec.video {
-            Some(v) => run_dir.join(v).is_file(),
+            Some(v) => match crate::video::check_mp4(&run_dir.join(v)) {
+                Ok(()) => true,
+                Err(_) if !run_dir.join(v).exists() => false,
+                Err(e) => {
+                    eprintln!(
+                        "warning: the video of prompt {prompt}, {}, is damaged ({e}); it is made again",
+                        display_path(&run_dir.join(v))
+                    );
+                    stale_videos.push(run_dir.join(v));
+                    false
+                }
+            },
             None => !r.manifest.outputs.save_videos,
         };
         let text = prompts
@@ -90,6 +108,7 @@ pub(super) fn completed(
         done,
         previous: Some(previous),
         stale_videos,
+        damaged_timings: timings.damaged_files,
     })
 }
 
@@ -140,17 +159,4 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
         Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
         Ok(_) => PreviousRun::New,
     }
-}
-
-/// Every timing record of a run, from the per-process files, in process order.
-pub(super) fn all_timings(run_dir: &Path) -> Vec<TimingRecord> {
-    let dir = run_dir.join("timings");
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.sort();
-    files
-        .iter()
-        .flat_map(|f| read_timings(f).unwrap_or_default())
-        .collect()
 }

@@ -14,7 +14,7 @@ use crate::engine::{
 use crate::exit;
 use crate::manifest::VideoNaming;
 use crate::results::files::append_jsonl;
-use crate::results::records::{TimedRegionEnd, TimingRecord};
+use crate::results::records::TimingRecord;
 
 /// Videos are written at 16 frames per second, as the model's training data.
 pub const FPS: u32 = 16;
@@ -258,7 +258,7 @@ fn keep(
         timed_total_s: t.timed_total.as_secs_f64(),
         session_run_s: job.bench.summary.then_some(t.session_run.as_secs_f64()),
         peak_device_memory_bytes: generated.peak_device_memory,
-        timed_region_ends: timed_region_end(generated),
+        timed_region_ends: generated.timed_region_end,
         config_hash: job.config_hash.clone(),
         prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
         video,
@@ -267,14 +267,6 @@ fn keep(
         append_jsonl(path, &record)?;
     }
     Ok(record)
-}
-
-fn timed_region_end(generated: &Generated) -> TimedRegionEnd {
-    match generated.timed_region_end {
-        engine::TimedRegionEnd::AfterLayout => TimedRegionEnd::Uint8Frames,
-        engine::TimedRegionEnd::AfterVaeOutput => TimedRegionEnd::VaeOutput,
-        engine::TimedRegionEnd::AfterLatents => TimedRegionEnd::Latents,
-    }
 }
 
 /// `--save-latents` and `--save-frames`: raw little-endian arrays.

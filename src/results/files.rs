@@ -131,6 +131,80 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, RecordError> {
     })
 }
 
+/// The timing records of a run's processes (`timings/NNN.jsonl`, in process order), and what was
+/// wrong with the files: a line that does not parse is skipped (its prompt then counts as not
+/// done) and named in `damaged`, so that a damaged file costs one prompt, not the whole file.
+#[derive(Debug, Default)]
+pub struct ProcessTimings {
+    pub records: Vec<TimingRecord>,
+    /// `file:line: reason` of each skipped line, and the files they are in.
+    pub damaged: Vec<String>,
+    pub damaged_files: Vec<PathBuf>,
+}
+
+/// Reads every `timings/*.jsonl` of a run directory.
+pub fn read_process_timings(run_dir: &Path) -> ProcessTimings {
+    let mut files: Vec<PathBuf> = fs::read_dir(run_dir.join("timings"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    let mut out = ProcessTimings::default();
+    for file in files {
+        let Ok(text) = fs::read_to_string(&file) else {
+            out.damaged
+                .push(format!("{}: not readable as UTF-8 text", file.display()));
+            out.damaged_files.push(file);
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let mut bad = false;
+        for (n, line) in lines.iter().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str(line) {
+                Ok(r) => out.records.push(r),
+                // A torn last line without its newline is what a crash mid-append leaves;
+                // the next append cuts it.
+                Err(_) if n + 1 == lines.len() && !text.ends_with('\n') => {}
+                Err(e) => {
+                    bad = true;
+                    out.damaged
+                        .push(format!("{}:{}: {e}", file.display(), n + 1));
+                }
+            }
+        }
+        if bad {
+            out.damaged_files.push(file);
+        }
+    }
+    out
+}
+
+/// Rewrites a timing file with only its lines that parse (atomically); the damaged original is
+/// kept beside it as `<name>.damaged` for inspection.
+pub fn repair_timings(path: &Path) -> Result<(), RecordError> {
+    let text = fs::read(path).map_err(|source| RecordError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&text);
+    let good: String = text
+        .lines()
+        .filter(|l| serde_json::from_str::<TimingRecord>(l).is_ok())
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut damaged = path.as_os_str().to_owned();
+    damaged.push(".damaged");
+    write_atomic(Path::new(&damaged), text.as_bytes())?;
+    write_atomic(path, good.as_bytes())
+}
+
 /// Reads `timings.jsonl`. An unparseable final line is what a crash in the middle of an append
 /// leaves, so it is ignored; an unparseable line anywhere else is an error.
 pub fn read_timings(path: &Path) -> Result<Vec<TimingRecord>, RecordError> {

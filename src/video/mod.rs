@@ -139,6 +139,13 @@ fn write_atomically(
     })
 }
 
+/// Checks that the file at `path` is a whole MP4 (what [`write_mp4`] leaves): a file cut short
+/// or emptied by a crash, or not an MP4 at all, is an error saying what is wrong.
+pub fn check_mp4(path: &Path) -> Result<(), String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    mp4::check_complete(&bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -285,7 +285,10 @@ pub fn check_complete(bytes: &[u8]) -> Result<(), String> {
     let mut mdat_payload = 0u64;
     while at < bytes.len() {
         if bytes.len() - at < 8 {
-            return Err(format!("{} stray bytes after the last box", bytes.len() - at));
+            return Err(format!(
+                "{} stray bytes after the last box",
+                bytes.len() - at
+            ));
         }
         let size32 = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
         let kind: [u8; 4] = bytes[at + 4..at + 8].try_into().expect("4 bytes");
@@ -547,7 +550,10 @@ mod tests {
         assert!(check_complete(&[]).unwrap_err().contains("ftyp"));
         for cut in [file.len() - 1, file.len() / 2, 12] {
             let error = check_complete(&file[..cut]).unwrap_err();
-            assert!(error.contains("claims") || error.contains("stray"), "{cut}: {error}");
+            assert!(
+                error.contains("claims") || error.contains("stray"),
+                "{cut}: {error}"
+            );
         }
     }
 }

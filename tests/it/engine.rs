@@ -240,7 +240,7 @@ fn generation_matches_the_pytorch_golden_outputs() {
             "81 frames from 21 latent frames"
         );
         assert_frames_close(&generated, &frame_shape, &frames, &format!("prompt {p}"));
-        assert_eq!(generated.timed_region_end, TimedRegionEnd::AfterLayout);
+        assert_eq!(generated.timed_region_end, TimedRegionEnd::Uint8Frames);
     }
 
     // The golden file's clean_sigma ablation: same prompt, clean_sigma 0.01.
@@ -255,7 +255,7 @@ fn generation_matches_the_pytorch_golden_outputs() {
     let error = max_abs_diff(&generated.latents, &latents);
     assert!(error <= 1e-3, "clean_sigma 0.01: latents differ by {error}");
     assert!(generated.frames.is_empty());
-    assert_eq!(generated.timed_region_end, TimedRegionEnd::AfterLatents);
+    assert_eq!(generated.timed_region_end, TimedRegionEnd::Latents);
 }
 
 #[test]
@@ -270,8 +270,8 @@ fn excluding_the_final_layout_changes_the_timed_region_not_the_frames() {
     let b = generator
         .generate(3, &prompts[3], &GenerateOptions::default())
         .unwrap();
-    assert_eq!(a.timed_region_end, TimedRegionEnd::AfterVaeOutput);
-    assert_eq!(b.timed_region_end, TimedRegionEnd::AfterLayout);
+    assert_eq!(a.timed_region_end, TimedRegionEnd::VaeOutput);
+    assert_eq!(b.timed_region_end, TimedRegionEnd::Uint8Frames);
     assert_eq!(a.frames, b.frames);
     let t = a.times;
     assert!(
@@ -818,13 +818,11 @@ fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
     assert!(cpu.ok, "{cpu:?}");
 }
 
-/// The device loop (IoBinding, device-resident buffers, scheduler arithmetic as the runner's own
-/// graphs), run on the CPU provider: it must give the host loop's outputs bit for bit, with the
-/// VAE decoded beside the DiT or after it, for both emit modes and a windowed attention.
+/// The VAE decoded beside the DiT (a second thread) or after it gives the same outputs bit for
+/// bit, for both emit modes and a windowed attention; the first is also the golden video.
 #[test]
-fn the_device_loop_equals_the_host_loop_bit_for_bit() {
+fn the_vae_beside_the_dit_or_after_it_gives_the_same_video() {
     let prompts = prompts();
-    let mut host = generator();
     let unpack = tempfile::tempdir().unwrap();
     let open = |overlap_vae: bool| {
         Generator::open(
@@ -832,28 +830,25 @@ fn the_device_loop_equals_the_host_loop_bit_for_bit() {
             unpack.path(),
             &Default::default(),
             &RuntimeOptions {
-                io_binding: true,
                 overlap_vae,
                 ..runtime()
             },
         )
-        .expect("open the tiny bundle on the device loop")
+        .expect("open the tiny bundle")
     };
     let mut overlapped = open(true);
     let mut sequential = open(false);
-    assert!(overlapped.uses_device_loop());
 
     let full = GenerateOptions::default();
-    let expected = host.generate(7, &prompts[7], &full).unwrap();
-    for (name, generator) in [
-        ("overlapped", &mut overlapped),
-        ("sequential", &mut sequential),
-    ] {
+    let expected = sequential.generate(7, &prompts[7], &full).unwrap();
+    {
+        let name = "overlapped";
+        let generator = &mut overlapped;
         let got = generator.generate(7, &prompts[7], &full).unwrap();
         assert_eq!(got.latents, expected.latents, "{name}: latents");
         assert_eq!(got.frames, expected.frames, "{name}: frames");
         assert_eq!(got.frame_shape, expected.frame_shape);
-        assert_eq!(got.timed_region_end, TimedRegionEnd::AfterLayout);
+        assert_eq!(got.timed_region_end, TimedRegionEnd::Uint8Frames);
     }
 
     let method = MethodSettings {
@@ -862,7 +857,7 @@ fn the_device_loop_equals_the_host_loop_bit_for_bit() {
         clean_sigma: 0.05,
         ..MethodSettings::default()
     };
-    let expected = host
+    let expected = sequential
         .generate(0, &prompts[0], &latents_only(method.clone()))
         .unwrap();
     let got = overlapped
@@ -870,7 +865,7 @@ fn the_device_loop_equals_the_host_loop_bit_for_bit() {
         .unwrap();
     assert_eq!(got.latents, expected.latents, "denoised emit, window 3");
     assert!(got.frames.is_empty());
-    assert_eq!(got.timed_region_end, TimedRegionEnd::AfterLatents);
+    assert_eq!(got.timed_region_end, TimedRegionEnd::Latents);
 }
 
 #[test]
@@ -958,18 +953,15 @@ fn named_optimizers_are_left_out_of_the_optimized_graph() {
 }
 
 /// A generator built with its prompts encoded first (text encoder alone, then dropped) gives the
-/// same latents as one that encodes each prompt when it is generated, on the host loop and on the
-/// device loop; a prompt it was not built for is a clear error.
+/// same latents as one that encodes each prompt when it is generated; a prompt it was not built
+/// for is a clear error.
 #[test]
 fn prompts_encoded_before_the_dit_is_built_give_the_same_latents() {
     let prompts = prompts();
     let options = latents_only(MethodSettings::default());
-    for io_binding in [false, true] {
+    {
         let unpack = tempfile::tempdir().unwrap();
-        let runtime = RuntimeOptions {
-            io_binding,
-            ..runtime()
-        };
+        let runtime = runtime();
         let bundle = || Bundle::open(&tiny_bundle(), unpack.path()).unwrap();
         let mut direct = Generator::new(bundle(), &runtime).unwrap();
         let expected = direct.generate(3, &prompts[3], &options).unwrap();
@@ -983,7 +975,7 @@ fn prompts_encoded_before_the_dit_is_built_give_the_same_latents() {
         // Prompt 5 first: the context buffer then holds prompt 5's context when 3 comes.
         ahead.generate(5, &prompts[5], &options).unwrap();
         let got = ahead.generate(3, &prompts[3], &options).unwrap();
-        assert_eq!(got.latents, expected.latents, "io_binding {io_binding}");
+        assert_eq!(got.latents, expected.latents);
         assert!(got.times.text_encoding > std::time::Duration::ZERO);
         let err = ahead
             .generate(4, &prompts[4], &options)
@@ -999,7 +991,6 @@ fn prompts_encoded_before_the_dit_is_built_give_the_same_latents() {
 fn generator_with_kernels(
     dit: unstep::engine::FusedKernels,
     vae: unstep::engine::FusedKernels,
-    io_binding: bool,
 ) -> Generator {
     let unpack = tempfile::tempdir().unwrap();
     Generator::open(
@@ -1009,7 +1000,6 @@ fn generator_with_kernels(
         &RuntimeOptions {
             dit_kernels: dit,
             vae_kernels: vae,
-            io_binding,
             ..runtime()
         },
     )
@@ -1022,10 +1012,9 @@ fn generator_with_kernels(
 fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
     use unstep::engine::FusedKernels::{Onnxruntime, Unstep};
     let prompts = prompts();
-    let mut stock = generator_with_kernels(Onnxruntime, Onnxruntime, false);
-    let mut fused = generator_with_kernels(Unstep, Unstep, false);
-    let mut fused_device = generator_with_kernels(Unstep, Unstep, true);
-    let mut fused_vae = generator_with_kernels(Onnxruntime, Unstep, true);
+    let mut stock = generator_with_kernels(Onnxruntime, Onnxruntime);
+    let mut fused = generator_with_kernels(Unstep, Unstep);
+    let mut fused_vae = generator_with_kernels(Onnxruntime, Unstep);
     assert_eq!(
         (stock.dit_kernels(), stock.vae_kernels()),
         (Onnxruntime, Onnxruntime)
@@ -1039,15 +1028,15 @@ fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
     // outputs them.
     use unstep::engine::KvInterface::{InPlace, PastAndNew};
     assert_eq!(
-        [&stock, &fused, &fused_device, &fused_vae].map(|g| g.kv_interface()),
-        [PastAndNew, InPlace, InPlace, PastAndNew]
+        [&stock, &fused, &fused_vae].map(|g| g.kv_interface()),
+        [PastAndNew, InPlace, PastAndNew]
     );
     // The fused DiT takes the context's keys and values, from dit_context once per prompt;
     // dit.onnx the context.
     use unstep::engine::ContextInterface::{KeysValues, Text};
     assert_eq!(
-        [&stock, &fused, &fused_device, &fused_vae].map(|g| g.context_interface()),
-        [Text, KeysValues, KeysValues, Text]
+        [&stock, &fused, &fused_vae].map(|g| g.context_interface()),
+        [Text, KeysValues, Text]
     );
     // `auto` keeps ONNX Runtime's kernels on the CPU provider.
     let auto = generator();
@@ -1060,10 +1049,9 @@ fn the_fused_graphs_give_the_video_of_the_standard_graphs() {
     let golden = Golden::load();
     for p in GOLDEN_PROMPTS {
         let expected = stock.generate(p, &prompts[p as usize], &full).unwrap();
-        for (name, generator) in [
-            ("host loop", &mut fused),
-            ("device loop", &mut fused_device),
-        ] {
+        {
+            let name = "fused";
+            let generator = &mut fused;
             let got = generator.generate(p, &prompts[p as usize], &full).unwrap();
             let error = max_abs_diff(&got.latents, &expected.latents);
             eprintln!("prompt {p}, {name}: fused vs stock latents max abs error {error:e}");

@@ -40,6 +40,7 @@ use super::schedule::{MethodSettings, Schedule, ScheduleError};
 use super::session::{
     ContextInterface, GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError,
 };
+pub use super::settings::TimedRegionEnd;
 use super::text::{PromptTokenizer, TokenizerError};
 use context::{Ahead, encode_ahead, encode_to_host, text_encoder_released};
 use dims::Dims;
@@ -55,27 +56,6 @@ pub struct GenerateOptions {
     /// Stop after the DiT: no VAE decode and no frames; the timed region ends with the last
     /// block's latents. For DiT-only probes and tests of the latents.
     pub latents_only: bool,
-}
-
-/// Where the timed region of a generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimedRegionEnd {
-    /// After the uint8 frames exist (the default).
-    AfterLayout,
-    /// After the VAE output, excluding the final clamp and layout.
-    AfterVaeOutput,
-    /// After the DiT's last block (`latents_only`: nothing was decoded).
-    AfterLatents,
-}
-
-impl TimedRegionEnd {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TimedRegionEnd::AfterLayout => "after_layout",
-            TimedRegionEnd::AfterVaeOutput => "after_vae_output",
-            TimedRegionEnd::AfterLatents => "after_latents",
-        }
-    }
 }
 
 /// Wall-clock phase times of one prompt. The timed region starts when the text context is ready
@@ -228,11 +208,6 @@ impl Generator {
             state,
             ahead: ahead.unwrap_or_default(),
         })
-    }
-
-    /// Always true: there is one generation loop, the device loop. Kept until its callers go.
-    pub fn uses_device_loop(&self) -> bool {
-        true
     }
 
     /// The kernels the DiT runs with (never `Auto`).

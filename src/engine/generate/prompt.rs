@@ -197,7 +197,7 @@ impl DeviceLoop {
 
         if options.latents_only {
             times.timed_total = times.dit;
-            return Ok(TimedRegionEnd::AfterLatents);
+            return Ok(TimedRegionEnd::Latents);
         }
         // With the overlap, what is left of the decode after the DiT's last block; otherwise
         // the whole decode, here on this thread.
@@ -224,10 +224,10 @@ impl DeviceLoop {
         times.layout = layout_end - vae_end;
         Ok(if options.exclude_final_output_layout {
             times.timed_total = vae_end - timed_start;
-            TimedRegionEnd::AfterVaeOutput
+            TimedRegionEnd::VaeOutput
         } else {
             times.timed_total = layout_end - timed_start;
-            TimedRegionEnd::AfterLayout
+            TimedRegionEnd::Uint8Frames
         })
     }
 
