@@ -31,16 +31,16 @@ use std::ffi::c_void;
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
-use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{
-    CurrentContext, Handle, REMEDY, device_function, device_info, prepare, primary_context,
-};
+use super::DOMAIN;
+use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
 use super::cudnn::{
     Attr, Desc, Kind, check_cudnn, engine_configs, execute_plan, execution_plan, handle, scratch,
 };
-use super::{Attrs, DOMAIN, Op, Plan, op_error};
+use super::operator::CudaKernel;
+use super::ops::Attention;
+use super::ops::attention::{AttentionSizes, HeadsAttrs};
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
 pub(crate) const TILE_ROWS: usize = 64;
@@ -243,7 +243,7 @@ struct Prepared {
 }
 
 /// An `Attention` node's CUDA kernel.
-pub(super) struct AttentionKernel {
+pub(crate) struct AttentionKernel {
     ordinal: i32,
     context: Handle<sys::CUcontext>,
     sms: usize,
@@ -256,8 +256,8 @@ pub(super) struct AttentionKernel {
     pub(crate) max_parts: usize,
 }
 
-impl AttentionKernel {
-    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl CudaKernel<Attention> for AttentionKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if ty != TensorElementType::Float16 {
             return Err(format!(
                 "{DOMAIN} Attention: element type {ty:?} is not supported on CUDA (cuDNN's fused \
@@ -281,18 +281,20 @@ impl AttentionKernel {
         })
     }
 
-    /// Checks the call and queues it on ONNX Runtime's stream.
-    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = Op::Attention;
-        let Some(call) = prepare(op, TensorElementType::Float16, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        self.launch(&call.plan, &call.pointers, call.stream)
-            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
+    fn launch(
+        &mut self,
+        _: &HeadsAttrs,
+        sizes: &AttentionSizes,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_attention(sizes, pointers, stream)
     }
+}
 
+impl AttentionKernel {
     /// The split this kernel uses for a call of `plan`'s sizes.
-    pub(crate) fn split_of(&self, plan: &Plan) -> Split {
+    pub(crate) fn split_of(&self, plan: &AttentionSizes) -> Split {
         let heads = plan.d / (2 * plan.half_hd);
         // The tile and occupancy of `split` are those of hd = 128 on sm_90.
         let split_here = self.split_enabled && self.sm90 && 2 * plan.half_hd == 128;
@@ -309,9 +311,9 @@ impl AttentionKernel {
 
     /// Queues `O = attention(Q, K, V)` on `stream` over `pointers` (Q, K, V, O: device addresses
     /// of this device) with the sizes of `plan` (checked against the contract).
-    pub(crate) fn launch(
+    pub(crate) fn launch_attention(
         &mut self,
-        plan: &Plan,
+        plan: &AttentionSizes,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
@@ -406,7 +408,7 @@ impl AttentionKernel {
     fn prepare(
         &self,
         handle: dnn::cudnnHandle_t,
-        plan: &Plan,
+        plan: &AttentionSizes,
         split: Split,
     ) -> Result<Prepared, String> {
         let (s, l, d) = (plan.block_rows, plan.cache_rows, plan.d);

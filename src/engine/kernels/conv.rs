@@ -35,15 +35,17 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
-use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{CurrentContext, Handle, REMEDY, device_info, prepare, primary_context};
+use super::DOMAIN;
+use super::cuda::{CurrentContext, Handle, REMEDY, device_info, primary_context};
 use super::cudnn::{
     Attr, Desc, DescPtr, Kind, Type, check_cudnn, create_handle, cudnn, engine_configs,
     execute_plan, execution_plan, set_stream,
 };
-use super::{Attrs, ConvDims, DOMAIN, Op, Plan, op_error};
+use super::operator::CudaKernel;
+use super::ops::CausalConv3d;
+use super::ops::causal_conv3d::ConvDims;
 
 /// The tensors of a call, by unique id.
 const UID_X: i64 = 1;
@@ -133,14 +135,14 @@ impl Device {
 }
 
 /// A `CausalConv3d` node's CUDA kernel.
-pub(super) struct ConvKernel {
+pub(crate) struct ConvKernel {
     ty: TensorElementType,
     ordinal: i32,
     context: Handle<sys::CUcontext>,
 }
 
-impl ConvKernel {
-    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl CudaKernel<CausalConv3d> for ConvKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if !matches!(ty, TensorElementType::Float16 | TensorElementType::Float32) {
             return Err(format!(
                 "{DOMAIN} CausalConv3d: element type {ty:?} is not supported (float32 and float16 \
@@ -155,28 +157,30 @@ impl ConvKernel {
         })
     }
 
-    /// Checks the call and queues it on ONNX Runtime's stream.
-    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = Op::CausalConv3d;
-        let Some(call) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        self.launch(&call.plan, &call.pointers, call.stream)
-            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
-    }
-
-    /// Queues `Y = conv(X, W)` on `stream` over `pointers` (X, W, Y: device addresses of this
-    /// device) with the sizes of `plan`.
-    pub(crate) fn launch(
+    fn launch(
         &mut self,
-        plan: &Plan,
+        _: &(),
+        sizes: &ConvDims,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_conv(sizes, pointers, stream)
+    }
+}
+
+impl ConvKernel {
+    /// Queues `Y = conv(X, W)` on `stream` over `pointers` (X, W, Y: device addresses of this
+    /// device) with the sizes `dims`.
+    pub(crate) fn launch_conv(
+        &mut self,
+        dims: &ConvDims,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
         let [x, w, y] = pointers[..] else {
             return Err(format!("{} pointers, expected X, W and Y", pointers.len()));
         };
-        if plan.rows == 0 {
+        if dims.rows() == 0 {
             return Ok(());
         }
         if let Some((name, p)) = [("X", x), ("W", w), ("Y", y)]
@@ -199,11 +203,11 @@ impl ConvKernel {
             }
         };
         set_stream(device.handle, stream)?;
-        let key = (plan.conv, half);
+        let key = (*dims, half);
         let index = match device.tuned.iter().position(|(k, _)| *k == key) {
             Some(index) => index,
             None => {
-                let chosen = tune(device, &plan.conv, half, [x, w, y], stream)?;
+                let chosen = tune(device, dims, half, [x, w, y], stream)?;
                 device.tuned.push((key, chosen));
                 device.tuned.len() - 1
             }

@@ -23,11 +23,13 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys as lt_sys;
 use cudarc::driver::{result as driver, sys};
-use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{CurrentContext, Handle, REMEDY, prepare, primary_context};
-use super::{Attrs, DOMAIN, Op, Plan, op_error};
+use super::DOMAIN;
+use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
+use super::operator::CudaKernel;
+use super::ops::MatMulBiasGelu;
+use super::ops::matmul_bias_gelu::MatMulSizes;
 
 /// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
@@ -171,26 +173,8 @@ impl Drop for Prepared {
     }
 }
 
-/// A `MatMulBiasGelu` node's CUDA kernel.
-pub(super) struct GemmKernel {
-    ty: TensorElementType,
-    ordinal: i32,
-    context: Handle<sys::CUcontext>,
-    /// The shapes seen so far (one or two in a session).
-    prepared: Vec<Prepared>,
-    /// Which of cuBLASLt's heuristic results the shapes take: 0, its first choice, in the
-    /// product; the GPU test `cuda_gemm_algorithms` times the others.
-    pub(super) algo_rank: usize,
-}
-
-impl GemmKernel {
-    /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
-    #[cfg(test)]
-    pub(super) fn algorithms(&self) -> Vec<String> {
-        self.prepared.iter().map(Prepared::describe).collect()
-    }
-
-    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl CudaKernel<MatMulBiasGelu> for GemmKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if data_type(ty).is_none() {
             return Err(format!(
                 "{DOMAIN} MatMulBiasGelu: element type {ty:?} is not supported (float32 and \
@@ -208,21 +192,41 @@ impl GemmKernel {
         })
     }
 
-    /// Checks the call (as the row kernels do) and queues the matmul on ONNX Runtime's stream.
-    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = Op::MatMulBiasGelu;
-        let Some(call) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        self.launch(&call.plan, &call.pointers, call.stream)
-            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
+    fn launch(
+        &mut self,
+        _: &(),
+        sizes: &MatMulSizes,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_matmul(sizes, pointers, stream)
+    }
+}
+
+/// A `MatMulBiasGelu` node's CUDA kernel.
+pub(crate) struct GemmKernel {
+    ty: TensorElementType,
+    ordinal: i32,
+    context: Handle<sys::CUcontext>,
+    /// The shapes seen so far (one or two in a session).
+    prepared: Vec<Prepared>,
+    /// Which of cuBLASLt's heuristic results the shapes take: 0, its first choice, in the
+    /// product; the GPU test `cuda_gemm_algorithms` times the others.
+    pub(super) algo_rank: usize,
+}
+
+impl GemmKernel {
+    /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
+    #[cfg(test)]
+    pub(super) fn algorithms(&self) -> Vec<String> {
+        self.prepared.iter().map(Prepared::describe).collect()
     }
 
     /// Queues `Y = GELU(X·Wᵀ + bias)` on `stream` over `pointers` (X, W, bias, Y: device
     /// addresses of this device) with the sizes of `plan` (checked against the contract).
-    pub(crate) fn launch(
+    pub(crate) fn launch_matmul(
         &mut self,
-        plan: &Plan,
+        plan: &MatMulSizes,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
