@@ -6,8 +6,8 @@
 //! - **The engine.** ONNX Runtime's `Conv` picks among cuDNN's legacy algorithms
 //!   (`cudnnFindConvolutionForwardAlgorithmEx`), and PyTorch's benchmark mode times the first 10
 //!   engine configurations of cuDNN's heuristics; for the decoder's 96-channel convolutions at
-//!   full resolution both land on a kernel at about 430 TFLOP/s, where a later configuration of
-//!   the same heuristics runs at about 640 (`benches/conv_shapes.py` with `CUDNN_LIMIT=0`). So the
+//!   full resolution both land on a kernel markedly slower than a later configuration of the same
+//!   heuristics (`benches/conv_shapes.py` with `CUDNN_LIMIT=0`; `benches/README.md`). So the
 //!   first call of a shape builds every execution plan the heuristics (instant and fallback
 //!   modes) offer, leaves out those whose arithmetic differs (reduced-precision accumulation,
 //!   FFT, Winograd, non-deterministic, and for float32 inputs tensor cores' TF32 or inputs
@@ -40,8 +40,8 @@ use ort::value::TensorElementType;
 use super::DOMAIN;
 use super::cuda::{CurrentContext, Handle, REMEDY, device_info, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check_cudnn, create_handle, cudnn, engine_configs,
-    execute_plan, execution_plan, set_stream,
+    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, cudnn,
+    engine_configs, execute_plan, execution_plan, set_stream,
 };
 use super::operator::CudaKernel;
 use super::ops::CausalConv3d;
@@ -81,9 +81,9 @@ struct Tuned {
 /// What the convolutions of one device share, for the process: one cuDNN handle (pointed at the
 /// call's stream before each call), the plans chosen so far by (sizes, float16), and one
 /// workspace (grown as a plan needs; the smaller buffers are kept, a captured graph may point at
-/// them). The calls come on the streams of several sessions (`vae_first`'s and `vae_step`'s); a
-/// first build that kept its choices per stream ran the decoder ten times slower, timing its
-/// choices again and again, so nothing here depends on the stream. The lock orders the host
+/// them). The calls come on the streams of several sessions (`vae_first`'s and `vae_step`'s);
+/// choices kept per stream would be timed again for every stream, so nothing here depends on the
+/// stream. The lock orders the host
 /// side; the shared workspace relies on the decoder's sessions running one after another, never
 /// two convolutions at once on different streams.
 struct Device {
@@ -183,16 +183,8 @@ impl ConvKernel {
         if dims.rows() == 0 {
             return Ok(());
         }
-        if let Some((name, p)) = [("X", x), ("W", w), ("Y", y)]
-            .into_iter()
-            .find(|(_, p)| p % 16 != 0)
-        {
-            return Err(format!(
-                "{name} at {p:#x} is not aligned to 16 bytes, as cuDNN needs"
-            ));
-        }
-        let _current =
-            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        check_aligned(&[("X", x), ("W", w), ("Y", y)])?;
+        let _current = CurrentContext::push(self.context)?;
         let half = self.ty == TensorElementType::Float16;
         let mut devices = DEVICES.lock().unwrap_or_else(PoisonError::into_inner);
         let device = match devices.iter().position(|d| d.ordinal == self.ordinal) {

@@ -10,15 +10,14 @@
 //!   CUDA provider works in through the runtime API. A cubin rather than PTX, so that an NVRTC
 //!   newer than the driver (within one CUDA major version) still works: the driver does not JIT
 //!   PTX of a newer ISA.
-//! - Each compute reads the device pointers of its inputs and outputs (`Tensor::data_ptr`,
-//!   ONNX Runtime allocates them on the device, as the operators are registered for
+//! - [`prepare`] checks a call of any operator against the contract and its CUDA needs (element
+//!   types, tensors on the kernel's device, shapes, alignment to element pairs), allocates its
+//!   outputs, and reads the device pointers of its inputs and outputs (`Tensor::data_ptr`: ONNX
+//!   Runtime allocates them on the device, as the operators are registered for
 //!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
-//!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
-//!   that stream with `cuLaunchKernel` (`PrefixBiasRmsNorm` too: its kernel copies the prefix
-//!   rows and writes the tail beside the normalised rows). Nothing synchronises: ONNX Runtime
-//!   orders the stream.
-//! - [`prepare`] checks a call of any operator (types, devices, shapes, alignment) and allocates its
-//!   outputs, before the operator's [`CudaKernel`](super::operator::CudaKernel) launches it.
+//!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]); the operator's
+//!   [`CudaKernel`](super::operator::CudaKernel) then queues its work on that stream. Nothing
+//!   synchronises: ONNX Runtime orders the stream.
 
 use std::ffi::{CStr, CString};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -293,6 +292,11 @@ pub(super) struct CurrentContext {
 }
 
 impl CurrentContext {
+    /// [`Self::enter`], with an error message naming the call.
+    pub(super) fn push(context: Handle<sys::CUcontext>) -> Result<Self, String> {
+        Self::enter(context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))
+    }
+
     pub(super) fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
         if driver::ctx::get_current()? == Some(context) {
             return Ok(Self { pushed: false });

@@ -173,6 +173,18 @@ impl Drop for Prepared {
     }
 }
 
+/// A `MatMulBiasGelu` node's CUDA kernel.
+pub(crate) struct GemmKernel {
+    ty: TensorElementType,
+    ordinal: i32,
+    context: Handle<sys::CUcontext>,
+    /// The shapes seen so far (one or two in a session).
+    prepared: Vec<Prepared>,
+    /// Which of cuBLASLt's heuristic results the shapes take: 0, its first choice, in the
+    /// product; the GPU test `cuda_gemm_algorithms` times the others.
+    pub(super) algo_rank: usize,
+}
+
 impl CudaKernel<MatMulBiasGelu> for GemmKernel {
     fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if data_type(ty).is_none() {
@@ -203,18 +215,6 @@ impl CudaKernel<MatMulBiasGelu> for GemmKernel {
     }
 }
 
-/// A `MatMulBiasGelu` node's CUDA kernel.
-pub(crate) struct GemmKernel {
-    ty: TensorElementType,
-    ordinal: i32,
-    context: Handle<sys::CUcontext>,
-    /// The shapes seen so far (one or two in a session).
-    prepared: Vec<Prepared>,
-    /// Which of cuBLASLt's heuristic results the shapes take: 0, its first choice, in the
-    /// product; the GPU test `cuda_gemm_algorithms` times the others.
-    pub(super) algo_rank: usize,
-}
-
 impl GemmKernel {
     /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
     #[cfg(test)]
@@ -223,10 +223,10 @@ impl GemmKernel {
     }
 
     /// Queues `Y = GELU(X·Wᵀ + bias)` on `stream` over `pointers` (X, W, bias, Y: device
-    /// addresses of this device) with the sizes of `plan` (checked against the contract).
+    /// addresses of this device) with `sizes` (checked against the contract).
     pub(crate) fn launch_matmul(
         &mut self,
-        plan: &MatMulSizes,
+        sizes: &MatMulSizes,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
@@ -236,11 +236,10 @@ impl GemmKernel {
                 pointers.len()
             ));
         };
-        if plan.rows == 0 {
+        if sizes.rows == 0 {
             return Ok(());
         }
-        let _current =
-            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        let _current = CurrentContext::push(self.context)?;
         let handle = handle(self.ordinal)?;
         let workspace = workspace(self.ordinal, stream)?;
         // The largest power of two up to 256 bytes that all of X, W and Y start on: an
@@ -250,7 +249,7 @@ impl GemmKernel {
             .map(|&p| 1usize << p.trailing_zeros().min(8))
             .min()
             .unwrap_or(256);
-        let key = (plan.rows, plan.d, plan.cols, alignment);
+        let key = (sizes.rows, sizes.d, sizes.cols, alignment);
         let index = match self.prepared.iter().position(|p| p.key == key) {
             Some(index) => index,
             None => {
@@ -267,7 +266,7 @@ impl GemmKernel {
         let [a, b, c] = prepared.layouts;
         // SAFETY: the descriptors are alive (owned by `prepared`); the bias attribute is a
         // pointer-sized value; X, W, bias and Y are device memory of this device holding the
-        // plan's sizes; the workspace is this stream's and of the size the preference allowed;
+        // call's sizes; the workspace is this stream's and of the size the preference allowed;
         // alpha and beta are float32 host scalars (scale type 32F, default host pointer mode),
         // read before cublasLtMatmul returns.
         unsafe {
@@ -300,7 +299,7 @@ impl GemmKernel {
         .map_err(|e| {
             format!(
                 "cublasLtMatmul ({} × {} × {}): {e}",
-                plan.rows, plan.d, plan.cols
+                sizes.rows, sizes.d, sizes.cols
             )
         })
     }

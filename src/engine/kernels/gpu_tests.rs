@@ -470,6 +470,17 @@ where
 fn check<T: Tolerance>(stream: sys::CUstream) {
     let t = std::any::type_name::<T>();
     let mut rng = Rng(6);
+    check_rope::<T>(t, &mut rng, stream);
+    check_rms::<T>(t, &mut rng, stream);
+    check_prefix::<T>(t, &mut rng, stream);
+    check_grln::<T>(t, &mut rng, stream);
+    check_gelu::<T>(t, &mut rng, stream);
+    check_gemm::<T>(t, &mut rng, stream);
+    check_qkv::<T>(t, &mut rng, stream);
+}
+
+/// BiasRmsNormRope: the test cases, wan-1.3b's, and each row layout.
+fn check_rope<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
     let rope_cases: Vec<(&[i64], usize, usize)> = ROPE_CASES
         .into_iter()
         .chain([
@@ -491,7 +502,7 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         ])
         .collect();
     for (x_shape, heads, tc) in rope_cases {
-        let case = RopeCase::<T>::new(&mut rng, x_shape, heads, tc);
+        let case = RopeCase::<T>::new(rng, x_shape, heads, tc);
         let what = format!("{t} BiasRmsNormRope {x_shape:?}");
         let gpu = run_case(&case, stream, &what);
         let plan = case.plan();
@@ -501,13 +512,16 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         assert_matches_cpu(&gpu[0], &cpu_y, &what);
         assert_close(&gpu[0], &case.reference(), &what);
     }
+}
 
-    // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layouts' D (4-element
-    // accesses: 1000, not a multiple of 4 · 128; 2048, the largest; 100 for float16, which
-    // the group layout cannot take; pairs: 514, the smallest, and 2); the group layout's, with row counts that are not a
-    // multiple of a block's rows (D = 96 and 384, the VAE's channels; 16 and 64, the tiny
-    // model's; 512, the largest; 8, one lane per row for float16). And the VAE decoder's
-    // largest: 4 frames of 480 × 832 rows of 96 channels.
+/// BiasRmsNorm, plain and with SiLU.
+fn check_rms<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
+    // Plain and SiLU: the test shapes; wan-1.3b's rows; the block layouts' D (4-element accesses:
+    // 1000, not a multiple of 4 · 128; 2048, the largest; 100 for float16, which the group layout
+    // cannot take; pairs: 514, the smallest, and 2); the group layout's, with row counts that are
+    // not a multiple of a block's rows (D = 96 and 384, the VAE's channels; 16 and 64, the tiny
+    // model's; 512, the largest; 8, one lane per row for float16). And the VAE decoder's largest: 4
+    // frames of 480 × 832 rows of 96 channels.
     let block_shapes = [&[3, 1000][..], &[5, 2048], &[11, 514], &[9, 2], &[7, 100]];
     let group_shapes = [
         &[3, 1001, 96][..],
@@ -534,13 +548,16 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         .flat_map(|silu| shapes.iter().map(move |&shape| (shape, silu)))
         .chain([(&[4, 480, 832, 96][..], true)]);
     for (x_shape, silu) in rms_cases {
-        let case = RmsCase::<T>::new(&mut rng, x_shape, silu);
+        let case = RmsCase::<T>::new(rng, x_shape, silu);
         let what = format!("{t} BiasRmsNorm {x_shape:?} silu = {silu}");
         let gpu = run_case(&case, stream, &what);
         assert_matches_cpu(&gpu[0], &case.cpu(), &what);
         assert_close(&gpu[0], &case.reference(), &what);
     }
+}
 
+/// PrefixBiasRmsNorm.
+fn check_prefix<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
     // PrefixBiasRmsNorm: the CPU cases (P = 0 among them), and the VAE decoder's largest
     // causal convolution input, a two-frame cache in front of 4 frames of 480 × 832 × 96.
     let prefix_cases = PREFIX_CASES
@@ -558,14 +575,17 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
             (&[1, 2, 120, 208, 384], 2),
         ]);
     for (x_shape, p) in prefix_cases {
-        let case = PrefixCase::<T>::new(&mut rng, x_shape, p, true);
+        let case = PrefixCase::<T>::new(rng, x_shape, p, true);
         let what = format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}");
         let gpu = run_case(&case, stream, &what);
         assert_matches_cpu(&gpu[0], &case.cpu(), &what);
         case.assert_matches(&gpu[0], &what);
         case.assert_tail(&gpu[0], &gpu[1][..case.prefix.len()], &what);
     }
+}
 
+/// GatedResidualLayerNorm: S and Y.
+fn check_grln<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
     let frame: &[i64] = &[1, 3, 1, 1536];
     let grln_cases: Vec<(&[i64], [&[i64]; 3])> = GRLN_CASES
         .into_iter()
@@ -584,7 +604,7 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         ])
         .collect();
     for (x_shape, params) in grln_cases {
-        let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
+        let case = GrlnCase::<T>::new(rng, x_shape, params);
         let what = format!("{t} GatedResidualLayerNorm {x_shape:?} {params:?}");
         let gpu = run_case(&case, stream, &what);
         let plan = case.plan();
@@ -606,7 +626,10 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         assert_close(&gpu[0], &want_s, &format!("{what} S"));
         assert_close(&gpu[1], &want_y, &format!("{what} Y"));
     }
+}
 
+/// BiasGelu.
+fn check_gelu<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
     // BiasGelu: the test shapes, wan-1.3b's FFN (4680 rows of 8960), 4-element and pair
     // accesses (D = 100 for float16, D = 6).
     // GELU_SHAPES has an odd D for the CPU kernel, which the CUDA kernel refuses.
@@ -621,13 +644,16 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         })
         .chain([&[1, 4680, 8960][..], &[7, 6], &[33, 100]]);
     for shape in gelu_shapes {
-        let case = GeluCase::<T>::new(&mut rng, shape);
+        let case = GeluCase::<T>::new(rng, shape);
         let what = format!("{t} BiasGelu {shape:?}");
         let gpu = run_case(&case, stream, &what);
         assert_matches_cpu(&gpu[0], &case.cpu(), &what);
         assert_close(&gpu[0], &case.reference(), &what);
     }
+}
 
+/// MatMulBiasGelu with cuBLASLt.
+fn check_gemm<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
     // MatMulBiasGelu: the test cases, and wan-1.3b's FFN (4680 tokens, 1536 → 8960, timed).
     // Against the CPU: the sums run in another order and cuBLASLt's epilogue has its own
     // tanh, so within a few units in the last place rather than one.
@@ -636,7 +662,7 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
         .map(|case| (case, 0))
         .chain([((&[1, 4680, 1536][..], 8960), 20)]);
     for ((shape, n), repeats) in gemm_cases {
-        let case = MatMulGeluCase::<T>::new(&mut rng, shape, n);
+        let case = MatMulGeluCase::<T>::new(rng, shape, n);
         let what = format!("{t} MatMulBiasGelu {shape:?} N = {n}");
         let gpu = run_gemm(&case, stream, repeats, &what);
         let cpu = case.cpu();
@@ -656,14 +682,17 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
             assert_close(&gpu, &case.reference(), &what);
         }
     }
+}
 
+/// QkvNormRopeCache: Q, and K and V written in place.
+fn check_qkv<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
     // QkvNormRopeCache: the test cases, and wan-1.3b's last block (T = 4680 of L = 32760
     // rows of 1536, 12 heads), whose cache writes land 27,000 rows in.
     let qkv_cases = QKV_CASES
         .into_iter()
         .chain([([1, 4680, 32760, 1536], 12, 4680), ([3, 7, 9, 64], 2, 7)]);
     for (sizes, heads, tc) in qkv_cases {
-        let case = QkvCase::<T>::new(&mut rng, sizes, heads, tc);
+        let case = QkvCase::<T>::new(rng, sizes, heads, tc);
         let what = format!("{t} QkvNormRopeCache {sizes:?}");
         let gpu = run_case(&case, stream, &what);
         let (cpu_q, cpu_k, cpu_v) = case.cpu();
@@ -674,15 +703,14 @@ fn check<T: Tolerance>(stream: sys::CUstream) {
     }
 }
 
-/// The CUDA kernels, compiled with NVRTC and launched as a session launches them
-/// ([`RowKernel`]) on a non-blocking stream, against the CPU kernels and the
-/// float64 reference, at the test shapes and at wan-1.3b's (N = 4680, D = 1536, 12 heads);
-/// the block layouts at D = 2048 (the largest), D = 1000 (4-element accesses not a multiple
-/// of 4 · 128) and D = 514 (pairs, the smallest); the group layout at D = 8 to 512 with row counts that are not a
-/// multiple of a block's rows; BiasRmsNorm with and without SiLU, up to the VAE decoder's
-/// 4 · 480 · 832 rows of 96. Prints the time per launch of the large shapes. Needs a CUDA GPU and
-/// NVRTC: `LD_LIBRARY_PATH=<nvrtc lib> cargo test --release --lib cuda_kernels -- --ignored
-/// --nocapture`.
+/// The CUDA kernels, compiled with NVRTC and launched as a session launches them ([`RowKernel`]) on
+/// a non-blocking stream, against the CPU kernels and the float64 reference, at the test shapes and
+/// at wan-1.3b's (N = 4680, D = 1536, 12 heads); the block layouts at D = 2048 (the largest), D =
+/// 1000 (4-element accesses not a multiple of 4 · 128) and D = 514 (pairs, the smallest); the group
+/// layout at D = 8 to 512 with row counts that are not a multiple of a block's rows; BiasRmsNorm
+/// with and without SiLU, up to the VAE decoder's 4 · 480 · 832 rows of 96. Prints the time per
+/// launch of the large shapes. Needs a CUDA GPU and NVRTC: `LD_LIBRARY_PATH=<nvrtc lib> cargo test
+/// --release --lib cuda_kernels -- --ignored --nocapture`.
 #[test]
 #[ignore = "needs a CUDA GPU, its driver, and NVRTC on LD_LIBRARY_PATH"]
 fn cuda_kernels_match_the_cpu_kernels() {

@@ -265,8 +265,7 @@ impl<O: RowOp> CudaKernel<O> for RowKernel<O> {
         if args.launch_rows == 0 {
             return Ok(());
         }
-        let _current =
-            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        let _current = CurrentContext::push(self.context)?;
         let elem_bytes = elem_bytes(self.ty);
         // The largest power of two (up to a unit) every pointer is aligned to.
         let alignment = pointers

@@ -40,9 +40,9 @@ fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
 }
 
 /// A group of threads per row, 16 bytes per access, up to D = 512 (the VAE's 96 to 384, the tiny
-/// model's 16 to 64) where D is a multiple of 16 bytes and the tensors are aligned to it, with
-/// the fewest lanes (a power of two) that take at most four accesses each; otherwise one block per row, of
-/// 4-element accesses where D is a multiple of 4 and the tensors are aligned to 4 elements
+/// model's 16 to 64) where D is a multiple of 16 bytes and the tensors are aligned to it, with the
+/// fewest lanes (a power of two) that take at most four accesses each; otherwise one block per row,
+/// of 4-element accesses where D is a multiple of 4 and the tensors are aligned to 4 elements
 /// (wan-1.3b's 1536), of pairs otherwise; the entry points' names.
 #[test]
 fn rows_take_the_widest_layout_their_size_and_alignment_allow() {

@@ -8,6 +8,7 @@ use super::*;
 use crate::engine::kernels::attention::{MAX_PARTS, Split, split};
 use crate::engine::kernels::operator::CudaKernel;
 use crate::engine::kernels::test_support::*;
+use crate::engine::onnx_graph::Attr;
 
 pub(crate) struct AttentionCase<T> {
     pub(crate) q_shape: Vec<i64>,
@@ -248,4 +249,17 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         e.contains("input V has shape [1, 5, 8] and K [1, 6, 8]"),
         "{e}"
     );
+}
+
+/// `Attention` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // Attention: O has Q's shape.
+    let case = AttentionCase::<T>::new(rng, [2, 5, 7, 8], 2);
+    let mut s = session::<T>(&Attention::INFO, &[Attr::Int("num_heads", 2)]).unwrap();
+    let out = run(&mut s, &Attention::INFO, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, case.q_shape);
+    assert_close(&out[0].1, &case.reference(), &format!("{t} Attention O"));
 }

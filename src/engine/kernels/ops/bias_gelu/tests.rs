@@ -76,3 +76,16 @@ fn bias_gelu_matches_the_reference() {
     check_gelu_cpu::<f32>();
     check_gelu_cpu::<f16>();
 }
+
+/// `BiasGelu` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // BiasGelu has no attributes.
+    let case = GeluCase::<T>::new(rng, GELU_SHAPES[0]);
+    let mut s = session::<T>(&BiasGelu::INFO, &[]).unwrap();
+    let out = run(&mut s, &BiasGelu::INFO, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, GELU_SHAPES[0]);
+    assert_close(&out[0].1, &case.reference(), &format!("{t} BiasGelu Y"));
+}

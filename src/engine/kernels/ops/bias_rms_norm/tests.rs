@@ -204,3 +204,28 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     let e = plan_error::<BiasRmsNorm>(plain, &[&[4, 0], &[0], &[0]]);
     assert!(e.contains("X has shape [4, 0]"), "{e}");
 }
+
+/// `BiasRmsNorm` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // No silu attribute (plain), silu = 0 (plain) and silu = 1 (SiLU after the norm).
+    for (x_shape, silu) in [
+        (&[2, 3, 48][..], None),
+        (&[1, 2, 3, 96], Some(0)),
+        (&[1, 2, 3, 5, 96], Some(1)),
+    ] {
+        let case = RmsCase::<T>::new(rng, x_shape, silu == Some(1));
+        let mut attrs = vec![Attr::Float("epsilon", case.eps)];
+        attrs.extend(silu.map(|v| Attr::Int("silu", v)));
+        let mut s = session::<T>(&BiasRmsNorm::INFO, &attrs).unwrap();
+        let out = run(&mut s, &BiasRmsNorm::INFO, &case.shapes(), &case.inputs()).unwrap();
+        assert_eq!(out[0].0, x_shape);
+        assert_close(
+            &out[0].1,
+            &case.reference(),
+            &format!("{t} BiasRmsNorm Y, silu {silu:?}"),
+        );
+    }
+}

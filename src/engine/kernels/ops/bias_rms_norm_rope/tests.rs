@@ -149,3 +149,30 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         "{e}"
     );
 }
+
+/// `BiasRmsNormRope` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    let (x_shape, heads, tc) = ROPE_CASES[1];
+    let case = RopeCase::<T>::new(rng, x_shape, heads, tc);
+    let attrs = [
+        Attr::Float("epsilon", case.eps),
+        Attr::Int("num_heads", heads as i64),
+    ];
+    let mut s = session::<T>(&BiasRmsNormRope::INFO, &attrs).unwrap();
+    let out = run(
+        &mut s,
+        &BiasRmsNormRope::INFO,
+        &case.shapes(),
+        &case.inputs(),
+    )
+    .unwrap();
+    assert_eq!(out[0].0, x_shape);
+    assert_close(
+        &out[0].1,
+        &case.reference(),
+        &format!("{t} BiasRmsNormRope Y"),
+    );
+}

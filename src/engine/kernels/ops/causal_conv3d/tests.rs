@@ -258,3 +258,17 @@ fn causal_conv3d_times_again_only_plans_near_the_best_and_picks_the_fastest() {
     assert_eq!(fastest(&[None, Some(2.0), Some(2.0)]), Some(1));
     assert_eq!(fastest(&[None, None]), None);
 }
+
+/// `CausalConv3d` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // CausalConv3d: Y has T − kT + 1 frames and K channels.
+    let (x_shape, kernel) = CONV_CASES[0];
+    let case = ConvCase::<T>::new(rng, x_shape, kernel);
+    let mut s = session::<T>(&CausalConv3d::INFO, &[]).unwrap();
+    let out = run(&mut s, &CausalConv3d::INFO, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, case.y_shape());
+    assert_close(&out[0].1, &case.reference(), &format!("{t} CausalConv3d Y"));
+}

@@ -297,3 +297,28 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
     .unwrap();
     assert_eq!((ok.rows, ok.d, ok.divs), (6, 8, [2, 1, 6]));
 }
+
+/// `GatedResidualLayerNorm` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the
+/// output shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    let (x_shape, params) = GRLN_CASES[0];
+    let case = GrlnCase::<T>::new(rng, x_shape, params);
+    let mut s = session::<T>(
+        &GatedResidualLayerNorm::INFO,
+        &[Attr::Float("epsilon", case.eps)],
+    )
+    .unwrap();
+    let out = run(
+        &mut s,
+        &GatedResidualLayerNorm::INFO,
+        &case.shapes(),
+        &case.inputs(),
+    )
+    .unwrap();
+    let (want_s, want_y) = case.reference();
+    assert_eq!((&out[0].0[..], &out[1].0[..]), (x_shape, x_shape));
+    assert_close(&out[0].1, &want_s, &format!("{t} GatedResidualLayerNorm S"));
+    assert_close(&out[1].1, &want_y, &format!("{t} GatedResidualLayerNorm Y"));
+}

@@ -152,3 +152,27 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
         "{e}"
     );
 }
+
+/// `MatMulBiasGelu` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // MatMulBiasGelu: Y has N on its last axis (from W's axis 0).
+    let (shape, n) = MATMUL_GELU_CASES[0];
+    let case = MatMulGeluCase::<T>::new(rng, shape, n);
+    let mut s = session::<T>(&MatMulBiasGelu::INFO, &[]).unwrap();
+    let out = run(
+        &mut s,
+        &MatMulBiasGelu::INFO,
+        &case.shapes(),
+        &case.inputs(),
+    )
+    .unwrap();
+    assert_eq!(out[0].0, case.y_shape());
+    assert_close(
+        &out[0].1,
+        &case.reference(),
+        &format!("{t} MatMulBiasGelu Y"),
+    );
+}

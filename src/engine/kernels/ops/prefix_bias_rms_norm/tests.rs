@@ -5,6 +5,7 @@ use half::f16;
 use super::*;
 use crate::engine::kernels::ops::bias_rms_norm::tests::RmsCase;
 use crate::engine::kernels::test_support::*;
+use crate::engine::onnx_graph::Attr;
 
 /// `PrefixBiasRmsNorm`: an `RmsCase` for X and a prefix of X's shape with `p` on axis 1.
 pub(crate) struct PrefixCase<T> {
@@ -155,6 +156,39 @@ fn contract_violations_name_the_operator_the_input_and_the_shapes() {
                 "ai.unstep PrefixBiasRmsNorm: input prefix has shape {prefix:?} and X {x:?}"
             )) && e.contains("axis 0 of size 1"),
             "{e}"
+        );
+    }
+}
+
+/// `PrefixBiasRmsNorm` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // PrefixBiasRmsNorm: Y's axis 1 is the prefix's plus X's.
+    for (x_shape, p) in [(&[1, 4, 3, 5, 96][..], 2), (&[1, 7, 64], 0)] {
+        let case = PrefixCase::<T>::new(rng, x_shape, p, true);
+        let attrs = [Attr::Float("epsilon", case.rms.eps), Attr::Int("silu", 1)];
+        let mut s = session::<T>(&PrefixBiasRmsNorm::INFO, &attrs).unwrap();
+        let out = run(
+            &mut s,
+            &PrefixBiasRmsNorm::INFO,
+            &case.shapes(),
+            &case.inputs(),
+        )
+        .unwrap();
+        assert_eq!(
+            (&out[0].0, &out[1].0),
+            (&case.y_shape(), &case.prefix_shape)
+        );
+        case.assert_tail(
+            &out[0].1,
+            &out[1].1,
+            &format!("{t} PrefixBiasRmsNorm {x_shape:?}"),
+        );
+        case.assert_matches(
+            &out[0].1,
+            &format!("{t} PrefixBiasRmsNorm {x_shape:?} P = {p}"),
         );
     }
 }
