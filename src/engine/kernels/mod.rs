@@ -45,12 +45,14 @@
 //!
 //! # Adding an operator
 //!
-//! Write `ops/<name>.rs` with a unit struct implementing [`operator::UnstepOp`] (its `OpInfo`,
-//! attributes, shape check, output shapes when they are not X's, CPU kernel and CUDA kernel type:
-//! [`row_launch::RowKernel`] with a [`row_launch::RowOp`] impl and an entry point in `kernels.cu`
-//! for a row operator, or its own [`operator::CudaKernel`]) and its tests, declare the module in
-//! `ops/mod.rs`, and add one line `entry::<ops::Name>()` to [`REGISTRY`]. The domain and the
-//! loading of `kernels.cu`'s entry points take it from there.
+//! Write `ops/<name>.rs`: a unit struct implementing [`operator::UnstepOp`] (its `OpInfo`,
+//! attributes, shape check, output shapes where they are not X's, CPU kernel, and CUDA kernel
+//! type: [`row_launch::RowKernel`] with a [`row_launch::RowOp`] impl for a row operator, whose
+//! entry points go into `kernels.cu`, or a type of its own implementing
+//! [`operator::CudaKernel`]), with its tests in `ops/<name>/tests.rs`. Then add one line,
+//! `<name>::<Name>,`, to the registry: the `operators!` list in `ops/mod.rs`, which declares the
+//! module and puts the operator into [`ops::REGISTRY`]. The domain and the loading of
+//! `kernels.cu`'s entry points are built from that list.
 
 mod attention;
 mod conv;
@@ -75,7 +77,6 @@ use ort::session::Session;
 use ort::value::TensorElementType;
 
 use super::{onnx_graph, ort_lib};
-use operator::{OpInfo, UnstepOp};
 
 pub(crate) const DOMAIN: &str = "ai.unstep";
 
@@ -83,36 +84,10 @@ pub(crate) const DOMAIN: &str = "ai.unstep";
 /// (`conv.rs`).
 pub(crate) use conv::CACHE_ENV as CONV_CACHE_ENV;
 
-/// One operator of the registry: its description and what adds it to a domain.
-pub(crate) struct Registration {
-    pub(crate) info: &'static OpInfo,
-    add: fn(OperatorDomain, bool) -> ort::Result<OperatorDomain>,
-}
-
-/// One registry line: operator `O`.
-const fn entry<O: UnstepOp>() -> Registration {
-    Registration {
-        info: &O::INFO,
-        add: operator::add::<O>,
-    }
-}
-
-/// The operators of the domain.
-pub(crate) const REGISTRY: [Registration; 9] = [
-    entry::<ops::BiasRmsNormRope>(),
-    entry::<ops::BiasRmsNorm>(),
-    entry::<ops::GatedResidualLayerNorm>(),
-    entry::<ops::QkvNormRopeCache>(),
-    entry::<ops::BiasGelu>(),
-    entry::<ops::PrefixBiasRmsNorm>(),
-    entry::<ops::MatMulBiasGelu>(),
-    entry::<ops::Attention>(),
-    entry::<ops::CausalConv3d>(),
-];
-
-/// The base names of the row operators' kernels in `kernels.cu` ([`OpInfo::row_kernel`]).
+/// The base names of the row operators' kernels in `kernels.cu`
+/// ([`operator::OpInfo::row_kernel`]).
 pub(crate) fn row_kernels() -> impl Iterator<Item = &'static str> {
-    REGISTRY.iter().filter_map(|r| r.info.row_kernel)
+    ops::REGISTRY.iter().filter_map(|r| r.info.row_kernel)
 }
 
 /// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`),
@@ -137,11 +112,11 @@ pub(crate) fn operator_domain(cuda: bool) -> ort::Result<OperatorDomain> {
     new_domain(cuda)
 }
 
-/// A domain of every operator of [`REGISTRY`], both element types each.
+/// A domain of every operator of [`ops::REGISTRY`], both element types each.
 fn new_domain(cuda: bool) -> ort::Result<OperatorDomain> {
     let mut domain = OperatorDomain::new(DOMAIN)?;
-    for registration in &REGISTRY {
-        domain = (registration.add)(domain, cuda)?;
+    for registration in ops::REGISTRY {
+        domain = registration.add(domain, cuda)?;
     }
     Ok(domain)
 }

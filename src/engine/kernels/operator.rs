@@ -232,6 +232,27 @@ pub(crate) fn check<O: UnstepOp>(attrs: &O::Attrs, shapes: &[&[i64]]) -> Result<
     O::check(attrs, &ShapeCheck::new(&O::INFO, shapes)?)
 }
 
+/// One operator of the registry: its description and what adds it to a domain.
+pub(crate) struct Registration {
+    pub(crate) info: &'static OpInfo,
+    add: fn(OperatorDomain, bool) -> ort::Result<OperatorDomain>,
+}
+
+impl Registration {
+    /// Adds the operator, both element types, to `domain`, with CUDA kernels when `cuda` is true.
+    pub(crate) fn add(&self, domain: OperatorDomain, cuda: bool) -> ort::Result<OperatorDomain> {
+        (self.add)(domain, cuda)
+    }
+}
+
+/// The registry's entry of operator `O`.
+pub(crate) const fn entry<O: UnstepOp>() -> Registration {
+    Registration {
+        info: &O::INFO,
+        add: add::<O>,
+    }
+}
+
 /// Adds both element types of operator `O` to `domain`, with CUDA kernels when `cuda` is true.
 pub(crate) fn add<O: UnstepOp>(
     mut domain: OperatorDomain,
