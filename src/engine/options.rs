@@ -275,6 +275,13 @@ pub struct RuntimeOptions {
     /// `UNSTEP_ORT_DISABLE_OPTIMIZERS`.
     #[serde(default)]
     pub disabled_optimizers: Option<String>,
+    /// Where the decoder convolutions' engine choices are kept between processes (`runner
+    /// apply`: the process's cache folder's `cudnn_conv`; `runner worker`: `UNSTEP_CONV_CACHE`).
+    #[serde(default)]
+    pub conv_cache_dir: Option<PathBuf>,
+    /// Diagnostics: print how each convolution engine was chosen (`UNSTEP_CONV_LOG=1`).
+    #[serde(default)]
+    pub conv_log: bool,
 }
 
 impl RuntimeOptions {
@@ -285,6 +292,12 @@ impl RuntimeOptions {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         self.disabled_optimizers = std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok();
+        if self.conv_cache_dir.is_none() {
+            self.conv_cache_dir = std::env::var_os(EnvVars::UNSTEP_CONV_CACHE)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from);
+        }
+        self.conv_log = std::env::var_os(EnvVars::UNSTEP_CONV_LOG).is_some_and(|v| v == "1");
         self
     }
 

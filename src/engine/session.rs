@@ -214,6 +214,7 @@ impl GraphSessions {
             .vae_kernels
             .resolve(FusedPart::Vae, &options.provider, bundle)?;
         let names = GraphNames::of(bundle, dit_kernels, vae_kernels);
+        super::kernels::configure_conv(options.conv_cache_dir.clone(), options.conv_log);
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {
             if kernels != FusedKernels::Unstep {

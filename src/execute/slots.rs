@@ -17,7 +17,6 @@ use super::apply::INTERRUPTED;
 use super::events::{RunEvent, RunEventKind};
 use super::job::JobSpec;
 use crate::engine::ProviderKind;
-use crate::env_vars::EnvVars;
 use crate::manifest::diagnostic::display_path;
 use crate::plan::{Plan, Process, Role};
 use crate::results::files::write_atomic;
@@ -142,10 +141,9 @@ impl Workers<'_> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
-            // Compiler caches of this process, and nothing global: the CUDA driver's JIT
-            // cache and the decoder convolutions' engine choices.
+            // The CUDA driver's JIT cache is this process's, nothing global (the decoder
+            // convolutions' choices are in its job).
             .env("CUDA_CACHE_PATH", p.cache_dir.join("cuda_jit"))
-            .env(EnvVars::UNSTEP_CONV_CACHE, p.cache_dir.join("cudnn_conv"))
             .env("OMP_NUM_THREADS", self.cpu_threads.to_string());
         if self.provider != ProviderKind::Cpu {
             cmd.env("CUDA_VISIBLE_DEVICES", &self.plan.slots[p.slot].device);

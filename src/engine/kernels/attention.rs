@@ -17,11 +17,10 @@
 //!   the keys (the rows repeated with a batch stride of 0), which also returns each run's
 //!   log-sum-exp; a small kernel (`unstep_attention_merge_f16` of `kernels.cu`) merges the runs
 //!   into the output: `O = Σ_p e^(lse_p − m) O_p / Σ_p e^(lse_p − m)` with m the largest lse_p.
-//!   Measured with PyTorch's cuDNN calls at 18,720 keys: 1,010.9 µs for one call, 775.2 + 132.3
-//!   µs split with two runs of the keys; this kernel (GPU kernel test): 1,013.8 µs as one call,
-//!   928.5 with two runs, 903.5 with eight (wan-1.3b's tail, three waves of an eighth). Other
-//!   devices and head sizes, batches above 1, and calls whose last wave no split shortens by a
-//!   fifth run as one call.
+//!   The split call and the merge cost less than the partial wave they replace (the times are in
+//!   `benches/README.md`, from `cuda_attention_matches_the_cpu_kernel`). Other devices and head
+//!   sizes, batches above 1, and calls whose last wave no split shortens by a fifth run as one
+//!   call.
 //! - One cuDNN handle and one scratch buffer (cuDNN's workspace, the runs' outputs and
 //!   log-sum-exps) per device and stream, made on first use and kept for the process: a captured
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
@@ -31,16 +30,17 @@ use std::ffi::c_void;
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
-use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{
-    CurrentContext, Handle, REMEDY, device_function, device_info, prepare, primary_context,
-};
+use super::DOMAIN;
+use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
 use super::cudnn::{
-    Attr, Desc, Kind, check_cudnn, engine_configs, execute_plan, execution_plan, handle, scratch,
+    Attr, Desc, Kind, check_aligned, check_cudnn, engine_configs, execute_plan, execution_plan,
+    handle, scratch,
 };
-use super::{Attrs, DOMAIN, Op, Plan, op_error};
+use super::operator::CudaKernel;
+use super::ops::Attention;
+use super::ops::attention::{AttentionSizes, HeadsAttrs};
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
 pub(crate) const TILE_ROWS: usize = 64;
@@ -243,7 +243,7 @@ struct Prepared {
 }
 
 /// An `Attention` node's CUDA kernel.
-pub(super) struct AttentionKernel {
+pub(crate) struct AttentionKernel {
     ordinal: i32,
     context: Handle<sys::CUcontext>,
     sms: usize,
@@ -256,8 +256,8 @@ pub(super) struct AttentionKernel {
     pub(crate) max_parts: usize,
 }
 
-impl AttentionKernel {
-    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl CudaKernel<Attention> for AttentionKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if ty != TensorElementType::Float16 {
             return Err(format!(
                 "{DOMAIN} Attention: element type {ty:?} is not supported on CUDA (cuDNN's fused \
@@ -281,25 +281,27 @@ impl AttentionKernel {
         })
     }
 
-    /// Checks the call and queues it on ONNX Runtime's stream.
-    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = Op::Attention;
-        let Some(call) = prepare(op, TensorElementType::Float16, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        self.launch(&call.plan, &call.pointers, call.stream)
-            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
+    fn launch(
+        &mut self,
+        _: &HeadsAttrs,
+        sizes: &AttentionSizes,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_attention(sizes, pointers, stream)
     }
+}
 
-    /// The split this kernel uses for a call of `plan`'s sizes.
-    pub(crate) fn split_of(&self, plan: &Plan) -> Split {
-        let heads = plan.d / (2 * plan.half_hd);
+impl AttentionKernel {
+    /// The split this kernel uses for a call of these sizes.
+    pub(crate) fn split_of(&self, sizes: &AttentionSizes) -> Split {
+        let heads = sizes.d / (2 * sizes.half_hd);
         // The tile and occupancy of `split` are those of hd = 128 on sm_90.
-        let split_here = self.split_enabled && self.sm90 && 2 * plan.half_hd == 128;
+        let split_here = self.split_enabled && self.sm90 && 2 * sizes.half_hd == 128;
         split(
-            plan.rows / plan.block_rows,
-            plan.block_rows,
-            plan.cache_rows,
+            sizes.rows / sizes.block_rows,
+            sizes.block_rows,
+            sizes.cache_rows,
             heads,
             self.sms,
             split_here,
@@ -308,10 +310,10 @@ impl AttentionKernel {
     }
 
     /// Queues `O = attention(Q, K, V)` on `stream` over `pointers` (Q, K, V, O: device addresses
-    /// of this device) with the sizes of `plan` (checked against the contract).
-    pub(crate) fn launch(
+    /// of this device) with `sizes` (checked against the contract).
+    pub(crate) fn launch_attention(
         &mut self,
-        plan: &Plan,
+        sizes: &AttentionSizes,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
@@ -321,29 +323,21 @@ impl AttentionKernel {
                 pointers.len()
             ));
         };
-        if plan.rows == 0 {
+        if sizes.rows == 0 {
             return Ok(());
         }
-        if let Some((name, p)) = [("Q", q), ("K", k), ("V", v), ("O", o)]
-            .into_iter()
-            .find(|(_, p)| p % 16 != 0)
-        {
-            return Err(format!(
-                "{name} at {p:#x} is not aligned to 16 bytes, as cuDNN needs"
-            ));
-        }
-        let hd = 2 * plan.half_hd;
+        check_aligned(&[("Q", q), ("K", k), ("V", v), ("O", o)])?;
+        let hd = 2 * sizes.half_hd;
         if !hd.is_multiple_of(8) || hd > 256 {
             return Err(format!(
                 "head size {hd}: cuDNN's fused attention takes a multiple of 8 up to 256"
             ));
         }
-        let _current =
-            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        let _current = CurrentContext::push(self.context)?;
         let handle = handle(self.ordinal, stream)?;
-        let (s, l, d) = (plan.block_rows, plan.cache_rows, plan.d);
-        let key = (plan.rows / s, s, l, d);
-        let split = self.split_of(plan);
+        let (s, l, d) = (sizes.block_rows, sizes.cache_rows, sizes.d);
+        let key = (sizes.rows / s, s, l, d);
+        let split = self.split_of(sizes);
         let index = match self
             .prepared
             .iter()
@@ -351,7 +345,7 @@ impl AttentionKernel {
         {
             Some(index) => index,
             None => {
-                let prepared = self.prepare(handle.0, plan, split)?;
+                let prepared = self.prepare(handle.0, sizes, split)?;
                 self.prepared.push(prepared);
                 self.prepared.len() - 1
             }
@@ -402,16 +396,16 @@ impl AttentionKernel {
         .map_err(|e| format!("cuLaunchKernel (merge): {e}"))
     }
 
-    /// The cuDNN plans of a call of `plan`'s sizes, split as `split`.
+    /// The cuDNN plans of a call of these sizes, split as `split`.
     fn prepare(
         &self,
         handle: dnn::cudnnHandle_t,
-        plan: &Plan,
+        sizes: &AttentionSizes,
         split: Split,
     ) -> Result<Prepared, String> {
-        let (s, l, d) = (plan.block_rows, plan.cache_rows, plan.d);
-        let batch = plan.rows / s;
-        let hd = 2 * plan.half_hd;
+        let (s, l, d) = (sizes.block_rows, sizes.cache_rows, sizes.d);
+        let batch = sizes.rows / s;
+        let hd = 2 * sizes.half_hd;
         let heads = d / hd;
         let (b, h, s64, l64, d64, hd64) = (
             batch as i64,

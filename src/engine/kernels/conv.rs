@@ -6,8 +6,8 @@
 //! - **The engine.** ONNX Runtime's `Conv` picks among cuDNN's legacy algorithms
 //!   (`cudnnFindConvolutionForwardAlgorithmEx`), and PyTorch's benchmark mode times the first 10
 //!   engine configurations of cuDNN's heuristics; for the decoder's 96-channel convolutions at
-//!   full resolution both land on a kernel at about 430 TFLOP/s, where a later configuration of
-//!   the same heuristics runs at about 640 (`benches/conv_shapes.py` with `CUDNN_LIMIT=0`). So the
+//!   full resolution both land on a kernel markedly slower than a later configuration of the same
+//!   heuristics (`benches/conv_shapes.py` with `CUDNN_LIMIT=0`; `benches/README.md`). So the
 //!   first call of a shape builds every execution plan the heuristics (instant and fallback
 //!   modes) offer, leaves out those whose arithmetic differs (reduced-precision accumulation,
 //!   FFT, Winograd, non-deterministic, and for float32 inputs tensor cores' TF32 or inputs
@@ -19,14 +19,15 @@
 //!   stream). A first call made while the stream is being captured into a CUDA graph cannot wait
 //!   for timings: it takes the first plan that builds, and so does every later call of that
 //!   shape.
-//! - **Kept between processes.** With `UNSTEP_CONV_CACHE` set to a directory (`runner apply` sets
-//!   it to the process's cache directory's `cudnn_conv`, beside `cuda_jit`), each choice is also
+//! - **Kept between processes.** With the session options' `conv_cache_dir` set to a directory
+//!   (`runner apply` sets it to the process's cache directory's `cudnn_conv`, beside `cuda_jit`;
+//!   `runner worker` takes it from `UNSTEP_CONV_CACHE`), each choice is also
 //!   written there, one small file per GPU kind, cuDNN version, shape and type, naming the plan's
 //!   place in the heuristics' list and its engine; a later process (the measurement after the
 //!   warmup) builds that one plan and takes it without timing, when the heuristics still offer the
 //!   same engine there. A missing, unreadable or stale file means timing again; a file that
 //!   cannot be written only costs the next process the timing.
-//! - `UNSTEP_CONV_LOG=1` prints each shape's choice to standard error: the plans timed, the
+//! - `conv_log` (`UNSTEP_CONV_LOG=1`) prints each shape's choice to standard error: the plans timed, the
 //!   engine kept and its time against the heuristics' first plan, and how long the choice took.
 
 use std::ffi::c_void;
@@ -35,15 +36,17 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
-use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{CurrentContext, Handle, REMEDY, device_info, prepare, primary_context};
+use super::DOMAIN;
+use super::cuda::{CurrentContext, Handle, REMEDY, device_info, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check_cudnn, create_handle, cudnn, engine_configs,
-    execute_plan, execution_plan, set_stream,
+    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, cudnn,
+    engine_configs, execute_plan, execution_plan, set_stream,
 };
-use super::{Attrs, ConvDims, DOMAIN, Op, Plan, op_error};
+use super::operator::CudaKernel;
+use super::ops::CausalConv3d;
+use super::ops::causal_conv3d::ConvDims;
 
 /// The tensors of a call, by unique id.
 const UID_X: i64 = 1;
@@ -58,7 +61,31 @@ const TIMED_REPS: usize = 3;
 /// timed further.
 const SLOW_CUT: f32 = 4.0;
 /// The environment variable naming the directory the choices are kept in.
-pub(crate) const CACHE_ENV: &str = "UNSTEP_CONV_CACHE";
+/// Where this process keeps its choices and whether it logs them: the session options'
+/// `conv_cache_dir` and `conv_log`, set when sessions are built ([`configure`]).
+#[derive(Debug, Clone, Default)]
+struct Settings {
+    cache_dir: Option<PathBuf>,
+    log: bool,
+}
+
+static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
+    cache_dir: None,
+    log: false,
+});
+
+/// Sets where choices are kept (`None`: nowhere) and whether each is logged, for the sessions
+/// built from now on in this process.
+pub(crate) fn configure(cache_dir: Option<PathBuf>, log: bool) {
+    *SETTINGS.lock().unwrap_or_else(PoisonError::into_inner) = Settings { cache_dir, log };
+}
+
+fn settings() -> Settings {
+    SETTINGS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
 
 /// cuDNN's numerical notes (`cudnnBackendNumericalNote_t`) that change a convolution's arithmetic
 /// (tensor cores: TF32 for float32 inputs).
@@ -79,9 +106,9 @@ struct Tuned {
 /// What the convolutions of one device share, for the process: one cuDNN handle (pointed at the
 /// call's stream before each call), the plans chosen so far by (sizes, float16), and one
 /// workspace (grown as a plan needs; the smaller buffers are kept, a captured graph may point at
-/// them). The calls come on the streams of several sessions (`vae_first`'s and `vae_step`'s); a
-/// first build that kept its choices per stream ran the decoder ten times slower, timing its
-/// choices again and again, so nothing here depends on the stream. The lock orders the host
+/// them). The calls come on the streams of several sessions (`vae_first`'s and `vae_step`'s);
+/// choices kept per stream would be timed again for every stream, so nothing here depends on the
+/// stream. The lock orders the host
 /// side; the shared workspace relies on the decoder's sessions running one after another, never
 /// two convolutions at once on different streams.
 struct Device {
@@ -133,14 +160,14 @@ impl Device {
 }
 
 /// A `CausalConv3d` node's CUDA kernel.
-pub(super) struct ConvKernel {
+pub(crate) struct ConvKernel {
     ty: TensorElementType,
     ordinal: i32,
     context: Handle<sys::CUcontext>,
 }
 
-impl ConvKernel {
-    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl CudaKernel<CausalConv3d> for ConvKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if !matches!(ty, TensorElementType::Float16 | TensorElementType::Float32) {
             return Err(format!(
                 "{DOMAIN} CausalConv3d: element type {ty:?} is not supported (float32 and float16 \
@@ -155,40 +182,34 @@ impl ConvKernel {
         })
     }
 
-    /// Checks the call and queues it on ONNX Runtime's stream.
-    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = Op::CausalConv3d;
-        let Some(call) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        self.launch(&call.plan, &call.pointers, call.stream)
-            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
-    }
-
-    /// Queues `Y = conv(X, W)` on `stream` over `pointers` (X, W, Y: device addresses of this
-    /// device) with the sizes of `plan`.
-    pub(crate) fn launch(
+    fn launch(
         &mut self,
-        plan: &Plan,
+        _: &(),
+        sizes: &ConvDims,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_conv(sizes, pointers, stream)
+    }
+}
+
+impl ConvKernel {
+    /// Queues `Y = conv(X, W)` on `stream` over `pointers` (X, W, Y: device addresses of this
+    /// device) with the sizes `dims`.
+    pub(crate) fn launch_conv(
+        &mut self,
+        dims: &ConvDims,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
         let [x, w, y] = pointers[..] else {
             return Err(format!("{} pointers, expected X, W and Y", pointers.len()));
         };
-        if plan.rows == 0 {
+        if dims.rows() == 0 {
             return Ok(());
         }
-        if let Some((name, p)) = [("X", x), ("W", w), ("Y", y)]
-            .into_iter()
-            .find(|(_, p)| p % 16 != 0)
-        {
-            return Err(format!(
-                "{name} at {p:#x} is not aligned to 16 bytes, as cuDNN needs"
-            ));
-        }
-        let _current =
-            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        check_aligned(&[("X", x), ("W", w), ("Y", y)])?;
+        let _current = CurrentContext::push(self.context)?;
         let half = self.ty == TensorElementType::Float16;
         let mut devices = DEVICES.lock().unwrap_or_else(PoisonError::into_inner);
         let device = match devices.iter().position(|d| d.ordinal == self.ordinal) {
@@ -199,11 +220,11 @@ impl ConvKernel {
             }
         };
         set_stream(device.handle, stream)?;
-        let key = (plan.conv, half);
+        let key = (*dims, half);
         let index = match device.tuned.iter().position(|(k, _)| *k == key) {
             Some(index) => index,
             None => {
-                let chosen = tune(device, &plan.conv, half, [x, w, y], stream)?;
+                let chosen = tune(device, dims, half, [x, w, y], stream)?;
                 device.tuned.push((key, chosen));
                 device.tuned.len() - 1
             }
@@ -465,7 +486,7 @@ pub(crate) fn fastest(times: &[Option<f32>]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// The file a choice is kept in, under the directory of [`CACHE_ENV`].
+/// The file a choice is kept in, under the choices' directory.
 pub(crate) fn choice_file(dir: &Path, kind: &str, dims: &ConvDims, half: bool) -> PathBuf {
     let g = dims;
     dir.join(format!(
@@ -513,7 +534,7 @@ pub(crate) fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Re
     std::fs::rename(&tmp, file)
 }
 
-/// The plan a shape keeps: the one an earlier process kept (`CACHE_ENV`), when the heuristics
+/// The plan a shape keeps: the one an earlier process kept, when the heuristics
 /// still offer its engine at its place and its plan builds (one plan built, none timed);
 /// otherwise [`choose`]'s.
 fn tune(
@@ -541,9 +562,11 @@ fn tune(
         dims.c,
         if half { "float16" } else { "float32" }
     );
-    let file = std::env::var_os(CACHE_ENV)
-        .filter(|dir| !dir.is_empty())
-        .map(|dir| choice_file(Path::new(&dir), &device.kind, dims, half));
+    let settings = settings();
+    let file = settings
+        .cache_dir
+        .as_deref()
+        .map(|dir| choice_file(dir, &device.kind, dims, half));
     let engines: Vec<i64> = offers.iter().map(|o| o.engine).collect();
     let kept = file
         .as_deref()
@@ -561,7 +584,7 @@ fn tune(
             file.as_deref(),
         )?,
     };
-    if std::env::var_os("UNSTEP_CONV_LOG").is_some_and(|v| v == "1") {
+    if settings.log {
         eprintln!(
             "CausalConv3d {describe} on stream {stream:?}: engine {} kept ({how}); chosen in \
              {:.2} s",

@@ -1,4 +1,5 @@
-//! The CUDA kernels of the `ai.unstep` operators.
+//! What the CUDA kernels of the `ai.unstep` operators share: the CUDA driver and NVRTC, the module
+//! of `kernels.cu` per device, the primary context, and the checked call.
 //!
 //! - The CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are loaded at run time (cudarc's
 //!   dynamic loading): the runner builds and runs without CUDA, and a missing library is an error
@@ -9,21 +10,16 @@
 //!   CUDA provider works in through the runtime API. A cubin rather than PTX, so that an NVRTC
 //!   newer than the driver (within one CUDA major version) still works: the driver does not JIT
 //!   PTX of a newer ISA.
-//! - Each compute reads the device pointers of its inputs and outputs (`Tensor::data_ptr`,
-//!   ONNX Runtime allocates them on the device, as the operators are registered for
+//! - [`prepare`] checks a call of any operator against the contract and its CUDA needs (element
+//!   types, tensors on the kernel's device, shapes, alignment to element pairs), allocates its
+//!   outputs, and reads the device pointers of its inputs and outputs (`Tensor::data_ptr`: ONNX
+//!   Runtime allocates them on the device, as the operators are registered for
 //!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
-//!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]), and launches one kernel on
-//!   that stream with `cuLaunchKernel` (`PrefixBiasRmsNorm` too: its kernel copies the prefix
-//!   rows and writes the tail beside the normalised rows). Nothing synchronises: ONNX Runtime
-//!   orders the stream.
-//! - Each operator and element type has three kernels, one per row layout ([`Layout`]); each
-//!   launch picks one from D and the tensors' alignment: a group of up to 32 threads per row,
-//!   with up to four 16-byte accesses each, for D ≤ [`GROUP_MAX_D`] (the VAE's channels-last
-//!   rows, D = 96 to 384, a million rows and more), otherwise one block of [`THREADS`] threads
-//!   per row with 4-element accesses (the DiT's D = 1536) or pairs. The elementwise `BiasGelu`
-//!   takes only a layout's access width ([`Layout::choose_elementwise`]), over a grid-stride loop.
+//!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]); the operator's
+//!   [`CudaKernel`](super::operator::CudaKernel) then queues its work on that stream. Nothing
+//!   synchronises: ONNX Runtime orders the stream.
 
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CStr, CString};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{result as driver, sys};
@@ -32,172 +28,15 @@ use ort::memory::AllocationDevice;
 use ort::operator::ComputeContext;
 use ort::value::{DynTensorValueType, TensorElementType};
 
-use super::{Attrs, DOMAIN, Op, Plan, op_error, plan};
+use super::operator::{UnstepOp, check, op_error};
+use super::row_launch::{Layout, elem_bytes, entry_point};
 
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
-/// `WARP` of `kernels.cu`.
-const WARP: u32 = 32;
-/// `THREADS` of `kernels.cu`: the block layout's threads per row (one block per row).
-pub(crate) const THREADS: u32 = 128;
-/// `GROUP_THREADS` of `kernels.cu`: the group layout's threads per block.
-pub(crate) const GROUP_THREADS: u32 = 256;
-/// `ROW_FLOATS` of `kernels.cu`: the floats of its row a thread holds at most.
-pub(crate) const ROW_FLOATS: usize = 16;
-/// The largest D the kernels keep in registers (the block layout's).
-pub(crate) const MAX_D: usize = THREADS as usize * ROW_FLOATS;
-/// The largest D of the group layout (a group is at most one warp).
-pub(crate) const GROUP_MAX_D: usize = WARP as usize * ROW_FLOATS;
-/// The group layout's unit: the bytes one thread loads or stores in one access.
-pub(crate) const UNIT_BYTES: usize = 16;
-/// `GROUP_UNITS` of `kernels.cu`: the units of its row a thread of the group layout holds at
-/// most, and is given where the row has that many per lane.
-pub(crate) const GROUP_UNITS: usize = 4;
 
-/// How a kernel lays a row on the threads (`BlockRow` and `GroupRow` of `kernels.cu`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Layout {
-    /// One block of [`THREADS`] threads per row, pairs of elements: D even, up to [`MAX_D`].
-    Block,
-    /// One block of [`THREADS`] threads per row, 4 elements per access: D a multiple of 4, up to
-    /// [`MAX_D`], every tensor aligned to 4 elements (wan-1.3b's D = 1536: 3 accesses per
-    /// thread instead of 6).
-    BlockQuad,
-    /// `lanes` threads of a warp per row (a power of two up to 32), [`UNIT_BYTES`] per access,
-    /// up to [`GROUP_UNITS`] accesses per thread: D a multiple of a unit, up to [`GROUP_MAX_D`],
-    /// and every tensor aligned to a unit. Against a block of 128 threads, which would leave most
-    /// of them idle on a short row, and one warp of pairs, which keeps few bytes in flight.
-    Group { lanes: u32 },
-}
-
-impl Layout {
-    /// The entry point kinds, one per layout.
-    pub(crate) const KINDS: [Layout; 3] = [
-        Layout::Block,
-        Layout::BlockQuad,
-        Layout::Group { lanes: WARP },
-    ];
-
-    /// The layout of rows of D elements of `elem_bytes` bytes whose tensors are all aligned to
-    /// `alignment` bytes: the group layout where it can take the row, with the fewest lanes that
-    /// hold at most [`GROUP_UNITS`] units each (a power of two, up to a warp); else blocks of
-    /// 4-element accesses where D and the alignment allow; else blocks of pairs.
-    pub(crate) fn choose(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
-        let unit = UNIT_BYTES / elem_bytes;
-        if alignment.is_multiple_of(UNIT_BYTES) && d.is_multiple_of(unit) && d <= GROUP_MAX_D {
-            let lanes = (d / unit)
-                .div_ceil(GROUP_UNITS)
-                .next_power_of_two()
-                .min(WARP as usize);
-            Layout::Group {
-                lanes: lanes as u32,
-            }
-        } else if alignment.is_multiple_of(4 * elem_bytes) && d.is_multiple_of(4) {
-            Layout::BlockQuad
-        } else {
-            Layout::Block
-        }
-    }
-
-    /// The layout of an elementwise operator ([`Op::elementwise`]) over rows of D: only its unit
-    /// matters (16 bytes, 4 elements or a pair, as D and the alignment allow).
-    pub(crate) fn choose_elementwise(d: usize, elem_bytes: usize, alignment: usize) -> Layout {
-        let group = Layout::Group { lanes: WARP };
-        [group, Layout::BlockQuad]
-            .into_iter()
-            .find(|layout| {
-                let unit = layout.unit(elem_bytes);
-                alignment.is_multiple_of(unit * elem_bytes) && d.is_multiple_of(unit)
-            })
-            .unwrap_or(Layout::Block)
-    }
-
-    /// The elements one thread loads or stores in one access (`V` of `kernels.cu`).
-    pub(crate) fn unit(self, elem_bytes: usize) -> usize {
-        match self {
-            Layout::Block => 2,
-            Layout::BlockQuad => 4,
-            Layout::Group { .. } => UNIT_BYTES / elem_bytes,
-        }
-    }
-
-    /// The threads of a block: the `__launch_bounds__` of the layout's entry points.
-    fn threads(self) -> u32 {
-        match self {
-            Layout::Block | Layout::BlockQuad => THREADS,
-            Layout::Group { .. } => GROUP_THREADS,
-        }
-    }
-
-    /// The grid and block sizes of an elementwise launch over `n` elements of `elem_bytes`:
-    /// one access per thread up to a grid-stride cap.
-    pub(crate) fn elementwise_dims(self, n: usize, elem_bytes: usize) -> (u32, u32) {
-        const MAX_BLOCKS: usize = 1 << 14;
-        let threads = self.threads();
-        let accesses = n / self.unit(elem_bytes);
-        let blocks = accesses.div_ceil(threads as usize).clamp(1, MAX_BLOCKS);
-        (blocks as u32, threads)
-    }
-
-    /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
-    fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
-        let blocks = match self {
-            Layout::Block | Layout::BlockQuad => rows,
-            Layout::Group { lanes } => rows.div_ceil((GROUP_THREADS / lanes) as usize),
-        };
-        let threads = self.threads();
-        // The largest grid x dimension CUDA allows.
-        match u32::try_from(blocks) {
-            Ok(blocks) if blocks <= i32::MAX as u32 => Ok((blocks, threads)),
-            _ => Err(format!("{rows} rows are too many for one launch")),
-        }
-    }
-}
-
+/// What a CUDA error message suggests instead.
 pub(super) const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
-
-/// Refuses a row length `op`'s kernels cannot take: they load element pairs (D even), and those
-/// of the row operators keep a row in registers (D at most [`MAX_D`]).
-pub(crate) fn check_d(op: Op, d: usize) -> Result<(), String> {
-    if op.elementwise() {
-        if !d.is_multiple_of(2) {
-            return Err(format!("D = {d}: the CUDA kernel needs an even D"));
-        }
-    } else if !d.is_multiple_of(2) || d > MAX_D {
-        return Err(format!(
-            "D = {d}: the CUDA kernels need an even D of at most {MAX_D}"
-        ));
-    }
-    Ok(())
-}
-
-/// The kernel entry point of an operator, element type and row layout, e.g.
-/// `unstep_bias_rms_norm_f16` (block layout) and `unstep_bias_rms_norm_f16_g` (group layout).
-pub(crate) fn entry_point(op: Op, ty: TensorElementType, layout: Layout) -> Option<String> {
-    let op = match op {
-        Op::BiasRmsNormRope => "bias_rms_norm_rope",
-        Op::BiasRmsNorm => "bias_rms_norm",
-        Op::PrefixBiasRmsNorm => "prefix_bias_rms_norm",
-        Op::GatedResidualLayerNorm => "gated_residual_layer_norm",
-        Op::QkvNormRopeCache => "qkv_norm_rope_cache",
-        Op::BiasGelu => "bias_gelu",
-        // A cuBLASLt matmul (gemm.rs), cuDNN's attention (attention.rs) and convolution
-        // (conv.rs), no row kernel of kernels.cu.
-        Op::MatMulBiasGelu | Op::Attention | Op::CausalConv3d => return None,
-    };
-    let ty = match ty {
-        TensorElementType::Float32 => "f32",
-        TensorElementType::Float16 => "f16",
-        _ => return None,
-    };
-    let layout = match layout {
-        Layout::Block => "",
-        Layout::BlockQuad => "_q",
-        Layout::Group { .. } => "_g",
-    };
-    Some(format!("unstep_{op}_{ty}{layout}"))
-}
 
 /// Loads the CUDA driver and NVRTC libraries and initialises the driver, once per process.
 pub(super) fn check_libraries() -> Result<(), String> {
@@ -403,13 +242,10 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
             .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
         functions.push((name.to_string(), Handle(function)));
     }
-    let row_ops = Op::ALL
-        .into_iter()
-        .filter(|&op| entry_point(op, TensorElementType::Float32, Layout::Block).is_some());
-    for op in row_ops {
+    for base in super::row_kernels() {
         for ty in [TensorElementType::Float32, TensorElementType::Float16] {
             for layout in Layout::KINDS {
-                let name = entry_point(op, ty, layout)
+                let name = entry_point(base, ty, layout)
                     .expect("every operator has float32 and float16 kernels");
                 if functions.iter().any(|(n, _)| *n == name) {
                     continue;
@@ -456,6 +292,11 @@ pub(super) struct CurrentContext {
 }
 
 impl CurrentContext {
+    /// [`Self::enter`], with an error message naming the call.
+    pub(super) fn push(context: Handle<sys::CUcontext>) -> Result<Self, String> {
+        Self::enter(context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))
+    }
+
     pub(super) fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
         if driver::ctx::get_current()? == Some(context) {
             return Ok(Self { pushed: false });
@@ -477,25 +318,25 @@ impl Drop for CurrentContext {
 }
 
 /// A checked call of an operator on CUDA, ready to launch.
-pub(super) struct Call {
-    pub(super) plan: Plan,
+pub(super) struct Call<S> {
+    pub(super) sizes: S,
     /// Device addresses of the inputs, then the outputs, in the operator's order.
     pub(super) pointers: Vec<u64>,
     /// ONNX Runtime's compute stream.
     pub(super) stream: sys::CUstream,
 }
 
-/// Checks a call of `op` on CUDA device `ordinal` with element type `ty` against the contract
+/// Checks a call of `O` on CUDA device `ordinal` with element type `ty` against the contract
 /// (types, devices, shapes, alignment to element pairs) and allocates its outputs; `None` when
 /// the outputs are empty (nothing to launch).
-pub(super) fn prepare(
-    op: Op,
+pub(super) fn prepare<O: UnstepOp>(
     ty: TensorElementType,
     ordinal: i32,
-    attrs: &Attrs,
+    attrs: &O::Attrs,
     ctx: &ComputeContext,
-) -> ort::Result<Option<Call>> {
-    let fail = |message: String| op_error(op, format!("(CUDA) {message}"));
+) -> ort::Result<Option<Call<O::Sizes>>> {
+    let info = &O::INFO;
+    let fail = |message: String| op_error(info, format!("(CUDA) {message}"));
     let elem_bytes = elem_bytes(ty);
     // `kind` and `name` are formatted only when the check fails: this runs on every call.
     let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
@@ -510,7 +351,7 @@ pub(super) fn prepare(
             )))
         }
     };
-    let names = op.inputs();
+    let names = info.inputs;
     let mut inputs = Vec::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
         let tensor = ctx
@@ -528,11 +369,11 @@ pub(super) fn prepare(
         inputs.push(tensor);
     }
     let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
-    let plan = plan(op, attrs, &shapes).map_err(ort::Error::new)?;
+    let sizes = check::<O>(attrs, &shapes).map_err(ort::Error::new)?;
     let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
-    for (idx, name) in op.outputs().iter().enumerate() {
+    for (idx, name) in info.outputs.iter().enumerate() {
         let tensor = ctx
-            .output(idx, op.output_shape(&shapes, idx))?
+            .output(idx, O::output_shape(&shapes, idx))?
             .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
             .downcast::<DynTensorValueType>()?;
         on_device("output", name, tensor.memory_info())?;
@@ -540,12 +381,12 @@ pub(super) fn prepare(
         // which stays ONNX Runtime's; the kernel writes it on the stream.
         pointers.push(tensor.data_ptr() as u64);
     }
-    if plan.output_rows() == 0 {
+    if O::is_empty(&sizes) {
         return Ok(None);
     }
     // Every layout loads and stores at least a pair of elements in one access (the block
     // layout's unit; the group layout's is checked in the launch, which falls back to blocks).
-    let all_names = names.iter().chain(op.outputs());
+    let all_names = names.iter().chain(info.outputs);
     for (&pointer, name) in pointers.iter().zip(all_names) {
         if pointer % (2 * elem_bytes as u64) != 0 {
             return Err(fail(format!(
@@ -559,184 +400,8 @@ pub(super) fn prepare(
         .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
         .as_ptr() as sys::CUstream;
     Ok(Some(Call {
-        plan,
+        sizes,
         pointers,
         stream,
     }))
-}
-
-/// The bytes of one element of `ty` (float16 or float32).
-fn elem_bytes(ty: TensorElementType) -> usize {
-    match ty {
-        TensorElementType::Float16 => 2,
-        _ => 4,
-    }
-}
-
-/// A node's CUDA kernel.
-pub(super) struct CudaKernel {
-    op: Op,
-    ty: TensorElementType,
-    ordinal: i32,
-    module: &'static DeviceModule,
-    /// The kernels of the operator and type, per layout.
-    block: Handle<sys::CUfunction>,
-    block_quad: Handle<sys::CUfunction>,
-    group: Handle<sys::CUfunction>,
-}
-
-impl CudaKernel {
-    /// Compiles and loads the kernels for device `ordinal` if this process has not yet.
-    pub(super) fn new(op: Op, ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
-        let names = Layout::KINDS.map(|layout| entry_point(op, ty, layout));
-        let [Some(block), Some(block_quad), Some(group)] = names else {
-            return Err(format!(
-                "{DOMAIN} {}: element type {ty:?} is not supported (float32 and float16 are)",
-                op.name()
-            ));
-        };
-        let module = device_module(ordinal)?;
-        let function = |name: &str| {
-            module
-                .functions
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, f)| *f)
-                .expect("the module has every entry point")
-        };
-        Ok(Self {
-            op,
-            ty,
-            ordinal,
-            module,
-            block: function(&block),
-            block_quad: function(&block_quad),
-            group: function(&group),
-        })
-    }
-
-    /// The bytes of one element of the kernel's type.
-    fn elem_bytes(&self) -> usize {
-        elem_bytes(self.ty)
-    }
-
-    /// Checks the call and launches the kernel on ONNX Runtime's stream.
-    pub(super) fn compute(&self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let Some(call) = prepare(self.op, self.ty, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        // The launch refuses a D the kernels cannot take (odd, or past MAX_D).
-        self.launch(&call.plan, attrs, &call.pointers, call.stream)
-            .map_err(|message| op_error(self.op, format!("(CUDA) {message}")))
-    }
-
-    /// Launches the kernel of the call's layout ([`Layout::choose`]) on `stream` over `pointers`
-    /// (device addresses of the inputs, then the outputs, in the operator's order) with the sizes
-    /// of `plan`. Checks nothing but the launch.
-    pub(crate) fn launch(
-        &self,
-        plan: &Plan,
-        attrs: &Attrs,
-        pointers: &[u64],
-        stream: sys::CUstream,
-    ) -> Result<(), String> {
-        let op = self.op;
-        assert_eq!(pointers.len(), op.inputs().len() + op.outputs().len());
-        // The kernels load element pairs: an odd D would read misaligned pairs.
-        check_d(op, plan.d)?;
-        // PrefixBiasRmsNorm's threads cover Y's rows: the prefix's, then the normalised ones.
-        let launch_rows = plan.output_rows();
-        if launch_rows == 0 {
-            return Ok(());
-        }
-        let _current = CurrentContext::enter(self.module.context.0)
-            .map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
-        let elem_bytes = self.elem_bytes();
-        // The largest power of two (up to a unit) every pointer is aligned to.
-        let alignment = pointers
-            .iter()
-            .map(|&p| 1usize << p.trailing_zeros().min(UNIT_BYTES.trailing_zeros()))
-            .min()
-            .unwrap_or(UNIT_BYTES);
-        let (layout, (blocks, threads)) = if op.elementwise() {
-            let layout = Layout::choose_elementwise(plan.d, elem_bytes, alignment);
-            (
-                layout,
-                layout.elementwise_dims(plan.rows * plan.d, elem_bytes),
-            )
-        } else {
-            let layout = Layout::choose(plan.d, elem_bytes, alignment);
-            (layout, layout.launch_dims(launch_rows)?)
-        };
-        let (function, mut lanes) = match layout {
-            Layout::Block => (self.block, 0i32),
-            Layout::BlockQuad => (self.block_quad, 0i32),
-            Layout::Group { lanes } => (self.group, lanes as i32),
-        };
-        // The kernel's arguments, in the order of its signature in kernels.cu: the input
-        // pointers, the output pointers, then the sizes and attributes.
-        let mut rows = plan.rows as i64;
-        let mut d = plan.d as i32;
-        let mut epsilon = attrs.epsilon;
-        let mut silu = i32::from(attrs.silu);
-        let mut half_hd = plan.half_hd as i32;
-        let mut table_rows = plan.table_rows as i64;
-        let mut block_rows = plan.block_rows as i64;
-        let mut cache_rows = plan.cache_rows as i64;
-        let mut prefix_rows = plan.prefix_rows as i64;
-        let mut divs = plan.divs.map(|div| div as i64);
-        let mut pointers = pointers.to_vec();
-        let mut params: Vec<*mut c_void> = pointers
-            .iter_mut()
-            .map(|p| (p as *mut u64).cast::<c_void>())
-            .collect();
-        params.push((&mut rows as *mut i64).cast());
-        params.push((&mut d as *mut i32).cast());
-        params.push((&mut epsilon as *mut f32).cast());
-        match op {
-            Op::BiasRmsNormRope => {
-                params.push((&mut half_hd as *mut i32).cast());
-                params.push((&mut table_rows as *mut i64).cast());
-            }
-            Op::QkvNormRopeCache => {
-                params.push((&mut half_hd as *mut i32).cast());
-                params.push((&mut table_rows as *mut i64).cast());
-                params.push((&mut block_rows as *mut i64).cast());
-                params.push((&mut cache_rows as *mut i64).cast());
-            }
-            Op::BiasRmsNorm => params.push((&mut silu as *mut i32).cast()),
-            Op::PrefixBiasRmsNorm => {
-                params.push((&mut prefix_rows as *mut i64).cast());
-                params.push((&mut silu as *mut i32).cast());
-            }
-            Op::BiasGelu => {}
-            Op::MatMulBiasGelu | Op::Attention | Op::CausalConv3d => {
-                unreachable!("a cuBLASLt matmul or a cuDNN call, not a row kernel")
-            }
-            Op::GatedResidualLayerNorm => {
-                for div in divs.iter_mut() {
-                    params.push((div as *mut i64).cast());
-                }
-            }
-        }
-        params.push((&mut lanes as *mut i32).cast());
-        // QkvNormRopeCache: Q, K and V are three launches' worth of rows in one (grid.y).
-        let grid_y = if op == Op::QkvNormRopeCache { 3 } else { 1 };
-        // SAFETY: the function was loaded from kernels.cu into the current context; `params`
-        // points at one value per kernel parameter, of the parameter's type (device pointers as
-        // u64, `long long` as i64, `int` as i32, `float` as f32), alive for the call, which copies
-        // them; the caller gives device memory of this device, sized by `plan` (checked against
-        // the contract) and aligned to element pairs, and a stream of the same (primary) context.
-        unsafe {
-            driver::launch_kernel(
-                function.0,
-                (blocks, grid_y, 1),
-                (threads, 1, 1),
-                0,
-                stream,
-                &mut params,
-            )
-        }
-        .map_err(|e| format!("cuLaunchKernel: {e}"))
-    }
 }

@@ -431,3 +431,13 @@ pub(super) unsafe fn execute_plan(
         "cudnnBackendExecute",
     )
 }
+
+/// Checks that every tensor (name, device address) starts on 16 bytes, as cuDNN needs.
+pub(super) fn check_aligned(tensors: &[(&str, u64)]) -> Result<(), String> {
+    match tensors.iter().find(|(_, p)| p % 16 != 0) {
+        Some((name, p)) => Err(format!(
+            "{name} at {p:#x} is not aligned to 16 bytes, as cuDNN needs"
+        )),
+        None => Ok(()),
+    }
+}

@@ -23,11 +23,13 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys as lt_sys;
 use cudarc::driver::{result as driver, sys};
-use ort::operator::ComputeContext;
 use ort::value::TensorElementType;
 
-use super::cuda::{CurrentContext, Handle, REMEDY, prepare, primary_context};
-use super::{Attrs, DOMAIN, Op, Plan, op_error};
+use super::DOMAIN;
+use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
+use super::operator::CudaKernel;
+use super::ops::MatMulBiasGelu;
+use super::ops::matmul_bias_gelu::MatMulSizes;
 
 /// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
@@ -172,7 +174,7 @@ impl Drop for Prepared {
 }
 
 /// A `MatMulBiasGelu` node's CUDA kernel.
-pub(super) struct GemmKernel {
+pub(crate) struct GemmKernel {
     ty: TensorElementType,
     ordinal: i32,
     context: Handle<sys::CUcontext>,
@@ -183,14 +185,8 @@ pub(super) struct GemmKernel {
     pub(super) algo_rank: usize,
 }
 
-impl GemmKernel {
-    /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
-    #[cfg(test)]
-    pub(super) fn algorithms(&self) -> Vec<String> {
-        self.prepared.iter().map(Prepared::describe).collect()
-    }
-
-    pub(super) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl CudaKernel<MatMulBiasGelu> for GemmKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if data_type(ty).is_none() {
             return Err(format!(
                 "{DOMAIN} MatMulBiasGelu: element type {ty:?} is not supported (float32 and \
@@ -208,21 +204,29 @@ impl GemmKernel {
         })
     }
 
-    /// Checks the call (as the row kernels do) and queues the matmul on ONNX Runtime's stream.
-    pub(super) fn compute(&mut self, attrs: &Attrs, ctx: &ComputeContext) -> ort::Result<()> {
-        let op = Op::MatMulBiasGelu;
-        let Some(call) = prepare(op, self.ty, self.ordinal, attrs, ctx)? else {
-            return Ok(());
-        };
-        self.launch(&call.plan, &call.pointers, call.stream)
-            .map_err(|message| op_error(op, format!("(CUDA) {message}")))
+    fn launch(
+        &mut self,
+        _: &(),
+        sizes: &MatMulSizes,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_matmul(sizes, pointers, stream)
+    }
+}
+
+impl GemmKernel {
+    /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
+    #[cfg(test)]
+    pub(super) fn algorithms(&self) -> Vec<String> {
+        self.prepared.iter().map(Prepared::describe).collect()
     }
 
     /// Queues `Y = GELU(X·Wᵀ + bias)` on `stream` over `pointers` (X, W, bias, Y: device
-    /// addresses of this device) with the sizes of `plan` (checked against the contract).
-    pub(crate) fn launch(
+    /// addresses of this device) with `sizes` (checked against the contract).
+    pub(crate) fn launch_matmul(
         &mut self,
-        plan: &Plan,
+        sizes: &MatMulSizes,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
@@ -232,11 +236,10 @@ impl GemmKernel {
                 pointers.len()
             ));
         };
-        if plan.rows == 0 {
+        if sizes.rows == 0 {
             return Ok(());
         }
-        let _current =
-            CurrentContext::enter(self.context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))?;
+        let _current = CurrentContext::push(self.context)?;
         let handle = handle(self.ordinal)?;
         let workspace = workspace(self.ordinal, stream)?;
         // The largest power of two up to 256 bytes that all of X, W and Y start on: an
@@ -246,7 +249,7 @@ impl GemmKernel {
             .map(|&p| 1usize << p.trailing_zeros().min(8))
             .min()
             .unwrap_or(256);
-        let key = (plan.rows, plan.d, plan.cols, alignment);
+        let key = (sizes.rows, sizes.d, sizes.cols, alignment);
         let index = match self.prepared.iter().position(|p| p.key == key) {
             Some(index) => index,
             None => {
@@ -263,7 +266,7 @@ impl GemmKernel {
         let [a, b, c] = prepared.layouts;
         // SAFETY: the descriptors are alive (owned by `prepared`); the bias attribute is a
         // pointer-sized value; X, W, bias and Y are device memory of this device holding the
-        // plan's sizes; the workspace is this stream's and of the size the preference allowed;
+        // call's sizes; the workspace is this stream's and of the size the preference allowed;
         // alpha and beta are float32 host scalars (scale type 32F, default host pointer mode),
         // read before cublasLtMatmul returns.
         unsafe {
@@ -296,7 +299,7 @@ impl GemmKernel {
         .map_err(|e| {
             format!(
                 "cublasLtMatmul ({} × {} × {}): {e}",
-                plan.rows, plan.d, plan.cols
+                sizes.rows, sizes.d, sizes.cols
             )
         })
     }

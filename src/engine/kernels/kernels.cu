@@ -6,12 +6,12 @@
 // is rounded to its type once.
 //
 // Three layouts of a row on the threads (`BlockRow`, `BlockQuad` and `GroupRow` below), each with
-// its own entry points (suffixes none, `_q` and `_g`); the host picks one per call (cuda.rs). In
-// all three a row is cut into *units* of V consecutive elements, loaded and stored as one access,
-// and the WIDTH threads of a row hold units u = t, t + WIDTH, t + 2 * WIDTH, ... (thread t of the
-// row), so each load instruction of a warp reads contiguous memory, and the row stays in registers
-// between the passes: ROW_FLOATS floats per thread (the host checks D against it, that D is a
-// multiple of V and that every pointer is aligned to a unit).
+// its own entry points (suffixes none, `_q` and `_g`); the host picks one per call (row_launch.rs).
+// In all three a row is cut into *units* of V consecutive elements, loaded and stored as one
+// access, and the WIDTH threads of a row hold units u = t, t + WIDTH, t + 2 * WIDTH, ... (thread t
+// of the row), so each load instruction of a warp reads contiguous memory, and the row stays in
+// registers between the passes: ROW_FLOATS floats per thread (the host checks D against it, that D
+// is a multiple of V and that every pointer is aligned to a unit).
 //
 // - BlockRow and BlockQuad, for large D (the DiT's 1536): one block of THREADS threads per row,
 //   grid = rows, units of a pair (V = 2, any even D) or of 4 elements (D a multiple of 4),
@@ -577,7 +577,7 @@ __device__ __forceinline__ void gated_residual_layer_norm(
         prefix_bias_rms_norm<E, L<E>>(x, bias, weight, prefix, y, tail, rows, d, eps,          \
                                       prefix_rows, act_silu, lanes);                           \
     }                                                                                          \
-    /* Elementwise: the layout gives only its unit; grid-stride blocks (cuda.rs). */         \
+    /* Elementwise: the layout gives only its unit; grid-stride blocks (row_launch.rs). */   \
     extern "C" __global__ void __launch_bounds__(BLOCK) unstep_bias_gelu_##SUFFIX(             \
         const T* x, const T* bias, T* y, i64 rows, int d, float eps, int lanes) {              \
         bias_gelu<E, L<E>>(x, bias, y, rows * d, d);                                           \

@@ -1,0 +1,265 @@
+//! `Attention` against the float64 reference; its contract's errors; the split of its CUDA
+//! kernel's last wave; what its CUDA kernel refuses.
+
+use half::f16;
+use ort::value::TensorElementType;
+
+use super::*;
+use crate::engine::kernels::attention::{MAX_PARTS, Split, split};
+use crate::engine::kernels::operator::CudaKernel;
+use crate::engine::kernels::test_support::*;
+use crate::engine::onnx_graph::Attr;
+
+pub(crate) struct AttentionCase<T> {
+    pub(crate) q_shape: Vec<i64>,
+    pub(crate) kv_shape: Vec<i64>,
+    pub(crate) heads: usize,
+    pub(crate) q: Vec<T>,
+    pub(crate) k: Vec<T>,
+    pub(crate) v: Vec<T>,
+}
+
+impl<T: Element> AttentionCase<T> {
+    /// Q `[B, S, D]` in [-3, 3] (scores of a few units: a peaked softmax), K and V `[B, L, D]` in
+    /// [-1, 1].
+    pub(crate) fn new(rng: &mut Rng, [b, s, l, d]: [usize; 4], heads: usize) -> Self {
+        let (b, s, l, d) = (b as i64, s as i64, l as i64, d as i64);
+        let kv = shape_numel(&[b, l, d]);
+        Self {
+            q_shape: vec![b, s, d],
+            kv_shape: vec![b, l, d],
+            heads,
+            q: rng.vec(shape_numel(&[b, s, d]), -3.0, 3.0),
+            k: rng.vec(kv, -1.0, 1.0),
+            v: rng.vec(kv, -1.0, 1.0),
+        }
+    }
+
+    /// Per row and head, `softmax(Q_h·K_hᵀ / sqrt(hd)) V_h` in float64.
+    pub(crate) fn reference(&self) -> Vec<f64> {
+        let (s, l, d) = (
+            self.q_shape[1] as usize,
+            self.kv_shape[1] as usize,
+            *self.q_shape.last().unwrap() as usize,
+        );
+        let hd = d / self.heads;
+        let (q, k, v) = (wide(&self.q), wide(&self.k), wide(&self.v));
+        let mut o = vec![0f64; q.len()];
+        for (r, o_row) in o.chunks_mut(d).enumerate() {
+            let base = r / s * l * d;
+            for h in 0..self.heads {
+                let scores: Vec<f64> = (0..l)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|c| q[r * d + h * hd + c] * k[base + j * d + h * hd + c])
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for c in 0..hd {
+                    o_row[h * hd + c] = (0..l)
+                        .map(|j| weights[j] * v[base + j * d + h * hd + c])
+                        .sum::<f64>()
+                        / total;
+                }
+            }
+        }
+        o
+    }
+
+    pub(crate) fn cpu(&self) -> Vec<T> {
+        let plan = self.plan();
+        let mut o = vec![T::from_f32(0.0); self.q.len()];
+        attention(&plan, &self.q, &self.k, &self.v, &mut o);
+        o
+    }
+}
+
+impl<T: Element> OpCase<T> for AttentionCase<T> {
+    type Op = Attention;
+
+    fn attrs(&self) -> HeadsAttrs {
+        HeadsAttrs {
+            num_heads: self.heads,
+        }
+    }
+
+    fn shapes(&self) -> Vec<Vec<i64>> {
+        vec![
+            self.q_shape.clone(),
+            self.kv_shape.clone(),
+            self.kv_shape.clone(),
+        ]
+    }
+
+    fn inputs(&self) -> Vec<&[T]> {
+        vec![&self.q, &self.k, &self.v]
+    }
+
+    fn written(&self) -> usize {
+        self.q.len()
+    }
+}
+
+/// ([B, S, L, D], num_heads): a batch of 2 with more keys than rows, one row and one key, fewer
+/// keys than rows, the tiny model's self-attention (3 frames of 28 tokens after 2 blocks, 2 heads
+/// of 32), one head of 128.
+pub(crate) const ATTENTION_CASES: [([usize; 4], usize); 5] = [
+    ([2, 5, 7, 8], 2),
+    ([1, 1, 1, 4], 1),
+    ([1, 9, 3, 12], 3),
+    ([1, 84, 252, 64], 2),
+    ([1, 6, 40, 128], 1),
+];
+
+pub(crate) fn check_attention_cpu<T: Tolerance>() {
+    let mut rng = Rng(12);
+    for (sizes, heads) in ATTENTION_CASES {
+        let case = AttentionCase::<T>::new(&mut rng, sizes, heads);
+        let what = format!(
+            "{} Attention {sizes:?} heads {heads}",
+            std::any::type_name::<T>()
+        );
+        let plan = case.plan();
+        assert_eq!(
+            (
+                plan.rows,
+                plan.block_rows,
+                plan.cache_rows,
+                2 * plan.half_hd
+            ),
+            (sizes[0] * sizes[1], sizes[1], sizes[2], sizes[3] / heads),
+            "{what}"
+        );
+        assert_close(&case.cpu(), &case.reference(), &what);
+    }
+}
+
+#[test]
+fn attention_matches_the_reference() {
+    check_attention_cpu::<f32>();
+    check_attention_cpu::<f16>();
+}
+
+/// The split of a call's rows (attention.rs) on an H200 (132 SMs, two thread blocks of 64 rows
+/// each per SM: 264 per wave).
+#[test]
+fn the_attention_splits_only_a_partial_last_wave() {
+    let h200 = |rows, keys, max_parts| split(1, rows, keys, 12, 132, true, max_parts);
+    let whole = |rows| Split {
+        main_rows: rows,
+        parts: 1,
+    };
+    // wan-1.3b: 4,680 rows × 12 heads = 888 blocks, 3.36 waves: 4,224 rows (792 blocks, three
+    // waves), then 456 rows (96 blocks) over eight runs of the keys (768 blocks, three waves of
+    // an eighth: 0.375 of a wave), or over two (192 blocks, one wave of a half).
+    for keys in [4680, 9360, 18720] {
+        for (max_parts, parts) in [(MAX_PARTS, 8), (4, 2), (2, 2)] {
+            assert_eq!(
+                h200(4680, keys, max_parts),
+                Split {
+                    main_rows: 4224,
+                    parts
+                },
+                "{keys} keys, at most {max_parts} runs"
+            );
+        }
+    }
+    // Whole waves (22 tiles × 12 heads = one wave), less than a wave, another GPU, a batch.
+    assert_eq!(h200(22 * 64, 4680, MAX_PARTS), whole(22 * 64));
+    assert_eq!(h200(1000, 4680, MAX_PARTS), whole(1000));
+    assert_eq!(
+        split(1, 4680, 18720, 12, 132, false, MAX_PARTS),
+        whole(4680)
+    );
+    assert_eq!(split(2, 4680, 18720, 12, 132, true, MAX_PARTS), whole(4680));
+    // A last wave of one tile per head: the most runs that divide the keys; none when no run of
+    // keys would be a tile long.
+    let rows = 22 * 64 + 10;
+    let tail = |parts| Split {
+        main_rows: 22 * 64,
+        parts,
+    };
+    assert_eq!(h200(rows, 4680, MAX_PARTS), tail(8));
+    assert_eq!(h200(rows, 4683, MAX_PARTS), tail(7));
+    assert_eq!(h200(rows, 4681, MAX_PARTS), whole(rows));
+    assert_eq!(h200(rows, 100, MAX_PARTS), whole(rows));
+    // A tail of 168 blocks (64 % of a wave): three runs take two waves of a third (0.67); six
+    // do as well, and the fewer runs win.
+    assert_eq!(h200(22 * 64 + 14 * 64, 4680, MAX_PARTS), tail(3));
+    // A tail of 240 blocks (91 %): no number of runs takes less than a whole wave.
+    assert_eq!(
+        h200(22 * 64 + 20 * 64, 4680, MAX_PARTS),
+        whole(22 * 64 + 20 * 64)
+    );
+}
+
+/// Attention's CUDA kernel refuses float32 before loading anything (cuDNN's flash attention has
+/// no float32 kernel), and without cuDNN or the CUDA driver (CI) says what is missing and what to
+/// do; with them it is a kernel.
+#[test]
+fn the_attention_kernel_says_what_it_cannot_do() {
+    let e = AttentionKernel::new(TensorElementType::Float32, 0)
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("ai.unstep Attention: element type Float32 is not supported on CUDA")
+            && e.contains("fp16")
+            && e.contains("`--dit-kernels onnxruntime`"),
+        "{e}"
+    );
+    if let Err(e) = crate::engine::kernels::cudnn::check_cudnn() {
+        assert!(
+            e.contains("could not load cuDNN (libcudnn.so.9)")
+                && e.contains("9.13.1")
+                && e.contains("`--dit-kernels onnxruntime`"),
+            "{e}"
+        );
+    }
+    if let Err(e) = AttentionKernel::new(TensorElementType::Float16, 0) {
+        assert!(
+            e.contains("could not load") && e.contains("`--dit-kernels onnxruntime`"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn contract_violations_name_the_operator_the_input_and_the_shapes() {
+    let heads = |num_heads| HeadsAttrs { num_heads };
+    // Attention: heads that do not split D in even halves, K with other leading axes or width
+    // than Q, V unlike K.
+    let e = plan_error::<Attention>(heads(3), &[&[1, 4, 8], &[1, 6, 8], &[1, 6, 8]]);
+    assert!(
+        e.contains("ai.unstep Attention") && e.contains("D = 8 (from Q [1, 4, 8])"),
+        "{e}"
+    );
+    for k in [&[2, 6, 8][..], &[1, 6, 16], &[6, 8], &[1, 0, 8]] {
+        let e = plan_error::<Attention>(heads(2), &[&[1, 4, 8], k, k]);
+        assert!(
+            e.contains(&format!("input K has shape {k:?}; with Q [1, 4, 8]")),
+            "{e}"
+        );
+    }
+    let e = plan_error::<Attention>(heads(2), &[&[1, 4, 8], &[1, 6, 8], &[1, 5, 8]]);
+    assert!(
+        e.contains("input V has shape [1, 5, 8] and K [1, 6, 8]"),
+        "{e}"
+    );
+}
+
+/// `Attention` through ONNX Runtime (CPU provider), on a case drawn from `rng`: the output
+/// shapes ONNX Runtime infers and the float64 reference (one part of
+/// `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+    let t = std::any::type_name::<T>();
+    // Attention: O has Q's shape.
+    let case = AttentionCase::<T>::new(rng, [2, 5, 7, 8], 2);
+    let mut s = session::<T>(&Attention::INFO, &[Attr::Int("num_heads", 2)]).unwrap();
+    let out = run(&mut s, &Attention::INFO, &case.shapes(), &case.inputs()).unwrap();
+    assert_eq!(out[0].0, case.q_shape);
+    assert_close(&out[0].1, &case.reference(), &format!("{t} Attention O"));
+}
