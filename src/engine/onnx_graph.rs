@@ -5,8 +5,7 @@
 //!
 //! They are written as ONNX protobuf bytes by hand (a few message kinds are enough), which keeps
 //! the bundle contract unchanged and needs no protobuf dependency. Every op does exactly the float32
-//! operations the host loop and the exporter's reference do, in the same order, so the results
-//! agree bit for bit on the CPU provider.
+//! operations the exporter's reference does, in the same order.
 
 use ort::value::TensorElementType;
 

@@ -149,8 +149,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     // Nothing has been written so far; from here on the run holds its locks: its results
     // folder (whatever the work root, one apply of a run at a time), its work root, and its
     // shared state.
-    let run_lock = Lock::acquire(&run_dir, &plan.run)?;
+    Lock::check_free(&run_dir)?;
     let _work_lock = Lock::acquire(&plan.work_root, &plan.run)?;
+    let run_lock = Lock::acquire(&run_dir, &plan.run)?;
     let _shared_lock = if m.cache.mode == CacheMode::Shared {
         Some(Lock::acquire(&r.paths.shared_state_dir, &plan.run)?)
     } else {
@@ -172,7 +173,12 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             )));
         }
     }
-    let stage = stage(r, plan, opts)?;
+    // The staging left by an apply of this run that was killed (its record still says running,
+    // and this apply now holds the run's lock) is reused when its audit matches.
+    let killed = previous
+        .as_ref()
+        .is_some_and(|p| p.status == RunStatus::Running);
+    let stage = stage(r, plan, opts.reuse_workdir || killed)?;
     if m.cache.clear_global {
         clear_global_caches();
     }
@@ -251,7 +257,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
 }
 
 /// Stages the audited snapshot the workers run from.
-fn stage(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Stage, ApplyError> {
+fn stage(r: &Resolved, plan: &Plan, reuse: bool) -> Result<Stage, ApplyError> {
     let runner = std::env::current_exe()
         .map_err(|e| ApplyError::Io(format!("cannot find the runner binary: {e}")))?;
     Ok(staging::stage(&StageRequest {
@@ -261,7 +267,7 @@ fn stage(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Stage, ApplyE
         manifests: r.files.iter().map(|f| f.path.clone()).collect(),
         resolved_manifest: toml::to_string(&r.manifest).unwrap_or_default(),
         runner,
-        reuse: opts.reuse_workdir,
+        reuse,
     })?)
 }
 

@@ -51,21 +51,7 @@ impl Lock {
         // `File::try_lock` is `flock(LOCK_EX | LOCK_NB)` on Linux: held by this open file.
         match file.try_lock() {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
-                let field = |name: &str| {
-                    text.split_whitespace()
-                        .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                        .unwrap_or("?")
-                        .to_string()
-                };
-                return Err(LockError::Held {
-                    dir: dir.to_path_buf(),
-                    holder: field("run"),
-                    pid: field("pid"),
-                });
-            }
+            Err(std::fs::TryLockError::WouldBlock) => return Err(held(dir, &mut file)),
             Err(std::fs::TryLockError::Error(err)) => return Err(io(err)),
         }
         file.set_len(0).map_err(io)?;
@@ -89,17 +75,40 @@ impl Lock {
     /// Whether some process holds `dir`'s lock now. Reads only: a folder without a lock file
     /// is not held.
     pub fn is_held(dir: &Path) -> bool {
-        let Ok(file) = File::open(dir.join(LOCK_FILE)) else {
-            return false;
+        Self::check_free(dir).is_err()
+    }
+
+    /// Refuses, naming the holder, when some process holds `dir`'s lock now; writes nothing, so
+    /// that a refusal leaves no trace (a free lock is taken with [`Lock::acquire`]).
+    pub fn check_free(dir: &Path) -> Result<(), LockError> {
+        let Ok(mut file) = File::open(dir.join(LOCK_FILE)) else {
+            return Ok(());
         };
         match file.try_lock_shared() {
             Ok(()) => {
                 let _ = file.unlock();
-                false
+                Ok(())
             }
-            Err(std::fs::TryLockError::WouldBlock) => true,
-            Err(std::fs::TryLockError::Error(_)) => false,
+            Err(std::fs::TryLockError::WouldBlock) => Err(held(dir, &mut file)),
+            Err(std::fs::TryLockError::Error(_)) => Ok(()),
         }
+    }
+}
+
+/// The refusal for a held lock, naming the holder its file records.
+fn held(dir: &Path, file: &mut File) -> LockError {
+    let mut text = String::new();
+    let _ = file.read_to_string(&mut text);
+    let field = |name: &str| {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap_or("?")
+            .to_string()
+    };
+    LockError::Held {
+        dir: dir.to_path_buf(),
+        holder: field("run"),
+        pid: field("pid"),
     }
 }
 

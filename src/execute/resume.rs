@@ -5,12 +5,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::apply::ApplyError;
+use super::lock::Lock;
 use super::preflight::{probe_state_preflight, short_list};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
 use crate::results::files::{RUN_JSON, read_json, read_process_timings};
-use crate::results::records::{ProcessRole, RunRecord, TimingRecord};
+use crate::results::records::{ProcessRole, RunRecord, RunStatus, TimingRecord};
 
 /// What a previous apply of the same run left.
 #[derive(Default)]
@@ -36,6 +37,12 @@ pub(super) fn completed(
         return Ok(Completed::default());
     }
     let previous: RunRecord = read_json(&run_json)?;
+    if previous.status == RunStatus::Running && !Lock::is_held(run_dir) {
+        eprintln!(
+            "note: the last apply of run `{}` was killed before it finished; this one continues it",
+            previous.run
+        );
+    }
     if r.manifest.kind == Kind::Probe {
         return Ok(Completed::default());
     }

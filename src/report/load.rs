@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::results::files::read_process_timings;
 use crate::results::{
-    RUN_JSON, RecordError, RunRecord, SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord,
-    read_json, read_timings,
+    RUN_JSON, RecordError, RunRecord, RunStatus, SUMMARY_JSON, Summary, TIMINGS_JSONL,
+    TimingRecord, read_json, read_timings,
 };
 
 /// Why a run cannot be reported.
@@ -88,8 +89,12 @@ pub fn locate(run: &str, results: &Path) -> Result<PathBuf, ReportError> {
 
 /// Reads the records of the run in `dir`. A run that failed before its first prompt has no
 /// `timings.jsonl`; that reads as no timings.
+///
+/// A record that says `running` is either a run in progress (its apply holds the folder's lock)
+/// or one whose apply was killed: the latter is reported as interrupted. Either way its timings
+/// are the processes' own files, as far as they go.
 pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
-    let record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
+    let mut record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
         Ok(r) => r,
         Err(e) if e.is_not_found() => {
             return Err(ReportError::NoRunRecord {
@@ -98,6 +103,25 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
         }
         Err(e) => return Err(e.into()),
     };
+    if record.status == RunStatus::Running {
+        if !crate::execute::lock::Lock::is_held(dir) {
+            record.status = RunStatus::Interrupted;
+            record.failure.get_or_insert_with(|| {
+                "the apply that ran it ended without finishing (it was killed); apply its \
+                 manifest again to continue"
+                    .into()
+            });
+        }
+        let timings = read_process_timings(dir).records;
+        let summary = Summary::from_records(&timings, record.kind, record.cache.label);
+        return Ok(LoadedRun {
+            name: record.run.clone(),
+            dir: dir.to_path_buf(),
+            record,
+            timings,
+            summary,
+        });
+    }
     let timings = match read_timings(&dir.join(TIMINGS_JSONL)) {
         Ok(t) => t,
         Err(e) if e.is_not_found() => Vec::new(),

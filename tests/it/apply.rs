@@ -26,12 +26,12 @@ fn manifest(t: &Test, kind: &str, extra: &str) -> String {
     )
 }
 
-fn read_json(path: &Path) -> serde_json::Value {
+pub(crate) fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
-fn records(run_dir: &Path) -> Vec<serde_json::Value> {
+pub(crate) fn records(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("timings.jsonl"))
         .unwrap()
         .lines()
@@ -39,7 +39,7 @@ fn records(run_dir: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn shard_prompts(run_dir: &Path) -> Vec<u64> {
+pub(crate) fn shard_prompts(run_dir: &Path) -> Vec<u64> {
     let mut v: Vec<u64> = records(run_dir)
         .iter()
         .filter(|r| r["role"] == "shard")
@@ -49,7 +49,7 @@ fn shard_prompts(run_dir: &Path) -> Vec<u64> {
     v
 }
 
-fn videos(run_dir: &Path) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn videos(run_dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(run_dir.join("videos"))
         .unwrap()
         .flatten()
@@ -64,10 +64,10 @@ fn videos(run_dir: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
-const TWO_SLOTS: &str = "[shards]\ncount = 2\n";
+pub(crate) const TWO_SLOTS: &str = "[shards]\ncount = 2\n";
 
 /// A generation of `indices` in two shards over two CPU slots, written to `<name>.toml`.
-fn generation(t: &Test, name: &str, indices: &str) -> PathBuf {
+pub(crate) fn generation(t: &Test, name: &str, indices: &str) -> PathBuf {
     let text = manifest(t, "generation", TWO_SLOTS)
         .replace(
             "[prompts]\n",
@@ -248,7 +248,7 @@ fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
 }
 
 /// Starts `runner apply --quiet MANIFEST` in the test's folder without waiting for it.
-fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
+pub(crate) fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_runner"))
         .args(["apply", "--quiet", manifest])
         .current_dir(t.path())
@@ -264,7 +264,7 @@ fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
 }
 
 /// The pid of the worker process running spec `NNN.json` of a run, if it is alive.
-fn worker_pid(spec: &Path) -> Option<i32> {
+pub(crate) fn worker_pid(spec: &Path) -> Option<i32> {
     let needle = spec.display().to_string();
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;

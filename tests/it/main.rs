@@ -3,6 +3,7 @@
 mod apply;
 mod doctor;
 mod engine;
+mod hardening;
 mod manifest;
 mod prompts;
 mod report;

@@ -499,4 +499,21 @@ fn the_readme_lists_every_environment_variable() {
         .collect();
     known.insert(unstep::manifest::layers::EXTRA_ARGS_VAR);
     assert_eq!(listed, known, "README.md's environment variables");
+
+    // The variables that are not settings, in the section about ONNX Runtime.
+    let start = readme
+        .find("## ONNX Runtime")
+        .expect("the ONNX Runtime section");
+    let listed: std::collections::BTreeSet<&str> = readme[start..]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|w| w.split('=').next().unwrap_or(w))
+        .filter(|w| w.starts_with("UNSTEP_") || w.starts_with("ORT_"))
+        .collect();
+    let known: std::collections::BTreeSet<&str> = unstep::env_vars::OTHER_ENV_VARS
+        .iter()
+        .map(|(name, _)| *name)
+        .collect();
+    assert_eq!(listed, known, "README.md's other environment variables");
 }

@@ -1,0 +1,171 @@
+//! A run's records never claim what did not happen, whatever a user or the machine does to it:
+//! two applies of one run, a killed orchestrator, damaged records and videos. Real processes,
+//! real locks, real files, on the tiny bundle and the CPU.
+
+use std::time::{Duration, Instant};
+
+use crate::apply::{generation, read_json, shard_prompts, spawn_apply, videos};
+use crate::support::Test;
+
+/// Waits until `path` holds at least `lines` lines.
+fn wait_for_lines(path: &std::path::Path, lines: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while std::fs::read_to_string(path).map_or(0, |t| t.lines().count()) < lines {
+        assert!(Instant::now() < deadline, "{what} never happened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every live process whose command line contains `needle`.
+fn processes_with(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then_some(pid)
+        })
+        .collect()
+}
+
+/// The same run applied with another work root while the first apply runs: refused at once,
+/// naming the holder, with nothing written (not even the second work root); the first finishes.
+#[test]
+fn a_second_apply_of_a_running_run_with_another_work_root_is_refused() {
+    let t = Test::new();
+    generation(&t, "twice", "0-5");
+    let run_dir = t.path().join("results/twice");
+    let first = spawn_apply(&t, "twice.toml");
+    wait_for_lines(&run_dir.join(".unstep.lock"), 1, "the first apply's lock");
+    let other_root = t.path().join("work-other");
+    let set = format!("staging.work_root={}", other_root.display());
+    let second = t
+        .cmd()
+        .args(["apply", "--quiet", "twice.toml", "--set", &set])
+        .run();
+    assert_eq!(second.code, 2, "{}", second.render());
+    assert!(
+        second.stderr.contains("in use by run `twice`"),
+        "{}",
+        second.render()
+    );
+    assert!(!other_root.exists(), "the refused apply wrote nothing");
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
+}
+
+/// `runner apply` killed with SIGKILL: its workers die with it (none is left running to write
+/// beside the next apply), `runner report` says the run was interrupted, and the next apply
+/// finishes it with the videos of an uninterrupted run.
+#[test]
+fn a_killed_orchestrator_takes_its_workers_with_it_and_the_run_reads_interrupted() {
+    let t = Test::new();
+    generation(&t, "killed", "0-5");
+    let run_dir = t.path().join("results/killed");
+    let mut child = spawn_apply(&t, "killed.toml");
+    wait_for_lines(
+        &run_dir.join("timings/001.jsonl"),
+        1,
+        "shard 0's first prompt",
+    );
+    let specs = run_dir.join("specs").display().to_string();
+    assert!(!processes_with(&specs).is_empty(), "workers are running");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // A dying process gives up its command line before its files: wait for both.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_with(&specs).is_empty() || unstep::execute::lock::Lock::is_held(&run_dir) {
+        assert!(
+            Instant::now() < deadline,
+            "workers outlived their orchestrator, or kept its lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "running");
+    let report = t.cmd().args(["report", "killed", "--json"]).run();
+    assert_eq!(report.code, 0, "{}", report.render());
+    let report: serde_json::Value = serde_json::from_str(&report.stdout).unwrap();
+    assert_eq!(report["provenance"]["status"], "interrupted", "{report}");
+
+    let again = t.cmd().args(["apply", "--quiet", "killed.toml"]).run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert!(again.stderr.contains("was killed"), "{}", again.render());
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
+    let clean = Test::new();
+    generation(&clean, "killed", "0-5");
+    let out = clean.cmd().args(["apply", "--quiet", "killed.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(
+        videos(&run_dir),
+        videos(&clean.path().join("results/killed"))
+    );
+}
+
+/// A garbage line in the middle of a process's timings costs that prompt only: a re-apply warns,
+/// makes it again, repairs the file (keeping the damaged one), and every other prompt stays; a
+/// video cut short or emptied is made again. The videos end byte-identical to the first run's.
+#[test]
+fn damaged_records_and_videos_are_named_repaired_and_made_again() {
+    let t = Test::new();
+    generation(&t, "damaged", "0-5");
+    let run_dir = t.path().join("results/damaged");
+    let out = t.cmd().args(["apply", "--quiet", "damaged.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let original = videos(&run_dir);
+
+    // Shard 0 is process 1: its second line becomes garbage.
+    let timings = run_dir.join("timings/001.jsonl");
+    let text = std::fs::read_to_string(&timings).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    let lost: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    lines[1] = "{\"process\": 1, garbage";
+    std::fs::write(&timings, lines.join("\n") + "\n").unwrap();
+    // Shard 1's last video is cut short, another one emptied.
+    let cut = &original[5].0;
+    let emptied = &original[4].0;
+    let bytes = &original[5].1;
+    std::fs::write(run_dir.join("videos").join(cut), &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(run_dir.join("videos").join(emptied), b"").unwrap();
+
+    let again = t.cmd().args(["apply", "damaged.toml"]).run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert!(
+        again.stderr.contains("001.jsonl:2") && again.stderr.contains("not a timing record"),
+        "{}",
+        again.render()
+    );
+    assert!(again.stderr.contains("is damaged"), "{}", again.render());
+    assert!(
+        again
+            .stderr
+            .contains("resuming: 3 prompts already complete, 3 to go"),
+        "{}",
+        again.render()
+    );
+    assert!(timings.with_extension("jsonl.damaged").exists());
+    let repaired = std::fs::read_to_string(&timings).unwrap();
+    assert!(
+        repaired
+            .lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok())
+    );
+    assert!(
+        repaired.contains(&format!("\"prompt\":{}", lost["prompt"])),
+        "the lost prompt is recorded again"
+    );
+    // The prompts made again have two records each; the latest counts.
+    let mut made = shard_prompts(&run_dir);
+    made.dedup();
+    assert_eq!(made, vec![0, 1, 2, 3, 4, 5]);
+    let summary = read_json(&run_dir.join("summary.json"));
+    assert_eq!(summary["count"], 6, "{summary}");
+    assert_eq!(videos(&run_dir), original);
+}
