@@ -159,20 +159,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     };
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
-    for file in &damaged_timings {
-        repair_timings(file)?;
-    }
-    // A video made from a prompt's earlier text would otherwise stay beside the new one.
-    for video in &stale_videos {
-        if let Err(e) = fs::remove_file(video)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(ApplyError::Io(format!(
-                "cannot remove the stale video {}: {e}",
-                display_path(video)
-            )));
-        }
-    }
+    mend(&damaged_timings, &stale_videos)?;
     // The staging left by an apply of this run that was killed (its record still says running,
     // and this apply now holds the run's lock) is reused when its audit matches.
     let killed = previous
@@ -195,10 +182,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         done: &done,
     }
     .jobs();
-    let progress = Progress::new(opts.quiet, &slot_work(plan, &jobs), done.len());
-    let mut failures = Vec::new();
-    let mut facts: Option<WorkerFacts> = None;
-    Workers {
+    let workers = Workers {
         plan,
         jobs: &jobs,
         runner: &stage.runner,
@@ -207,19 +191,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         cpu_threads: m.runtime.cpu_threads_per_process.0,
         probe: m.kind == Kind::Probe,
         run_lock: run_lock.fd(),
-    }
-    .run(|event| {
-        let p = &plan.processes[event.process];
-        progress.event(p.slot, &process_name(plan, p), p.is_warmup(), &event.kind);
-        match &event.kind {
-            RunEventKind::Ready(f) if facts.is_none() => facts = Some((**f).clone()),
-            RunEventKind::Finished {
-                failure: Some(failure),
-            } => failures.push(failure.clone()),
-            _ => {}
-        }
-    });
-    progress.finish();
+    };
+    let progress = Progress::new(opts.quiet, &slot_work(plan, &jobs), done.len());
+    let (facts, failures) = run_workers(&workers, &progress);
 
     let status = if INTERRUPTED.load(Ordering::SeqCst) {
         RunStatus::Interrupted
@@ -254,6 +228,47 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         run_dir,
         failures,
     })
+}
+
+/// Repairs the damaged timing files and removes the videos to be made again (made from a
+/// prompt's earlier text, or cut short), once the run holds its lock.
+fn mend(damaged_timings: &[PathBuf], stale_videos: &[PathBuf]) -> Result<(), ApplyError> {
+    for file in damaged_timings {
+        repair_timings(file)?;
+    }
+    // A video made from a prompt's earlier text would otherwise stay beside the new one.
+    for video in stale_videos {
+        if let Err(e) = fs::remove_file(video)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(ApplyError::Io(format!(
+                "cannot remove the stale video {}: {e}",
+                display_path(video)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the workers, giving each event to the progress display; returns what the first worker
+/// reported when ready and every failure.
+fn run_workers(workers: &Workers, progress: &Progress) -> (Option<WorkerFacts>, Vec<String>) {
+    let plan = workers.plan;
+    let mut failures = Vec::new();
+    let mut facts: Option<WorkerFacts> = None;
+    workers.run(|event| {
+        let p = &plan.processes[event.process];
+        progress.event(p.slot, &process_name(plan, p), p.is_warmup(), &event.kind);
+        match &event.kind {
+            RunEventKind::Ready(f) if facts.is_none() => facts = Some((**f).clone()),
+            RunEventKind::Finished {
+                failure: Some(failure),
+            } => failures.push(failure.clone()),
+            _ => {}
+        }
+    });
+    progress.finish();
+    (facts, failures)
 }
 
 /// Stages the audited snapshot the workers run from.
