@@ -1,5 +1,6 @@
-//! Loading a manifest: the `extends` chain, the layers, the merge, and validation. Everything the
-//! user got wrong is collected into one [`Diagnostics`] before anything is planned or written.
+//! Loading a manifest: the `extends` chain, the layers, the merge, deserialisation, path
+//! resolution, and the call into the checks of the `checks` module. Everything the user got wrong
+//! is collected into one [`Diagnostics`] before anything is planned or written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,13 +8,14 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::diagnostic::{Diagnostic, Diagnostics, Excerpt, Origin, display_path};
+use super::checks;
+use super::diagnostic::{Diagnostic, Diagnostics, Origin, display_path};
 use super::layers::{Entry, Layer, env_layer, flag_layer, unknown_key};
 use super::paths;
 use super::schema::keys;
-use super::settings::{Kind, Manifest, ProviderKind};
+use super::settings::{Kind, Manifest};
 use super::source::SourceFile;
-use super::values::{IndexList, RunName};
+use super::values::RunName;
 
 /// What to load: a manifest file and the overrides on top of it.
 #[derive(Debug, Clone)]
@@ -107,16 +109,68 @@ impl Resolved {
 const FILE_KEYS: &[&str] = &["name", "extends"];
 
 /// Loads and validates a manifest with its overrides.
+///
+/// The steps run in a fixed order and add their problems to one list, so one manifest always
+/// gives its diagnostics in the same order. The load stops early only where a later step cannot
+/// run: the chain cannot be read, the kind is missing or unknown, the run name is invalid, or the
+/// merged settings do not deserialise.
 pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
     let mut errors: Vec<Diagnostic> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
 
     let manifest_path = paths::normalize(&req.cwd.join(&req.manifest));
     let chain = load_chain(&manifest_path)?;
-    let top = &chain[0];
+    check_unknown_keys(&chain, &mut errors);
+    let name = run_name(req, &chain, &mut errors);
 
-    // Unknown keys in any file, reported at the key.
-    for file in &chain {
+    let file_layers = file_layers(&chain);
+    let flags = command_line_layer(req, &mut errors);
+    let Some((kind, kind_entry)) = kind_of(&flags, &file_layers, &manifest_path, &mut errors)
+    else {
+        return Err(Diagnostics(errors));
+    };
+    let Some(name) = name else {
+        return Err(Diagnostics(errors));
+    };
+
+    let env = env_layer(&req.env, kind, &mut errors, &mut warnings);
+    let defaults = defaults_layer(kind, name.as_str());
+    let (mut merged, replaced) = merge(&defaults, &file_layers, &env, &flags, kind, kind_entry);
+
+    let manifest = deserialize(&mut merged, &defaults, &mut errors);
+    let settings = settings_of(&merged, &replaced);
+    let Some(mut manifest) = manifest else {
+        return Err(Diagnostics(errors));
+    };
+    manifest.name = Some(name.clone());
+
+    let run_paths = resolve_paths(&manifest, &name, &merged, req, &mut errors);
+    let prompts = check_run(
+        &manifest,
+        &run_paths,
+        &merged,
+        &req.env,
+        &mut errors,
+        &mut warnings,
+    );
+
+    if !errors.is_empty() {
+        return Err(Diagnostics(errors));
+    }
+    Ok(Resolved {
+        manifest,
+        name,
+        files: manifest_files(&chain),
+        settings,
+        paths: run_paths,
+        prompts,
+        warnings,
+    })
+}
+
+/// Reports every key of every file of the chain that the schema does not know, at the key.
+fn check_unknown_keys(chain: &[SourceFile], errors: &mut Vec<Diagnostic>) {
+    for file in chain {
         for (key, leaf) in &file.leaves {
             if !keys().contains_key(key) {
                 errors.push(unknown_key(
@@ -127,8 +181,17 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             }
         }
     }
+}
 
-    // The run name: the top file's `name`, or its stem; `--set name=…` above both.
+/// The run name: `--set name=…` if given, else the top file's `name`, else the top file's
+/// stem. An invalid name is reported and gives `None`; a valid one is then checked against the
+/// name of the manifest that the top file extends.
+fn run_name(
+    req: &LoadRequest,
+    chain: &[SourceFile],
+    errors: &mut Vec<Diagnostic>,
+) -> Option<RunName> {
+    let top = &chain[0];
     let flag_name = req.sets.iter().find_map(|s| s.strip_prefix("name="));
     let (name_text, name_origin, name_excerpt) = match (flag_name, top.leaves.get("name")) {
         (Some(n), _) => (
@@ -146,7 +209,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
         (None, None) => (file_stem(&top.path), Origin::Default, None),
     };
     let name = match name_text.parse::<RunName>() {
-        Ok(n) => Some(n),
+        Ok(n) => n,
         Err(msg) => {
             let mut d = Diagnostic::new(format!("invalid run name: {msg}"))
                 .at(name_origin.clone())
@@ -155,32 +218,49 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
                 d = d.hint("rename the file or set `name = \"…\"` in it");
             }
             errors.push(d);
-            None
+            return None;
         }
     };
-    // An ablation must not reuse the name of what it extends: its results would mix.
-    if let (Some(name), Some(parent)) = (&name, chain.get(1)) {
-        let parent_name = parent
-            .leaves
-            .get("name")
-            .and_then(|l| l.value.as_str().map(str::to_string))
-            .unwrap_or_else(|| file_stem(&parent.path));
-        if parent_name == name.as_str() {
-            let at = top.leaves.get("name").map(|l| l.value_span.clone());
-            errors.push(
-                Diagnostic::new(format!(
-                    "run name `{name}` is the same as that of the manifest it extends ({})",
-                    display_path(&parent.path)
-                ))
-                .at(at.as_ref().map_or(name_origin.clone(), |s| top.origin(s)))
-                .excerpt(at.as_ref().map(|s| top.excerpt(s)))
-                .hint("give each configuration its own run name"),
-            );
-        }
-    }
+    check_parent_name(&name, &name_origin, chain, errors);
+    Some(name)
+}
 
-    // File layers, base first.
-    let file_layers: Vec<Layer> = chain
+/// Reports a run name equal to that of the manifest the top file extends: an ablation that
+/// reused its parent's name would mix their results. The error sits at the top file's `name`
+/// when it has one, and at `name_origin` otherwise.
+fn check_parent_name(
+    name: &RunName,
+    name_origin: &Origin,
+    chain: &[SourceFile],
+    errors: &mut Vec<Diagnostic>,
+) {
+    let Some(parent) = chain.get(1) else {
+        return;
+    };
+    let top = &chain[0];
+    let parent_name = parent
+        .leaves
+        .get("name")
+        .and_then(|l| l.value.as_str().map(str::to_string))
+        .unwrap_or_else(|| file_stem(&parent.path));
+    if parent_name == name.as_str() {
+        let at = top.leaves.get("name").map(|l| l.value_span.clone());
+        errors.push(
+            Diagnostic::new(format!(
+                "run name `{name}` is the same as that of the manifest it extends ({})",
+                display_path(&parent.path)
+            ))
+            .at(at.as_ref().map_or(name_origin.clone(), |s| top.origin(s)))
+            .excerpt(at.as_ref().map(|s| top.excerpt(s)))
+            .hint("give each configuration its own run name"),
+        );
+    }
+}
+
+/// One layer per file of the chain, base first. The file-only keys and keys the schema does not
+/// know (already reported) are left out.
+fn file_layers(chain: &[SourceFile]) -> Vec<Layer> {
+    chain
         .iter()
         .rev()
         .map(|file| {
@@ -198,7 +278,12 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             }
             layer
         })
-        .collect();
+        .collect()
+}
+
+/// The command-line layer: the `--set` assignments other than `name=…` (which `run_name`
+/// reads) and the `--extra-args` strings. An `extends` set there is reported.
+fn command_line_layer(req: &LoadRequest, errors: &mut Vec<Diagnostic>) -> Layer {
     let flags = flag_layer(
         &req.sets
             .iter()
@@ -206,7 +291,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             .cloned()
             .collect::<Vec<_>>(),
         &req.extra_args,
-        &mut errors,
+        errors,
     );
     if let Some(e) = flags.entries.get("extends") {
         errors.push(
@@ -215,47 +300,63 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
                 .hint("write `extends = \"…\"` in a manifest"),
         );
     }
+    flags
+}
 
-    // The kind decides the defaults and which variables apply.
+/// The run's kind, which decides the defaults and which variables apply, with the entry that set
+/// it: the command line's `kind` if set, else that of the topmost file that sets one. A missing
+/// or unknown kind is reported and gives `None`.
+fn kind_of<'a>(
+    flags: &'a Layer,
+    file_layers: &'a [Layer],
+    manifest_path: &Path,
+    errors: &mut Vec<Diagnostic>,
+) -> Option<(Kind, &'a Entry)> {
     let kind_entry = flags
         .entries
         .get("kind")
         .or_else(|| file_layers.iter().rev().find_map(|l| l.entries.get("kind")));
-    let kind = match kind_entry {
-        None => {
+    let Some(e) = kind_entry else {
+        errors.push(
+            Diagnostic::new(format!("{} sets no `kind`", display_path(manifest_path)))
+                .hint("add `kind = \"probe\"` or `kind = \"generation\"` at the top"),
+        );
+        return None;
+    };
+    match Kind::deserialize(e.value.clone()) {
+        Ok(k) => Some((k, e)),
+        Err(_) => {
             errors.push(
-                Diagnostic::new(format!("{} sets no `kind`", display_path(&manifest_path)))
-                    .hint("add `kind = \"probe\"` or `kind = \"generation\"` at the top"),
+                Diagnostic::new(format!("unknown kind {}", e.value))
+                    .at(e.origin.clone())
+                    .excerpt(e.excerpt.clone())
+                    .hint("use `probe` or `generation`"),
             );
-            return Err(Diagnostics(errors));
+            None
         }
-        Some(e) => match Kind::deserialize(e.value.clone()) {
-            Ok(k) => k,
-            Err(_) => {
-                errors.push(
-                    Diagnostic::new(format!("unknown kind {}", e.value))
-                        .at(e.origin.clone())
-                        .excerpt(e.excerpt.clone())
-                        .hint("use `probe` or `generation`"),
-                );
-                return Err(Diagnostics(errors));
-            }
-        },
-    };
-    let name = match name {
-        Some(n) => n,
-        None => return Err(Diagnostics(errors)),
-    };
+    }
+}
 
-    let env = env_layer(&req.env, kind, &mut errors, &mut warnings);
-    let defaults = defaults_layer(kind, name.as_str());
+/// Merged settings by key, and for each key the origins (other than the defaults) whose values
+/// a later layer replaced, lowest first.
+type Merged = (BTreeMap<String, Entry>, BTreeMap<String, Vec<Origin>>);
 
-    // Merge: later layers win; every value keeps its origin.
+/// Merges the layers, lowest first: the defaults, the files base first, the environment, the
+/// command line. A later layer's value wins and every value keeps its origin. The file-only keys
+/// are left out, and `kind` is set to the kind already decided, at the entry that set it.
+fn merge(
+    defaults: &Layer,
+    file_layers: &[Layer],
+    env: &Layer,
+    flags: &Layer,
+    kind: Kind,
+    kind_entry: &Entry,
+) -> Merged {
     let mut merged: BTreeMap<String, Entry> = BTreeMap::new();
     let mut replaced: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
-    for layer in std::iter::once(&defaults)
+    for layer in std::iter::once(defaults)
         .chain(file_layers.iter())
-        .chain([&env, &flags])
+        .chain([env, flags])
     {
         for (k, e) in &layer.entries {
             if FILE_KEYS.contains(&k.as_str()) {
@@ -272,13 +373,19 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
         "kind".into(),
         Entry {
             value: toml::Value::String(kind.as_str().into()),
-            origin: kind_entry.map_or(Origin::Default, |e| e.origin.clone()),
-            excerpt: kind_entry.and_then(|e| e.excerpt.clone()),
+            origin: kind_entry.origin.clone(),
+            excerpt: kind_entry.excerpt.clone(),
         },
     );
+    (merged, replaced)
+}
 
-    let manifest = deserialize(&mut merged, &defaults, &mut errors);
-    let settings: BTreeMap<String, Setting> = merged
+/// Every merged setting with its origin and the origins it replaced, for [`Resolved::settings`].
+fn settings_of(
+    merged: &BTreeMap<String, Entry>,
+    replaced: &BTreeMap<String, Vec<Origin>>,
+) -> BTreeMap<String, Setting> {
+    merged
         .iter()
         .map(|(k, e)| {
             (
@@ -290,36 +397,21 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
                 },
             )
         })
-        .collect();
-    let Some(mut manifest) = manifest else {
-        return Err(Diagnostics(errors));
-    };
-    manifest.name = Some(name.clone());
+        .collect()
+}
 
-    let base_of = |key: &str| -> PathBuf {
-        match merged.get(key).map(|e| &e.origin) {
-            Some(Origin::File { path, .. }) => {
-                path.parent().unwrap_or(Path::new(".")).to_path_buf()
-            }
-            _ => req.cwd.clone(),
-        }
-    };
-    let mut path_of = |key: &str, text: &str| -> PathBuf {
-        match paths::expand(text, &req.env) {
-            Ok(t) => paths::resolve(&base_of(key), &t),
-            Err(msg) => {
-                let e = &merged[key];
-                errors.push(
-                    Diagnostic::new(format!("invalid path for `{key}`: {msg}"))
-                        .at(e.origin.clone())
-                        .excerpt(e.excerpt.clone()),
-                );
-                PathBuf::from(text)
-            }
-        }
-    };
+/// Resolves every path of the run with [`resolve_path`], in a fixed order (so their errors come
+/// out in that order); the run folder is `outputs.dir/<name>`.
+fn resolve_paths(
+    manifest: &Manifest,
+    name: &RunName,
+    merged: &BTreeMap<String, Entry>,
+    req: &LoadRequest,
+    errors: &mut Vec<Diagnostic>,
+) -> RunPaths {
+    let mut path_of = |key: &str, text: &str| resolve_path(key, text, merged, req, errors);
     let outputs_dir = path_of("outputs.dir", &manifest.outputs.dir);
-    let run_paths = RunPaths {
+    RunPaths {
         prompts_file: path_of("prompts.file", &manifest.prompts.file),
         bundle: path_of("assets.bundle", &manifest.assets.bundle),
         run_dir: outputs_dir.join(name.as_str()),
@@ -332,48 +424,79 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
             .ort_library
             .clone()
             .map(|p| path_of("runtime.ort_library", &p)),
-    };
+    }
+}
 
-    let prompts = read_prompts(&run_paths.prompts_file, &mut warnings);
+/// Resolves the path `text` of the setting `key`: variables are expanded from the request's
+/// environment, and a relative path is joined onto the folder of the manifest that set it, or
+/// onto the request's folder when a default, a variable or the command line set it. A path that
+/// does not expand is reported at its origin and kept as written.
+fn resolve_path(
+    key: &str,
+    text: &str,
+    merged: &BTreeMap<String, Entry>,
+    req: &LoadRequest,
+    errors: &mut Vec<Diagnostic>,
+) -> PathBuf {
+    match paths::expand(text, &req.env) {
+        Ok(t) => {
+            let base = match merged.get(key).map(|e| &e.origin) {
+                Some(Origin::File { path, .. }) => {
+                    path.parent().unwrap_or(Path::new(".")).to_path_buf()
+                }
+                _ => req.cwd.clone(),
+            };
+            paths::resolve(&base, &t)
+        }
+        Err(msg) => {
+            let e = &merged[key];
+            errors.push(
+                Diagnostic::new(format!("invalid path for `{key}`: {msg}"))
+                    .at(e.origin.clone())
+                    .excerpt(e.excerpt.clone()),
+            );
+            PathBuf::from(text)
+        }
+    }
+}
+
+/// Reads the prompt file and runs the cross-setting, prompt and path checks of [`checks`], at
+/// the origins of the merged settings; warns when the asset bundle does not exist yet. Returns
+/// the prompts, or `None` when the prompt file cannot be read (a warning, not an error).
+fn check_run(
+    manifest: &Manifest,
+    run_paths: &RunPaths,
+    merged: &BTreeMap<String, Entry>,
+    env: &BTreeMap<String, String>,
+    errors: &mut Vec<Diagnostic>,
+    warnings: &mut Vec<String>,
+) -> Option<Vec<String>> {
+    let prompts = read_prompts(&run_paths.prompts_file, warnings);
     let lookup = |key: &str| {
         merged
             .get(key)
             .map(|e| (e.origin.clone(), e.excerpt.clone()))
     };
-    validate(
-        &manifest,
-        prompts.as_deref(),
-        &run_paths,
-        &lookup,
-        &mut errors,
-    );
-    check_paths(&manifest, &run_paths, &req.env, &lookup, &mut errors);
+    checks::validate(manifest, prompts.as_deref(), run_paths, &lookup, errors);
+    checks::check_paths(manifest, run_paths, env, &lookup, errors);
     if !run_paths.bundle.exists() {
         warnings.push(format!(
             "asset bundle {} does not exist yet; export it before `runner apply` (see assets/export/README.md)",
             display_path(&run_paths.bundle)
         ));
     }
+    prompts
+}
 
-    if !errors.is_empty() {
-        return Err(Diagnostics(errors));
-    }
-    let files = chain
+/// The files of the chain, top first, each with the SHA-256 of its text.
+fn manifest_files(chain: &[SourceFile]) -> Vec<ManifestFile> {
+    chain
         .iter()
         .map(|f| ManifestFile {
             path: f.path.clone(),
             sha256: hex(&Sha256::digest(f.text.as_bytes())),
         })
-        .collect();
-    Ok(Resolved {
-        manifest,
-        name,
-        files,
-        settings,
-        paths: run_paths,
-        prompts,
-        warnings,
-    })
+        .collect()
 }
 
 fn file_stem(path: &Path) -> String {
@@ -560,229 +683,6 @@ fn read_prompts(path: &Path, warnings: &mut Vec<String>) -> Option<Vec<String>> 
                 display_path(path)
             ));
             None
-        }
-    }
-}
-
-type Lookup<'a> = dyn Fn(&str) -> Option<(Origin, Option<Excerpt>)> + 'a;
-
-fn at_key(d: Diagnostic, key: &str, lookup: &Lookup<'_>) -> Diagnostic {
-    match lookup(key) {
-        Some((origin, excerpt)) => d.at(origin).excerpt(excerpt),
-        None => d,
-    }
-}
-
-/// Checks that span several settings or need the prompt file.
-fn validate(
-    m: &Manifest,
-    prompts: Option<&[String]>,
-    run_paths: &RunPaths,
-    lookup: &Lookup<'_>,
-    errors: &mut Vec<Diagnostic>,
-) {
-    let fpb = m.method.frames_per_block.0;
-    let lf = m.method.latent_frames.0;
-    if !lf.is_multiple_of(fpb) {
-        errors.push(at_key(
-            Diagnostic::new(format!(
-                "latent_frames ({lf}) is not a multiple of frames_per_block ({fpb})"
-            ))
-            .hint("blocks must tile the video; e.g. 21 latent frames in blocks of 3"),
-            "method.latent_frames",
-            lookup,
-        ));
-    }
-    for key in ["method.height", "method.width"] {
-        let v = if key.ends_with("height") {
-            m.method.height.0
-        } else {
-            m.method.width.0
-        };
-        if v % 16 != 0 {
-            errors.push(at_key(
-                Diagnostic::new(format!("{} ({v}) is not a multiple of 16", &key[7..]))
-                    .hint("the VAE (x8) and the DiT patch (x2) need multiples of 16"),
-                key,
-                lookup,
-            ));
-        }
-    }
-    if m.runtime.cuda_graphs && m.runtime.provider != ProviderKind::Cuda {
-        errors.push(at_key(
-            Diagnostic::new(format!(
-                "runtime.cuda_graphs needs the CUDA provider; runtime.provider is \"{}\"",
-                crate::plan::render::word(&m.runtime.provider)
-            ))
-            .hint("set runtime.provider = \"cuda\", or remove `cuda_graphs`"),
-            "runtime.cuda_graphs",
-            lookup,
-        ));
-    }
-    if m.kind == Kind::Probe && m.shards.count.0 != 1 {
-        errors.push(at_key(
-            Diagnostic::new("a probe runs one logical shard")
-                .hint("remove `shards.count`, or make this a generation"),
-            "shards.count",
-            lookup,
-        ));
-    }
-    if let Some(map) = &m.shards.gpu_map
-        && map.len() as u64 != m.shards.count.0
-    {
-        errors.push(at_key(
-            Diagnostic::new(format!(
-                "shards.gpu_map has {} entries for {} shards",
-                map.len(),
-                m.shards.count.0
-            ))
-            .hint("give one GPU slot per shard"),
-            "shards.gpu_map",
-            lookup,
-        ));
-    }
-    let count = match prompts {
-        Some(p) => p.len() as u32,
-        None => return,
-    };
-    if let Some(expect) = m.prompts.expect_count
-        && expect != count
-    {
-        errors.push(at_key(
-            Diagnostic::new(format!(
-                "prompt file {} has {count} prompts, expected {expect}",
-                display_path(&run_paths.prompts_file)
-            ))
-            .hint("use the full prompt file, or change `prompts.expect_count`"),
-            "prompts.expect_count",
-            lookup,
-        ));
-    }
-    let mut check_range = |list: &IndexList, key: &str| {
-        if let Some(max) = list.max()
-            && max >= count
-        {
-            errors.push(at_key(
-                Diagnostic::new(format!(
-                    "prompt index {max} is out of range: {} has {count} prompts (0..={})",
-                    display_path(&run_paths.prompts_file),
-                    count.saturating_sub(1)
-                ))
-                .hint("pick indices inside the prompt file"),
-                key,
-                lookup,
-            ));
-        }
-    };
-    check_range(&m.prompts.indices, "prompts.indices");
-    if let Some(w) = &m.warmup.indices {
-        check_range(w, "warmup.indices");
-    }
-    let selected = m.prompts.indices.resolve(count).len() as u64;
-    if m.kind == Kind::Generation && selected < m.shards.count.0 {
-        errors.push(at_key(
-            Diagnostic::new(format!(
-                "{} shards for {selected} prompts would leave shards empty",
-                m.shards.count.0
-            ))
-            .hint("use at most one shard per prompt"),
-            "shards.count",
-            lookup,
-        ));
-    }
-}
-
-/// Output, cache and work directories must not overlap the source checkout, the asset
-/// bundle, installations or broad roots; the work root may not contain outputs or caches.
-fn check_paths(
-    m: &Manifest,
-    p: &RunPaths,
-    env: &BTreeMap<String, String>,
-    lookup: &Lookup<'_>,
-    errors: &mut Vec<Diagnostic>,
-) {
-    let checkout =
-        paths::checkout_root(&p.bundle).or_else(|| paths::checkout_root(&p.prompts_file));
-    let mut dirs: Vec<(&str, &Path)> = vec![
-        ("outputs.dir", &p.outputs_dir),
-        ("staging.work_root", &p.work_root),
-    ];
-    match (m.kind, m.cache.mode) {
-        (Kind::Probe, _) => dirs.push(("cache.run_state_root", &p.run_state_root)),
-        (Kind::Generation, super::settings::CacheMode::Shared) => {
-            dirs.push(("cache.shared_state_dir", &p.shared_state_dir))
-        }
-        _ => {}
-    }
-    let broad = paths::broad_roots(env);
-    let installs = paths::installations(env);
-    for (key, dir) in &dirs {
-        let fail = |msg: String, hint: &str| {
-            at_key(Diagnostic::new(msg).hint(hint.to_string()), key, lookup)
-        };
-        if let Some(root) = broad.iter().find(|r| *dir == r.as_path()) {
-            errors.push(fail(
-                format!("`{key}` is {}, a broad root", root.display()),
-                "use a dedicated folder below it, e.g. /tmp/unstep_probe_gpu1",
-            ));
-            continue;
-        }
-        if let Some(inst) = installs.iter().find(|i| paths::overlaps(dir, i)) {
-            errors.push(fail(
-                format!(
-                    "`{key}` ({}) overlaps the installation {}",
-                    dir.display(),
-                    inst.display()
-                ),
-                "write runs outside system, Python and CUDA installations",
-            ));
-            continue;
-        }
-        if paths::overlaps(dir, &p.bundle) {
-            errors.push(fail(
-                format!(
-                    "`{key}` ({}) overlaps the asset bundle at {}",
-                    display_path(dir),
-                    display_path(&p.bundle)
-                ),
-                "keep outputs, caches and staging out of the bundle",
-            ));
-            continue;
-        }
-        if let Some(checkout) = &checkout {
-            // Results below the checkout (results/ is git-ignored) are fine; a folder that
-            // contains the checkout, or staging inside it, is not.
-            let inside_ok = *key != "staging.work_root";
-            if checkout.starts_with(dir) || (!inside_ok && dir.starts_with(checkout)) {
-                errors.push(fail(
-                    format!(
-                        "`{key}` ({}) overlaps the source checkout {}",
-                        display_path(dir),
-                        display_path(checkout)
-                    ),
-                    "point it at a dedicated folder outside the checkout",
-                ));
-                continue;
-            }
-        }
-    }
-    // A work root that is itself refused above says enough.
-    let work_root_ok = !broad.contains(&p.work_root);
-    for (key, dir) in dirs
-        .iter()
-        .filter(|(k, _)| *k != "staging.work_root" && work_root_ok)
-    {
-        if dir.starts_with(&p.work_root) {
-            errors.push(at_key(
-                Diagnostic::new(format!(
-                    "`{key}` ({}) is inside the work root {}",
-                    display_path(dir),
-                    display_path(&p.work_root)
-                ))
-                .hint("the work root is staging only; keep outputs and caches outside it"),
-                key,
-                lookup,
-            ));
         }
     }
 }

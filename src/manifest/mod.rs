@@ -5,6 +5,7 @@
 //! deserialised into the typed [`Manifest`] ([`settings`], [`values`]), and cross-setting and
 //! path checks run. Every problem becomes a [`Diagnostic`] with a location and a hint.
 
+mod checks;
 pub mod diagnostic;
 pub mod layers;
 pub mod load;
