@@ -1,5 +1,6 @@
-//! Expanding a resolved manifest into a plan: shards, the worker slots (GPUs) they run on, the
-//! processes in order, cache directories and key tags. Pure: reads nothing, writes nothing.
+//! Expanding a resolved manifest into a plan: the prompts selected, the worker slots (GPUs), the
+//! shards and the slots they run on, the processes in order with their cache directories, key
+//! tags and log files. Pure: reads nothing, writes nothing.
 
 use std::path::PathBuf;
 
@@ -157,195 +158,22 @@ fn slots(r: &Resolved) -> Vec<Slot> {
 /// Builds the plan of a resolved manifest.
 pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
     let m = &r.manifest;
-    let name = r.name.as_str();
     let mut warnings = r.warnings.clone();
     let slots = slots(r);
-    let prompt_count = match &r.prompts {
-        Some(p) => Some(p.len() as u32),
-        None => {
-            if let Some(n) = m.prompts.expect_count {
-                warnings.push(format!(
-                    "planned for {n} prompts (prompts.expect_count) until the prompt file exists"
-                ));
-            }
-            m.prompts.expect_count
-        }
-    };
-    let selected: Option<Vec<u32>> = match (&m.prompts.indices, prompt_count) {
-        (IndexList::List(v), _) => Some(v.clone()),
-        (IndexList::All, Some(n)) => Some((0..n).collect()),
-        (IndexList::All, None) => None,
-    };
-    let selected = selected.unwrap_or_default();
+    let prompt_count = prompt_count(r, &mut warnings);
+    let selected = selected_prompts(&m.prompts.indices, prompt_count);
     let shared = m.cache.mode == CacheMode::Shared;
-    let logs = r.paths.run_dir.join("logs");
-    let tag = |slot: usize, shard: Option<usize>| match shard {
-        Some(s) => format!("{name}/{}/shard{s}", slots[slot].label),
-        None => format!("{name}/{}", slots[slot].label),
-    };
-
-    let mut shards = Vec::new();
-    let mut processes = Vec::new();
-    let push = |processes: &mut Vec<Process>,
-                role: Role,
-                slot: usize,
-                prompts: Vec<u32>,
-                cache_dir: PathBuf,
-                cache_key_tag: String,
-                marker: bool| {
-        let index = processes.len();
-        let file = match role {
-            Role::Warmup { repeat } => format!("{index:02}-warmup{repeat}-slot{slot}.log"),
-            Role::Measurement => format!("{index:02}-measurement.log"),
-            Role::Shard { shard } => format!("{index:02}-shard{shard}.log"),
-        };
-        processes.push(Process {
-            index,
-            role,
-            slot,
-            prompts,
-            skip_if_marker: marker.then(|| cache_dir.join("warmup.done")),
-            cache_dir,
-            cache_key_tag,
-            log: logs.join(file),
-        });
-    };
-
-    match m.kind {
-        Kind::Probe => {
-            let state = r.paths.run_state_root.join(&slots[0].label);
-            let warm = m
-                .warmup
-                .indices
-                .as_ref()
-                .map(|w| match (w, prompt_count) {
-                    (IndexList::All, Some(n)) => (0..n).collect(),
-                    (IndexList::All, None) => Vec::new(),
-                    (IndexList::List(v), _) => v.clone(),
-                })
-                .unwrap_or_else(|| selected.clone());
-            shards.push(Shard {
-                index: 0,
-                prompts: selected.clone(),
-                slot: 0,
-                cache_key_tag: tag(0, Some(0)),
-                noise_from: selected.first().copied(),
-            });
-            for repeat in 1..=m.warmup.repeats.0 as u32 {
-                push(
-                    &mut processes,
-                    Role::Warmup { repeat },
-                    0,
-                    warm.clone(),
-                    state.clone(),
-                    tag(0, Some(0)),
-                    false,
-                );
-            }
-            push(
-                &mut processes,
-                Role::Measurement,
-                0,
-                selected.clone(),
-                state,
-                tag(0, Some(0)),
-                false,
-            );
-        }
+    let mut list = ProcessList::new(r.paths.run_dir.join("logs"));
+    let shards = match m.kind {
+        Kind::Probe => probe(r, &slots, &selected, prompt_count, &mut list),
         Kind::Generation => {
-            let k = m.shards.count.0 as usize;
-            let mut start = 0;
-            for (i, size) in shard_sizes(selected.len(), k).into_iter().enumerate() {
-                let slot = match &m.shards.gpu_map {
-                    Some(map) => {
-                        let s = map[i];
-                        if s as usize >= slots.len() {
-                            return Err(PlanError::SlotOutOfRange {
-                                slot: s,
-                                visible: slots.len(),
-                            });
-                        }
-                        s as usize
-                    }
-                    None => i % slots.len(),
-                };
-                let prompts = selected[start..start + size].to_vec();
-                start += size;
-                shards.push(Shard {
-                    index: i,
-                    noise_from: prompts.first().copied(),
-                    prompts,
-                    slot,
-                    cache_key_tag: tag(slot, Some(i)),
-                });
-            }
-            let state_root = if shared {
-                r.paths.shared_state_dir.clone()
-            } else {
-                r.paths.run_dir.join("runtime_state")
-            };
-            for (slot, slot_info) in slots.iter().enumerate() {
-                let mine: Vec<&Shard> = shards.iter().filter(|s| s.slot == slot).collect();
-                let Some(first) = mine.first() else { continue };
-                let warm = |shard: &Shard| match &m.warmup.indices {
-                    Some(w) => w.resolve(prompt_count.unwrap_or(0)),
-                    None => shard.prompts.first().copied().into_iter().collect(),
-                };
-                match (m.cache.scope, shared) {
-                    (CacheScope::RunGpu, false) => {
-                        let dir = state_root.join(&slot_info.label);
-                        push(
-                            &mut processes,
-                            Role::Warmup { repeat: 1 },
-                            slot,
-                            warm(first),
-                            dir.clone(),
-                            tag(slot, None),
-                            false,
-                        );
-                        for s in &mine {
-                            push(
-                                &mut processes,
-                                Role::Shard { shard: s.index },
-                                slot,
-                                s.prompts.clone(),
-                                dir.clone(),
-                                s.cache_key_tag.clone(),
-                                false,
-                            );
-                        }
-                    }
-                    _ => {
-                        for s in &mine {
-                            let dir = state_root.join(format!("shard{}", s.index));
-                            push(
-                                &mut processes,
-                                Role::Warmup { repeat: 1 },
-                                slot,
-                                warm(s),
-                                dir.clone(),
-                                s.cache_key_tag.clone(),
-                                shared,
-                            );
-                            push(
-                                &mut processes,
-                                Role::Shard { shard: s.index },
-                                slot,
-                                s.prompts.clone(),
-                                dir,
-                                s.cache_key_tag.clone(),
-                                false,
-                            );
-                        }
-                    }
-                }
-            }
+            let shards = generation_shards(r, &slots, &selected)?;
+            generation_processes(r, &slots, &shards, prompt_count, &mut list);
+            shards
         }
-    }
-
-    let exclude = m.timing.exclude_final_output_layout;
+    };
     Ok(Plan {
-        run: name.to_string(),
+        run: r.name.as_str().to_string(),
         kind: m.kind,
         manifests: r.files.iter().map(|f| f.path.clone()).collect(),
         run_dir: r.paths.run_dir.clone(),
@@ -359,18 +187,263 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
         cache_mode: m.cache.mode,
         cache_scope: m.cache.scope,
         cache_label: if shared { "warm-cache" } else { "fresh" },
-        timed_region: TimedRegion {
-            starts: "text context ready on the device",
-            ends: if exclude {
-                "VAE output on the device (final clamp and layout excluded)"
-            } else {
-                "uint8 frames on the device, synchronised"
-            },
-        },
+        timed_region: timed_region(m.timing.exclude_final_output_layout),
         shards,
-        processes,
+        processes: list.processes,
         warnings,
     })
+}
+
+/// The number of prompts the plan is made for: the prompt file's, or `prompts.expect_count`
+/// (with a warning) while the file does not exist yet.
+fn prompt_count(r: &Resolved, warnings: &mut Vec<String>) -> Option<u32> {
+    match &r.prompts {
+        Some(p) => Some(p.len() as u32),
+        None => {
+            let expected = r.manifest.prompts.expect_count;
+            if let Some(n) = expected {
+                warnings.push(format!(
+                    "planned for {n} prompts (prompts.expect_count) until the prompt file exists"
+                ));
+            }
+            expected
+        }
+    }
+}
+
+/// The global indices of the prompts the run generates; none while `all` is asked for and the
+/// prompt count is unknown.
+fn selected_prompts(indices: &IndexList, prompt_count: Option<u32>) -> Vec<u32> {
+    match (indices, prompt_count) {
+        (IndexList::List(v), _) => v.clone(),
+        (IndexList::All, Some(n)) => (0..n).collect(),
+        (IndexList::All, None) => Vec::new(),
+    }
+}
+
+/// The cache key tag of a slot (`run/gpu0`), or of one shard on it (`run/gpu0/shard3`).
+fn key_tag(run: &str, slot: &Slot, shard: Option<usize>) -> String {
+    match shard {
+        Some(s) => format!("{run}/{}/shard{s}", slot.label),
+        None => format!("{run}/{}", slot.label),
+    }
+}
+
+/// Where timing starts and stops, given `timing.exclude_final_output_layout`.
+fn timed_region(exclude_final_output_layout: bool) -> TimedRegion {
+    TimedRegion {
+        starts: "text context ready on the device",
+        ends: if exclude_final_output_layout {
+            "VAE output on the device (final clamp and layout excluded)"
+        } else {
+            "uint8 frames on the device, synchronised"
+        },
+    }
+}
+
+/// The processes of a plan in the order they are added; each is numbered by its position and
+/// logs to a file of the run's `logs` folder named after that number and its role.
+struct ProcessList {
+    logs: PathBuf,
+    processes: Vec<Process>,
+}
+
+impl ProcessList {
+    fn new(logs: PathBuf) -> ProcessList {
+        ProcessList {
+            logs,
+            processes: Vec::new(),
+        }
+    }
+
+    /// Appends a process. With `marker`, the process is skipped when `warmup.done` exists in its
+    /// cache directory.
+    fn push(
+        &mut self,
+        role: Role,
+        slot: usize,
+        prompts: Vec<u32>,
+        cache_dir: PathBuf,
+        cache_key_tag: String,
+        marker: bool,
+    ) {
+        let index = self.processes.len();
+        let file = match role {
+            Role::Warmup { repeat } => format!("{index:02}-warmup{repeat}-slot{slot}.log"),
+            Role::Measurement => format!("{index:02}-measurement.log"),
+            Role::Shard { shard } => format!("{index:02}-shard{shard}.log"),
+        };
+        self.processes.push(Process {
+            index,
+            role,
+            slot,
+            prompts,
+            skip_if_marker: marker.then(|| cache_dir.join("warmup.done")),
+            cache_dir,
+            cache_key_tag,
+            log: self.logs.join(file),
+        });
+    }
+}
+
+/// A probe's one shard and its processes: `warmup.repeats` warmups, then the measurement, all on
+/// the first slot with that slot's folder of the run's state as cache.
+fn probe(
+    r: &Resolved,
+    slots: &[Slot],
+    selected: &[u32],
+    prompt_count: Option<u32>,
+    list: &mut ProcessList,
+) -> Vec<Shard> {
+    let m = &r.manifest;
+    let tag = key_tag(r.name.as_str(), &slots[0], Some(0));
+    let state = r.paths.run_state_root.join(&slots[0].label);
+    // Without `warmup.indices`, a probe warms up on the prompts it measures.
+    let warm = m
+        .warmup
+        .indices
+        .as_ref()
+        .map(|w| match (w, prompt_count) {
+            (IndexList::All, Some(n)) => (0..n).collect(),
+            (IndexList::All, None) => Vec::new(),
+            (IndexList::List(v), _) => v.clone(),
+        })
+        .unwrap_or_else(|| selected.to_vec());
+    for repeat in 1..=m.warmup.repeats.0 as u32 {
+        list.push(
+            Role::Warmup { repeat },
+            0,
+            warm.clone(),
+            state.clone(),
+            tag.clone(),
+            false,
+        );
+    }
+    list.push(
+        Role::Measurement,
+        0,
+        selected.to_vec(),
+        state,
+        tag.clone(),
+        false,
+    );
+    vec![Shard {
+        index: 0,
+        prompts: selected.to_vec(),
+        slot: 0,
+        cache_key_tag: tag,
+        noise_from: selected.first().copied(),
+    }]
+}
+
+/// A generation's shards: `shards.count` contiguous runs of the selected prompts, placed on the
+/// slots of `shards.gpu_map` or round-robin.
+fn generation_shards(
+    r: &Resolved,
+    slots: &[Slot],
+    selected: &[u32],
+) -> Result<Vec<Shard>, PlanError> {
+    let m = &r.manifest;
+    let k = m.shards.count.0 as usize;
+    let mut shards = Vec::with_capacity(k);
+    let mut start = 0;
+    for (i, size) in shard_sizes(selected.len(), k).into_iter().enumerate() {
+        let slot = match &m.shards.gpu_map {
+            Some(map) => {
+                let s = map[i];
+                if s as usize >= slots.len() {
+                    return Err(PlanError::SlotOutOfRange {
+                        slot: s,
+                        visible: slots.len(),
+                    });
+                }
+                s as usize
+            }
+            None => i % slots.len(),
+        };
+        let prompts = selected[start..start + size].to_vec();
+        start += size;
+        shards.push(Shard {
+            index: i,
+            noise_from: prompts.first().copied(),
+            prompts,
+            slot,
+            cache_key_tag: key_tag(r.name.as_str(), &slots[slot], Some(i)),
+        });
+    }
+    Ok(shards)
+}
+
+/// A generation's processes, slot by slot. Isolated caches of scope `run_gpu` give each slot one
+/// cache directory and one warmup before its shards; every other combination gives each shard its
+/// own cache directory and warmup, and shared caches skip a warmup whose marker exists.
+fn generation_processes(
+    r: &Resolved,
+    slots: &[Slot],
+    shards: &[Shard],
+    prompt_count: Option<u32>,
+    list: &mut ProcessList,
+) {
+    let m = &r.manifest;
+    let shared = m.cache.mode == CacheMode::Shared;
+    let state_root = if shared {
+        r.paths.shared_state_dir.clone()
+    } else {
+        r.paths.run_dir.join("runtime_state")
+    };
+    // Without `warmup.indices`, a warmup runs the first prompt of the shard it precedes.
+    let warm = |shard: &Shard| match &m.warmup.indices {
+        Some(w) => w.resolve(prompt_count.unwrap_or(0)),
+        None => shard.prompts.first().copied().into_iter().collect(),
+    };
+    for (slot, slot_info) in slots.iter().enumerate() {
+        let mine: Vec<&Shard> = shards.iter().filter(|s| s.slot == slot).collect();
+        let Some(first) = mine.first() else { continue };
+        match (m.cache.scope, shared) {
+            (CacheScope::RunGpu, false) => {
+                let dir = state_root.join(&slot_info.label);
+                list.push(
+                    Role::Warmup { repeat: 1 },
+                    slot,
+                    warm(first),
+                    dir.clone(),
+                    key_tag(r.name.as_str(), slot_info, None),
+                    false,
+                );
+                for s in &mine {
+                    list.push(
+                        Role::Shard { shard: s.index },
+                        slot,
+                        s.prompts.clone(),
+                        dir.clone(),
+                        s.cache_key_tag.clone(),
+                        false,
+                    );
+                }
+            }
+            _ => {
+                for s in &mine {
+                    let dir = state_root.join(format!("shard{}", s.index));
+                    list.push(
+                        Role::Warmup { repeat: 1 },
+                        slot,
+                        warm(s),
+                        dir.clone(),
+                        s.cache_key_tag.clone(),
+                        shared,
+                    );
+                    list.push(
+                        Role::Shard { shard: s.index },
+                        slot,
+                        s.prompts.clone(),
+                        dir,
+                        s.cache_key_tag.clone(),
+                        false,
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

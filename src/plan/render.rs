@@ -1,4 +1,5 @@
-//! The plan as a person reads it, and the `--explain` table of settings and their layers.
+//! The plan as a person reads it, section by section (locations, settings, shards, processes,
+//! notes), and the `--explain` table of settings and the layers that set them.
 
 use std::fmt::Write;
 use std::path::Path;
@@ -32,9 +33,19 @@ fn indices(v: &[u32]) -> String {
 /// Renders the plan as text; `results_state` says what the results folder holds already.
 pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
     let mut s = String::new();
-    let m = &r.manifest;
-    let chain: Vec<String> = plan.manifests.iter().map(|f| p(f)).collect();
     let _ = writeln!(s, "plan for run `{}` ({})", plan.run, plan.kind.as_str());
+    locations(&mut s, plan, r, results_state);
+    settings(&mut s, plan, r);
+    shards(&mut s, plan);
+    processes(&mut s, plan);
+    notes(&mut s, plan, r);
+    s
+}
+
+/// Writes the header lines on where the run reads and writes: the manifest chain, the results
+/// folder, the work root, the bundle and the prompts.
+fn locations(s: &mut String, plan: &Plan, r: &Resolved, results_state: &str) {
+    let chain: Vec<String> = plan.manifests.iter().map(|f| p(f)).collect();
     let _ = writeln!(s, "  manifests     {}", chain.join(" <- "));
     let _ = writeln!(s, "  results       {} ({results_state})", p(&plan.run_dir));
     let _ = writeln!(
@@ -52,8 +63,14 @@ pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
         s,
         "  prompts       {} ({count}); indices {}, {selected} selected",
         p(&plan.prompts_file),
-        m.prompts.indices
+        r.manifest.prompts.indices
     );
+}
+
+/// Writes the header lines on how the run generates: the provider and its devices, the noise,
+/// the caches, the timed region and the method settings that differ from their defaults.
+fn settings(s: &mut String, plan: &Plan, r: &Resolved) {
+    let m = &r.manifest;
     let devices: Vec<&str> = plan.slots.iter().map(|sl| sl.device.as_str()).collect();
     let _ = writeln!(
         s,
@@ -101,7 +118,10 @@ pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
             .collect();
         let _ = writeln!(s, "  method        {}", list.join(", "));
     }
+}
 
+/// Writes the shards section: a table of each shard's prompts, slot, noise start and key tag.
+fn shards(s: &mut String, plan: &Plan) {
     let _ = writeln!(s, "\nshards ({}, contiguous)", plan.shards.len());
     let _ = writeln!(
         s,
@@ -120,7 +140,11 @@ pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
             sh.cache_key_tag
         );
     }
+}
 
+/// Writes the processes section: each process in order with its slot, role, prompts and cache,
+/// and the marker that skips it where there is one.
+fn processes(s: &mut String, plan: &Plan) {
     let _ = writeln!(
         s,
         "\nprocesses ({}; one at a time on each slot{})",
@@ -155,6 +179,12 @@ pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
             let _ = writeln!(s, "       skipped when {} exists", p(marker));
         }
     }
+}
+
+/// Writes the closing notes: where a probe's debug videos go, the label shared caches give the
+/// results, and the plan's warnings.
+fn notes(s: &mut String, plan: &Plan, r: &Resolved) {
+    let m = &r.manifest;
     if m.kind == Kind::Probe && m.outputs.save_videos {
         let _ = writeln!(
             s,
@@ -174,7 +204,6 @@ pub fn text(plan: &Plan, r: &Resolved, results_state: &str) -> String {
             let _ = writeln!(s, "  - {w}");
         }
     }
-    s
 }
 
 /// Renders every setting with its value and the layer that set it.

@@ -1,4 +1,5 @@
-//! `runner report` and `runner compare` as text and JSON.
+//! `runner report` and `runner compare` as text and JSON: the provenance of a run, its
+//! statistics table, phase split and peak memory, and the comparison of two runs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -200,15 +201,38 @@ pub fn report_text(run: &LoadedRun) -> String {
         r.kind.as_str(),
         r.status.as_str()
     );
-    let mut row = |key: &str, value: String| {
-        let _ = writeln!(t, "  {key:<13} {value}");
-    };
+    runtime_rows(&mut t, r, &p);
+    run_rows(&mut t, r, &p);
+    statistics_table(&mut t, &run.summary);
+    let measured = measured(&run.timings, r.kind);
+    phase_split(&mut t, &measured);
+    let _ = writeln!(
+        t,
+        "\npeak device memory {} (largest over the measured prompts)",
+        peak_memory(&measured).map_or_else(|| "n/a".into(), gib)
+    );
+    t
+}
+
+/// Writes one provenance line of the report: the key in a column of its own, then the value.
+fn row(t: &mut String, key: &str, value: String) {
+    let _ = writeln!(t, "  {key:<13} {value}");
+}
+
+/// Writes the provenance lines on what ran: the manifests, the provider, attention, kernels,
+/// bundle, precision, GPU and library versions.
+fn runtime_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
     for (i, m) in r.manifests.iter().enumerate() {
         let short = m.sha256.get(..12).unwrap_or(&m.sha256);
         let key = if i == 0 { "manifest" } else { "  extends" };
-        row(key, format!("{} (sha256 {short})", display_path(&m.path)));
+        row(
+            t,
+            key,
+            format!("{} (sha256 {short})", display_path(&m.path)),
+        );
     }
     row(
+        t,
         "provider",
         match &p.execution_provider {
             Some(ep) => format!("{} ({ep})", p.provider),
@@ -216,6 +240,7 @@ pub fn report_text(run: &LoadedRun) -> String {
         },
     );
     row(
+        t,
         "attention",
         match &p.attention_resolved {
             Some(a) => format!("{a} (requested {})", p.attention_requested),
@@ -224,6 +249,7 @@ pub fn report_text(run: &LoadedRun) -> String {
     );
     if p.dit_kernels.is_some() || p.vae_kernels.is_some() {
         row(
+            t,
             "kernels",
             format!(
                 "dit {}, vae {}{}",
@@ -238,9 +264,9 @@ pub fn report_text(run: &LoadedRun) -> String {
         );
     }
     if let Some(bundle) = &p.bundle {
-        row("bundle", bundle.clone());
+        row(t, "bundle", bundle.clone());
     }
-    row("precision", p.precision.clone());
+    row(t, "precision", p.precision.clone());
     let mut gpu = opt(p.gpu_model.as_deref()).to_string();
     if let Some(b) = p.gpu_memory_bytes {
         let _ = write!(gpu, ", {}", gib(b));
@@ -248,8 +274,9 @@ pub fn report_text(run: &LoadedRun) -> String {
     if let Some(d) = &p.driver_version {
         let _ = write!(gpu, ", driver {d}");
     }
-    row("gpu", gpu);
+    row(t, "gpu", gpu);
     row(
+        t,
         "versions",
         format!(
             "onnxruntime {}, cuda {}, cudnn {}",
@@ -258,7 +285,13 @@ pub fn report_text(run: &LoadedRun) -> String {
             opt(p.cudnn.as_deref())
         ),
     );
+}
+
+/// Writes the provenance lines on how the run went: the caches, the timed region, the warmup,
+/// the method overrides, the host, the times, the git commit and the failure if any.
+fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
     row(
+        t,
         "cache",
         format!(
             "{} ({}, {})",
@@ -267,37 +300,27 @@ pub fn report_text(run: &LoadedRun) -> String {
             name_of(&r.cache.scope)
         ),
     );
-    row("timed region", format!("ends at {}", r.timed_region_ends));
-    // Where no indices are given, the plan's defaults (plan::build): a probe warms up on the
-    // prompts it measures, a generation's slot on the first prompt of its first shard.
-    let warmup_prompts = match (&r.warmup.indices, r.kind) {
-        (Some(v), _) => format!(
-            "prompts {}",
-            v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-        ),
-        (None, Kind::Probe) => "the prompts measured".to_string(),
-        (None, Kind::Generation) => "the first prompt of each slot's first shard".to_string(),
-    };
-    let warmup = match r.warmup.repeats {
-        0 => "none".to_string(),
-        1 => format!("1 process before measurement, on {warmup_prompts}"),
-        n => format!("{n} processes before measurement, on {warmup_prompts}"),
-    };
-    row("warmup", warmup);
+    row(
+        t,
+        "timed region",
+        format!("ends at {}", r.timed_region_ends),
+    );
+    row(t, "warmup", warmup(r));
     if r.method_overrides.is_empty() {
-        row("overrides", "none (method defaults)".into());
+        row(t, "overrides", "none (method defaults)".into());
     }
     for (i, (k, s)) in r.method_overrides.iter().enumerate() {
         let key = if i == 0 { "overrides" } else { "" };
-        row(key, format!("{k} = {} ({})", s.value, s.origin));
+        row(t, key, format!("{k} = {} ({})", s.value, s.origin));
     }
-    row("host", opt(p.host.as_deref()).to_string());
+    row(t, "host", opt(p.host.as_deref()).to_string());
     let resumed = if p.resumed_at.is_empty() {
         String::new()
     } else {
         format!(" (resumed at {})", p.resumed_at.join(", "))
     };
     row(
+        t,
         "time",
         format!(
             "{} to {}{resumed}",
@@ -308,15 +331,38 @@ pub fn report_text(run: &LoadedRun) -> String {
     if let Some(g) = &r.git {
         let short = g.commit.get(..12).unwrap_or(&g.commit);
         row(
+            t,
             "git",
             format!("{short}{}", if g.dirty { " (dirty)" } else { "" }),
         );
     }
     if let Some(f) = &p.failure {
-        row("failure", f.lines().last().unwrap_or("").to_string());
+        row(t, "failure", f.lines().last().unwrap_or("").to_string());
     }
+}
 
-    let s = &run.summary;
+/// The warmup line's value: how many warmup processes ran before measurement, and on which
+/// prompts.
+fn warmup(r: &RunRecord) -> String {
+    // Where no indices are given, the plan's defaults (plan::build): a probe warms up on the
+    // prompts it measures, a generation's slot on the first prompt of its first shard.
+    let warmup_prompts = match (&r.warmup.indices, r.kind) {
+        (Some(v), _) => format!(
+            "prompts {}",
+            v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+        ),
+        (None, Kind::Probe) => "the prompts measured".to_string(),
+        (None, Kind::Generation) => "the first prompt of each slot's first shard".to_string(),
+    };
+    match r.warmup.repeats {
+        0 => "none".to_string(),
+        1 => format!("1 process before measurement, on {warmup_prompts}"),
+        n => format!("{n} processes before measurement, on {warmup_prompts}"),
+    }
+}
+
+/// Writes the statistics section: a row per series, a column per statistic, in seconds.
+fn statistics_table(t: &mut String, s: &Summary) {
     let _ = writeln!(
         t,
         "\nstatistics over {} measured prompt{}, seconds ({})",
@@ -336,8 +382,11 @@ pub fn report_text(run: &LoadedRun) -> String {
             .collect();
         let _ = writeln!(t, "  {label:<12}{values}");
     }
-    let measured = measured(&run.timings, r.kind);
-    let split = PhaseSplit::of(&measured);
+}
+
+/// Writes the phase split section: the mean share of each phase in the timed total.
+fn phase_split(t: &mut String, measured: &[&TimingRecord]) {
+    let split = PhaseSplit::of(measured);
     let _ = writeln!(t, "\nphase split, mean share of the timed total");
     let _ = writeln!(
         t,
@@ -347,12 +396,6 @@ pub fn report_text(run: &LoadedRun) -> String {
         percent(split.layout),
         percent(split.other)
     );
-    let _ = writeln!(
-        t,
-        "\npeak device memory {} (largest over the measured prompts)",
-        peak_memory(&measured).map_or_else(|| "n/a".into(), gib)
-    );
-    t
 }
 
 /// One statistic of both runs.

@@ -83,6 +83,49 @@ fn tick_label(v: f64, step: f64) -> String {
     format!("{v:.decimals$}")
 }
 
+/// The plot's scales: prompt positions across, seconds up, fitted to the records drawn.
+struct Frame {
+    /// The most prompts any series has.
+    n: usize,
+    y_step: f64,
+    /// The top of the y axis: the slowest prompt rounded up to a whole tick step.
+    y_top: f64,
+    plot_w: f64,
+    plot_h: f64,
+}
+
+impl Frame {
+    fn of(series: &[(ProcessRole, Vec<&TimingRecord>)]) -> Frame {
+        let n = series.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+        let max_y = series
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|r| r.timed_total_s))
+            .fold(0.0, f64::max);
+        let y_step = nice_step(max_y, 5.0);
+        Frame {
+            n,
+            y_step,
+            y_top: ((max_y / y_step).ceil() * y_step).max(y_step),
+            plot_w: WIDTH - LEFT - RIGHT,
+            plot_h: HEIGHT - TOP - BOTTOM,
+        }
+    }
+
+    /// The x coordinate of a 1-based prompt position; a single prompt sits in the middle.
+    fn x(&self, i: usize) -> f64 {
+        if self.n <= 1 {
+            LEFT + self.plot_w / 2.0
+        } else {
+            LEFT + (i - 1) as f64 / (self.n - 1) as f64 * self.plot_w
+        }
+    }
+
+    /// The y coordinate of a time in seconds.
+    fn y(&self, v: f64) -> f64 {
+        TOP + self.plot_h - v / self.y_top * self.plot_h
+    }
+}
+
 /// The SVG text of the plot.
 pub fn latency_svg(title: &str, records: &[TimingRecord]) -> String {
     let series: Vec<(ProcessRole, Vec<&TimingRecord>)> = [
@@ -94,26 +137,23 @@ pub fn latency_svg(title: &str, records: &[TimingRecord]) -> String {
     .map(|role| (role, role_series(records, role)))
     .filter(|(_, v)| !v.is_empty())
     .collect();
-    let n = series.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
-    let max_y = series
-        .iter()
-        .flat_map(|(_, v)| v.iter().map(|r| r.timed_total_s))
-        .fold(0.0, f64::max);
-    let y_step = nice_step(max_y, 5.0);
-    let y_top = ((max_y / y_step).ceil() * y_step).max(y_step);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
-    // Positions are 1-based; a single prompt sits in the middle.
-    let x = |i: usize| {
-        if n <= 1 {
-            LEFT + plot_w / 2.0
-        } else {
-            LEFT + (i - 1) as f64 / (n - 1) as f64 * plot_w
-        }
-    };
-    let y = |v: f64| TOP + plot_h - v / y_top * plot_h;
-
+    let f = Frame::of(&series);
     let mut s = String::new();
+    header(&mut s, &f, title);
+    axes(&mut s, &f);
+    y_ticks(&mut s, &f);
+    x_ticks(&mut s, &f);
+    axis_titles(&mut s, &f);
+    for (j, (role, recs)) in series.iter().enumerate() {
+        series_line(&mut s, &f, *role, recs);
+        legend_entry(&mut s, &f, j, *role);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Writes the opening `<svg>` tag, the white background and the title.
+fn header(s: &mut String, f: &Frame, title: &str) {
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
@@ -122,103 +162,123 @@ pub fn latency_svg(title: &str, records: &[TimingRecord]) -> String {
     let _ = writeln!(
         s,
         r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{} — timed total per prompt</text>"#,
-        LEFT + plot_w / 2.0,
+        LEFT + f.plot_w / 2.0,
         escape(title)
     );
-    // Axes.
+}
+
+/// Writes the two axes as one path: down the left edge, then along the bottom.
+fn axes(s: &mut String, f: &Frame) {
     let _ = writeln!(
         s,
         r#"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="black"/>"#,
-        TOP + plot_h,
-        LEFT + plot_w
+        TOP + f.plot_h,
+        LEFT + f.plot_w
     );
-    // Y ticks and grid.
+}
+
+/// Writes the y ticks from zero to the top of the axis, each with its grid line and label.
+fn y_ticks(s: &mut String, f: &Frame) {
     let mut k = 0.0;
-    while k <= y_top + y_step / 2.0 {
-        let yy = y(k);
+    while k <= f.y_top + f.y_step / 2.0 {
+        let yy = f.y(k);
         let _ = writeln!(
             s,
             r##"<line class="ytick" x1="{}" y1="{yy:.1}" x2="{}" y2="{yy:.1}" stroke="#e0e0e0"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
             LEFT,
-            LEFT + plot_w,
+            LEFT + f.plot_w,
             LEFT - 6.0,
             yy + 4.0,
-            tick_label(k, y_step)
+            tick_label(k, f.y_step)
         );
-        k += y_step;
+        k += f.y_step;
     }
-    // X ticks: the first prompt and multiples of a round step.
+}
+
+/// Writes the x ticks, the first prompt and multiples of a round step, or a note in the middle
+/// of the plot when there are no timings.
+fn x_ticks(s: &mut String, f: &Frame) {
+    let n = f.n;
     if n > 0 {
         let x_step = nice_step(n as f64, 10.0).max(1.0).round() as usize;
         let ticks = std::iter::once(1).chain((x_step..=n).step_by(x_step).filter(|&i| i != 1));
         for i in ticks {
-            let xx = x(i);
+            let xx = f.x(i);
             let _ = writeln!(
                 s,
                 r#"<line class="xtick" x1="{xx:.1}" y1="{}" x2="{xx:.1}" y2="{}" stroke="black"/><text x="{xx:.1}" y="{}" text-anchor="middle">{i}</text>"#,
-                TOP + plot_h,
-                TOP + plot_h + 5.0,
-                TOP + plot_h + 19.0
+                TOP + f.plot_h,
+                TOP + f.plot_h + 5.0,
+                TOP + f.plot_h + 19.0
             );
         }
     } else {
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{}" text-anchor="middle">no timings recorded</text>"#,
-            LEFT + plot_w / 2.0,
-            TOP + plot_h / 2.0
+            LEFT + f.plot_w / 2.0,
+            TOP + f.plot_h / 2.0
         );
     }
+}
+
+/// Writes the titles of the x axis (below it) and the y axis (turned, left of it).
+fn axis_titles(s: &mut String, f: &Frame) {
     let _ = writeln!(
         s,
         r#"<text x="{}" y="{}" text-anchor="middle">prompt, in measurement order</text>"#,
-        LEFT + plot_w / 2.0,
+        LEFT + f.plot_w / 2.0,
         HEIGHT - 15.0
     );
     let _ = writeln!(
         s,
         r#"<text transform="translate(18,{}) rotate(-90)" text-anchor="middle">timed total (s)</text>"#,
-        TOP + plot_h / 2.0
+        TOP + f.plot_h / 2.0
     );
-    // One line per role, with a point per prompt that names it on hover.
-    for (j, (role, recs)) in series.iter().enumerate() {
-        let c = color(*role);
-        let points: Vec<String> = recs
-            .iter()
-            .enumerate()
-            .map(|(i, r)| format!("{:.1},{:.1}", x(i + 1), y(r.timed_total_s)))
-            .collect();
+}
+
+/// Writes one role's line, with a point per prompt that names it on hover.
+fn series_line(s: &mut String, f: &Frame, role: ProcessRole, recs: &[&TimingRecord]) {
+    let c = color(role);
+    let points: Vec<String> = recs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("{:.1},{:.1}", f.x(i + 1), f.y(r.timed_total_s)))
+        .collect();
+    let _ = writeln!(
+        s,
+        r#"<polyline class="series" data-role="{}" points="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#,
+        role.as_str(),
+        points.join(" ")
+    );
+    for (i, r) in recs.iter().enumerate() {
         let _ = writeln!(
             s,
-            r#"<polyline class="series" data-role="{}" points="{}" fill="none" stroke="{c}" stroke-width="1.5"/>"#,
+            r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{c}"><title>{} process {}, prompt {}: {:.3} s</title></circle>"#,
+            f.x(i + 1),
+            f.y(r.timed_total_s),
             role.as_str(),
-            points.join(" ")
-        );
-        for (i, r) in recs.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{c}"><title>{} process {}, prompt {}: {:.3} s</title></circle>"#,
-                x(i + 1),
-                y(r.timed_total_s),
-                role.as_str(),
-                r.process,
-                r.prompt,
-                r.timed_total_s
-            );
-        }
-        let ly = TOP + 10.0 + 20.0 * j as f64;
-        let lx = LEFT + plot_w + 15.0;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{c}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0,
-            role.as_str()
+            r.process,
+            r.prompt,
+            r.timed_total_s
         );
     }
-    s.push_str("</svg>\n");
-    s
+}
+
+/// Writes the legend entry of the `j`th series drawn, right of the plot: a short stroke in the
+/// role's colour and the role's name.
+fn legend_entry(s: &mut String, f: &Frame, j: usize, role: ProcessRole) {
+    let ly = TOP + 10.0 + 20.0 * j as f64;
+    let lx = LEFT + f.plot_w + 15.0;
+    let _ = writeln!(
+        s,
+        r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
+        lx + 20.0,
+        color(role),
+        lx + 26.0,
+        ly + 4.0,
+        role.as_str()
+    );
 }
 
 #[cfg(test)]
