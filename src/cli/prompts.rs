@@ -11,7 +11,7 @@ use super::out;
 use crate::engine::{Bundle, BundleError, PromptTokenizer};
 use crate::exit;
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::load::prompt_lines;
+use crate::manifest::inputs::read_prompt_file;
 
 #[derive(Debug, Args)]
 pub struct PromptsArgs {
@@ -55,18 +55,18 @@ pub fn run(args: &PromptsArgs) -> i32 {
             return exit::USAGE;
         }
     };
-    let text = match std::fs::read_to_string(&args.file) {
-        Ok(text) => text,
+    let prompts = match read_prompt_file(&args.file) {
+        Ok(prompts) => prompts,
         Err(e) => {
             return exit::report(&exit::Plain {
-                message: format!("cannot read prompt file {}: {e}", display_path(&args.file)),
+                message: format!("prompt file {} {e}", display_path(&args.file)),
                 hint: Some("give a UTF-8 file with one prompt per line".into()),
                 code: exit::USAGE,
             });
         }
     };
     let mut entries = Vec::new();
-    for (index, prompt) in prompt_lines(&text).iter().enumerate() {
+    for (index, prompt) in prompts.iter().enumerate() {
         match tokenizer.encode(prompt) {
             Ok(tokens) => entries.push(PromptEntry {
                 index,

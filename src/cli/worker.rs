@@ -201,10 +201,8 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
         ));
     }
     let path = args.prompts.as_deref().expect("clap requires --prompts");
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        WorkerError::Usage(format!("cannot read prompt file {}: {e}", path.display()))
-    })?;
-    let prompts = crate::manifest::load::prompt_lines(&text);
+    let prompts = crate::manifest::inputs::read_prompt_file(path)
+        .map_err(|e| WorkerError::Usage(format!("prompt file {} {e}", path.display())))?;
     let list = args.indices.as_deref().unwrap_or_default();
     let indices = prompt_indices(list, prompts.len()).map_err(WorkerError::Usage)?;
     let unpack_dir = args

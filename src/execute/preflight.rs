@@ -48,8 +48,35 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
         ));
     }
     fused_kernels_preflight(r, config)?;
+    video_names_preflight(r, config)?;
     tokenizer_preflight(r)?;
     probe_state_preflight(r)
+}
+
+/// A generation's videos are named after their prompts: two selected prompts that would share a
+/// file are refused (one would overwrite the other), naming them.
+fn video_names_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
+    let m = &r.manifest;
+    if m.kind != Kind::Generation || !m.outputs.save_videos {
+        return Ok(());
+    }
+    let prompts = r.prompts.as_deref().unwrap_or_default();
+    let count = prompts.len() as u32;
+    let selected = m.prompts.indices.resolve(count);
+    let texts = selected
+        .iter()
+        .filter_map(|&i| prompts.get(i as usize).map(|t| (i, t.as_str())));
+    match crate::results::names::shared_names(config.video_naming, texts) {
+        None => Ok(()),
+        Some(shared) => Err(ApplyError::refused(
+            format!(
+                "two prompts of {} would share one video: {shared}",
+                display_path(&r.paths.prompts_file)
+            ),
+            "make the prompts differ (videos are named after their text), or set \
+             outputs.video_naming = \"indexed\"",
+        )),
+    }
 }
 
 /// The bundle's prompt tokenizer must read and check (a umt5 tokenizer.json of the right model,

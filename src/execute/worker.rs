@@ -12,8 +12,8 @@ use crate::engine::{
     Generator, Precision, Provider, Schedule, SessionError,
 };
 use crate::exit;
-use crate::manifest::VideoNaming;
 use crate::results::files::append_jsonl;
+use crate::results::names::video_name;
 use crate::results::records::TimingRecord;
 
 /// Videos are written at 16 frames per second, as the model's training data.
@@ -48,23 +48,6 @@ impl exit::Failure for WorkerError {
             // `runner apply` writes the jobs: one that cannot be read is not the user's doing.
             WorkerError::Job(_) => exit::INTERNAL,
             _ => exit::FAILURE,
-        }
-    }
-}
-
-/// The video file name of a prompt: VBench names videos by prompt text and sample index.
-pub fn video_name(naming: VideoNaming, prompt: &PromptSpec) -> String {
-    match naming {
-        VideoNaming::Indexed => format!("{:04}.mp4", prompt.index),
-        VideoNaming::Vbench => {
-            // The prompt is the file name: keep it readable, but never a path.
-            let text: String = prompt
-                .text
-                .chars()
-                .map(|c| if c == '/' || c == '\0' { '_' } else { c })
-                .collect();
-            let text: String = text.trim().chars().take(180).collect();
-            format!("{text}-0.mp4")
         }
     }
 }
@@ -230,7 +213,7 @@ fn keep(
 ) -> Result<TimingRecord, WorkerError> {
     let video = match &job.videos {
         Some(dir) if !generated.frames.is_empty() => {
-            let path = dir.join(video_name(job.video_naming, prompt));
+            let path = dir.join(video_name(job.video_naming, prompt.index, &prompt.text));
             let [n, h, w, _] = generated.frame_shape;
             crate::video::write_mp4(&path, &generated.frames, n, h, w, FPS)
                 .map_err(|e| write_error(&path, e))?;
@@ -344,19 +327,6 @@ mod tests {
             Some("13.0.48")
         );
         assert_eq!(loaded_version(maps, "libnvinfer.so."), None);
-    }
-
-    #[test]
-    fn vbench_names_are_the_prompt_and_never_a_path() {
-        let p = PromptSpec {
-            index: 3,
-            text: "a cat/dog on a skateboard".into(),
-        };
-        assert_eq!(
-            video_name(VideoNaming::Vbench, &p),
-            "a cat_dog on a skateboard-0.mp4"
-        );
-        assert_eq!(video_name(VideoNaming::Indexed, &p), "0003.mp4");
     }
 
     #[test]

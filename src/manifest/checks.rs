@@ -17,7 +17,7 @@ use super::values::IndexList;
 pub(super) type Lookup<'a> = dyn Fn(&str) -> Option<(Origin, Option<Excerpt>)> + 'a;
 
 /// Places `d` at the origin of the setting `key`, when it has one.
-fn at_key(d: Diagnostic, key: &str, lookup: &Lookup<'_>) -> Diagnostic {
+pub(super) fn at_key(d: Diagnostic, key: &str, lookup: &Lookup<'_>) -> Diagnostic {
     match lookup(key) {
         Some((origin, excerpt)) => d.at(origin).excerpt(excerpt),
         None => d,

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::checks;
 use super::diagnostic::{Diagnostic, Diagnostics, Origin, display_path};
+use super::inputs;
 use super::layers::{Entry, Layer, env_layer, flag_layer, unknown_key};
 use super::paths;
 use super::schema::keys;
@@ -471,12 +472,12 @@ fn check_run(
     errors: &mut Vec<Diagnostic>,
     warnings: &mut Vec<String>,
 ) -> Option<Vec<String>> {
-    let prompts = read_prompts(&run_paths.prompts_file, warnings);
     let lookup = |key: &str| {
         merged
             .get(key)
             .map(|e| (e.origin.clone(), e.excerpt.clone()))
     };
+    let prompts = read_prompts(&run_paths.prompts_file, warnings, errors, &lookup);
     checks::validate(manifest, prompts.as_deref(), run_paths, &lookup, errors);
     checks::check_paths(manifest, run_paths, env, &lookup, errors);
     if !run_paths.bundle.exists() {
@@ -512,7 +513,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// Reads the top manifest and everything it extends, top first; cycles and missing files are
 /// reported at the `extends` value that names them.
 fn load_chain(top: &Path) -> Result<Vec<SourceFile>, Diagnostics> {
-    let read = |path: &Path| std::fs::read_to_string(path);
+    let read = |path: &Path| inputs::read_text_file(path, inputs::MANIFEST_LIMIT, "manifest");
     let text = read(top).map_err(|e| {
         Diagnostic::new(format!("cannot read manifest {}: {e}", display_path(top)))
             .hint("check the path; manifests live in experiments/")
@@ -665,22 +666,33 @@ fn hint_for(key: &str) -> String {
     format!("see `runner schema` for the values `{key}` accepts")
 }
 
-/// The prompts of a prompt file's text: one a line (`\n` or `\r\n`), blank lines left out. A
-/// prompt's global index is its place in this list.
-pub fn prompt_lines(text: &str) -> Vec<String> {
-    text.lines()
-        .map(|l| l.trim_end_matches('\r').to_string())
-        .filter(|l| !l.trim().is_empty())
-        .collect()
-}
-
-fn read_prompts(path: &Path, warnings: &mut Vec<String>) -> Option<Vec<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Some(prompt_lines(&text)),
-        Err(_) => {
-            warnings.push(format!(
-                "prompt file {} does not exist; `runner apply` needs it (see assets/prompts/README.md)",
-                display_path(path)
+/// The prompt file's prompts. A missing file is a warning (`runner plan` works without it); one
+/// that cannot be a prompt file is an error at `prompts.file`.
+fn read_prompts(
+    path: &Path,
+    warnings: &mut Vec<String>,
+    errors: &mut Vec<Diagnostic>,
+    lookup: &checks::Lookup<'_>,
+) -> Option<Vec<String>> {
+    let read = inputs::read_text_file(path, inputs::PROMPTS_LIMIT, "prompt file");
+    if read == Err(inputs::TextFileError::Missing) {
+        warnings.push(format!(
+            "prompt file {} does not exist; `runner apply` needs it (see assets/prompts/README.md)",
+            display_path(path)
+        ));
+        return None;
+    }
+    match read
+        .map_err(|e| e.to_string())
+        .and_then(|text| inputs::parse_prompt_file(&text))
+    {
+        Ok(prompts) => Some(prompts),
+        Err(e) => {
+            errors.push(checks::at_key(
+                Diagnostic::new(format!("prompt file {} {e}", display_path(path)))
+                    .hint("one prompt per line, UTF-8 (see assets/prompts/README.md)"),
+                "prompts.file",
+                lookup,
             ));
             None
         }

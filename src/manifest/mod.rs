@@ -7,6 +7,7 @@
 
 mod checks;
 pub mod diagnostic;
+pub mod inputs;
 pub mod layers;
 pub mod load;
 pub mod paths;

@@ -3,6 +3,7 @@
 
 pub mod files;
 pub mod hash;
+pub mod names;
 pub mod records;
 pub mod stats;
 pub mod time;

@@ -169,3 +169,105 @@ fn damaged_records_and_videos_are_named_repaired_and_made_again() {
     assert_eq!(summary["count"], 6, "{summary}");
     assert_eq!(videos(&run_dir), original);
 }
+
+/// `generation` of `indices` over the prompt file `prompts` (written into the test folder).
+fn generation_over(t: &Test, name: &str, indices: &str, prompts: &[u8]) -> std::path::PathBuf {
+    let path = generation(t, name, indices);
+    let file = t.path().join(format!("{name}.txt"));
+    std::fs::write(&file, prompts).unwrap();
+    let tiny = crate::support::repo().join("assets/prompts/tiny.txt");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(&tiny.display().to_string(), &file.display().to_string());
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Two prompts that would be one video file (the same text, or texts the naming folds together)
+/// are refused before anything is written, naming both.
+#[test]
+fn prompts_that_would_share_a_video_are_refused_before_anything_is_written() {
+    let t = Test::new();
+    generation_over(
+        &t,
+        "shared",
+        "0-3",
+        b"a red kite over a beach\na cat/dog at night\na cat_dog at night\na red kite over a beach\n",
+    );
+    let out = t.cmd().args(["apply", "--quiet", "shared.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr
+            .contains("prompts 1, 2 would all be `a cat_dog at night-0.mp4`")
+            && out.stderr.contains("prompts 0, 3"),
+        "{}",
+        out.render()
+    );
+    assert!(!t.path().join("results").exists(), "nothing written");
+    assert!(!t.path().join("work").exists(), "nothing staged");
+}
+
+/// A prompt file's line is a prompt's index: a blank line is an error naming it (dropping it
+/// would move every later prompt's noise); a file that is not UTF-8 says so; CRLF and a BOM read.
+#[test]
+fn prompt_files_are_read_line_by_line_and_refused_with_the_line() {
+    let t = Test::new();
+    generation_over(&t, "blank", "0-1", b"first prompt\n\nsecond prompt\n");
+    let out = t.cmd().args(["plan", "blank.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(out.stderr.contains("line 2 is blank"), "{}", out.render());
+
+    generation_over(&t, "latin", "0-1", b"first prompt\ncaf\xe9 au lait\n");
+    let out = t.cmd().args(["plan", "latin.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("is not UTF-8 text (line 2"),
+        "{}",
+        out.render()
+    );
+
+    generation_over(
+        &t,
+        "crlf",
+        "0-1",
+        b"\xef\xbb\xbffirst prompt\r\nsecond prompt\r\n",
+    );
+    let out = t.cmd().args(["plan", "crlf.toml", "--json"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+}
+
+/// `extends` naming a device, a named pipe or a huge file fails at once with a clear error.
+#[test]
+fn extends_reads_only_small_regular_files() {
+    let t = Test::new();
+    let path = generation(&t, "base", "0-1");
+    let big = t.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; 2 << 20]).unwrap();
+    let fifo = t.path().join("fifo.toml");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let base = std::fs::read_to_string(&path).unwrap();
+    for (target, says) in [
+        ("/dev/zero", "is not a regular file (a device)"),
+        ("fifo.toml", "is not a regular file (a named pipe)"),
+        (
+            "big.toml",
+            "more than the 1048576 bytes a manifest may have",
+        ),
+    ] {
+        std::fs::write(
+            t.path().join("child.toml"),
+            format!("extends = \"{target}\"\nname = \"child\"\n{base}"),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let out = t.cmd().args(["plan", "child.toml"]).run();
+        assert_eq!(out.code, 2, "{}", out.render());
+        assert!(out.stderr.contains(says), "{target}: {}", out.render());
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{target} failed fast"
+        );
+    }
+}

@@ -190,7 +190,6 @@ fn mojibake_is_reported_rather_than_repaired() {
 
 const SHOWN_PROMPTS: &str = "a cat on a mat\n\
     a sailboat drifting on a calm blue sea at sunset with seagulls\n\
-    \n\
     Tom &amp;amp; Jerry\u{2019}s \u{fb01}ne show\n";
 
 #[test]
