@@ -78,7 +78,7 @@ fn check_runtime_and_shards(m: &Manifest, lookup: &Lookup<'_>, errors: &mut Vec<
         errors.push(at_key(
             Diagnostic::new(format!(
                 "runtime.cuda_graphs needs the CUDA provider; runtime.provider is \"{}\"",
-                crate::plan::render::word(&m.runtime.provider)
+                m.runtime.provider
             ))
             .hint("set runtime.provider = \"cuda\", or remove `cuda_graphs`"),
             "runtime.cuda_graphs",
