@@ -141,6 +141,16 @@ impl FromStr for IndexList {
         let mut out: Vec<u32> = Vec::new();
         for part in s.split(',') {
             let part = part.trim();
+            if part.is_empty() {
+                return Err(format!(
+                    "`{s}` has an empty entry; list indices like `0,3,5-7`"
+                ));
+            }
+            if part.starts_with('-') {
+                return Err(format!(
+                    "`{part}` is negative; prompt indices count from 0 (e.g. `0-19`)"
+                ));
+            }
             let (lo, hi) = match part.split_once('-') {
                 Some((a, b)) => (parse_index(a)?, parse_index(b)?),
                 None => {
@@ -536,7 +546,7 @@ mod tests {
             ("0-3,3", "appears twice"),
             ("5-2", "runs backwards"),
             ("a", "not a prompt index"),
-            ("-1", "not a prompt index"),
+            ("-1", "is negative"),
         ];
         for (text, want) in bad {
             let err = text.parse::<IndexList>().unwrap_err();
@@ -572,6 +582,14 @@ mod tests {
         for bad in ["", "1000,1000", "250,500", "0", "1001"] {
             assert!(bad.parse::<DenoisingSteps>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn negative_and_empty_index_entries_say_so() {
+        let e = "-1".parse::<IndexList>().unwrap_err();
+        assert!(e.contains("`-1` is negative"), "{e}");
+        let e = "0,,2".parse::<IndexList>().unwrap_err();
+        assert!(e.contains("empty entry"), "{e}");
     }
 
     #[test]
