@@ -461,6 +461,10 @@ fn resolve_path(
     }
 }
 
+/// Settings the reference scripts have that change nothing here (their schema descriptions say
+/// why): accepted, so the scripts' variables work, and warned about when set.
+const INERT_KEYS: &[&str] = &["timing.quiet_measurement", "runtime.compile_threads"];
+
 /// Reads the prompt file and runs the cross-setting, prompt and path checks of [`checks`], at
 /// the origins of the merged settings; warns when the asset bundle does not exist yet. Returns
 /// the prompts, or `None` when the prompt file cannot be read (a warning, not an error).
@@ -477,6 +481,16 @@ fn check_run(
             .get(key)
             .map(|e| (e.origin.clone(), e.excerpt.clone()))
     };
+    for key in INERT_KEYS {
+        if let Some(entry) = merged.get(*key)
+            && entry.origin != Origin::Default
+        {
+            warnings.push(format!(
+                "`{key}` (set by {}) has no effect in this runner; see `runner schema` for why",
+                entry.origin
+            ));
+        }
+    }
     let prompts = read_prompts(&run_paths.prompts_file, warnings, errors, &lookup);
     checks::validate(manifest, prompts.as_deref(), run_paths, &lookup, errors);
     checks::check_paths(manifest, run_paths, env, &lookup, errors);

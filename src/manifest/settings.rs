@@ -123,8 +123,10 @@ pub enum Reseed {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Timing {
-    /// Keep the measured process free of avoidable background work (log flushing, progress
-    /// drawing, allocator trimming) inside the timed region. Env: `DISABLE_GC_DURING_MEASUREMENT`.
+    /// Accepted for the reference scripts' `DISABLE_GC_DURING_MEASUREMENT`; it changes nothing:
+    /// the runner's workers never do background work inside the timed region (progress is drawn
+    /// by the orchestrator, records are written after each prompt's region ends), and a value
+    /// set explicitly is warned about.
     pub quiet_measurement: bool,
     /// End the timed region after the VAE output, before the final clamp and uint8 layout.
     /// Env: `EXCLUDE_FINAL_OUTPUT_LAYOUT_TIMING`.
@@ -139,7 +141,10 @@ pub struct Runtime {
     pub provider: ProviderKind,
     /// CPU threads of each worker process. Env: `UNSTEP_CPU_THREADS_PER_PROCESS`.
     pub cpu_threads_per_process: Bounded<1, 1024>,
-    /// Threads for graph optimisation and engine builds. Env: `UNSTEP_COMPILE_THREADS`.
+    /// Accepted for the reference scripts' `TORCHINDUCTOR_COMPILE_THREADS` /
+    /// `UNSTEP_COMPILE_THREADS`; it changes nothing: nothing the runner compiles (ONNX Runtime's
+    /// graph optimisation, NVRTC) takes a thread count, and a value set explicitly is warned
+    /// about.
     pub compile_threads: Bounded<1, 1024>,
     /// With `provider = "cpu"`: worker slots that stand in for GPUs.
     pub cpu_slots: Bounded<1, 64>,

@@ -271,3 +271,29 @@ fn extends_reads_only_small_regular_files() {
         );
     }
 }
+
+/// Settings of the reference scripts that change nothing here are accepted and warned about
+/// when set, never silently taken as done.
+#[test]
+fn settings_that_do_nothing_say_so() {
+    let t = Test::new();
+    generation(&t, "inert", "0-1");
+    let out = t
+        .cmd()
+        .args(["plan", "inert.toml", "--set", "runtime.compile_threads=4"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(
+        out.stdout.contains(
+            "`runtime.compile_threads` (set by flag --set runtime.compile_threads=4) has no effect"
+        ),
+        "{}",
+        out.render()
+    );
+    let quiet = t.cmd().args(["plan", "inert.toml"]).run();
+    assert!(
+        !quiet.stdout.contains("has no effect"),
+        "{}",
+        quiet.render()
+    );
+}
