@@ -169,8 +169,12 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     if m.cache.clear_global {
         clear_global_caches();
     }
+    // Read before the run adds state of its own.
+    let reused_state = m.kind == Kind::Probe
+        && m.cache.reuse_runtime_state
+        && fs::read_dir(&r.paths.run_state_root).is_ok_and(|mut d| d.next().is_some());
     let videos = prepare_run_dir(r, plan)?;
-    let mut record = start_record(r, plan, previous.as_ref(), &stage, opts)?;
+    let mut record = start_record(r, plan, previous.as_ref(), &stage, opts, reused_state)?;
 
     let jobs = JobFactory {
         r,
@@ -202,7 +206,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     } else {
         RunStatus::Failed
     };
-    write_statistics(r, &run_dir)?;
+    write_statistics(r, &run_dir, record.cache.label)?;
     if let Some(facts) = facts {
         record_facts(&mut record, facts, r);
     }
@@ -299,7 +303,9 @@ fn prepare_run_dir(r: &Resolved, plan: &Plan) -> Result<Option<PathBuf>, ApplyEr
     }
     if m.kind == Kind::Probe && m.cache.reuse_runtime_state {
         // A re-measured probe starts its timings afresh; its compiler state is what is reused.
-        let _ = fs::remove_dir_all(run_dir.join("timings"));
+        // The earlier measurement is kept, under `previous/<n>/`, not deleted before the new
+        // one exists.
+        keep_previous_measurement(run_dir)?;
         mkdir(&run_dir.join("timings"))?;
     }
     Ok(match (m.kind, m.outputs.save_videos) {
@@ -316,6 +322,37 @@ fn prepare_run_dir(r: &Resolved, plan: &Plan) -> Result<Option<PathBuf>, ApplyEr
     })
 }
 
+/// Moves a probe's earlier measurement (its timings, summary and record) to `previous/<n>/`.
+fn keep_previous_measurement(run_dir: &Path) -> Result<(), ApplyError> {
+    let parts = [
+        "timings",
+        TIMINGS_JSONL,
+        SUMMARY_JSON,
+        RUN_JSON,
+        crate::results::LATENCY_SVG,
+    ];
+    if !parts.iter().any(|p| run_dir.join(p).exists()) {
+        return Ok(());
+    }
+    let previous = run_dir.join("previous");
+    let n = fs::read_dir(&previous).map(|d| d.count()).unwrap_or(0) + 1;
+    let dest = previous.join(n.to_string());
+    let io = |what: &Path, e: std::io::Error| {
+        ApplyError::Io(format!(
+            "cannot keep the earlier measurement {}: {e}",
+            display_path(what)
+        ))
+    };
+    fs::create_dir_all(&dest).map_err(|e| io(&dest, e))?;
+    for part in parts {
+        let from = run_dir.join(part);
+        if from.exists() {
+            fs::rename(&from, dest.join(part)).map_err(|e| io(&from, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// The run's record as it starts (status running), written to `run.json`.
 fn start_record(
     r: &Resolved,
@@ -323,8 +360,13 @@ fn start_record(
     previous: Option<&RunRecord>,
     stage: &Stage,
     opts: &ApplyOptions,
+    reused_state: bool,
 ) -> Result<RunRecord, ApplyError> {
     let mut record = RunRecord::new(r, plan, SystemTime::now());
+    if reused_state {
+        // A probe measured on the state an earlier measurement left is not a fresh start.
+        record.cache.label = CacheLabel::WarmCache;
+    }
     if let Some(previous) = previous {
         record.resume(previous);
     }
@@ -380,7 +422,7 @@ fn slot_work(plan: &Plan, jobs: &[Option<JobSpec>]) -> Vec<SlotWork> {
 }
 
 /// `timings.jsonl`, `summary.json` and `latency.svg` from every process's records.
-fn write_statistics(r: &Resolved, run_dir: &Path) -> Result<(), ApplyError> {
+fn write_statistics(r: &Resolved, run_dir: &Path, label: CacheLabel) -> Result<(), ApplyError> {
     let m = &r.manifest;
     let records = read_process_timings(run_dir).records;
     let jsonl: String = records
@@ -388,7 +430,7 @@ fn write_statistics(r: &Resolved, run_dir: &Path) -> Result<(), ApplyError> {
         .map(|rec| serde_json::to_string(rec).expect("records serialise") + "\n")
         .collect();
     write_atomic(&run_dir.join(TIMINGS_JSONL), jsonl.as_bytes())?;
-    let summary = Summary::from_records(&records, m.kind, CacheLabel::of(m.cache.mode));
+    let summary = Summary::from_records(&records, m.kind, label);
     write_json_atomic(&run_dir.join(SUMMARY_JSON), &summary)?;
     let _ = crate::report::write_latency_svg(run_dir, &records);
     Ok(())

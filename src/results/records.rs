@@ -484,11 +484,15 @@ pub fn measured(records: &[TimingRecord], kind: Kind) -> Vec<&TimingRecord> {
             .filter(|r| r.role == ProcessRole::Measurement)
             .collect(),
         Kind::Generation => {
-            let mut latest: BTreeMap<(usize, u32), &TimingRecord> = BTreeMap::new();
+            // One record per prompt, the last one read: a prompt made again (in any shard
+            // layout, after a resume with another shard count too) counts once.
+            let mut latest: BTreeMap<u32, &TimingRecord> = BTreeMap::new();
             for r in records.iter().filter(|r| r.role == ProcessRole::Shard) {
-                latest.insert((r.shard.unwrap_or(0), r.prompt), r);
+                latest.insert(r.prompt, r);
             }
-            latest.into_values().collect()
+            let mut kept: Vec<&TimingRecord> = latest.into_values().collect();
+            kept.sort_by_key(|r| (r.shard.unwrap_or(0), r.prompt));
+            kept
         }
     }
 }
@@ -638,6 +642,11 @@ mod tests {
             // Prompt 2 again after a resume: the later record wins.
             rec(ProcessRole::Shard, Some(1), 2, 1.0),
         ];
+        // Prompt 3 again under another shard layout (a resume with more shards) counts once.
+        let mut relaid = records.clone();
+        relaid.push(rec(ProcessRole::Shard, Some(3), 3, 7.0));
+        let again = Summary::from_records(&relaid, Kind::Generation, CacheLabel::WarmCache);
+        assert_eq!(again.prompts, [0, 1, 2, 3]);
         let s = Summary::from_records(&records, Kind::Generation, CacheLabel::WarmCache);
         assert_eq!(s.prompts, [0, 1, 2, 3]);
         assert_eq!(s.timed_total.raw_mean, Some(5.0));

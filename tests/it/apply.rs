@@ -245,6 +245,22 @@ fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
         .args(["apply", "--quiet", "one.toml"])
         .run();
     assert_eq!(reuse.code, 0, "{}", reuse.render());
+    // The earlier measurement is kept beside the new one, and the new one, made on the state
+    // the first left, is labelled warm-cache, not fresh.
+    let kept = std::fs::read_to_string(run_dir.join("previous/1/timings.jsonl")).unwrap();
+    assert_eq!(kept.lines().count(), 2, "{kept}");
+    assert_eq!(
+        read_json(&run_dir.join("previous/1/summary.json"))["cache_label"],
+        "fresh"
+    );
+    assert_eq!(
+        read_json(&run_dir.join("summary.json"))["cache_label"],
+        "warm-cache"
+    );
+    assert_eq!(
+        read_json(&run_dir.join("run.json"))["cache"]["label"],
+        "warm-cache"
+    );
 }
 
 /// Starts `runner apply --quiet MANIFEST` in the test's folder without waiting for it.
