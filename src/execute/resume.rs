@@ -46,12 +46,16 @@ pub(super) fn completed(
     if r.manifest.kind == Kind::Probe {
         return Ok(Completed::default());
     }
-    if previous.config_hash != config_hash {
+    // Records of runners before the hash's version 2 carry the legacy form of the same hash.
+    let legacy = crate::results::hash::legacy_config_hash(r);
+    let same_config = |hash: &str| hash == config_hash || hash == legacy;
+    if !same_config(&previous.config_hash) {
         return Err(ApplyError::refused(
             format!(
-                "{} holds run `{}` made with a different configuration",
+                "{} holds run `{}` made with a different configuration ({})",
                 display_path(run_dir),
-                previous.run
+                previous.run,
+                what_differs(&previous, r)
             ),
             "give this configuration its own run name (`name = \"…\"` or --set name=…)",
         ));
@@ -99,7 +103,7 @@ pub(super) fn completed(
             changed.push(*prompt);
             stale_videos.extend(rec.video.as_ref().map(|v| run_dir.join(v)));
         }
-        if rec.config_hash == config_hash && video_ok && same_text {
+        if same_config(&rec.config_hash) && video_ok && same_text {
             done.insert(*prompt);
         }
     }
@@ -165,5 +169,27 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
         // `completed` gives no record to resume for a probe's (measured afresh) or for none.
         Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
         Ok(_) => PreviousRun::New,
+    }
+}
+
+/// The output-deciding settings (`method.*`, `noise.*`) whose values differ between a run's
+/// record and the resolved manifest, as `key: old → new`; when none does, the bundle's contents.
+fn what_differs(previous: &RunRecord, r: &Resolved) -> String {
+    let mut differs = Vec::new();
+    for (key, setting) in &r.settings {
+        if !(key.starts_with("method.") || key.starts_with("noise.")) {
+            continue;
+        }
+        let now = serde_json::to_value(&setting.value).unwrap_or(serde_json::Value::Null);
+        let before = previous.settings.get(key).map(|s| &s.value);
+        if before != Some(&now) {
+            let before = before.map_or("unset".to_string(), |v| v.to_string());
+            differs.push(format!("{key}: {before} → {now}"));
+        }
+    }
+    if differs.is_empty() {
+        "the asset bundle's contents differ".into()
+    } else {
+        differs.join(", ")
     }
 }

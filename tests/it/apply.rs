@@ -680,7 +680,8 @@ fn re_applying_a_run_with_a_changed_configuration_is_refused() {
     let again = t.cmd().args(["apply", "--quiet", "chg.toml"]).run();
     assert_eq!(again.code, 2, "{}", again.render());
     assert!(
-        again.stderr.contains("different configuration"),
+        again.stderr.contains("different configuration")
+            && again.stderr.contains("method.clean_sigma: 0.02 → 0.01"),
         "{}",
         again.stderr
     );
