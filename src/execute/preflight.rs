@@ -47,10 +47,100 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
             "use `auto` or `math` on the CPU, or runtime.provider = \"cuda\"",
         ));
     }
+    bundle_preflight(r, config)?;
     fused_kernels_preflight(r, config)?;
     video_names_preflight(r, config)?;
     tokenizer_preflight(r)?;
-    probe_state_preflight(r)
+    probe_state_preflight(r)?;
+    results_preflight(r)?;
+    provider_preflight(config)
+}
+
+/// A bundle directory must have a readable `bundle.toml` whose export settings are the run's
+/// (they can only change by exporting again). A `.zip` bundle is checked by its workers.
+fn bundle_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
+    let dir = &r.paths.bundle;
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let bundle = engine::Bundle::peek(dir).map_err(|e| {
+        ApplyError::refused(
+            format!("asset bundle {}: {e}", display_path(dir)),
+            "point assets.bundle at a bundle the exporter wrote (assets/export/README.md)",
+        )
+    })?;
+    bundle.check_export(&config.export).map_err(|e| {
+        ApplyError::refused(
+            format!("asset bundle {}: {e}", display_path(dir)),
+            "change the manifest's method settings to the bundle's, or export the bundle again",
+        )
+    })
+}
+
+/// The results folder must be creatable: `outputs.dir` not a file, and the nearest existing
+/// folder on the way writable (a read-only file system is refused here, not after staging).
+fn results_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let run_dir = &r.paths.run_dir;
+    let mut at = run_dir.as_path();
+    loop {
+        if at.exists() {
+            if !at.is_dir() {
+                return Err(ApplyError::refused(
+                    format!("{} is a file, not a folder", display_path(at)),
+                    "move the file away, or set outputs.dir to a folder",
+                ));
+            }
+            let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap_or_default();
+            // SAFETY: a valid NUL-terminated path.
+            if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+                return Err(ApplyError::refused(
+                    format!(
+                        "cannot write results under {}: {}",
+                        display_path(at),
+                        std::io::Error::last_os_error()
+                    ),
+                    "set outputs.dir to a folder this user can write",
+                ));
+            }
+            return Ok(());
+        }
+        match at.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => at = parent,
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// A GPU provider must be in the ONNX Runtime the workers will load: asked here, before
+/// anything is written, rather than when the first worker builds its sessions.
+fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
+    let kind = config.engine.provider.kind();
+    if kind == ProviderKind::Cpu {
+        return Ok(());
+    }
+    let ort = engine::ort_lib::runtime(config.engine.ort_library.as_deref()).map_err(|e| {
+        ApplyError::refused(
+            e.to_string(),
+            "see `runner doctor` for where ONNX Runtime is looked for",
+        )
+    })?;
+    let available = engine::session::available_providers()
+        .into_iter()
+        .find(|(name, _)| *name == kind.name())
+        .is_some_and(|(_, ok)| ok == Ok(true));
+    if available {
+        return Ok(());
+    }
+    Err(ApplyError::refused(
+        format!(
+            "the {} execution provider is not in ONNX Runtime {} at {}",
+            kind.name(),
+            ort.version,
+            display_path(&ort.location.path)
+        ),
+        "install onnxruntime-gpu 1.31.1 (CUDA 13) or point runtime.ort_library at its library; \
+         `runner doctor` checks it",
+    ))
 }
 
 /// A generation's videos are named after their prompts: two selected prompts that would share a

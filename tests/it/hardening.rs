@@ -297,3 +297,42 @@ fn settings_that_do_nothing_say_so() {
         quiet.render()
     );
 }
+
+/// What can be known before work starts is refused before anything is written (no results
+/// folder, no staging), with exit 2: export settings the bundle was not made with, a bundle
+/// folder without `bundle.toml`, a results path that is a file, a GPU provider ONNX Runtime
+/// lacks.
+#[test]
+fn refusals_that_can_be_known_come_before_anything_is_written() {
+    let t = Test::new();
+    generation(&t, "early", "0-1");
+    let empty_bundle = t.path().join("empty-bundle");
+    std::fs::create_dir(&empty_bundle).unwrap();
+    let file = t.path().join("afile");
+    std::fs::write(&file, "x").unwrap();
+    let cases = [
+        ("method.height=128".to_string(), "export setting height"),
+        (
+            format!("assets.bundle={}", empty_bundle.display()),
+            "bundle.toml",
+        ),
+        (
+            format!("outputs.dir={}", file.display()),
+            "is a file, not a folder",
+        ),
+        (
+            "runtime.provider=cuda".to_string(),
+            "execution provider is not in ONNX Runtime",
+        ),
+    ];
+    for (set, says) in cases {
+        let out = t
+            .cmd()
+            .args(["apply", "--quiet", "early.toml", "--set", &set])
+            .run();
+        assert_eq!(out.code, 2, "{set}: {}", out.render());
+        assert!(out.stderr.contains(says), "{set}: {}", out.render());
+        assert!(!t.path().join("results").exists(), "{set}: nothing written");
+        assert!(!t.path().join("work").exists(), "{set}: nothing staged");
+    }
+}
