@@ -33,6 +33,13 @@ pub enum StagingError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A copy names both ends: a full disk is the destination's, a vanished file the source's.
+    #[error("cannot copy {} to {}: {source}", .from.display(), .to.display())]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StagingError + '_ {
@@ -229,7 +236,11 @@ fn copy_file(src: &Path, dst: &Path) -> Result<(), StagingError> {
     if let Some(parent) = dst.parent() {
         fs::create_dir_all(parent).map_err(io(parent))?;
     }
-    fs::copy(src, dst).map_err(io(src))?;
+    fs::copy(src, dst).map_err(|source| StagingError::Copy {
+        from: src.to_path_buf(),
+        to: dst.to_path_buf(),
+        source,
+    })?;
     Ok(())
 }
 
@@ -295,6 +306,23 @@ pub fn sha256_file(path: &Path) -> Result<String, StagingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy onto a full device (`/dev/full`, as a full disk) names the destination as well as
+    /// the source, and the reason.
+    #[test]
+    fn a_failed_copy_names_both_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("weights.onnx");
+        std::fs::write(&src, vec![7u8; 1 << 16]).unwrap();
+        let error = copy_file(&src, Path::new("/dev/full"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("weights.onnx") && error.contains("to /dev/full"),
+            "{error}"
+        );
+        assert!(error.contains("No space left"), "{error}");
+    }
 
     fn request(root: &Path, reuse: bool) -> StageRequest {
         let src = root.join("src");
