@@ -53,6 +53,14 @@ impl FromStr for RunName {
                 "run name `{s}` contains `{bad}`; use letters, digits, `.`, `_` and `-` only"
             ));
         }
+        // The name is a folder's name (and part of lock and marker file names): file systems
+        // hold 255 bytes, and 200 leaves room for what is added to it.
+        if s.len() > 200 {
+            return Err(format!(
+                "a run name of {} characters is too long for a folder name; use at most 200",
+                s.len()
+            ));
+        }
         Ok(RunName(s.to_owned()))
     }
 }
@@ -73,7 +81,8 @@ impl JsonSchema for RunName {
         json_schema!({
             "type": "string",
             "pattern": "^[A-Za-z0-9._-]+$",
-            "description": "A run name: letters, digits, `.`, `_` and `-`."
+            "maxLength": 200,
+            "description": "A run name: letters, digits, `.`, `_` and `-`, at most 200 of them."
         })
     }
 }
@@ -582,6 +591,13 @@ mod tests {
         for bad in ["", "1000,1000", "250,500", "0", "1001"] {
             assert!(bad.parse::<DenoisingSteps>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn run_names_fit_a_folder_name() {
+        assert!("a".repeat(200).parse::<RunName>().is_ok());
+        let e = "a".repeat(201).parse::<RunName>().unwrap_err();
+        assert!(e.contains("too long"), "{e}");
     }
 
     #[test]
