@@ -119,7 +119,7 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
     let mut errors: Vec<Diagnostic> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
 
-    let manifest_path = paths::normalize(&req.cwd.join(&req.manifest));
+    let manifest_path = paths::normalize(&paths::through_links(&req.cwd.join(&req.manifest)));
     let chain = load_chain(&manifest_path)?;
     check_unknown_keys(&chain, &mut errors);
     let name = run_name(req, &chain, &mut errors);
@@ -548,7 +548,7 @@ fn load_chain(top: &Path) -> Result<Vec<SourceFile>, Diagnostics> {
                 .hint("write extends = \"other.toml\"")
                 .into());
         };
-        let path = paths::resolve(current.dir(), rel);
+        let path = paths::normalize(&paths::through_links(&current.dir().join(rel)));
         let canonical = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
         if seen.contains(&canonical) {
             let names: Vec<String> = chain.iter().map(|f| display_path(&f.path)).collect();

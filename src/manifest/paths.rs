@@ -43,6 +43,22 @@ pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, Stri
 
 /// Joins `path` onto `base` unless it is absolute, and removes `.` and `..` lexically (the
 /// path need not exist yet).
+/// The path of a file with its folder's symbolic links resolved, so that the `..` of paths
+/// relative to it mean what the file system says (`link/..` is the link target's parent); the
+/// path itself when its folder does not exist.
+pub fn through_links(path: &Path) -> PathBuf {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        })
+        .map(|dir| dir.join(name))
+        .unwrap_or_else(|_| path.to_path_buf()),
+        _ => path.to_path_buf(),
+    }
+}
+
 pub fn resolve(base: &Path, path: &str) -> PathBuf {
     normalize(&base.join(path))
 }

@@ -336,3 +336,23 @@ fn refusals_that_can_be_known_come_before_anything_is_written() {
         assert!(!t.path().join("work").exists(), "{set}: nothing staged");
     }
 }
+
+/// A manifest reached through a symbolic link to its folder resolves its relative paths (here
+/// `extends = "../base.toml"`) where the file system says, from the link's target.
+#[test]
+fn a_manifest_behind_a_symlink_resolves_dot_dot_as_the_file_system_does() {
+    let t = Test::new();
+    let base = std::fs::read_to_string(generation(&t, "gen", "0-1")).unwrap();
+    let real = t.path().join("real");
+    std::fs::create_dir_all(real.join("sub")).unwrap();
+    std::fs::write(real.join("base.toml"), base).unwrap();
+    std::fs::write(
+        real.join("sub/child.toml"),
+        "extends = \"../base.toml\"\nname = \"child\"\nkind = \"generation\"\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(real.join("sub"), t.path().join("link")).unwrap();
+    let out = t.cmd().args(["plan", "link/child.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(out.stdout.contains("base.toml"), "{}", out.render());
+}
