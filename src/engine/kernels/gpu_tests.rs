@@ -13,10 +13,8 @@ use super::operator::{CudaKernel, UnstepOp};
 use super::ops::attention::tests::*;
 use super::ops::bias_gelu::tests::*;
 use super::ops::bias_rms_norm::tests::*;
-use super::ops::bias_rms_norm_rope::bias_rms_norm_rope;
 use super::ops::bias_rms_norm_rope::tests::*;
 use super::ops::causal_conv3d::tests::*;
-use super::ops::gated_residual_layer_norm::gated_residual_layer_norm;
 use super::ops::gated_residual_layer_norm::tests::*;
 use super::ops::matmul_bias_gelu::tests::*;
 use super::ops::prefix_bias_rms_norm::tests::*;
@@ -505,11 +503,7 @@ fn check_rope<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
         let case = RopeCase::<T>::new(rng, x_shape, heads, tc);
         let what = format!("{t} BiasRmsNormRope {x_shape:?}");
         let gpu = run_case(&case, stream, &what);
-        let plan = case.plan();
-        let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
-        let i = case.inputs();
-        bias_rms_norm_rope(&plan, case.eps, i[0], i[1], i[2], (i[3], i[4]), &mut cpu_y);
-        assert_matches_cpu(&gpu[0], &cpu_y, &what);
+        assert_matches_cpu(&gpu[0], &case.cpu(), &what);
         assert_close(&gpu[0], &case.reference(), &what);
     }
 }
@@ -607,18 +601,7 @@ fn check_grln<T: Tolerance>(t: &str, rng: &mut Rng, stream: sys::CUstream) {
         let case = GrlnCase::<T>::new(rng, x_shape, params);
         let what = format!("{t} GatedResidualLayerNorm {x_shape:?} {params:?}");
         let gpu = run_case(&case, stream, &what);
-        let plan = case.plan();
-        let mut cpu_s = vec![T::from_f32(0.0); case.x.len()];
-        let mut cpu_y = vec![T::from_f32(0.0); case.x.len()];
-        let i = case.inputs();
-        gated_residual_layer_norm(
-            &plan,
-            case.eps,
-            [i[0], i[1], i[2]],
-            [i[3], i[4], i[5]],
-            &mut cpu_s,
-            &mut cpu_y,
-        );
+        let (cpu_s, cpu_y) = case.cpu();
         // S is elementwise: the same float32 operations in the same order on both.
         assert!(gpu[0] == cpu_s, "{what}: S differs between GPU and CPU");
         assert_matches_cpu(&gpu[1], &cpu_y, &format!("{what} Y"));

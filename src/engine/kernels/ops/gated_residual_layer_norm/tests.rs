@@ -71,6 +71,22 @@ impl<T: Element> GrlnCase<T> {
         }
     }
 
+    /// `(S, Y)` from the CPU kernel.
+    pub(crate) fn cpu(&self) -> (Vec<T>, Vec<T>) {
+        let mut s = vec![T::from_f32(0.0); self.x.len()];
+        let mut y = vec![T::from_f32(0.0); self.x.len()];
+        let i = self.inputs();
+        gated_residual_layer_norm(
+            &self.plan(),
+            self.eps,
+            [i[0], i[1], i[2]],
+            [i[3], i[4], i[5]],
+            &mut s,
+            &mut y,
+        );
+        (s, y)
+    }
+
     pub(crate) fn reference(&self) -> (Vec<f64>, Vec<f64>) {
         reference_grln(
             &wide(&self.r),
@@ -139,18 +155,7 @@ pub(crate) fn check_grln_cpu<T: Tolerance>() {
         .chain([(&[1, 4680, 1536][..], [frame, frame, &[1536][..]])])
     {
         let case = GrlnCase::<T>::new(&mut rng, x_shape, params);
-        let plan = case.plan();
-        let mut s = vec![T::from_f32(0.0); case.x.len()];
-        let mut y = vec![T::from_f32(0.0); case.x.len()];
-        let i = case.inputs();
-        gated_residual_layer_norm(
-            &plan,
-            case.eps,
-            [i[0], i[1], i[2]],
-            [i[3], i[4], i[5]],
-            &mut s,
-            &mut y,
-        );
+        let (s, y) = case.cpu();
         let (want_s, want_y) = case.reference();
         assert_close(&s, &want_s, &format!("S of {x_shape:?} {params:?}"));
         assert_close(&y, &want_y, &format!("Y of {x_shape:?} {params:?}"));
