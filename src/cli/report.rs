@@ -35,10 +35,6 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
-fn fail(e: &ReportError) -> i32 {
-    exit::report(e)
-}
-
 fn load(run: &str, results: &std::path::Path) -> Result<LoadedRun, ReportError> {
     report::load_run(&report::locate(run, results)?)
 }
@@ -52,7 +48,7 @@ fn json_text<T: serde::Serialize>(value: &T) -> String {
 pub fn run_report(args: &ReportArgs) -> i32 {
     let run = match load(&args.run, &args.results) {
         Ok(r) => r,
-        Err(e) => return fail(&e),
+        Err(e) => return exit::report(&e),
     };
     // The orchestrator draws the plot at the end of a run; an interrupted run may lack it.
     if !run.dir.join(LATENCY_SVG).exists()
@@ -73,7 +69,7 @@ pub fn run_compare(args: &CompareArgs) -> i32 {
         load(&args.run_b, &args.results),
     ) {
         (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return fail(&e),
+        (Err(e), _) | (_, Err(e)) => return exit::report(&e),
     };
     let comparison = Comparison::of(&a, &b);
     for w in &comparison.warnings {
