@@ -244,6 +244,7 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
         run_dir: PathBuf::from("."),
         videos: None,
         config_hash: String::new(),
+        events: false,
         bench: BenchOptions {
             warmup: args.warmup.unwrap_or(0),
             // `--bench` without `--warmup` warms up with a whole unrecorded round.
@@ -252,7 +253,6 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
             save_latents: args.save_latents.clone(),
             save_frames: args.save_frames.clone(),
             summary: args.bench,
-            events: false,
         },
     })
 }

@@ -144,6 +144,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         previous,
         stale_videos,
         damaged_timings,
+        notes,
     } = completed(r, &run_dir, &config_hash)?;
 
     // Nothing has been written so far; from here on the run holds its locks: its results
@@ -159,6 +160,10 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     };
     install_signal_handlers();
     INTERRUPTED.store(false, Ordering::SeqCst);
+    // Told once the run is this apply's: what they announce happens now.
+    for note in &notes {
+        eprintln!("{note}");
+    }
     mend(&damaged_timings, &stale_videos)?;
     // The staging left by an apply of this run that was killed (its record still says running,
     // and this apply now holds the run's lock) is reused when its audit matches.
@@ -548,10 +553,8 @@ impl JobFactory<'_> {
                 self.videos.clone()
             },
             config_hash: self.config_hash.to_string(),
-            bench: BenchOptions {
-                events: true,
-                ..BenchOptions::default()
-            },
+            events: true,
+            bench: BenchOptions::default(),
         })
     }
 }

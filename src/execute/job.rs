@@ -56,6 +56,10 @@ pub struct JobSpec {
     /// Where videos go, when they are written.
     pub videos: Option<PathBuf>,
     pub config_hash: String,
+    /// Write the run's events on standard output (a run's workers do; `runner worker`'s flag
+    /// form does not).
+    #[serde(default)]
+    pub events: bool,
     /// What `runner worker`'s flags add for benchmarks and tests; a run's jobs leave it default.
     #[serde(default)]
     pub bench: BenchOptions,
@@ -76,8 +80,6 @@ pub struct BenchOptions {
     pub save_frames: Option<PathBuf>,
     /// Print seconds per video over the measured round.
     pub summary: bool,
-    /// Write the run's events on standard output (a run's workers do; the flag form does not).
-    pub events: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

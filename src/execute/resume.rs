@@ -25,6 +25,9 @@ pub(super) struct Completed {
     pub stale_videos: Vec<PathBuf>,
     /// Timing files with lines that do not parse, to be repaired once the run holds its lock.
     pub damaged_timings: Vec<PathBuf>,
+    /// What an apply tells before it starts (`note: …` / `warning: …`); `runner plan`, which
+    /// changes nothing, leaves them out.
+    pub notes: Vec<String>,
 }
 
 pub(super) fn completed(
@@ -37,14 +40,18 @@ pub(super) fn completed(
         return Ok(Completed::default());
     }
     let previous: RunRecord = read_json(&run_json)?;
+    let mut notes = Vec::new();
     if previous.status == RunStatus::Running && !Lock::is_held(run_dir) {
-        eprintln!(
+        notes.push(format!(
             "note: the last apply of run `{}` was killed before it finished; this one continues it",
             previous.run
-        );
+        ));
     }
     if r.manifest.kind == Kind::Probe {
-        return Ok(Completed::default());
+        return Ok(Completed {
+            notes,
+            ..Completed::default()
+        });
     }
     // Records of runners before the hash's version 2 carry the legacy form of the same hash.
     let legacy = crate::results::hash::legacy_config_hash(r);
@@ -66,9 +73,9 @@ pub(super) fn completed(
     let prompts = r.prompts.as_deref().unwrap_or_default();
     let timings = read_process_timings(run_dir);
     for line in &timings.damaged {
-        eprintln!(
+        notes.push(format!(
             "warning: {line}: not a timing record; the line is skipped (its prompt is made again) and the file repaired"
-        );
+        ));
     }
     let mut latest: BTreeMap<u32, TimingRecord> = BTreeMap::new();
     for rec in timings.records {
@@ -85,10 +92,10 @@ pub(super) fn completed(
                 Ok(()) => true,
                 Err(_) if !run_dir.join(v).exists() => false,
                 Err(e) => {
-                    eprintln!(
+                    notes.push(format!(
                         "warning: the video of prompt {prompt}, {}, is damaged ({e}); it is made again",
                         display_path(&run_dir.join(v))
-                    );
+                    ));
                     stale_videos.push(run_dir.join(v));
                     false
                 }
@@ -108,18 +115,19 @@ pub(super) fn completed(
         }
     }
     if !changed.is_empty() {
-        eprintln!(
+        notes.push(format!(
             "warning: the text of prompt(s) {} in {} differs from the text their videos in {} were made from; they are generated again",
             short_list(&changed),
             display_path(&r.paths.prompts_file),
             display_path(run_dir),
-        );
+        ));
     }
     Ok(Completed {
         done,
         previous: Some(previous),
         stale_videos,
         damaged_timings: timings.damaged_files,
+        notes,
     })
 }
 

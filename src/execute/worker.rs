@@ -110,7 +110,7 @@ fn facts(job: &JobSpec, generator: &Generator, ort_version: &str) -> WorkerFacts
 
 fn emit(job: &JobSpec, event: &RunEventKind) {
     use std::io::Write;
-    if !job.bench.events {
+    if !job.events {
         return;
     }
     let mut out = std::io::stdout().lock();
