@@ -161,25 +161,12 @@ pub fn read_process_timings(run_dir: &Path) -> ProcessTimings {
             out.damaged_files.push(file);
             continue;
         };
-        let lines: Vec<&str> = text.lines().collect();
-        let mut bad = false;
-        for (n, line) in lines.iter().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match serde_json::from_str(line) {
-                Ok(r) => out.records.push(r),
-                // A torn last line without its newline is what a crash mid-append leaves;
-                // the next append cuts it.
-                Err(_) if n + 1 == lines.len() && !text.ends_with('\n') => {}
-                Err(e) => {
-                    bad = true;
-                    out.damaged
-                        .push(format!("{}:{}: {e}", file.display(), n + 1));
-                }
-            }
+        let (records, bad) = parse_timing_lines(&text);
+        out.records.extend(records);
+        for (line, e) in &bad {
+            out.damaged.push(format!("{}:{line}: {e}", file.display()));
         }
-        if bad {
+        if !bad.is_empty() {
             out.damaged_files.push(file);
         }
     }
@@ -212,26 +199,38 @@ pub fn read_timings(path: &Path) -> Result<Vec<TimingRecord>, RecordError> {
         path: path.to_path_buf(),
         source,
     })?;
+    match parse_timing_lines(&text) {
+        (records, bad) if bad.is_empty() => Ok(records),
+        (_, mut bad) => {
+            let (line, source) = bad.swap_remove(0);
+            Err(RecordError::Line {
+                path: path.to_path_buf(),
+                line,
+                source,
+            })
+        }
+    }
+}
+
+/// The records of a JSON-lines timing text, and the (1-based) line and error of each line that
+/// does not parse. An unparseable last line is what a crash in the middle of an append leaves
+/// (the next append cuts it), so it is dropped without a word; blank lines are skipped.
+fn parse_timing_lines(text: &str) -> (Vec<TimingRecord>, Vec<(usize, serde_json::Error)>) {
     let lines: Vec<(usize, &str)> = text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .collect();
     let mut records = Vec::with_capacity(lines.len());
+    let mut bad = Vec::new();
     for (i, (n, line)) in lines.iter().enumerate() {
         match serde_json::from_str(line) {
             Ok(r) => records.push(r),
             Err(_) if i + 1 == lines.len() => {}
-            Err(source) => {
-                return Err(RecordError::Line {
-                    path: path.to_path_buf(),
-                    line: n + 1,
-                    source,
-                });
-            }
+            Err(e) => bad.push((n + 1, e)),
         }
     }
-    Ok(records)
+    (records, bad)
 }
 
 #[cfg(test)]

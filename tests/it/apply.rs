@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{Test, repo};
+use crate::support::{Test, processes_with, repo};
 
 /// A manifest over the tiny bundle with its results, work root and caches inside the test.
 fn manifest(t: &Test, kind: &str, extra: &str) -> String {
@@ -281,13 +281,9 @@ pub(crate) fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
 
 /// The pid of the worker process running spec `NNN.json` of a run, if it is alive.
 pub(crate) fn worker_pid(spec: &Path) -> Option<i32> {
-    let needle = spec.display().to_string();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        (cmdline.contains(" worker --spec ") && cmdline.contains(&needle)).then_some(pid)
-    })
+    processes_with(&format!(" worker --spec {}", spec.display()))
+        .first()
+        .copied()
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::apply::{generation, read_json, shard_prompts, spawn_apply, videos};
-use crate::support::Test;
+use crate::support::{Test, processes_with};
 
 /// Waits until `path` holds at least `lines` lines.
 fn wait_for_lines(path: &std::path::Path, lines: usize, what: &str) {
@@ -14,20 +14,6 @@ fn wait_for_lines(path: &std::path::Path, lines: usize, what: &str) {
         assert!(Instant::now() < deadline, "{what} never happened");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Every live process whose command line contains `needle`.
-fn processes_with(needle: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(needle).then_some(pid)
-        })
-        .collect()
 }
 
 /// The same run applied with another work root while the first apply runs: refused at once,

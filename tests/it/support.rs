@@ -253,3 +253,17 @@ pub fn filtered<F: FnOnce()>(dir: &Path, f: F) {
 pub fn test_tokenizer_json() -> Vec<u8> {
     std::fs::read(repo().join("assets/tokenizer/tokenizer.json")).unwrap()
 }
+
+/// Every live process whose command line contains `needle`.
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then_some(pid)
+        })
+        .collect()
+}
