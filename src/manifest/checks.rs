@@ -18,8 +18,19 @@ pub(super) type Lookup<'a> = dyn Fn(&str) -> Option<(Origin, Option<Excerpt>)> +
 
 /// Places `d` at the origin of the setting `key`, when it has one.
 pub(super) fn at_key(d: Diagnostic, key: &str, lookup: &Lookup<'_>) -> Diagnostic {
-    match lookup(key) {
-        Some((origin, excerpt)) => d.at(origin).excerpt(excerpt),
+    at_keys(d, &[key], lookup)
+}
+
+/// Places `d`, a conflict between settings, at the first of `keys` that a layer above the
+/// defaults set (the one the user wrote), else at the first that has an origin.
+pub(super) fn at_keys(d: Diagnostic, keys: &[&str], lookup: &Lookup<'_>) -> Diagnostic {
+    let found: Vec<_> = keys.iter().filter_map(|k| lookup(k)).collect();
+    let chosen = found
+        .iter()
+        .find(|(origin, _)| *origin != Origin::Default)
+        .or(found.first());
+    match chosen {
+        Some((origin, excerpt)) => d.at(origin.clone()).excerpt(excerpt.clone()),
         None => d,
     }
 }
@@ -45,12 +56,12 @@ fn check_video_shape(m: &Manifest, lookup: &Lookup<'_>, errors: &mut Vec<Diagnos
     let fpb = m.method.frames_per_block.0;
     let lf = m.method.latent_frames.0;
     if !lf.is_multiple_of(fpb) {
-        errors.push(at_key(
+        errors.push(at_keys(
             Diagnostic::new(format!(
                 "latent_frames ({lf}) is not a multiple of frames_per_block ({fpb})"
             ))
             .hint("blocks must tile the video; e.g. 21 latent frames in blocks of 3"),
-            "method.latent_frames",
+            &["method.latent_frames", "method.frames_per_block"],
             lookup,
         ));
     }
@@ -75,35 +86,35 @@ fn check_video_shape(m: &Manifest, lookup: &Lookup<'_>, errors: &mut Vec<Diagnos
 /// shard.
 fn check_runtime_and_shards(m: &Manifest, lookup: &Lookup<'_>, errors: &mut Vec<Diagnostic>) {
     if m.runtime.cuda_graphs && m.runtime.provider != ProviderKind::Cuda {
-        errors.push(at_key(
+        errors.push(at_keys(
             Diagnostic::new(format!(
                 "runtime.cuda_graphs needs the CUDA provider; runtime.provider is \"{}\"",
                 m.runtime.provider
             ))
             .hint("set runtime.provider = \"cuda\", or remove `cuda_graphs`"),
-            "runtime.cuda_graphs",
+            &["runtime.cuda_graphs", "runtime.provider"],
             lookup,
         ));
     }
     if m.kind == Kind::Probe && m.shards.count.0 != 1 {
-        errors.push(at_key(
+        errors.push(at_keys(
             Diagnostic::new("a probe runs one logical shard")
                 .hint("remove `shards.count`, or make this a generation"),
-            "shards.count",
+            &["shards.count", "kind"],
             lookup,
         ));
     }
     if let Some(map) = &m.shards.gpu_map
         && map.len() as u64 != m.shards.count.0
     {
-        errors.push(at_key(
+        errors.push(at_keys(
             Diagnostic::new(format!(
                 "shards.gpu_map has {} entries for {} shards",
                 map.len(),
                 m.shards.count.0
             ))
             .hint("give one GPU slot per shard"),
-            "shards.gpu_map",
+            &["shards.gpu_map", "shards.count"],
             lookup,
         ));
     }
@@ -153,23 +164,25 @@ fn check_prompts(
     }
     let selected = m.prompts.indices.resolve(count).len() as u64;
     if m.kind == Kind::Generation && selected < m.shards.count.0 {
-        errors.push(at_key(
+        errors.push(at_keys(
             Diagnostic::new(format!(
                 "{} shards for {selected} prompts would leave shards empty",
                 m.shards.count.0
             ))
             .hint("use at most one shard per prompt"),
-            "shards.count",
+            &["shards.count", "prompts.indices"],
             lookup,
         ));
     }
 }
 
-/// Output, cache and work directories must not overlap the source checkout, the asset
-/// bundle, installations or broad roots; the work root may not contain outputs or caches.
+/// Output, cache and work directories must not overlap a source checkout (`checkouts`: those
+/// of the manifests, the bundle and the prompt file), the asset bundle, installations or broad
+/// roots; the work root may not contain outputs or caches.
 pub(super) fn check_paths(
     m: &Manifest,
     p: &RunPaths,
+    checkouts: &[PathBuf],
     env: &BTreeMap<String, String>,
     lookup: &Lookup<'_>,
     errors: &mut Vec<Diagnostic>,
@@ -186,22 +199,21 @@ pub(super) fn check_paths(
         _ => {}
     }
     let broad = paths::broad_roots(env);
-    check_overlaps(&dirs, p, env, &broad, lookup, errors);
+    check_overlaps(&dirs, p, checkouts, env, &broad, lookup, errors);
     check_outside_work_root(&dirs, p, &broad, lookup, errors);
 }
 
 /// Reports, for each of `dirs`, the first of these it breaks: it is a broad root, it overlaps an
-/// installation, it overlaps the asset bundle, or it overlaps the source checkout.
+/// installation, it overlaps the asset bundle, or it overlaps a source checkout.
 fn check_overlaps(
     dirs: &[(&str, &Path)],
     p: &RunPaths,
+    checkouts: &[PathBuf],
     env: &BTreeMap<String, String>,
     broad: &[PathBuf],
     lookup: &Lookup<'_>,
     errors: &mut Vec<Diagnostic>,
 ) {
-    let checkout =
-        paths::checkout_root(&p.bundle).or_else(|| paths::checkout_root(&p.prompts_file));
     let installs = paths::installations(env);
     for (key, dir) in dirs {
         let fail = |msg: String, hint: &str| {
@@ -236,21 +248,21 @@ fn check_overlaps(
             ));
             continue;
         }
-        if let Some(checkout) = &checkout {
-            // Results below the checkout (results/ is git-ignored) are fine; a folder that
-            // contains the checkout, or staging inside it, is not.
-            let inside_ok = *key != "staging.work_root";
-            if checkout.starts_with(dir) || (!inside_ok && dir.starts_with(checkout)) {
-                errors.push(fail(
-                    format!(
-                        "`{key}` ({}) overlaps the source checkout {}",
-                        display_path(dir),
-                        display_path(checkout)
-                    ),
-                    "point it at a dedicated folder outside the checkout",
-                ));
-                continue;
-            }
+        // Results below a checkout (results/ is git-ignored) are fine; a folder that contains
+        // the checkout, or staging inside it, is not.
+        let inside_ok = *key != "staging.work_root";
+        if let Some(checkout) = checkouts
+            .iter()
+            .find(|c| c.starts_with(dir) || (!inside_ok && dir.starts_with(c)))
+        {
+            errors.push(fail(
+                format!(
+                    "`{key}` ({}) overlaps the source checkout {}",
+                    display_path(dir),
+                    display_path(checkout)
+                ),
+                "point it at a dedicated folder outside the checkout",
+            ));
         }
     }
 }

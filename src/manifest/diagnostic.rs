@@ -132,13 +132,20 @@ impl fmt::Display for Diagnostic {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostics(pub Vec<Diagnostic>);
 
+/// How many problems are shown in full; the rest are counted (a file of many thousand unknown
+/// keys is one mistake, not a screenful per key).
+pub const SHOWN: usize = 50;
+
 impl fmt::Display for Diagnostics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, d) in self.0.iter().enumerate() {
+        for (i, d) in self.0.iter().take(SHOWN).enumerate() {
             if i > 0 {
                 writeln!(f)?;
             }
             write!(f, "{d}")?;
+        }
+        if self.0.len() > SHOWN {
+            writeln!(f, "\n… and {} more not shown", self.0.len() - SHOWN)?;
         }
         if self.0.len() > 1 {
             writeln!(f, "\n{} errors; nothing was run or written", self.0.len())?;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::checks;
-use super::diagnostic::{Diagnostic, Diagnostics, Origin, display_path};
+use super::diagnostic::{self, Diagnostic, Diagnostics, Origin, display_path};
 use super::inputs;
 use super::layers::{Entry, Layer, env_layer, flag_layer, unknown_key};
 use super::paths;
@@ -145,10 +145,13 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
     };
     manifest.name = Some(name.clone());
 
-    let run_paths = resolve_paths(&manifest, &name, &merged, req, &mut errors);
+    let project = ProjectRoot::of(&manifest_path, &req.cwd);
+    let run_paths = resolve_paths(&manifest, &name, &merged, req, &project, &mut errors);
+    let checkouts = checkouts_of(&chain, &run_paths);
     let prompts = check_run(
         &manifest,
         &run_paths,
+        &checkouts,
         &merged,
         &req.env,
         &mut errors,
@@ -170,15 +173,22 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
 }
 
 /// Reports every key of every file of the chain that the schema does not know, at the key.
+/// Only the keys whose errors are shown get a "did you mean" (each costs a comparison with
+/// every known key).
 fn check_unknown_keys(chain: &[SourceFile], errors: &mut Vec<Diagnostic>) {
+    let mut unknown = 0;
     for file in chain {
         for (key, leaf) in &file.leaves {
             if !keys().contains_key(key) {
-                errors.push(unknown_key(
-                    key,
-                    file.origin(&leaf.key_span),
-                    Some(file.excerpt(&leaf.key_span)),
-                ));
+                unknown += 1;
+                let (origin, excerpt) = (file.origin(&leaf.key_span), file.excerpt(&leaf.key_span));
+                errors.push(if unknown <= diagnostic::SHOWN {
+                    unknown_key(key, origin, Some(excerpt))
+                } else {
+                    Diagnostic::new(format!("unknown key `{key}`"))
+                        .at(origin)
+                        .excerpt(Some(excerpt))
+                });
             }
         }
     }
@@ -320,6 +330,11 @@ fn kind_of<'a>(
     let Some(e) = kind_entry else {
         errors.push(
             Diagnostic::new(format!("{} sets no `kind`", display_path(manifest_path)))
+                .at(Origin::File {
+                    path: manifest_path.to_path_buf(),
+                    line: 1,
+                    col: 1,
+                })
                 .hint("add `kind = \"probe\"` or `kind = \"generation\"` at the top"),
         );
         return None;
@@ -401,6 +416,39 @@ fn settings_of(
         .collect()
 }
 
+/// The folder the built-in defaults' relative paths (`results`, `assets/wan-1.3b`, …) resolve
+/// against: the checkout that holds the top manifest, so that a run started from another folder
+/// still writes into the project's `results/`; the current folder for a manifest outside any
+/// checkout.
+struct ProjectRoot(PathBuf);
+
+impl ProjectRoot {
+    fn of(manifest_path: &Path, cwd: &Path) -> ProjectRoot {
+        ProjectRoot(
+            manifest_path
+                .parent()
+                .and_then(paths::checkout_root)
+                .unwrap_or_else(|| cwd.to_path_buf()),
+        )
+    }
+}
+
+/// The source checkouts a run may not write over: those holding a manifest of the chain, the
+/// asset bundle or the prompt file, each once.
+fn checkouts_of(chain: &[SourceFile], run_paths: &RunPaths) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let files = chain
+        .iter()
+        .map(|f| f.path.as_path())
+        .chain([run_paths.bundle.as_path(), run_paths.prompts_file.as_path()]);
+    for root in files.filter_map(paths::checkout_root) {
+        if !out.contains(&root) {
+            out.push(root);
+        }
+    }
+    out
+}
+
 /// Resolves every path of the run with [`resolve_path`], in a fixed order (so their errors come
 /// out in that order); the run folder is `outputs.dir/<name>`.
 fn resolve_paths(
@@ -408,9 +456,10 @@ fn resolve_paths(
     name: &RunName,
     merged: &BTreeMap<String, Entry>,
     req: &LoadRequest,
+    project: &ProjectRoot,
     errors: &mut Vec<Diagnostic>,
 ) -> RunPaths {
-    let mut path_of = |key: &str, text: &str| resolve_path(key, text, merged, req, errors);
+    let mut path_of = |key: &str, text: &str| resolve_path(key, text, merged, req, project, errors);
     let outputs_dir = path_of("outputs.dir", &manifest.outputs.dir);
     RunPaths {
         prompts_file: path_of("prompts.file", &manifest.prompts.file),
@@ -429,14 +478,16 @@ fn resolve_paths(
 }
 
 /// Resolves the path `text` of the setting `key`: variables are expanded from the request's
-/// environment, and a relative path is joined onto the folder of the manifest that set it, or
-/// onto the request's folder when a default, a variable or the command line set it. A path that
-/// does not expand is reported at its origin and kept as written.
+/// environment, and a relative path is joined onto the folder of the manifest that set it, onto
+/// the project root for a built-in default, or onto the request's folder when a variable or the
+/// command line set it. A path that does not expand is reported at its origin and kept as
+/// written.
 fn resolve_path(
     key: &str,
     text: &str,
     merged: &BTreeMap<String, Entry>,
     req: &LoadRequest,
+    project: &ProjectRoot,
     errors: &mut Vec<Diagnostic>,
 ) -> PathBuf {
     match paths::expand(text, &req.env) {
@@ -445,6 +496,7 @@ fn resolve_path(
                 Some(Origin::File { path, .. }) => {
                     path.parent().unwrap_or(Path::new(".")).to_path_buf()
                 }
+                Some(Origin::Default) => project.0.clone(),
                 _ => req.cwd.clone(),
             };
             paths::resolve(&base, &t)
@@ -471,6 +523,7 @@ const INERT_KEYS: &[&str] = &["timing.quiet_measurement", "runtime.compile_threa
 fn check_run(
     manifest: &Manifest,
     run_paths: &RunPaths,
+    checkouts: &[PathBuf],
     merged: &BTreeMap<String, Entry>,
     env: &BTreeMap<String, String>,
     errors: &mut Vec<Diagnostic>,
@@ -493,7 +546,7 @@ fn check_run(
     }
     let prompts = read_prompts(&run_paths.prompts_file, warnings, errors, &lookup);
     checks::validate(manifest, prompts.as_deref(), run_paths, &lookup, errors);
-    checks::check_paths(manifest, run_paths, env, &lookup, errors);
+    checks::check_paths(manifest, run_paths, checkouts, env, &lookup, errors);
     if !run_paths.bundle.exists() {
         warnings.push(format!(
             "asset bundle {} does not exist yet; export it before `runner apply` (see assets/export/README.md)",
@@ -647,7 +700,9 @@ fn deserialize(
                 let message = e.inner().to_string();
                 // The deserialiser appends "in `key`"; the location says that better.
                 let message = message.lines().next().unwrap_or_default().trim();
-                let Some(entry) = merged.get(&key).cloned() else {
+                // An element of a list (`shards.gpu_map[0]`) is reported at the list's origin.
+                let setting = key.split('[').next().unwrap_or(&key).to_string();
+                let Some(entry) = merged.get(&setting).cloned() else {
                     errors.push(Diagnostic::new(format!(
                         "invalid manifest: {message} at `{key}`"
                     )));
@@ -661,13 +716,13 @@ fn deserialize(
                     d = d.hint(hint_for(&key));
                 }
                 errors.push(d);
-                match defaults.entries.get(&key) {
+                match defaults.entries.get(&setting) {
                     Some(d) if entry.origin != Origin::Default => {
-                        merged.insert(key, d.clone());
+                        merged.insert(setting, d.clone());
                     }
                     Some(_) => return None,
                     None => {
-                        merged.remove(&key);
+                        merged.remove(&setting);
                     }
                 }
             }

@@ -272,7 +272,9 @@ pub struct Method {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Outputs {
-    /// Results root; the run writes `<dir>/<name>/`.
+    /// Results root; the run writes `<dir>/<name>/`. The default `results` is in the checkout
+    /// that holds the manifest (the current folder for a manifest outside any checkout), as is
+    /// every built-in default path.
     pub dir: String,
     /// Write MP4s (generation: kept under `videos/`; probe: debug saves, deleted after each
     /// process). Extra arg: `--save-videos`.

@@ -17,6 +17,9 @@ pub struct SourceFile {
     pub text: String,
     /// Leaf settings by dotted key path, in file order of their spans.
     pub leaves: BTreeMap<String, Leaf>,
+    /// The byte offset of each line's start, so that a location costs a search, not a scan of
+    /// the text before it (many errors in one large file stay linear).
+    line_starts: Vec<usize>,
 }
 
 /// One leaf value of a manifest (tables are not leaves; arrays are).
@@ -41,7 +44,15 @@ impl SourceFile {
         let mut leaves = BTreeMap::new();
         collect(&text, "", spanned.get_ref(), &mut leaves)
             .map_err(|(span, msg)| syntax_error(&path, &text, span, &msg))?;
-        Ok(SourceFile { path, text, leaves })
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Ok(SourceFile {
+            path,
+            text,
+            leaves,
+            line_starts,
+        })
     }
 
     /// The folder that relative paths in this file are resolved against.
@@ -51,7 +62,13 @@ impl SourceFile {
 
     /// The origin of a span of this file.
     pub fn origin(&self, span: &Range<usize>) -> Origin {
-        let (line, col) = line_col(&self.text, span.start);
+        let offset = span.start.min(self.text.len());
+        // The last line starting at or before the offset.
+        let line = self.line_starts.partition_point(|&s| s <= offset);
+        let col = self.text[self.line_starts[line - 1]..offset]
+            .chars()
+            .count()
+            + 1;
         Origin::File {
             path: self.path.clone(),
             line,
@@ -192,6 +209,27 @@ mod tests {
         assert_eq!(leaf.value, toml::Value::Float(0.01));
         assert_eq!(line_col(text, leaf.value_span.start), (4, 15));
         assert_eq!(line_col(text, leaf.key_span.start), (4, 1));
+    }
+
+    /// The origin's line search agrees with the scan, on the first and last line, after a
+    /// blank line and past multi-byte characters.
+    #[test]
+    fn origins_agree_with_line_col() {
+        let text = "kind = \"probe\"\n\n[method]\nname = \"é€\"; clean_sigma = 1\nx = 1";
+        let text = text.replace("; ", "\n");
+        let f = SourceFile::parse("m.toml".into(), text.clone()).unwrap();
+        for offset in 0..=text.len() {
+            if !text.is_char_boundary(offset) {
+                continue;
+            }
+            let (line, col) = line_col(&text, offset);
+            let expected = Origin::File {
+                path: "m.toml".into(),
+                line,
+                col,
+            };
+            assert_eq!(f.origin(&(offset..offset)), expected, "offset {offset}");
+        }
     }
 
     #[test]

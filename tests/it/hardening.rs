@@ -258,6 +258,52 @@ fn extends_reads_only_small_regular_files() {
     }
 }
 
+/// A manifest of ninety thousand unknown keys (as many as its 1 MiB allows) is refused with
+/// each counted and the first shown, in one pass over the file; a million do not fit the limit.
+#[test]
+fn a_flood_of_unknown_keys_is_counted_not_printed() {
+    let t = Test::new();
+    let mut text = String::from("kind = \"generation\"\n");
+    for i in 0..90_000 {
+        text.push_str(&format!("k{i} = 1\n"));
+    }
+    std::fs::write(t.path().join("flood.toml"), &text).unwrap();
+    let out = t.cmd().args(["plan", "flood.toml"]).run();
+    assert_eq!(
+        out.code,
+        2,
+        "{}",
+        out.render().chars().take(2000).collect::<String>()
+    );
+    assert!(
+        out.stderr.contains("unknown key `k0`"),
+        "the first is shown"
+    );
+    assert!(out.stderr.contains("flood.toml:2:1"), "at its line");
+    assert!(
+        out.stderr.contains("and 89950 more not shown")
+            && out
+                .stderr
+                .contains("90000 errors; nothing was run or written"),
+        "{}",
+        &out.stderr[out.stderr.len().saturating_sub(500)..]
+    );
+    assert!(out.stderr.lines().count() < 1000, "the output is bounded");
+
+    for i in 90_000..1_000_000 {
+        text.push_str(&format!("k{i} = 1\n"));
+    }
+    std::fs::write(t.path().join("flood.toml"), &text).unwrap();
+    let out = t.cmd().args(["plan", "flood.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr
+            .contains("more than the 1048576 bytes a manifest may have"),
+        "{}",
+        out.render()
+    );
+}
+
 /// Settings of the reference scripts that change nothing here are accepted and warned about
 /// when set, never silently taken as done.
 #[test]
@@ -341,4 +387,72 @@ fn a_manifest_behind_a_symlink_resolves_dot_dot_as_the_file_system_does() {
     let out = t.cmd().args(["plan", "link/child.toml"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     assert!(out.stdout.contains("base.toml"), "{}", out.render());
+}
+
+/// A project checkout (a folder with `.git`) whose manifest leaves `outputs.dir` at its default.
+fn project_checkout(staging: &str) -> Test {
+    let text = format!(
+        "kind = \"generation\"\n\
+         [prompts]\nfile = \"{prompts}\"\nindices = \"0\"\n\
+         [shards]\ncount = 1\n\
+         [runtime]\nprovider = \"cpu\"\ncpu_threads_per_process = 1\n\
+         [method]\nheight = 64\nwidth = 112\nprecision = \"fp32\"\n\
+         [staging]\nwork_root = \"{staging}\"\n\
+         [assets]\nbundle = \"{bundle}\"\n",
+        prompts = crate::support::repo()
+            .join("assets/prompts/tiny.txt")
+            .display(),
+        bundle = crate::support::repo().join("assets/tiny").display(),
+    );
+    let t = Test::new()
+        .file("project/.git/HEAD", "ref: refs/heads/main\n")
+        .file("project/experiments/away.toml", &text)
+        .file("elsewhere/.keep", "");
+    let elsewhere = t.path().join("elsewhere");
+    t.cwd(&elsewhere)
+}
+
+/// The default `results` belongs to the project, not to the folder a run is started from: an
+/// apply from another folder writes into the checkout's `results/<RUN>/` and nothing where it
+/// stands.
+#[test]
+fn a_run_started_from_another_folder_writes_where_its_project_keeps_results() {
+    let staging = "${TMPDIR:-/tmp}/unstep_away_stage";
+    let t = project_checkout(staging);
+    let manifest = t.path().join("project/experiments/away.toml");
+    let out = t
+        .cmd()
+        .env("TMPDIR", &t.path().display().to_string())
+        .args(["apply", "--quiet", &manifest.display().to_string()])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let run = crate::apply::read_json(&t.path().join("project/results/away/run.json"));
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(
+        crate::support::tree(&t.path().join("elsewhere")),
+        vec![".keep".to_string()],
+        "nothing is written where the run was started"
+    );
+}
+
+/// A work root inside the checkout that holds the manifest is refused, even when the bundle and
+/// the prompts live in another checkout (or none).
+#[test]
+fn staging_inside_the_manifests_checkout_is_refused() {
+    let t = project_checkout("../stage");
+    let manifest = t.path().join("project/experiments/away.toml");
+    let out = t
+        .cmd()
+        .args(["apply", "--quiet", &manifest.display().to_string()])
+        .run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("overlaps the source checkout")
+            && out.stderr.contains("project")
+            && out.stderr.contains("away.toml:"),
+        "{}",
+        out.render()
+    );
+    assert!(!t.path().join("project/stage").exists());
+    assert!(!t.path().join("project/results").exists());
 }

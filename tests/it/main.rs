@@ -6,6 +6,7 @@ mod engine;
 mod hardening;
 mod manifest;
 mod prompts;
+mod properties;
 mod report;
 mod support;
 mod video;
