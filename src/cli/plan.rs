@@ -72,7 +72,7 @@ fn plan_json(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> serde_json::V
                     k.clone(),
                     serde_json::json!({
                         "value": serde_json::to_value(&s.value).unwrap_or_default(),
-                        "layer": s.origin.layer_name(),
+                        "layer": resolved.layer_of(k),
                         "origin": s.origin.to_string(),
                     }),
                 )

@@ -148,6 +148,8 @@ pub fn run_clean(args: &CleanArgs) -> i32 {
 /// meanwhile; returns what it did, a line each.
 fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
     let dir = report::locate(&args.run, &args.results)?;
+    // Recorded folders are absolute: so is the run's, for telling which are inside it.
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
     let record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
         Ok(r) => r,
         Err(e) if e.is_not_found() => {
@@ -186,6 +188,10 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
         for folder in &state {
             if is_own(folder, &record.run, &dir) {
                 remove(folder, "runtime state", &mut done)?;
+                // `runtime_state/` of the results folder, once its last slot's folder is gone.
+                if let Some(parent) = folder.parent().filter(|p| p.starts_with(&dir) && *p != dir) {
+                    let _ = std::fs::remove_dir(parent);
+                }
             } else {
                 done.push(format!(
                     "kept runtime state {}: it is outside the run's results folder and does not \

@@ -99,6 +99,21 @@ impl Resolved {
         self.manifest.kind
     }
 
+    /// The name of the layer that set `key`: its origin's, or `sweep` for a setting this run's
+    /// sweep point gives (whose origin is its value in the `[sweep]` table).
+    pub fn layer_of(&self, key: &str) -> &'static str {
+        if self
+            .sweep
+            .as_ref()
+            .is_some_and(|p| p.values.iter().any(|(k, _)| k == key))
+        {
+            return sweep::LAYER;
+        }
+        self.settings
+            .get(key)
+            .map_or("default", |s| s.origin.layer_name())
+    }
+
     /// Method settings set by any layer above the defaults, for the record of a run.
     pub fn method_overrides(&self) -> BTreeMap<String, (toml::Value, Origin)> {
         self.settings

@@ -21,6 +21,9 @@ use super::schema::{MethodClass, SWEEP_TABLE, keys};
 use super::settings::SweepMode;
 use super::source::SourceFile;
 
+/// The name of the layer of a sweep point's values, in `runner plan --explain` and run records.
+pub const LAYER: &str = "sweep";
+
 /// The most points one sweep may have: more is almost surely a mistake in the lists.
 pub const MAX_POINTS: usize = 1000;
 
@@ -72,7 +75,7 @@ impl SweepPoint {
     /// How the sweep's points come from its lists, in words.
     pub fn mode_words(&self) -> String {
         match (self.values.len(), self.mode) {
-            (1, _) => format!("one value each of `{}`", self.values[0].0),
+            (1, _) => format!("one per value of `{}`", self.values[0].0),
             (n, SweepMode::Product) => format!("every combination of {n} settings"),
             (n, SweepMode::Zip) => format!("{n} settings side by side (zip)"),
         }
@@ -436,10 +439,15 @@ pub fn set_elsewhere(key: &str, swept: &Entry, other: &Entry) -> Diagnostic {
         Origin::Flag { .. } => "the command line",
         _ => "the environment",
     };
+    // Every point gives the same error, so it names the table, not the point's value.
+    let table = match &swept.origin {
+        Origin::File { path, .. } => format!("the [sweep] table of {}", display_path(path)),
+        _ => "the [sweep] table".into(),
+    };
     Diagnostic::new(format!(
-        "`{key}` is swept by [sweep] ({}) and also set by {} ({}); which applies would be \
+        "`{key}` is swept by {table} and also set by {what} ({}); which applies would be \
          ambiguous",
-        swept.origin, what, other.origin
+        other.origin
     ))
     .at(other.origin.clone())
     .hint(format!(

@@ -211,8 +211,9 @@ pub fn explain(r: &Resolved) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "settings of run `{}` (layers: default < manifest < environment < command line)",
-        r.name
+        "settings of run `{}` (layers: default < manifest < {}environment < command line)",
+        r.name,
+        if r.sweep.is_some() { "sweep < " } else { "" }
     );
     let width = r.settings.keys().map(String::len).max().unwrap_or(0);
     let _ = writeln!(
@@ -224,7 +225,7 @@ pub fn explain(r: &Resolved) -> String {
     for (key, setting) in &r.settings {
         let mut origin = match &setting.origin {
             Origin::Default => "default".to_string(),
-            o => format!("{} ({})", o.layer_name(), o),
+            o => format!("{} ({})", r.layer_of(key), o),
         };
         for lower in setting.replaced.iter().rev() {
             origin.push_str(&format!(", over {lower}"));

@@ -100,11 +100,11 @@ impl ManyComparison {
             .unwrap_or(0)
             .max(4);
         let header: String = (1..=self.runs.len())
-            .map(|i| format!(" {:>width$}", i))
+            .map(|i| format!("  {:>width$}", i))
             .collect();
         let _ = writeln!(t, "\n  {:<12} {:<26}{header}", "series", "statistic");
         for (r, row) in self.rows.iter().zip(&cells) {
-            let values: String = row.iter().map(|c| format!(" {c:>width$}")).collect();
+            let values: String = row.iter().map(|c| format!("  {c:>width$}")).collect();
             let _ = writeln!(t, "  {:<12} {:<26}{values}", r.series, r.statistic);
         }
         t

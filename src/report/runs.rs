@@ -163,27 +163,47 @@ pub struct SettingsDiff {
     /// outputs are equal, and so were their bundles' files).
     pub same_config_hash: bool,
     pub differences: Vec<SettingDiff>,
+    /// Settings left at defaults that carry the run name (`cache.run_state_root`), which
+    /// differ only in that name: left out of `differences`.
+    pub name_defaults: Vec<String>,
 }
 
 impl SettingsDiff {
     pub fn of(a: &LoadedRun, b: &LoadedRun) -> SettingsDiff {
+        let (name_defaults, differences): (Vec<SettingDiff>, Vec<SettingDiff>) =
+            differences(&a.record, &b.record)
+                .into_iter()
+                .partition(|d| only_the_name(d, &a.record.run, &b.record.run));
         SettingsDiff {
             a: a.name.clone(),
             b: b.name.clone(),
             same_config_hash: a.record.config_hash == b.record.config_hash,
-            differences: differences(&a.record, &b.record),
+            differences,
+            name_defaults: name_defaults.into_iter().map(|d| d.key).collect(),
         }
     }
 
     pub fn text(&self) -> String {
         let mut t = String::new();
+        self.differences_text(&mut t);
+        if !self.name_defaults.is_empty() {
+            let _ = writeln!(
+                t,
+                "left out: {}, at defaults that differ only in the run name",
+                self.name_defaults.join(", ")
+            );
+        }
+        t
+    }
+
+    fn differences_text(&self, t: &mut String) {
         if self.differences.is_empty() {
             let _ = writeln!(
                 t,
                 "`{}` (a) and `{}` (b) have the same value of every setting",
                 self.a, self.b
             );
-            return t;
+            return;
         }
         let n = self.differences.len();
         let _ = writeln!(
@@ -216,7 +236,27 @@ impl SettingsDiff {
                 let _ = writeln!(t, "    {side}  {:<width$}  {layer}", value(s));
             }
         }
-        t
+    }
+}
+
+/// Whether both runs leave the setting at its default and the defaults differ only in the
+/// run name that they carry as a part of a path (`results/<run>/runtime_state`).
+fn only_the_name(d: &SettingDiff, a: &str, b: &str) -> bool {
+    let (Some(x), Some(y)) = (&d.a, &d.b) else {
+        return false;
+    };
+    let default = |s: &SettingRecord| s.layer == "default";
+    let unnamed = |text: &str, name: &str| {
+        text.split('/')
+            .map(|part| if part == name { "\0" } else { part })
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    match (&x.value, &y.value) {
+        (serde_json::Value::String(u), serde_json::Value::String(v)) => {
+            default(x) && default(y) && u != v && unnamed(u, a) == unnamed(v, b)
+        }
+        _ => false,
     }
 }
 

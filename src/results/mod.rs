@@ -16,8 +16,8 @@ pub use hash::{config_hash, prompt_hash};
 pub use records::{
     AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
     LibraryVersions, ManifestRecord, PlacesRecord, ProcessRecord, ProcessRole, RunRecord,
-    RunStatus, SWEEP_LAYER, SettingRecord, Summary, SweepRecord, TimedRegionEnd, TimingRecord,
-    TokenizerRecord, WarmupRecord, WeightsRecord, measured,
+    RunStatus, SettingRecord, Summary, SweepRecord, TimedRegionEnd, TimingRecord, TokenizerRecord,
+    WarmupRecord, WeightsRecord, measured,
 };
 pub use stats::Statistics;
 

@@ -366,26 +366,14 @@ fn setting_record(value: &toml::Value, origin: &crate::manifest::Origin) -> Sett
     }
 }
 
-/// The layer of the settings a sweep point sets: its values are written in the manifest's
-/// `[sweep]` table, and their origins point there.
-pub const SWEEP_LAYER: &str = "sweep";
-
-/// Every resolved setting's record, the swept ones in the [`SWEEP_LAYER`].
+/// Every resolved setting's record, with the layer that set it.
 fn setting_records(resolved: &Resolved) -> BTreeMap<String, SettingRecord> {
-    let swept = |k: &str| {
-        resolved
-            .sweep
-            .as_ref()
-            .is_some_and(|p| p.values.iter().any(|(key, _)| key == k))
-    };
     resolved
         .settings
         .iter()
         .map(|(k, s)| {
             let mut record = setting_record(&s.value, &s.origin);
-            if swept(k) {
-                record.layer = SWEEP_LAYER.into();
-            }
+            record.layer = resolved.layer_of(k).to_string();
             (k.clone(), record)
         })
         .collect()

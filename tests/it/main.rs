@@ -7,5 +7,7 @@ mod hardening;
 mod manifest;
 mod prompts;
 mod report;
+mod runs;
 mod support;
+mod sweeps;
 mod video;
