@@ -97,11 +97,13 @@ impl SweepPoint {
 pub fn read(chain: &[SourceFile], errors: &mut Vec<Diagnostic>) -> Option<Sweep> {
     let before = errors.len();
     for parent in &chain[1..] {
-        for leaf in parent
+        // One error per file, at its first `[sweep]` key.
+        if let Some(leaf) = parent
             .leaves
             .iter()
             .filter(|(k, _)| in_table(k))
             .map(|e| e.1)
+            .min_by_key(|leaf| leaf.key_span.start)
         {
             errors.push(
                 Diagnostic::new(format!(
@@ -113,7 +115,6 @@ pub fn read(chain: &[SourceFile], errors: &mut Vec<Diagnostic>) -> Option<Sweep>
                 .excerpt(Some(parent.excerpt(&leaf.key_span)))
                 .hint("move the [sweep] table into the manifest you run"),
             );
-            break;
         }
     }
     let top = &chain[0];
@@ -272,7 +273,7 @@ impl Sweep {
         let picks = match self.picks() {
             Ok(p) => p,
             Err(d) => {
-                errors.push(d);
+                errors.push(*d);
                 return Vec::new();
             }
         };
@@ -315,13 +316,13 @@ impl Sweep {
     }
 
     /// Each point's position in every list.
-    fn picks(&self) -> Result<Vec<Vec<usize>>, Diagnostic> {
+    fn picks(&self) -> Result<Vec<Vec<usize>>, Box<Diagnostic>> {
         let lens: Vec<usize> = self.axes.iter().map(|a| a.values.len()).collect();
         let picks: Vec<Vec<usize>> = match self.mode {
             SweepMode::Zip => {
                 if let Some(axis) = self.axes.iter().find(|a| a.values.len() != lens[0]) {
                     let first = &self.axes[0];
-                    return Err(Diagnostic::new(format!(
+                    return Err(Box::new(Diagnostic::new(format!(
                         "a zip sweep needs lists of equal length: `{}` has {} values, `{}` has {}",
                         first.key,
                         lens[0],
@@ -330,14 +331,14 @@ impl Sweep {
                     ))
                     .at(axis.values[0].origin.clone())
                     .excerpt(axis.values[0].excerpt.clone())
-                    .hint("give every list as many values, or use mode = \"product\""));
+                    .hint("give every list as many values, or use mode = \"product\"")));
                 }
                 (0..lens[0]).map(|i| vec![i; lens.len()]).collect()
             }
             SweepMode::Product => {
                 let total = lens.iter().try_fold(1usize, |n, l| n.checked_mul(*l));
                 if total.is_none_or(|t| t > MAX_POINTS) {
-                    return Err(self.too_many(total));
+                    return Err(Box::new(self.too_many(total)));
                 }
                 let mut all = vec![Vec::new()];
                 for len in &lens {
@@ -352,7 +353,7 @@ impl Sweep {
             }
         };
         if picks.len() > MAX_POINTS {
-            return Err(self.too_many(Some(picks.len())));
+            return Err(Box::new(self.too_many(Some(picks.len()))));
         }
         Ok(picks)
     }
