@@ -218,9 +218,14 @@ pub fn explain(r: &Resolved) -> String {
     let width = r.settings.keys().map(String::len).max().unwrap_or(0);
     let _ = writeln!(
         s,
-        "  {:width$}  {:<28}  manifest name or file stem",
+        "  {:width$}  {:<28}  manifest name or file stem{}",
         "name",
-        format!("\"{}\"", r.name)
+        format!("\"{}\"", r.name),
+        if r.sweep.is_some() {
+            ", and the sweep point's values"
+        } else {
+            ""
+        }
     );
     for (key, setting) in &r.settings {
         let mut origin = match &setting.origin {

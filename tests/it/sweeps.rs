@@ -1,6 +1,10 @@
 //! Sweeps: one manifest with a `[sweep]` table planned and applied as several real runs on the
 //! tiny bundle and the CPU, and the sweeps that are refused.
 
+use std::time::{Duration, Instant};
+
+use unstep::execute::lock::Lock;
+
 use crate::apply::{generation, read_json, videos};
 use crate::support::{Test, tree};
 
@@ -228,4 +232,46 @@ fn swept_values_are_validated_as_set_values_at_their_place_in_the_list() {
     let apply = t.cmd().args(["apply", "--quiet", "zip.toml"]).run();
     assert_eq!(apply.code, 2, "{}", apply.render());
     assert!(!t.path().join("results").exists(), "nothing written");
+}
+
+#[test]
+fn an_interrupted_sweep_ends_the_run_in_progress_and_starts_no_other() {
+    let t = Test::new();
+    let path = generation(&t, "stop", "0-3");
+    append(&path, SIGMAS);
+    let first = t.path().join("results/stop-clean_sigma=0.005");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", "stop.toml"])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first run has started (its record is written and its apply holds it), Ctrl-C.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !(first.join("run.json").exists() && Lock::is_held(&first)) {
+        assert!(Instant::now() < deadline, "the first run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: interrupting the runner this test started, as Ctrl-C would.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(130), "{stdout}{stderr}");
+    assert_eq!(read_json(&first.join("run.json"))["status"], "interrupted");
+    let second = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("stop-clean_sigma=0.01 "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(second.contains("not started"), "{second}");
+    assert!(!t.path().join("results/stop-clean_sigma=0.01").exists());
+    assert!(stderr.contains("apply the same manifest again"), "{stderr}");
 }
