@@ -20,14 +20,18 @@ pub struct ApplyArgs {
 }
 
 pub fn run(args: &ApplyArgs) -> i32 {
-    let (resolved, plan) = match args.manifest.load_plan() {
-        Ok(both) => both,
+    let mut runs = match args.manifest.load_plans() {
+        Ok(runs) => runs,
         Err(code) => return code,
     };
     let opts = ApplyOptions {
         reuse_workdir: args.reuse_workdir,
         quiet: args.quiet,
     };
+    if runs[0].0.sweep.is_some() {
+        return super::sweep::apply(&runs, &opts);
+    }
+    let (resolved, plan) = runs.remove(0);
     let outcome = match execute::apply(&resolved, &plan, &opts) {
         Ok(o) => o,
         Err(e) => return exit::report(&e),

@@ -5,6 +5,8 @@ mod doctor;
 mod plan;
 mod prompts;
 mod report;
+mod runs;
+mod sweep;
 pub mod worker;
 
 use std::io::Write;
@@ -48,8 +50,14 @@ pub enum Command {
     Worker(Box<worker::WorkerArgs>),
     /// Show a run's statistics, phase split and provenance (and draw latency.svg if missing).
     Report(report::ReportArgs),
-    /// Compare the statistics of two runs: values, deltas and ratios.
+    /// Compare the statistics of two or more runs in one table: values, deltas and ratios.
     Compare(report::CompareArgs),
+    /// List the runs under the results folder: kind, status, prompts done, warm mean, when.
+    Runs(runs::RunsArgs),
+    /// Show the settings that differ between two runs, with the layer that set each.
+    Diff(runs::DiffArgs),
+    /// Remove a run's staging snapshot (--state: and its runtime state; --all: the whole run).
+    Clean(runs::CleanArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -81,11 +89,42 @@ impl ManifestArgs {
     }
 
     pub fn load(&self) -> Result<crate::manifest::Resolved, crate::manifest::Diagnostics> {
-        crate::manifest::load(&crate::manifest::LoadRequest::from_process(
+        crate::manifest::load(&self.request())
+    }
+
+    /// Loads, validates and plans every run of the manifest: each point of its `[sweep]`, or
+    /// the manifest alone. On failure prints the problems and returns the exit status.
+    pub fn load_plans(&self) -> Result<Vec<(crate::manifest::Resolved, crate::plan::Plan)>, i32> {
+        let runs = crate::manifest::load_sweep(&self.request()).map_err(|diags| {
+            eprint!("{diags}");
+            exit::USAGE
+        })?;
+        let mut plans = Vec::new();
+        let mut failed = false;
+        for resolved in runs {
+            match crate::plan::build(&resolved) {
+                Ok(plan) => plans.push((resolved, plan)),
+                Err(e) => {
+                    match &resolved.sweep {
+                        Some(_) => eprintln!("error: run `{}`: {e}", resolved.name),
+                        None => eprintln!("error: {e}"),
+                    }
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            return Err(exit::USAGE);
+        }
+        Ok(plans)
+    }
+
+    fn request(&self) -> crate::manifest::LoadRequest {
+        crate::manifest::LoadRequest::from_process(
             self.manifest.clone(),
             self.set.clone(),
             self.extra_args.clone(),
-        ))
+        )
     }
 }
 
@@ -127,5 +166,8 @@ pub fn main() -> i32 {
         Command::Worker(args) => worker::run(*args),
         Command::Report(args) => report::run_report(&args),
         Command::Compare(args) => report::run_compare(&args),
+        Command::Runs(args) => runs::run_runs(&args),
+        Command::Diff(args) => runs::run_diff(&args),
+        Command::Clean(args) => runs::run_clean(&args),
     }
 }

@@ -1,9 +1,14 @@
 //! `runner plan`: load, validate and expand a manifest, and print the plan.
 
+use std::fmt::Write as _;
+
 use clap::Args;
 
 use super::{ManifestArgs, out};
 use crate::execute::PreviousRun;
+use crate::manifest::Resolved;
+use crate::manifest::diagnostic::display_path;
+use crate::plan::Plan;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
@@ -18,41 +23,114 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: &PlanArgs) -> i32 {
-    let (resolved, plan) = match args.manifest.load_plan() {
-        Ok(both) => both,
+    let runs = match args.manifest.load_plans() {
+        Ok(runs) => runs,
         Err(code) => return code,
     };
-    let previous = crate::execute::previous_run(&resolved, &plan);
-    if args.json {
-        let mut value = serde_json::to_value(&plan).expect("plans serialise");
-        value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
-        if args.explain {
-            let settings: serde_json::Map<String, serde_json::Value> = resolved
-                .settings
-                .iter()
-                .map(|(k, s)| {
-                    (
-                        k.clone(),
-                        serde_json::json!({
-                            "value": serde_json::to_value(&s.value).unwrap_or_default(),
-                            "layer": s.origin.layer_name(),
-                            "origin": s.origin.to_string(),
-                        }),
-                    )
-                })
-                .collect();
-            value["settings"] = serde_json::Value::Object(settings);
-        }
-        let mut text = serde_json::to_string_pretty(&value).expect("json");
-        text.push('\n');
-        return out(&text);
+    if runs[0].0.sweep.is_none() {
+        let (resolved, plan) = &runs[0];
+        return out(&if args.json {
+            json_text(&plan_json(args, resolved, plan))
+        } else {
+            plan_text(args, resolved, plan)
+        });
     }
-    let mut text = crate::plan::render::text(&plan, &resolved, &results_state(&previous));
-    if args.explain {
+    // A sweep: its points, then each point's plan as that of a manifest of its own.
+    if args.json {
+        let value = serde_json::json!({
+            "sweep": sweep_json(&runs),
+            "runs": runs.iter().map(|(r, p)| plan_json(args, r, p)).collect::<Vec<_>>(),
+        });
+        return out(&json_text(&value));
+    }
+    let mut text = sweep_text(&runs);
+    for (resolved, plan) in &runs {
         text.push('\n');
-        text.push_str(&crate::plan::render::explain(&resolved));
+        text.push_str(&plan_text(args, resolved, plan));
     }
     out(&text)
+}
+
+fn json_text(value: &serde_json::Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("json");
+    text.push('\n');
+    text
+}
+
+/// One run's plan as JSON, with what its results folder holds and, with `--explain`, its
+/// settings.
+fn plan_json(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> serde_json::Value {
+    let previous = crate::execute::previous_run(resolved, plan);
+    let mut value = serde_json::to_value(plan).expect("plans serialise");
+    value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
+    if args.explain {
+        let settings: serde_json::Map<String, serde_json::Value> = resolved
+            .settings
+            .iter()
+            .map(|(k, s)| {
+                (
+                    k.clone(),
+                    serde_json::json!({
+                        "value": serde_json::to_value(&s.value).unwrap_or_default(),
+                        "layer": resolved.layer_of(k),
+                        "origin": s.origin.to_string(),
+                    }),
+                )
+            })
+            .collect();
+        value["settings"] = serde_json::Value::Object(settings);
+    }
+    value
+}
+
+/// One run's plan as text.
+fn plan_text(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> String {
+    let previous = crate::execute::previous_run(resolved, plan);
+    let mut text = crate::plan::render::text(plan, resolved, &results_state(&previous));
+    if args.explain {
+        text.push('\n');
+        text.push_str(&crate::plan::render::explain(resolved));
+    }
+    text
+}
+
+/// The points of a sweep: each run's name and values, in the order `apply` runs them.
+fn sweep_text(runs: &[(Resolved, Plan)]) -> String {
+    let first = runs[0].0.sweep.as_ref().expect("a sweep");
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "sweep `{}` of {}: {} runs ({}), applied one after the other",
+        first.base,
+        display_path(&runs[0].0.files[0].path),
+        runs.len(),
+        first.mode_words()
+    );
+    let width = runs.iter().map(|(_, p)| p.run.len()).max().unwrap_or(0);
+    for (i, (resolved, plan)) in runs.iter().enumerate() {
+        let values = resolved
+            .sweep
+            .as_ref()
+            .map(|p| p.describe())
+            .unwrap_or_default();
+        let _ = writeln!(t, "  {:>3}  {:<width$}  {values}", i + 1, plan.run);
+    }
+    t
+}
+
+fn sweep_json(runs: &[(Resolved, Plan)]) -> serde_json::Value {
+    let first = runs[0].0.sweep.as_ref().expect("a sweep");
+    serde_json::json!({
+        "base": first.base,
+        "mode": first.mode,
+        "keys": first.values.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        "points": runs.iter().map(|(r, p)| serde_json::json!({
+            "run": p.run,
+            "values": r.sweep.as_ref().map(|s| s.values.iter().map(|(k, e)| {
+                (k.clone(), serde_json::to_value(&e.value).unwrap_or_default())
+            }).collect::<serde_json::Map<_, _>>()),
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// What the results folder holds, in words, for the plan's `results` line.

@@ -1,4 +1,4 @@
-//! `runner report RUN` and `runner compare RUN_A RUN_B`.
+//! `runner report RUN` and `runner compare RUN RUN [RUN…]`.
 
 use std::path::PathBuf;
 
@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::out;
 use crate::exit;
-use crate::report::{self, Comparison, LoadedRun, Report, ReportError};
+use crate::report::{self, Comparison, LoadedRun, ManyComparison, Report, ReportError};
 use crate::results::LATENCY_SVG;
 
 #[derive(Debug, Args)]
@@ -23,10 +23,10 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// The reference run (a): a run name or a run directory.
-    pub run_a: String,
-    /// The run compared with it (b).
-    pub run_b: String,
+    /// The runs (names or run directories), the reference first. Two runs: a and b, with
+    /// deltas and ratios; more: a column per run, with ratios to the first.
+    #[arg(required = true, num_args = 2.., value_name = "RUN")]
+    pub runs: Vec<String>,
     /// The results folder run names are looked up in.
     #[arg(long, value_name = "DIR", default_value = "results")]
     pub results: PathBuf,
@@ -64,14 +64,25 @@ pub fn run_report(args: &ReportArgs) -> i32 {
 }
 
 pub fn run_compare(args: &CompareArgs) -> i32 {
-    let (a, b) = match (
-        load(&args.run_a, &args.results),
-        load(&args.run_b, &args.results),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => return exit::report(&e),
-    };
-    let comparison = Comparison::of(&a, &b);
+    let mut runs = Vec::new();
+    for run in &args.runs {
+        match load(run, &args.results) {
+            Ok(r) => runs.push(r),
+            Err(e) => return exit::report(&e),
+        }
+    }
+    if let [a, b] = runs.as_slice() {
+        let comparison = Comparison::of(a, b);
+        for w in &comparison.warnings {
+            eprintln!("warning: {w}");
+        }
+        return if args.json {
+            out(&json_text(&comparison))
+        } else {
+            out(&comparison.text())
+        };
+    }
+    let comparison = ManyComparison::of(&runs);
     for w in &comparison.warnings {
         eprintln!("warning: {w}");
     }

@@ -109,6 +109,12 @@ pub struct Outcome {
 /// Set by the SIGINT/SIGTERM/SIGHUP handler; checked between processes and while waiting.
 pub(super) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// Whether an interrupt arrived since the last `apply` started: a caller that applies several
+/// runs in turn starts no further run after one.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
 extern "C" fn on_signal(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }

@@ -16,6 +16,7 @@ use super::paths;
 use super::schema::keys;
 use super::settings::{Kind, Manifest};
 use super::source::SourceFile;
+use super::sweep::{self, SweepPoint};
 use super::values::RunName;
 
 /// What to load: a manifest file and the overrides on top of it.
@@ -89,11 +90,28 @@ pub struct Resolved {
     pub prompts: Option<Vec<String>>,
     /// Things worth saying that do not stop a plan (a missing bundle, ignored variables).
     pub warnings: Vec<String>,
+    /// The sweep point this run is, when the manifest is a sweep.
+    pub sweep: Option<SweepPoint>,
 }
 
 impl Resolved {
     pub fn kind(&self) -> Kind {
         self.manifest.kind
+    }
+
+    /// The name of the layer that set `key`: its origin's, or `sweep` for a setting this run's
+    /// sweep point gives (whose origin is its value in the `[sweep]` table).
+    pub fn layer_of(&self, key: &str) -> &'static str {
+        if self
+            .sweep
+            .as_ref()
+            .is_some_and(|p| p.values.iter().any(|(k, _)| k == key))
+        {
+            return sweep::LAYER;
+        }
+        self.settings
+            .get(key)
+            .map_or("default", |s| s.origin.layer_name())
     }
 
     /// Method settings set by any layer above the defaults, for the record of a run.
@@ -109,34 +127,113 @@ impl Resolved {
 /// Keys that belong to one file and are never merged from parents.
 const FILE_KEYS: &[&str] = &["name", "extends"];
 
-/// Loads and validates a manifest with its overrides.
+/// Loads and validates a manifest with its overrides. A manifest with a `[sweep]` table is
+/// refused: it is several runs, which [`load_sweep`] loads.
 ///
 /// The steps run in a fixed order and add their problems to one list, so one manifest always
 /// gives its diagnostics in the same order. The load stops early only where a later step cannot
 /// run: the chain cannot be read, the kind is missing or unknown, the run name is invalid, or the
 /// merged settings do not deserialise.
 pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
+    let (manifest_path, chain) = read_chain(req)?;
+    if let Some((_, leaf)) = chain[0].leaves.iter().find(|(k, _)| sweep::in_table(k)) {
+        return Err(Diagnostic::new(format!(
+            "{} is a sweep (it has a [sweep] table): it is several runs, and this command \
+             takes one",
+            display_path(&manifest_path)
+        ))
+        .at(chain[0].origin(&leaf.key_span))
+        .excerpt(Some(chain[0].excerpt(&leaf.key_span)))
+        .hint("`runner plan` and `runner apply` take a sweep; see docs/runs.md")
+        .into());
+    }
+    load_point(req, &manifest_path, &chain, None)
+}
+
+/// Loads a manifest as the runs it stands for: each point of its `[sweep]` table, in order, or
+/// the manifest alone when it has none. Every point is validated before any is returned, and a
+/// problem that several points share is reported once.
+pub fn load_sweep(req: &LoadRequest) -> Result<Vec<Resolved>, Diagnostics> {
+    let (manifest_path, chain) = read_chain(req)?;
+    let mut errors = Vec::new();
+    let Some(table) = sweep::read(&chain, &mut errors) else {
+        if !errors.is_empty() {
+            return Err(Diagnostics(errors));
+        }
+        return load_point(req, &manifest_path, &chain, None).map(|r| vec![r]);
+    };
+    // The base name, as `load` would give it; its own problems are the points' too.
+    let base = run_name(req, &chain, &mut Vec::new());
+    let base = base.map_or_else(|| file_stem(&manifest_path), |n| n.to_string());
+    let points = table.points(&base, &mut errors);
+    let mut runs = Vec::new();
+    for point in &points {
+        match load_point(req, &manifest_path, &chain, Some(point)) {
+            Ok(r) => runs.push(r),
+            Err(Diagnostics(ds)) => {
+                for d in ds {
+                    if !errors.contains(&d) {
+                        errors.push(d);
+                    }
+                }
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(runs)
+    } else {
+        Err(Diagnostics(errors))
+    }
+}
+
+/// The manifest's path (normalised) and its `extends` chain, top file first.
+fn read_chain(req: &LoadRequest) -> Result<(PathBuf, Vec<SourceFile>), Diagnostics> {
+    let manifest_path = paths::normalize(&paths::through_links(&req.cwd.join(&req.manifest)));
+    let chain = load_chain(&manifest_path)?;
+    Ok((manifest_path, chain))
+}
+
+/// Loads one run of the chain: the manifest alone, or one point of its sweep (the point's
+/// layer above the files, its name the manifest's with the point's suffix).
+fn load_point(
+    req: &LoadRequest,
+    manifest_path: &Path,
+    chain: &[SourceFile],
+    point: Option<&SweepPoint>,
+) -> Result<Resolved, Diagnostics> {
     let mut errors: Vec<Diagnostic> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
 
-    let manifest_path = paths::normalize(&paths::through_links(&req.cwd.join(&req.manifest)));
-    let chain = load_chain(&manifest_path)?;
-    check_unknown_keys(&chain, &mut errors);
-    let name = run_name(req, &chain, &mut errors);
+    check_unknown_keys(chain, &mut errors);
+    let name = run_name(req, chain, &mut errors).and_then(|n| match point {
+        Some(p) => point_name(&n, p, &mut errors),
+        None => Some(n),
+    });
 
-    let file_layers = file_layers(&chain);
+    let mut file_layers = file_layers(chain);
     let flags = command_line_layer(req, &mut errors);
-    let Some((kind, kind_entry)) = kind_of(&flags, &file_layers, &manifest_path, &mut errors)
-    else {
+    let Some((kind, kind_entry)) = kind_of(&flags, &file_layers, manifest_path, &mut errors) else {
         return Err(Diagnostics(errors));
     };
+    let kind_entry = kind_entry.clone();
     let Some(name) = name else {
         return Err(Diagnostics(errors));
     };
 
     let env = env_layer(&req.env, kind, &mut errors, &mut warnings);
+    if let Some(p) = point {
+        for (key, swept) in &p.values {
+            for other in [&env, &flags]
+                .into_iter()
+                .filter_map(|l| l.entries.get(key))
+            {
+                errors.push(sweep::set_elsewhere(key, swept, other));
+            }
+        }
+        file_layers.push(p.layer());
+    }
     let defaults = defaults_layer(kind, name.as_str());
-    let (mut merged, replaced) = merge(&defaults, &file_layers, &env, &flags, kind, kind_entry);
+    let (mut merged, replaced) = merge(&defaults, &file_layers, &env, &flags, kind, &kind_entry);
 
     let manifest = deserialize(&mut merged, &defaults, &mut errors);
     let settings = settings_of(&merged, &replaced);
@@ -164,12 +261,32 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
     Ok(Resolved {
         manifest,
         name,
-        files: manifest_files(&chain),
+        files: manifest_files(chain),
         settings,
         paths: run_paths,
         prompts,
         warnings,
+        sweep: point.cloned(),
     })
+}
+
+/// A sweep point's run name: the manifest's, `-`, the point's suffix; a name too long is
+/// reported at the point's first value.
+fn point_name(base: &RunName, point: &SweepPoint, errors: &mut Vec<Diagnostic>) -> Option<RunName> {
+    let text = format!("{base}-{}", point.suffix);
+    match text.parse::<RunName>() {
+        Ok(n) => Some(n),
+        Err(msg) => {
+            let first = &point.values[0].1;
+            errors.push(
+                Diagnostic::new(format!("invalid run name for a sweep point: {msg}"))
+                    .at(first.origin.clone())
+                    .excerpt(first.excerpt.clone())
+                    .hint("shorten the run name or sweep fewer settings"),
+            );
+            None
+        }
+    }
 }
 
 /// Reports every key of every file of the chain that the schema does not know, at the key.
@@ -179,7 +296,8 @@ fn check_unknown_keys(chain: &[SourceFile], errors: &mut Vec<Diagnostic>) {
     let mut unknown = 0;
     for file in chain {
         for (key, leaf) in &file.leaves {
-            if !keys().contains_key(key) {
+            // The `[sweep]` table's keys are read and reported by `sweep::read`.
+            if !keys().contains_key(key) && !sweep::in_table(key) {
                 unknown += 1;
                 let (origin, excerpt) = (file.origin(&leaf.key_span), file.excerpt(&leaf.key_span));
                 errors.push(if unknown <= diagnostic::SHOWN {

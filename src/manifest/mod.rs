@@ -14,9 +14,10 @@ pub mod paths;
 pub mod schema;
 pub mod settings;
 pub mod source;
+pub mod sweep;
 pub mod values;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Origin};
-pub use load::{LoadRequest, Resolved, RunPaths, Setting, load};
+pub use load::{LoadRequest, Resolved, RunPaths, Setting, load, load_sweep};
 pub use settings::*;
 pub use values::*;

@@ -6,13 +6,20 @@ use std::sync::OnceLock;
 
 use serde_json::Value as Json;
 
-use super::settings::Manifest;
+use super::settings::{Manifest, Sweep};
+
+/// The table of a manifest that is not a setting: `[sweep]` ([`super::sweep`]).
+pub const SWEEP_TABLE: &str = "sweep";
 
 /// The JSON Schema of a manifest file, as committed in `schemas/manifest.schema.json`.
 pub fn manifest_schema() -> Json {
-    let generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+    // `[sweep]` is in the schema (editors check it) but is not a field of `Manifest`: its keys
+    // are not settings, so they must not become `--set` or environment keys.
+    let sweep = generator.subschema_for::<Sweep>();
     let schema = generator.into_root_schema_for::<Manifest>();
     let mut json = serde_json::to_value(schema).expect("a schema is always JSON");
+    json["properties"][SWEEP_TABLE] = serde_json::to_value(sweep).expect("a schema is JSON");
     // Every key of a manifest file is optional: the layers below supply what it leaves out.
     strip_required(&mut json);
     json
@@ -113,6 +120,9 @@ fn walk(root: &Json, node: &Json, prefix: &str, out: &mut BTreeMap<String, KeyIn
         return;
     };
     for (name, prop) in props {
+        if prefix.is_empty() && name == SWEEP_TABLE {
+            continue;
+        }
         let key = if prefix.is_empty() {
             name.clone()
         } else {

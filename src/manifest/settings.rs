@@ -13,6 +13,32 @@ pub use crate::engine::settings::{
     SvdRank,
 };
 
+/// A sweep: one manifest expanded into several runs, one per point (see docs/runs.md). It
+/// belongs to the manifest that is run and is not inherited through `extends`.
+// Read by `super::sweep` from the file's spans, never merged as a setting: this type gives the
+// table its place in the schema.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Sweep {
+    /// `product`: every combination of the lists (the default); `zip`: the lists side by side,
+    /// which must then have equal lengths.
+    #[serde(default)]
+    pub mode: SweepMode,
+    /// Every other key is a setting's dotted name (`"method.clean_sigma"`) with its list of
+    /// values. Export-class settings (fixed by the bundle), `name`, `extends`, `kind` and
+    /// `outputs.dir` cannot be swept.
+    #[serde(flatten)]
+    pub settings: std::collections::BTreeMap<String, Vec<serde_json::Value>>,
+}
+
+/// How the lists of a `[sweep]` combine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SweepMode {
+    #[default]
+    Product,
+    Zip,
+}
+
 /// What a manifest runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -28,6 +28,8 @@ pub struct Leaf {
     pub value: toml::Value,
     pub key_span: Range<usize>,
     pub value_span: Range<usize>,
+    /// For an array, the span of each element (a `[sweep]` list's errors point at its value).
+    pub item_spans: Vec<Range<usize>>,
 }
 
 impl SourceFile {
@@ -139,12 +141,17 @@ fn collect(
                 let value_span = value.span();
                 let converted =
                     to_value(value.get_ref()).map_err(|msg| (value_span.clone(), msg))?;
+                let item_spans = match value.get_ref() {
+                    DeValue::Array(items) => items.iter().map(|i| i.span()).collect(),
+                    _ => Vec::new(),
+                };
                 out.insert(
                     path,
                     Leaf {
                         value: converted,
                         key_span: key.span(),
                         value_span,
+                        item_spans,
                     },
                 );
             }

@@ -26,7 +26,8 @@ macro_rules! string_value {
     };
 }
 
-/// The name of a run: `[A-Za-z0-9._-]+`, used as a folder name under `results/`.
+/// The name of a run: `[A-Za-z0-9._=-]+`, used as a folder name under `results/`. `=` is
+/// allowed for the names of sweep points (`sigma001-clean_sigma=0.005`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RunName(String);
 
@@ -47,10 +48,10 @@ impl FromStr for RunName {
         }
         if let Some(bad) = s
             .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '=')))
         {
             return Err(format!(
-                "run name `{s}` contains `{bad}`; use letters, digits, `.`, `_` and `-` only"
+                "run name `{s}` contains `{bad}`; use letters, digits, `.`, `_`, `-` and `=` only"
             ));
         }
         // The name is a folder's name (and part of lock and marker file names): file systems
@@ -80,9 +81,9 @@ impl JsonSchema for RunName {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "type": "string",
-            "pattern": "^[A-Za-z0-9._-]+$",
+            "pattern": "^[A-Za-z0-9._=-]+$",
             "maxLength": 200,
-            "description": "A run name: letters, digits, `.`, `_` and `-`, at most 200 of them."
+            "description": "A run name: letters, digits, `.`, `_`, `-` and `=`, at most 200 of them."
         })
     }
 }

@@ -211,20 +211,26 @@ pub fn explain(r: &Resolved) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "settings of run `{}` (layers: default < manifest < environment < command line)",
-        r.name
+        "settings of run `{}` (layers: default < manifest < {}environment < command line)",
+        r.name,
+        if r.sweep.is_some() { "sweep < " } else { "" }
     );
     let width = r.settings.keys().map(String::len).max().unwrap_or(0);
     let _ = writeln!(
         s,
-        "  {:width$}  {:<28}  manifest name or file stem",
+        "  {:width$}  {:<28}  manifest name or file stem{}",
         "name",
-        format!("\"{}\"", r.name)
+        format!("\"{}\"", r.name),
+        if r.sweep.is_some() {
+            ", and the sweep point's values"
+        } else {
+            ""
+        }
     );
     for (key, setting) in &r.settings {
         let mut origin = match &setting.origin {
             Origin::Default => "default".to_string(),
-            o => format!("{} ({})", o.layer_name(), o),
+            o => format!("{} ({})", r.layer_of(key), o),
         };
         for lower in setting.replaced.iter().rev() {
             origin.push_str(&format!(", over {lower}"));

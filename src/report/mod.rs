@@ -1,10 +1,14 @@
 //! Reading runs back: `runner report` (statistics, phase split, provenance), `runner compare`,
-//! and the latency plot a run leaves beside its records.
+//! `runner runs` and `runner diff`, and the latency plot a run leaves beside its records.
 
 pub mod load;
+pub mod many;
 pub mod render;
+pub mod runs;
 pub mod svg;
 
 pub use load::{LoadedRun, ReportError, load_run, locate};
+pub use many::ManyComparison;
 pub use render::{CompareRow, Comparison, PhaseSplit, Provenance, Report, report_text};
+pub use runs::{RunRow, SettingsDiff, list_runs, runs_table};
 pub use svg::{latency_svg, write_latency_svg};

@@ -14,7 +14,7 @@ use crate::results::{
 };
 
 /// The three series every summary has, with the names reports show.
-fn series(s: &Summary) -> [(&'static str, &Statistics); 3] {
+pub(super) fn series(s: &Summary) -> [(&'static str, &Statistics); 3] {
     [
         ("timed total", &s.timed_total),
         ("DiT", &s.dit),
@@ -22,7 +22,7 @@ fn series(s: &Summary) -> [(&'static str, &Statistics); 3] {
     ]
 }
 
-fn seconds(v: Option<f64>) -> String {
+pub(super) fn seconds(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| format!("{v:.3}"))
 }
 
@@ -441,7 +441,7 @@ impl Comparison {
             a: a.name.clone(),
             b: b.name.clone(),
             rows,
-            warnings: warnings(a, b),
+            warnings: comparison_warnings(a, b),
         }
     }
 
@@ -474,7 +474,7 @@ impl Comparison {
 }
 
 /// Differences between two runs that make their times not directly comparable.
-fn warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
+pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
     let mut w = Vec::new();
     for run in [a, b] {
         if run.record.cache.label == CacheLabel::WarmCache {

@@ -146,7 +146,8 @@ pub struct ManifestRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SettingRecord {
     pub value: serde_json::Value,
-    /// `default`, `manifest`, `environment` or `command line`.
+    /// `default`, `manifest`, `sweep` (a `[sweep]` point's value), `environment` or
+    /// `command line`.
     pub layer: String,
     /// Where exactly: `experiments/x.toml:12:1`, `env UNSTEP_CACHE_MODE`, `flag --set ...`.
     pub origin: String,
@@ -322,6 +323,39 @@ pub struct RunRecord {
     pub failure: Option<String>,
     pub config_hash: String,
     pub processes: Vec<ProcessRecord>,
+    /// The sweep point this run is, when its manifest has a `[sweep]` table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<SweepRecord>,
+    /// Where the run keeps what is not results (`runner clean` removes it). Absent in records
+    /// of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub places: Option<PlacesRecord>,
+}
+
+/// The sweep point a run is: the settings its `[sweep]` table gave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepRecord {
+    /// The manifest's own run name, which every point's name extends.
+    pub base: String,
+    /// 1-based position among the sweep's points, and how many it has.
+    pub point: usize,
+    pub points: usize,
+    /// The swept settings and this point's value of each.
+    pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// The folders of a run outside its results that are its own: the staging snapshot and the
+/// runtime state (compiler caches, unpacked bundle) of its processes. Shared runtime state
+/// (`cache.mode = "shared"`) belongs to every run that uses it and is named apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacesRecord {
+    /// `<staging.work_root>/<run>`.
+    pub staging: PathBuf,
+    /// The processes' cache folders, when the run's caches are isolated.
+    pub runtime_state: Vec<PathBuf>,
+    /// `cache.shared_state_dir`, when the run's caches are shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_state: Option<PathBuf>,
 }
 
 fn setting_record(value: &toml::Value, origin: &crate::manifest::Origin) -> SettingRecord {
@@ -332,12 +366,62 @@ fn setting_record(value: &toml::Value, origin: &crate::manifest::Origin) -> Sett
     }
 }
 
+/// Every resolved setting's record, with the layer that set it.
+fn setting_records(resolved: &Resolved) -> BTreeMap<String, SettingRecord> {
+    resolved
+        .settings
+        .iter()
+        .map(|(k, s)| {
+            let mut record = setting_record(&s.value, &s.origin);
+            record.layer = resolved.layer_of(k).to_string();
+            (k.clone(), record)
+        })
+        .collect()
+}
+
+/// Where the run of `plan` keeps its staging and runtime state.
+fn places(resolved: &Resolved, plan: &Plan) -> PlacesRecord {
+    let shared = resolved.manifest.cache.mode == CacheMode::Shared;
+    let mut runtime_state: Vec<PathBuf> = Vec::new();
+    if !shared {
+        for p in &plan.processes {
+            if !runtime_state.contains(&p.cache_dir) {
+                runtime_state.push(p.cache_dir.clone());
+            }
+        }
+    }
+    PlacesRecord {
+        staging: plan.work_root.join(&plan.run),
+        runtime_state,
+        shared_state: shared.then(|| resolved.paths.shared_state_dir.clone()),
+    }
+}
+
+/// The record of the sweep point `resolved` is, if any.
+fn sweep_record(resolved: &Resolved) -> Option<SweepRecord> {
+    let p = resolved.sweep.as_ref()?;
+    Some(SweepRecord {
+        base: p.base.clone(),
+        point: p.index + 1,
+        points: p.count,
+        values: p
+            .values
+            .iter()
+            .map(|(k, e)| {
+                let value = serde_json::to_value(&e.value).unwrap_or(serde_json::Value::Null);
+                (k.clone(), value)
+            })
+            .collect(),
+    })
+}
+
 impl RunRecord {
     /// A `running` record of the plan, started at `started`. Device, library versions, the
     /// registered execution provider, the resolved attention backend and git state are left
     /// empty for the orchestrator, which learns them from the workers and the checkout.
     pub fn new(resolved: &Resolved, plan: &Plan, started: SystemTime) -> RunRecord {
         let m = &resolved.manifest;
+        let settings = setting_records(resolved);
         let slot_label = |slot: usize| {
             plan.slots
                 .get(slot)
@@ -376,16 +460,12 @@ impl RunRecord {
                     sha256: f.sha256.clone(),
                 })
                 .collect(),
-            settings: resolved
-                .settings
-                .iter()
-                .map(|(k, s)| (k.clone(), setting_record(&s.value, &s.origin)))
-                .collect(),
             method_overrides: resolved
                 .method_overrides()
-                .iter()
-                .map(|(k, (v, o))| (k.clone(), setting_record(v, o)))
+                .keys()
+                .filter_map(|k| Some((k.clone(), settings.get(k)?.clone())))
                 .collect(),
+            settings,
             provider: m.runtime.provider,
             execution_provider: None,
             attention_backend: AttentionRecord {
@@ -425,6 +505,8 @@ impl RunRecord {
             failure: None,
             config_hash: super::config_hash(resolved),
             processes,
+            sweep: sweep_record(resolved),
+            places: Some(places(resolved, plan)),
         }
     }
 

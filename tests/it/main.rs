@@ -8,5 +8,7 @@ mod manifest;
 mod prompts;
 mod properties;
 mod report;
+mod runs;
 mod support;
+mod sweeps;
 mod video;

@@ -1,0 +1,254 @@
+//! Managing the runs of a results folder: `runner runs` lists them, `runner diff A B` shows the
+//! settings two runs differ in, and `runner clean RUN` removes what a run keeps outside its
+//! results (its staging snapshot, its runtime state) or the whole run.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::out;
+use crate::execute::lock::{Lock, LockError};
+use crate::exit::{self, Failure};
+use crate::manifest::diagnostic::display_path;
+use crate::report::{self, ReportError, SettingsDiff};
+use crate::results::{RUN_JSON, RunRecord, read_json};
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    /// The results folder to list.
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub results: PathBuf,
+    /// Print the list as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The first run (a): a run name or a run directory.
+    pub run_a: String,
+    /// The second run (b).
+    pub run_b: String,
+    /// The results folder run names are looked up in.
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub results: PathBuf,
+    /// Print the differences as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CleanArgs {
+    /// The run: a run name or a run directory.
+    pub run: String,
+    /// The results folder run names are looked up in.
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub results: PathBuf,
+    /// Also remove the run's runtime state (compiler caches, unpacked bundle).
+    #[arg(long, conflicts_with = "all")]
+    pub state: bool,
+    /// Remove the whole run: its staging, its runtime state and its results folder.
+    #[arg(long)]
+    pub all: bool,
+}
+
+fn json_text<T: serde::Serialize>(value: &T) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("records serialise");
+    text.push('\n');
+    text
+}
+
+/// Why a run cannot be cleaned.
+#[derive(Debug, thiserror::Error)]
+enum CleanError {
+    #[error("run `{run}` is in progress (pid {pid}): its results folder {} is locked", display_path(.dir))]
+    InProgress {
+        run: String,
+        pid: String,
+        dir: PathBuf,
+    },
+    #[error("{0}")]
+    Report(#[from] ReportError),
+    #[error("{0}")]
+    Lock(LockError),
+    #[error("cannot remove {}: {source}", display_path(.path))]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl Failure for CleanError {
+    fn hint(&self) -> Option<String> {
+        match self {
+            CleanError::InProgress { .. } => Some(
+                "wait for its apply to end, or stop it (Ctrl-C), then clean it; nothing was \
+                 removed"
+                    .into(),
+            ),
+            CleanError::Report(e) => e.hint(),
+            _ => None,
+        }
+    }
+
+    fn exit_code(&self) -> i32 {
+        match self {
+            CleanError::InProgress { .. } => exit::USAGE,
+            CleanError::Report(e) => e.exit_code(),
+            _ => exit::FAILURE,
+        }
+    }
+}
+
+pub fn run_runs(args: &RunsArgs) -> i32 {
+    let rows = match report::list_runs(&args.results) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!(
+                "error: cannot read the results folder {}: {e}",
+                display_path(&args.results)
+            );
+            eprintln!("hint: run `runner runs` where results/ is, or pass --results DIR");
+            return exit::USAGE;
+        }
+    };
+    if args.json {
+        return out(&json_text(&rows));
+    }
+    if rows.is_empty() {
+        return out(&format!("no runs under {}/\n", display_path(&args.results)));
+    }
+    out(&report::runs_table(&rows))
+}
+
+pub fn run_diff(args: &DiffArgs) -> i32 {
+    let (a, b) = match (
+        report::runs::load_named(&args.run_a, &args.results),
+        report::runs::load_named(&args.run_b, &args.results),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return exit::report(&e),
+    };
+    let diff = SettingsDiff::of(&a, &b);
+    if args.json {
+        out(&json_text(&diff))
+    } else {
+        out(&diff.text())
+    }
+}
+
+pub fn run_clean(args: &CleanArgs) -> i32 {
+    match clean(args) {
+        Ok(lines) => out(&lines.concat()),
+        Err(e) => exit::report(&e),
+    }
+}
+
+/// Removes what `args` asks for, holding the run's lock so that no apply of it starts
+/// meanwhile; returns what it did, a line each.
+fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
+    let dir = report::locate(&args.run, &args.results)?;
+    // Recorded folders are absolute: so is the run's, for telling which are inside it.
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    let record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
+        Ok(r) => r,
+        Err(e) if e.is_not_found() => {
+            return Err(ReportError::NoRunRecord { dir: dir.clone() }.into());
+        }
+        Err(e) => return Err(ReportError::Record(e).into()),
+    };
+    let _lock = match Lock::acquire(&dir, &record.run) {
+        Ok(lock) => lock,
+        Err(LockError::Held { pid, .. }) => {
+            return Err(CleanError::InProgress {
+                run: record.run.clone(),
+                pid,
+                dir,
+            });
+        }
+        Err(e) => return Err(CleanError::Lock(e)),
+    };
+    let mut done = Vec::new();
+    let (staging, state) = places(&record, &dir);
+    match &staging {
+        Some(staging) if is_own(staging, &record.run, &dir) => {
+            remove(staging, "staging", &mut done)?;
+        }
+        Some(staging) => done.push(format!(
+            "kept {}: a staging folder carries its run's name\n",
+            display_path(staging)
+        )),
+        None => done.push(format!(
+            "note: the record of run `{}` does not say where its staging is (an earlier \
+             runner wrote it); remove `<staging.work_root>/{}` yourself\n",
+            record.run, record.run
+        )),
+    }
+    if args.state || args.all {
+        for folder in &state {
+            if is_own(folder, &record.run, &dir) {
+                remove(folder, "runtime state", &mut done)?;
+                // `runtime_state/` of the results folder, once its last slot's folder is gone.
+                if let Some(parent) = folder.parent().filter(|p| p.starts_with(&dir) && *p != dir) {
+                    let _ = std::fs::remove_dir(parent);
+                }
+            } else {
+                done.push(format!(
+                    "kept runtime state {}: it is outside the run's results folder and does not \
+                     carry the run's name\n",
+                    display_path(folder)
+                ));
+            }
+        }
+        if let Some(shared) = record.places.as_ref().and_then(|p| p.shared_state.as_ref()) {
+            done.push(format!(
+                "kept shared runtime state {}: other runs use it too\n",
+                display_path(shared)
+            ));
+        }
+    }
+    if args.all {
+        remove(&dir, "results", &mut done)?;
+    }
+    Ok(done)
+}
+
+/// The run's staging folder (when its record says) and its runtime state folders.
+fn places(record: &RunRecord, dir: &Path) -> (Option<PathBuf>, Vec<PathBuf>) {
+    match &record.places {
+        Some(p) => (Some(p.staging.clone()), p.runtime_state.clone()),
+        // Records of earlier runners: a generation's isolated state is inside its folder.
+        None => (None, vec![dir.join("runtime_state")]),
+    }
+}
+
+/// Whether `folder` is the run's own to remove: inside its results folder, or with the run's
+/// name as one of its path's parts (as `<work_root>/<run>` has).
+fn is_own(folder: &Path, run: &str, dir: &Path) -> bool {
+    folder.starts_with(dir)
+        || folder
+            .components()
+            .any(|c| c.as_os_str() == std::ffi::OsStr::new(run))
+}
+
+/// Removes `path` (a folder) if it exists, saying so in `done`.
+fn remove(path: &Path, what: &str, done: &mut Vec<String>) -> Result<(), CleanError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            done.push(format!("no {what} at {}\n", display_path(path)));
+            Ok(())
+        }
+        Err(source) => Err(CleanError::Remove {
+            path: path.to_path_buf(),
+            source,
+        }),
+        Ok(_) => {
+            std::fs::remove_dir_all(path).map_err(|source| CleanError::Remove {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            done.push(format!("removed {what} {}\n", display_path(path)));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! `runner apply` of a sweep: its runs one after the other, each a normal run, then one table
+//! over all of them.
+
+use crate::execute::{self, ApplyOptions, PreviousRun};
+use crate::exit::{self, Failure};
+use crate::manifest::Resolved;
+use crate::plan::Plan;
+use crate::report::{self, RunRow};
+use crate::results::records::RunStatus;
+
+/// How one run of the sweep ended.
+enum Ended {
+    Ran(RunStatus),
+    /// `apply` refused or failed before the run started (its error is printed).
+    Error(i32),
+}
+
+/// Applies every run of the sweep in turn. Refusals that can be told before anything runs
+/// (a results folder holding another configuration, probe state in the way) stop the sweep
+/// before its first run. A failed run does not stop the others; an interrupt, or an error of
+/// `apply` itself (the bundle, a lock, the staging), stops the sweep after that run.
+pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
+    let mut refused = false;
+    for (resolved, plan) in runs {
+        if let PreviousRun::Refused { message, hint } = execute::previous_run(resolved, plan) {
+            exit::report(&exit::Plain {
+                message: format!("run `{}`: {message}", plan.run),
+                hint,
+                code: exit::USAGE,
+            });
+            refused = true;
+        }
+    }
+    if refused {
+        eprintln!("the sweep was not started; nothing was written");
+        return exit::USAGE;
+    }
+    let mut ended: Vec<Ended> = Vec::new();
+    for (i, (resolved, plan)) in runs.iter().enumerate() {
+        if execute::apply::interrupted() {
+            break;
+        }
+        if !opts.quiet {
+            let values = resolved
+                .sweep
+                .as_ref()
+                .map(|p| p.describe())
+                .unwrap_or_default();
+            eprintln!(
+                "sweep: run {} of {}, `{}` ({values})",
+                i + 1,
+                runs.len(),
+                plan.run
+            );
+        }
+        match execute::apply(resolved, plan, opts) {
+            Ok(outcome) => {
+                for f in &outcome.failures {
+                    eprintln!("error: run `{}`: {f}", plan.run);
+                }
+                let status = outcome.status;
+                ended.push(Ended::Ran(status));
+                if status == RunStatus::Interrupted {
+                    break;
+                }
+            }
+            Err(e) => {
+                let e = exit::Plain {
+                    message: format!("run `{}`: {e}", plan.run),
+                    hint: e.hint(),
+                    code: e.exit_code(),
+                };
+                ended.push(Ended::Error(exit::report(&e)));
+                break;
+            }
+        }
+    }
+    let code = super::out(&summary(runs, &ended));
+    let ran = |s: RunStatus| ended.iter().any(|e| matches!(e, Ended::Ran(x) if *x == s));
+    if ran(RunStatus::Interrupted) || execute::apply::interrupted() {
+        eprintln!("interrupted; apply the same manifest again to resume the sweep");
+        return exit::INTERRUPTED;
+    }
+    if let Some(Ended::Error(c)) = ended.last() {
+        // An error of the first run: nothing of the sweep ran.
+        return if ended.len() == 1 { *c } else { exit::FAILURE };
+    }
+    if ran(RunStatus::Failed) {
+        eprintln!(
+            "a run of the sweep failed; completed prompts are kept, and applying the sweep \
+             again resumes it (with --reuse-workdir, since a failed run's staging is kept for \
+             diagnosis)"
+        );
+        return exit::FAILURE;
+    }
+    code
+}
+
+/// The table over the sweep's runs, as `runner runs` lists them; a run that did not start is
+/// listed as such.
+fn summary(runs: &[(Resolved, Plan)], ended: &[Ended]) -> String {
+    let rows: Vec<RunRow> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, (_, plan))| {
+            let status = match ended.get(i) {
+                None => "not started",
+                Some(Ended::Error(_)) => "error",
+                Some(Ended::Ran(_)) => {
+                    return report::load_run(&plan.run_dir).map_or_else(
+                        |_| RunRow::without_record(&plan.run, &plan.run_dir, "unreadable"),
+                        |run| RunRow::of(&run),
+                    );
+                }
+            };
+            RunRow::without_record(&plan.run, &plan.run_dir, status)
+        })
+        .collect();
+    let base = runs[0]
+        .0
+        .sweep
+        .as_ref()
+        .map_or(runs[0].1.run.as_str(), |p| p.base.as_str());
+    format!(
+        "sweep `{base}`: {} runs\n{}",
+        runs.len(),
+        report::runs_table(&rows)
+    )
+}

@@ -1,0 +1,281 @@
+//! The runs of a results folder as a table (`runner runs`), and the settings two runs differ
+//! in (`runner diff`), both read from the runs' records.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::load::{LoadedRun, ReportError, load_run};
+use crate::results::records::{ProcessRole, SettingRecord};
+use crate::results::{RUN_JSON, RunRecord};
+
+/// One run of a results folder, as `runner runs` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub run: String,
+    /// `probe` or `generation`; absent when the record cannot be read.
+    pub kind: Option<String>,
+    /// `running`, `succeeded`, `failed`, `interrupted` (as `runner report` tells them), or
+    /// `unreadable` when `run.json` cannot be read.
+    pub status: String,
+    /// Prompts measured (a probe) or generated (a generation) so far.
+    pub prompts_done: Option<usize>,
+    /// Prompts the run's plan measures or generates.
+    pub prompts_planned: Option<usize>,
+    /// The mean timed total over the measured prompts but the first, in seconds.
+    pub warm_mean_s: Option<f64>,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub dir: PathBuf,
+    /// Why the record cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RunRow {
+    pub fn of(run: &LoadedRun) -> RunRow {
+        let r = &run.record;
+        let role = match r.kind {
+            crate::manifest::Kind::Probe => ProcessRole::Measurement,
+            crate::manifest::Kind::Generation => ProcessRole::Shard,
+        };
+        let planned = r
+            .processes
+            .iter()
+            .filter(|p| p.role == role)
+            .map(|p| p.prompts)
+            .sum();
+        RunRow {
+            run: run.name.clone(),
+            kind: Some(r.kind.as_str().to_string()),
+            status: r.status.as_str().to_string(),
+            prompts_done: Some(run.summary.count),
+            prompts_planned: Some(planned),
+            warm_mean_s: run.summary.timed_total.warm_mean_excluding_first,
+            started_at: Some(r.started_at.clone()),
+            ended_at: r.ended_at.clone(),
+            dir: run.dir.clone(),
+            error: None,
+        }
+    }
+
+    /// A run that was named but has no row of its own: `status` says why.
+    pub fn without_record(run: &str, dir: &Path, status: &str) -> RunRow {
+        RunRow {
+            run: run.to_string(),
+            kind: None,
+            status: status.to_string(),
+            prompts_done: None,
+            prompts_planned: None,
+            warm_mean_s: None,
+            started_at: None,
+            ended_at: None,
+            dir: dir.to_path_buf(),
+            error: None,
+        }
+    }
+}
+
+/// The runs under `results`: every folder holding a `run.json`, oldest start first (runs whose
+/// record cannot be read last, by name).
+pub fn list_runs(results: &Path) -> std::io::Result<Vec<RunRow>> {
+    let mut rows = Vec::new();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(results)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.join(RUN_JSON).exists())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        rows.push(match load_run(&dir) {
+            Ok(run) => RunRow::of(&run),
+            Err(e) => RunRow {
+                error: Some(e.to_string()),
+                ..RunRow::without_record(&name, &dir, "unreadable")
+            },
+        });
+    }
+    rows.sort_by(|a, b| {
+        (a.started_at.is_none(), &a.started_at, &a.run).cmp(&(
+            b.started_at.is_none(),
+            &b.started_at,
+            &b.run,
+        ))
+    });
+    Ok(rows)
+}
+
+/// The rows as a table: run, kind, status, prompts done of planned, warm mean, start.
+pub fn runs_table(rows: &[RunRow]) -> String {
+    let width = rows.iter().map(|r| r.run.len()).max().unwrap_or(0).max(3);
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  started",
+        "run", "kind", "status", "prompts", "warm mean (s)"
+    );
+    for r in rows {
+        let prompts = match (r.prompts_done, r.prompts_planned) {
+            (Some(d), Some(p)) => format!("{d}/{p}"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            t,
+            "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  {}",
+            r.run,
+            r.kind.as_deref().unwrap_or("-"),
+            r.status,
+            prompts,
+            r.warm_mean_s
+                .map_or_else(|| "n/a".into(), |v| format!("{v:.3}")),
+            r.started_at.as_deref().unwrap_or("-"),
+        );
+    }
+    for r in rows {
+        if let Some(e) = &r.error {
+            let _ = writeln!(t, "note: `{}`: {e}", r.run);
+        }
+    }
+    t
+}
+
+/// One setting as two runs have it; `None` where a run's record lacks it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SettingDiff {
+    pub key: String,
+    pub a: Option<SettingRecord>,
+    pub b: Option<SettingRecord>,
+}
+
+/// The JSON form of `runner diff`: the settings whose values differ between two runs' records,
+/// each with its value, layer and origin in both.
+#[derive(Debug, Clone, Serialize)]
+pub struct SettingsDiff {
+    pub a: String,
+    pub b: String,
+    /// Whether both runs have the same configuration hash (the settings that decide their
+    /// outputs are equal, and so were their bundles' files).
+    pub same_config_hash: bool,
+    pub differences: Vec<SettingDiff>,
+    /// Settings left at defaults that carry the run name (`cache.run_state_root`), which
+    /// differ only in that name: left out of `differences`.
+    pub name_defaults: Vec<String>,
+}
+
+impl SettingsDiff {
+    pub fn of(a: &LoadedRun, b: &LoadedRun) -> SettingsDiff {
+        let (name_defaults, differences): (Vec<SettingDiff>, Vec<SettingDiff>) =
+            differences(&a.record, &b.record)
+                .into_iter()
+                .partition(|d| only_the_name(d, &a.record.run, &b.record.run));
+        SettingsDiff {
+            a: a.name.clone(),
+            b: b.name.clone(),
+            same_config_hash: a.record.config_hash == b.record.config_hash,
+            differences,
+            name_defaults: name_defaults.into_iter().map(|d| d.key).collect(),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let mut t = String::new();
+        self.differences_text(&mut t);
+        if !self.name_defaults.is_empty() {
+            let _ = writeln!(
+                t,
+                "left out: {}, at defaults that differ only in the run name",
+                self.name_defaults.join(", ")
+            );
+        }
+        t
+    }
+
+    fn differences_text(&self, t: &mut String) {
+        if self.differences.is_empty() {
+            let _ = writeln!(
+                t,
+                "`{}` (a) and `{}` (b) have the same value of every setting",
+                self.a, self.b
+            );
+            return;
+        }
+        let n = self.differences.len();
+        let _ = writeln!(
+            t,
+            "`{}` (a) and `{}` (b) differ in {n} setting{}: value, then the layer that set it",
+            self.a,
+            self.b,
+            if n == 1 { "" } else { "s" }
+        );
+        let value = |s: &Option<SettingRecord>| {
+            s.as_ref()
+                .map_or_else(|| "(not recorded)".to_string(), |s| s.value.to_string())
+        };
+        let width = self
+            .differences
+            .iter()
+            .flat_map(|d| [value(&d.a).len(), value(&d.b).len()])
+            .max()
+            .unwrap_or(0);
+        for d in &self.differences {
+            let _ = writeln!(t, "  {}", d.key);
+            for (side, s) in [("a", &d.a), ("b", &d.b)] {
+                let layer = s.as_ref().map_or_else(String::new, |s| {
+                    if s.layer == s.origin {
+                        s.layer.clone()
+                    } else {
+                        format!("{} ({})", s.layer, s.origin)
+                    }
+                });
+                let _ = writeln!(t, "    {side}  {:<width$}  {layer}", value(s));
+            }
+        }
+    }
+}
+
+/// Whether both runs leave the setting at its default and the defaults differ only in the
+/// run name that they carry as a part of a path (`results/<run>/runtime_state`).
+fn only_the_name(d: &SettingDiff, a: &str, b: &str) -> bool {
+    let (Some(x), Some(y)) = (&d.a, &d.b) else {
+        return false;
+    };
+    let default = |s: &SettingRecord| s.layer == "default";
+    let unnamed = |text: &str, name: &str| {
+        text.split('/')
+            .map(|part| if part == name { "\0" } else { part })
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    match (&x.value, &y.value) {
+        (serde_json::Value::String(u), serde_json::Value::String(v)) => {
+            default(x) && default(y) && u != v && unnamed(u, a) == unnamed(v, b)
+        }
+        _ => false,
+    }
+}
+
+/// The settings of two records whose values differ, by key.
+fn differences(a: &RunRecord, b: &RunRecord) -> Vec<SettingDiff> {
+    let keys: BTreeSet<&String> = a.settings.keys().chain(b.settings.keys()).collect();
+    keys.into_iter()
+        .filter_map(|k| {
+            let (x, y) = (a.settings.get(k), b.settings.get(k));
+            (x.map(|s| &s.value) != y.map(|s| &s.value)).then(|| SettingDiff {
+                key: k.clone(),
+                a: x.cloned(),
+                b: y.cloned(),
+            })
+        })
+        .collect()
+}
+
+/// Reads the run `run` (a name under `results`, or a run directory).
+pub fn load_named(run: &str, results: &Path) -> Result<LoadedRun, ReportError> {
+    load_run(&super::load::locate(run, results)?)
+}

@@ -1,0 +1,243 @@
+//! Managing runs: `runner runs`, `runner diff`, `runner clean` and `runner compare` of several
+//! runs, on real runs of the tiny bundle on the CPU, with real locks.
+
+use std::time::{Duration, Instant};
+
+use unstep::execute::lock::Lock;
+
+use crate::apply::{generation, read_json, spawn_apply};
+use crate::support::{Test, repo};
+
+/// A one-prompt probe without warmups, its results and work root inside the test.
+fn probe(t: &Test) {
+    let root = t.path().display().to_string();
+    let text = format!(
+        "kind = \"probe\"\n\
+         [prompts]\nfile = \"{prompts}\"\nindices = \"0\"\n\
+         [warmup]\nrepeats = 0\n\
+         [runtime]\nprovider = \"cpu\"\ncpu_threads_per_process = 1\n\
+         [method]\nheight = 64\nwidth = 112\nprecision = \"fp32\"\n\
+         [outputs]\ndir = \"{root}/results\"\n\
+         [staging]\nwork_root = \"{root}/work\"\n\
+         [assets]\nbundle = \"{bundle}\"\n",
+        prompts = repo().join("assets/prompts/tiny.txt").display(),
+        bundle = repo().join("assets/tiny").display(),
+    );
+    std::fs::write(t.path().join("p.toml"), text).unwrap();
+}
+
+/// The line of `runner runs`' table for `run`.
+fn row<'a>(stdout: &'a str, run: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{run} ")))
+        .unwrap_or_else(|| panic!("no row for {run}:\n{stdout}"))
+}
+
+#[test]
+fn runs_lists_each_run_diff_shows_settings_with_their_layers_and_compare_takes_three() {
+    let t = Test::new();
+    probe(&t);
+    let empty = t.cmd().args(["runs"]).run();
+    assert_eq!(empty.code, 2, "{}", empty.render());
+    assert!(empty.stderr.contains("--results DIR"), "{}", empty.render());
+
+    for (name, extra) in [
+        ("a", vec![]),
+        ("b", vec!["--set", "noise.seed=1"]),
+        ("c", vec!["--set", "noise.seed=2"]),
+    ] {
+        let out = t
+            .cmd()
+            .args([
+                "apply",
+                "--quiet",
+                "p.toml",
+                "--set",
+                &format!("name={name}"),
+            ])
+            .args(extra)
+            .run();
+        assert_eq!(out.code, 0, "{}", out.render());
+    }
+
+    let runs = t.cmd().args(["runs"]).run();
+    assert_eq!(runs.code, 0, "{}", runs.render());
+    for name in ["a", "b", "c"] {
+        let line = row(&runs.stdout, name);
+        for want in ["probe", "succeeded", "1/1"] {
+            assert!(line.contains(want), "{want}: {line}");
+        }
+        // One measured prompt: no prompt after the first, so no warm mean.
+        assert!(line.contains("n/a"), "{line}");
+    }
+    let json = t.cmd().args(["runs", "--json"]).run();
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let names: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b", "c"], "oldest first");
+    let a = &json[0];
+    assert_eq!(a["kind"], "probe");
+    assert_eq!(a["status"], "succeeded");
+    assert_eq!(a["prompts_done"], 1);
+    assert_eq!(a["prompts_planned"], 1);
+    assert!(a["started_at"].as_str().unwrap().ends_with('Z'), "{a}");
+
+    // A record that says running while no apply holds the run is an interrupted run.
+    let record = t.path().join("results/c/run.json");
+    let mut run = read_json(&record);
+    run["status"] = "running".into();
+    std::fs::write(&record, run.to_string()).unwrap();
+    let runs = t.cmd().args(["runs"]).run();
+    assert!(
+        row(&runs.stdout, "c").contains("interrupted"),
+        "{}",
+        runs.stdout
+    );
+
+    // diff: the seed, at its default in a and from the command line in b; the defaults that
+    // carry the run name are left out.
+    let diff = t.cmd().args(["diff", "a", "b"]).run();
+    assert_eq!(diff.code, 0, "{}", diff.render());
+    let want = "`a` (a) and `b` (b) differ in 1 setting: value, then the layer that set it\n  \
+                noise.seed\n    a  0  default\n    b  1  command line (flag --set noise.seed=1)\n";
+    assert!(diff.stdout.starts_with(want), "{}", diff.render());
+    assert!(
+        diff.stdout.contains("left out: cache.run_state_root"),
+        "{}",
+        diff.stdout
+    );
+    let json = t.cmd().args(["diff", "a", "b", "--json"]).run();
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["same_config_hash"], false);
+    let d = &json["differences"][0];
+    assert_eq!(d["key"], "noise.seed");
+    assert_eq!(
+        (d["a"]["layer"].as_str(), d["b"]["layer"].as_str()),
+        (Some("default"), Some("command line"))
+    );
+    let same = t.cmd().args(["diff", "a", "a"]).run();
+    assert!(
+        same.stdout.contains("the same value of every setting"),
+        "{}",
+        same.render()
+    );
+    let missing = t.cmd().args(["diff", "a", "nope"]).run();
+    assert_eq!(missing.code, 2, "{}", missing.render());
+
+    // compare of three runs: one table, a column each, ratios to the first.
+    let cmp = t.cmd().args(["compare", "a", "b", "c"]).run();
+    assert_eq!(cmp.code, 0, "{}", cmp.render());
+    assert!(cmp.stdout.starts_with("compare 3 runs"), "{}", cmp.stdout);
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        assert!(
+            cmp.stdout.contains(&format!("   {}  {name}\n", i + 1)),
+            "{}",
+            cmp.stdout
+        );
+    }
+    assert!(
+        cmp.stderr.contains("run `c` did not succeed"),
+        "{}",
+        cmp.render()
+    );
+    let json = t.cmd().args(["compare", "a", "b", "c", "--json"]).run();
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["runs"], serde_json::json!(["a", "b", "c"]));
+    let raw = &json["rows"][0];
+    assert_eq!(raw["statistic"], "raw_mean");
+    assert_eq!(raw["values"].as_array().unwrap().len(), 3);
+    assert_eq!(raw["ratios"][0], 1.0);
+    let one = t.cmd().args(["compare", "a"]).run();
+    assert_eq!(one.code, 2, "{}", one.render());
+}
+
+#[test]
+fn clean_refuses_a_run_in_progress_and_removes_staging_state_or_the_whole_run() {
+    let t = Test::new();
+    generation(&t, "gen", "0-3");
+    let run_dir = t.path().join("results/gen");
+    let staging = t.path().join("work/gen");
+    let mut child = spawn_apply(&t, "gen.toml");
+    // Wait for the apply to hold the run.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !(run_dir.join("run.json").exists() && Lock::is_held(&run_dir)) {
+        assert!(Instant::now() < deadline, "the apply never started its run");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for flags in [vec![], vec!["--state"], vec!["--all"]] {
+        let out = t.cmd().args(["clean", "gen"]).args(flags).run();
+        assert_eq!(out.code, 2, "{}", out.render());
+        assert!(
+            out.stderr.contains("run `gen` is in progress (pid ")
+                && out.stderr.contains("nothing was removed"),
+            "{}",
+            out.render()
+        );
+    }
+    assert!(staging.is_dir() && run_dir.join("run.json").is_file());
+    let runs = t.cmd().args(["runs"]).run();
+    assert!(
+        row(&runs.stdout, "gen").contains("running"),
+        "{}",
+        runs.stdout
+    );
+
+    // Kill the apply: its workers end, the lock goes with the last of them, and the run is
+    // left as a killed apply leaves it, staging and all.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while Lock::is_held(&run_dir) {
+        assert!(Instant::now() < deadline, "the workers never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let runs = t.cmd().args(["runs"]).run();
+    assert!(
+        row(&runs.stdout, "gen").contains("interrupted"),
+        "{}",
+        runs.stdout
+    );
+
+    // The lock held by any process (here this test, through the lock module) refuses clean.
+    let lock = Lock::acquire(&run_dir, "gen").unwrap();
+    let out = t.cmd().args(["clean", "gen", "--all"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(staging.is_dir() && run_dir.is_dir());
+    drop(lock);
+
+    let state = run_dir.join("runtime_state");
+    assert!(state.is_dir());
+    let out = t.cmd().args(["clean", "gen"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(out.stdout.contains("removed staging"), "{}", out.render());
+    assert!(!staging.exists() && state.is_dir() && run_dir.join("run.json").is_file());
+
+    let out = t.cmd().args(["clean", "gen", "--state"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(out.stdout.contains("no staging at"), "{}", out.render());
+    assert!(
+        out.stdout.contains("removed runtime state"),
+        "{}",
+        out.render()
+    );
+    assert!(!state.exists() && run_dir.join("run.json").is_file());
+
+    let out = t.cmd().args(["clean", "gen", "--all"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(!run_dir.exists(), "{}", out.render());
+    let runs = t.cmd().args(["runs"]).run();
+    assert_eq!(runs.code, 0, "{}", runs.render());
+    assert!(
+        runs.stdout.starts_with("no runs under results"),
+        "{}",
+        runs.render()
+    );
+    let gone = t.cmd().args(["clean", "gen"]).run();
+    assert_eq!(gone.code, 2, "{}", gone.render());
+    assert!(gone.stderr.contains("no run `gen`"), "{}", gone.render());
+}

@@ -1,0 +1,277 @@
+//! Sweeps: one manifest with a `[sweep]` table planned and applied as several real runs on the
+//! tiny bundle and the CPU, and the sweeps that are refused.
+
+use std::time::{Duration, Instant};
+
+use unstep::execute::lock::Lock;
+
+use crate::apply::{generation, read_json, videos};
+use crate::support::{Test, tree};
+
+const SIGMAS: &str = "[sweep]\n\"method.clean_sigma\" = [0.005, 0.01]\n";
+
+/// Appends `text` to the manifest at `path`.
+fn append(path: &std::path::Path, text: &str) {
+    let mut manifest = std::fs::read_to_string(path).unwrap();
+    manifest.push_str(text);
+    std::fs::write(path, manifest).unwrap();
+}
+
+#[test]
+fn a_sweep_over_clean_sigma_is_two_runs_with_different_videos_compared_in_one_table() {
+    let t = Test::new();
+    let path = generation(&t, "sig", "0-1");
+    append(&path, SIGMAS);
+    let (a, b) = ("sig-clean_sigma=0.005", "sig-clean_sigma=0.01");
+
+    // The plan shows both runs, then each run's own plan.
+    let plan = t.cmd().args(["plan", "sig.toml"]).run();
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    assert!(
+        plan.stdout.starts_with("sweep `sig` of sig.toml: 2 runs"),
+        "{}",
+        plan.render()
+    );
+    for run in [a, b] {
+        assert!(
+            plan.stdout
+                .contains(&format!("plan for run `{run}` (generation)")),
+            "{}",
+            plan.render()
+        );
+    }
+    let json = t.cmd().args(["plan", "sig.toml", "--json"]).run();
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["sweep"]["base"], "sig");
+    assert_eq!(
+        json["sweep"]["keys"],
+        serde_json::json!(["method.clean_sigma"])
+    );
+    let runs: Vec<&str> = json["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs, [a, b]);
+    assert!(!t.path().join("results").exists(), "plan writes nothing");
+
+    // apply runs both, one after the other, and ends with a table over both.
+    let out = t.cmd().args(["apply", "--quiet", "sig.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(
+        out.stdout.starts_with("sweep `sig`: 2 runs"),
+        "{}",
+        out.render()
+    );
+    for run in [a, b] {
+        let row = out
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{run} ")))
+            .unwrap_or_else(|| panic!("no row for {run}\n{}", out.render()));
+        assert!(row.contains("succeeded") && row.contains("2/2"), "{row}");
+    }
+    let (dir_a, dir_b) = (
+        t.path().join("results").join(a),
+        t.path().join("results").join(b),
+    );
+    for (dir, sigma, point) in [(&dir_a, 0.005, 1), (&dir_b, 0.01, 2)] {
+        let run = read_json(&dir.join("run.json"));
+        assert_eq!(run["status"], "succeeded", "{run}");
+        assert_eq!(run["settings"]["method.clean_sigma"]["value"], sigma);
+        // The value's layer is the sweep, its origin the value in the [sweep] list.
+        let setting = &run["settings"]["method.clean_sigma"];
+        assert_eq!(setting["layer"], "sweep", "{run}");
+        let col = if point == 1 { 25 } else { 32 };
+        assert_eq!(setting["origin"], format!("sig.toml:22:{col}"), "{run}");
+        assert_eq!(run["sweep"]["base"], "sig");
+        assert_eq!(run["sweep"]["point"], point);
+        assert_eq!(run["sweep"]["points"], 2);
+        assert_eq!(run["sweep"]["values"]["method.clean_sigma"], sigma);
+    }
+    // The same prompts and noise, another clean sigma: the same files, other frames.
+    let (va, vb) = (videos(&dir_a), videos(&dir_b));
+    assert_eq!(va.len(), 2);
+    let names = |v: &[(String, Vec<u8>)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&va), names(&vb));
+    for ((name, x), (_, y)) in va.iter().zip(&vb) {
+        assert_ne!(x, y, "{name} is the same for both clean sigmas");
+    }
+
+    // compare shows both runs in one table.
+    let cmp = t.cmd().args(["compare", a, b]).run();
+    assert_eq!(cmp.code, 0, "{}", cmp.render());
+    assert!(
+        cmp.stdout
+            .starts_with(&format!("compare `{a}` (a) with `{b}` (b)")),
+        "{}",
+        cmp.render()
+    );
+    assert_eq!(
+        cmp.stdout.matches("timed total").count(),
+        4,
+        "{}",
+        cmp.stdout
+    );
+    let cmp = t.cmd().args(["compare", a, b, "--json"]).run();
+    let cmp: serde_json::Value = serde_json::from_str(&cmp.stdout).unwrap();
+    assert_eq!((cmp["a"].as_str(), cmp["b"].as_str()), (Some(a), Some(b)));
+    let warm = cmp["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["series"] == "timed total" && r["statistic"] == "raw_mean")
+        .unwrap();
+    assert!(warm["a"].as_f64().unwrap() > 0.0 && warm["b"].as_f64().unwrap() > 0.0);
+
+    // diff names the swept setting, and only it, with its layer.
+    let diff = t.cmd().args(["diff", a, b]).run();
+    assert_eq!(diff.code, 0, "{}", diff.render());
+    assert!(
+        diff.stdout.contains("differ in 1 setting:")
+            && diff.stdout.contains("method.clean_sigma")
+            && diff.stdout.contains("sweep (sig.toml:22:25)"),
+        "{}",
+        diff.render()
+    );
+
+    // Applying the sweep again resumes both runs, which generate nothing.
+    let again = t.cmd().args(["apply", "--quiet", "sig.toml"]).run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert_eq!(videos(&dir_a), va);
+    assert_eq!(videos(&dir_b), vb);
+}
+
+#[test]
+fn a_sweep_over_an_export_setting_is_refused_with_the_reason_and_nothing_written() {
+    let t = Test::new();
+    let path = generation(&t, "tall", "0-1");
+    append(&path, "[sweep]\n\"method.height\" = [64, 128]\n");
+    for command in ["plan", "apply"] {
+        let out = t.cmd().args([command, "tall.toml"]).run();
+        assert_eq!(out.code, 2, "{}", out.render());
+        assert!(
+            out.stderr.contains(
+                "`method.height` cannot be swept: it is fixed when the asset bundle is \
+                 exported, so each value would need another bundle"
+            ),
+            "{}",
+            out.render()
+        );
+        assert!(out.stderr.contains("tall.toml:22:1"), "{}", out.render());
+        assert!(
+            out.stderr.contains("export a bundle per value"),
+            "{}",
+            out.render()
+        );
+    }
+    assert_eq!(tree(t.path()), ["tall.toml"], "nothing written");
+}
+
+#[test]
+fn swept_values_are_validated_as_set_values_at_their_place_in_the_list() {
+    let t = Test::new();
+    let path = generation(&t, "bad", "0-1");
+    append(
+        &path,
+        "[sweep]\n\"method.clean_sigma\" = [0.01, \"high\"]\n",
+    );
+    let out = t.cmd().args(["plan", "bad.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    // The second value, at its line and column.
+    assert!(out.stderr.contains("bad.toml:22:31"), "{}", out.render());
+    assert_eq!(out.stderr.matches("error").count(), 1, "{}", out.render());
+
+    // A swept setting also given on the command line is ambiguous.
+    std::fs::write(
+        &path,
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("\"high\"", "0.02"),
+    )
+    .unwrap();
+    let twice = t
+        .cmd()
+        .args(["plan", "bad.toml", "--set", "method.clean_sigma=0.02"])
+        .run();
+    assert_eq!(twice.code, 2, "{}", twice.render());
+    assert_eq!(
+        twice.stderr.matches("error:").count(),
+        1,
+        "{}",
+        twice.render()
+    );
+    assert!(
+        twice
+            .stderr
+            .contains("is swept by the [sweep] table of bad.toml and also set by the command line"),
+        "{}",
+        twice.render()
+    );
+
+    // Two points with one name, and zip lists of unequal lengths.
+    std::fs::write(
+        &path,
+        std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("0.02]", "0.010]"),
+    )
+    .unwrap();
+    let same = t.cmd().args(["plan", "bad.toml"]).run();
+    assert_eq!(same.code, 2, "{}", same.render());
+    assert!(same.stderr.contains("same run name"), "{}", same.render());
+    let path = generation(&t, "zip", "0-1");
+    append(
+        &path,
+        "[sweep]\nmode = \"zip\"\n\"method.clean_sigma\" = [0.01, 0.02]\n\"noise.seed\" = [1]\n",
+    );
+    let zip = t.cmd().args(["plan", "zip.toml"]).run();
+    assert_eq!(zip.code, 2, "{}", zip.render());
+    assert!(zip.stderr.contains("equal length"), "{}", zip.render());
+    let apply = t.cmd().args(["apply", "--quiet", "zip.toml"]).run();
+    assert_eq!(apply.code, 2, "{}", apply.render());
+    assert!(!t.path().join("results").exists(), "nothing written");
+}
+
+#[test]
+fn an_interrupted_sweep_ends_the_run_in_progress_and_starts_no_other() {
+    let t = Test::new();
+    let path = generation(&t, "stop", "0-3");
+    append(&path, SIGMAS);
+    let first = t.path().join("results/stop-clean_sigma=0.005");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", "stop.toml"])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first run has started (its record is written and its apply holds it), Ctrl-C.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !(first.join("run.json").exists() && Lock::is_held(&first)) {
+        assert!(Instant::now() < deadline, "the first run never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: interrupting the runner this test started, as Ctrl-C would.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(130), "{stdout}{stderr}");
+    assert_eq!(read_json(&first.join("run.json"))["status"], "interrupted");
+    let second = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("stop-clean_sigma=0.01 "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(second.contains("not started"), "{second}");
+    assert!(!t.path().join("results/stop-clean_sigma=0.01").exists());
+    assert!(stderr.contains("apply the same manifest again"), "{stderr}");
+}
