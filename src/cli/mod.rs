@@ -5,6 +5,7 @@ mod doctor;
 mod plan;
 mod prompts;
 mod report;
+mod status;
 pub mod worker;
 
 use std::io::Write;
@@ -50,6 +51,11 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Compare the statistics of two runs: values, deltas and ratios.
     Compare(report::CompareArgs),
+    /// Show where a run stands: its status, prompts done, its apply or Slurm job and tasks.
+    Status(status::StatusArgs),
+    /// Run one task of a run's Slurm job (started by Slurm from the script `runner apply` wrote).
+    #[command(hide = true)]
+    SlurmTask(status::SlurmTaskArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -77,6 +83,25 @@ impl ManifestArgs {
             eprintln!("error: {e}");
             exit::USAGE
         })?;
+        Ok((resolved, plan))
+    }
+
+    /// [`Self::load_plan`], restricted to `shards` when given (`--shard`).
+    pub fn load_plan_shards(
+        &self,
+        shards: Option<crate::plan::ShardRange>,
+    ) -> Result<(crate::manifest::Resolved, crate::plan::Plan), i32> {
+        let (resolved, mut plan) = self.load_plan()?;
+        if let Some(range) = shards {
+            plan.select_shards(range).map_err(|e| {
+                eprintln!("error: {e}");
+                eprintln!(
+                    "  = hint: `runner plan {}` lists the shards",
+                    self.manifest.display()
+                );
+                exit::USAGE
+            })?;
+        }
         Ok((resolved, plan))
     }
 
@@ -127,5 +152,7 @@ pub fn main() -> i32 {
         Command::Worker(args) => worker::run(*args),
         Command::Report(args) => report::run_report(&args),
         Command::Compare(args) => report::run_compare(&args),
+        Command::Status(args) => status::run(&args),
+        Command::SlurmTask(args) => crate::execute::slurm::run_task(&args.tasks, args.task),
     }
 }

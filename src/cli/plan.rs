@@ -15,16 +15,22 @@ pub struct PlanArgs {
     /// Also print every setting with its value and the layer that set it.
     #[arg(long)]
     pub explain: bool,
+    /// Show only what `apply --shard` of these shards runs: N or A-B.
+    #[arg(long, value_name = "N|A-B")]
+    pub shard: Option<crate::plan::ShardRange>,
 }
 
 pub fn run(args: &PlanArgs) -> i32 {
-    let (resolved, plan) = match args.manifest.load_plan() {
+    let (resolved, plan) = match args.manifest.load_plan_shards(args.shard) {
         Ok(both) => both,
         Err(code) => return code,
     };
     let previous = crate::execute::previous_run(&resolved, &plan);
     if args.json {
-        let mut value = serde_json::to_value(&plan).expect("plans serialise");
+        let mut shown = plan.clone();
+        shown.processes.retain(|p| plan.selects(p));
+        shown.shards = plan.selected_shards().cloned().collect();
+        let mut value = serde_json::to_value(&shown).expect("plans serialise");
         value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
         if args.explain {
             let settings: serde_json::Map<String, serde_json::Value> = resolved

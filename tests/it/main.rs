@@ -7,5 +7,6 @@ mod hardening;
 mod manifest;
 mod prompts;
 mod report;
+mod slurm;
 mod support;
 mod video;
