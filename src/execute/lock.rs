@@ -189,4 +189,29 @@ mod tests {
         assert!(!Lock::is_held(dir.path()));
         assert!(Lock::acquire(dir.path(), "beta").is_ok());
     }
+
+    #[test]
+    fn shared_holders_admit_each_other_and_keep_exclusive_holders_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Lock::acquire_shared(dir.path(), "run").unwrap();
+        let b = Lock::acquire_shared(dir.path(), "run").unwrap();
+        assert!(matches!(
+            Lock::acquire(dir.path(), "other"),
+            Err(LockError::Held { holder, .. }) if holder == "run"
+        ));
+        assert!(Lock::is_held(dir.path()));
+        drop(a);
+        assert!(Lock::is_held(dir.path()), "one shared holder is left");
+        drop(b);
+        // An exclusive holder keeps shared ones out until it shares its lock.
+        let mut whole = Lock::acquire(dir.path(), "whole").unwrap();
+        assert!(Lock::acquire_shared(dir.path(), "run").is_err());
+        whole.share().unwrap();
+        let task = Lock::acquire_shared(dir.path(), "run").unwrap();
+        assert!(Lock::acquire(dir.path(), "other").is_err());
+        drop(whole);
+        assert!(Lock::is_held(dir.path()), "the task still holds it");
+        drop(task);
+        assert!(!Lock::is_held(dir.path()));
+    }
 }

@@ -74,6 +74,29 @@ fn locations(s: &mut String, plan: &Plan, r: &Resolved, results_state: &str) {
             plan.shards.len()
         );
     }
+    let e = &r.manifest.executor;
+    if e.kind == crate::manifest::ExecutorKind::Slurm {
+        let mut opts = Vec::new();
+        for (name, value) in [
+            ("partition", &e.partition),
+            ("account", &e.account),
+            ("time", &e.time),
+            ("mem", &e.mem),
+        ] {
+            if let Some(v) = value {
+                opts.push(format!("{name} {v}"));
+            }
+        }
+        let _ = writeln!(
+            s,
+            "  executor      slurm: one job array, a task per slot with work{}",
+            if opts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", opts.join(", "))
+            }
+        );
+    }
 }
 
 /// Writes the header lines on how the run generates: the provider and its devices, the noise,

@@ -106,3 +106,24 @@ impl Plan {
             .filter(|s| self.selection.is_none_or(|r| r.contains(s.index)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_range_reads_n_or_a_to_b_and_refuses_the_rest() {
+        let r = |s: &str| s.parse::<ShardRange>();
+        assert_eq!(r("3"), Ok(ShardRange { first: 3, last: 3 }));
+        assert_eq!(r("0-2"), Ok(ShardRange { first: 0, last: 2 }));
+        assert_eq!(r("0-2").unwrap().label(), "0-2");
+        assert_eq!(r("3").unwrap().label(), "3");
+        assert!(
+            r("2-0")
+                .unwrap_err()
+                .contains("first shard is after its last")
+        );
+        assert!(r("x").unwrap_err().contains("not a shard number or range"));
+        assert!(r("-1").is_err());
+    }
+}

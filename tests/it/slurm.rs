@@ -121,7 +121,7 @@ fn scontrol_states(job: &str) -> Vec<(String, String)> {
         .args(["show", "job", "-o", job])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    let mut states: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
             let field = |n: &str| {
@@ -131,7 +131,9 @@ fn scontrol_states(job: &str) -> Vec<(String, String)> {
             };
             Some((field("ArrayTaskId")?, field("JobState")?))
         })
-        .collect()
+        .collect();
+    states.sort();
+    states
 }
 
 fn run_dir(t: &Test) -> PathBuf {
