@@ -360,9 +360,12 @@ impl SlurmWork<'_> {
             }
             if last_query.elapsed() >= Duration::from_secs(1) {
                 last_query = Instant::now();
-                live = live_tasks(job_id);
-                if live.is_empty() {
-                    break;
+                // Slurm not answering is not the job ending: asked again next time.
+                if let Some(now) = query_live(job_id) {
+                    live = now;
+                    if live.is_empty() {
+                        break;
+                    }
                 }
             }
             // After a cancellation, a task that never leaves the queue is not waited for
@@ -501,16 +504,23 @@ pub struct TaskState {
 }
 
 /// The job's tasks that are queued or running (`squeue`, one line per array task); empty once
-/// every task has ended or Slurm no longer knows the job.
+/// every task has ended or Slurm no longer knows the job, or when Slurm cannot be asked.
 pub fn live_tasks(job_id: &str) -> BTreeMap<usize, TaskState> {
-    let Ok(out) = Command::new("squeue")
+    query_live(job_id).unwrap_or_default()
+}
+
+/// [`live_tasks`], or `None` when `squeue` could not answer (the controller unreachable): a job
+/// it does not know any more has ended.
+fn query_live(job_id: &str) -> Option<BTreeMap<usize, TaskState>> {
+    let out = Command::new("squeue")
         .args(["-h", "-r", "-j", job_id, "-o", "%K|%T|%N"])
         .stdin(Stdio::null())
-        .stderr(Stdio::null())
         .output()
-    else {
-        return BTreeMap::new();
-    };
+        .ok()?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return stderr.contains("Invalid job id").then(BTreeMap::new);
+    }
     let mut tasks = BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let mut f = line.split('|');
@@ -530,7 +540,7 @@ pub fn live_tasks(job_id: &str) -> BTreeMap<usize, TaskState> {
             );
         }
     }
-    tasks
+    Some(tasks)
 }
 
 /// The states of the job's tasks that have ended: from `scontrol` while the controller still

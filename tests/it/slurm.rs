@@ -536,3 +536,25 @@ fn one_shard_alone_leaves_the_run_partial_and_a_bad_range_is_refused() {
         .collect();
     assert!(roles.iter().all(|r| r.ends_with(":cpu1")), "{roles:?}");
 }
+
+#[test]
+fn slurm_options_sbatch_cannot_take_are_refused_at_their_setting() {
+    let t = Test::new().file(
+        "bad.toml",
+        &format!(
+            "extends = \"{}\"\n[executor]\nkind = \"slurm\"\ncpus_per_task = 0\nextra = [\"qos=high\", \"--array=0-3\"]\n",
+            repo().join("experiments/smoke.toml").display()
+        ),
+    );
+    let out = t.cmd().args(["plan", "bad.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    for want in [
+        "bad.toml:4:17",
+        "executor.cpus_per_task is 0",
+        "bad.toml:5:9",
+        "executor.extra item `qos=high` is not an sbatch option",
+        "executor.extra item `--array=0-3`: runner apply sets --array itself",
+    ] {
+        assert!(out.stderr.contains(want), "{want}\n{}", out.render());
+    }
+}
