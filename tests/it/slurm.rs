@@ -18,10 +18,18 @@ fn slurm_up() -> bool {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    if state
-        .lines()
-        .any(|s| ["idle", "mixed", "allocated"].contains(&s.trim()))
-    {
+    // A node that answers: idle, or busy with jobs (`mixed`, `allocated`, `planned`,
+    // `completing`); not down, drained, unknown or not responding (`*`).
+    let up = |s: &str| {
+        !s.is_empty()
+            && !s.ends_with('*')
+            && ![
+                "down", "drain", "fail", "unk", "inval", "future", "boot", "not_resp",
+            ]
+            .iter()
+            .any(|bad| s.starts_with(bad))
+    };
+    if state.lines().any(|s| up(s.trim())) {
         return true;
     }
     if std::env::var("UNSTEP_SKIP_SLURM_TESTS").is_ok_and(|v| v == "1") {
