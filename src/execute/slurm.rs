@@ -137,15 +137,12 @@ pub(super) fn preflight(r: &Resolved, plan: &Plan) -> Result<(), ApplyError> {
 
 /// Whether `dir` is under /tmp, through symbolic links as far as they exist.
 fn under_tmp(dir: &Path) -> bool {
+    // The nearest folder that exists, resolved: the rest is created inside it.
     let mut existing = dir.to_path_buf();
-    let mut rest = Vec::new();
     while !existing.exists() {
-        match (existing.file_name(), existing.parent()) {
-            (Some(name), Some(parent)) => {
-                rest.push(name.to_owned());
-                existing = parent.to_path_buf();
-            }
-            _ => break,
+        match existing.parent() {
+            Some(parent) => existing = parent.to_path_buf(),
+            None => break,
         }
     }
     let real = fs::canonicalize(&existing).unwrap_or(existing);
