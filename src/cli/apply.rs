@@ -17,16 +17,24 @@ pub struct ApplyArgs {
     /// Print no progress.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Run only these shards (N or A-B) and the warmups they need, into the same run; other
+    /// applies (other machines, other work roots) may run the other shards meanwhile.
+    #[arg(long, value_name = "N|A-B")]
+    pub shard: Option<crate::plan::ShardRange>,
+    /// Slurm executor: submit the job and return at once, printing its id.
+    #[arg(long)]
+    pub detach: bool,
 }
 
 pub fn run(args: &ApplyArgs) -> i32 {
-    let mut runs = match args.manifest.load_plans() {
+    let mut runs = match args.manifest.load_plans(args.shard) {
         Ok(runs) => runs,
         Err(code) => return code,
     };
     let opts = ApplyOptions {
         reuse_workdir: args.reuse_workdir,
         quiet: args.quiet,
+        detach: args.detach,
     };
     if runs[0].0.sweep.is_some() {
         return super::sweep::apply(&runs, &opts);
@@ -36,6 +44,15 @@ pub fn run(args: &ApplyArgs) -> i32 {
         Ok(o) => o,
         Err(e) => return exit::report(&e),
     };
+    if let (RunStatus::Running, Some(job)) = (outcome.status, &outcome.slurm_job) {
+        // `--detach`: the job runs on; its id is the output.
+        eprintln!(
+            "submitted Slurm job {job}; `runner status {}` shows where the run stands, and applying \
+             the manifest again once the job has ended writes its summary",
+            outcome.run_dir.display()
+        );
+        return super::out(&format!("{job}\n"));
+    }
     // The statistics table, as `runner report` shows it.
     let report = crate::report::load_run(&outcome.run_dir)
         .map(|run| crate::report::report_text(&run))
@@ -43,6 +60,13 @@ pub fn run(args: &ApplyArgs) -> i32 {
     let code = super::out(&report);
     match outcome.status {
         RunStatus::Succeeded => code,
+        RunStatus::Partial => {
+            eprintln!(
+                "the selected shards are done; the run is complete once every shard is (`runner status {}`)",
+                outcome.run_dir.display()
+            );
+            code
+        }
         RunStatus::Interrupted => {
             eprintln!("interrupted; apply the same manifest again to resume");
             exit::INTERRUPTED

@@ -6,6 +6,7 @@ mod plan;
 mod prompts;
 mod report;
 mod runs;
+mod status;
 mod sweep;
 pub mod worker;
 
@@ -58,6 +59,11 @@ pub enum Command {
     Diff(runs::DiffArgs),
     /// Remove a run's staging snapshot (--state: and its runtime state; --all: the whole run).
     Clean(runs::CleanArgs),
+    /// Show where a run stands: its status, prompts done, its apply or Slurm job and tasks.
+    Status(status::StatusArgs),
+    /// Run one task of a run's Slurm job (started by Slurm from the script `runner apply` wrote).
+    #[command(hide = true)]
+    SlurmTask(status::SlurmTaskArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -74,27 +80,17 @@ pub struct ManifestArgs {
 }
 
 impl ManifestArgs {
-    /// Loads, validates and plans the manifest; on failure prints the problems and returns the
-    /// exit status.
-    pub fn load_plan(&self) -> Result<(crate::manifest::Resolved, crate::plan::Plan), i32> {
-        let resolved = self.load().map_err(|diags| {
-            eprint!("{diags}");
-            exit::USAGE
-        })?;
-        let plan = crate::plan::build(&resolved).map_err(|e| {
-            eprintln!("error: {e}");
-            exit::USAGE
-        })?;
-        Ok((resolved, plan))
-    }
-
     pub fn load(&self) -> Result<crate::manifest::Resolved, crate::manifest::Diagnostics> {
         crate::manifest::load(&self.request())
     }
 
     /// Loads, validates and plans every run of the manifest: each point of its `[sweep]`, or
     /// the manifest alone. On failure prints the problems and returns the exit status.
-    pub fn load_plans(&self) -> Result<Vec<(crate::manifest::Resolved, crate::plan::Plan)>, i32> {
+    /// With `shards` (`--shard`), each plan is restricted to them.
+    pub fn load_plans(
+        &self,
+        shards: Option<crate::plan::ShardRange>,
+    ) -> Result<Vec<(crate::manifest::Resolved, crate::plan::Plan)>, i32> {
         let runs = crate::manifest::load_sweep(&self.request()).map_err(|diags| {
             eprint!("{diags}");
             exit::USAGE
@@ -103,7 +99,19 @@ impl ManifestArgs {
         let mut failed = false;
         for resolved in runs {
             match crate::plan::build(&resolved) {
-                Ok(plan) => plans.push((resolved, plan)),
+                Ok(mut plan) => {
+                    if let Some(range) = shards
+                        && let Err(e) = plan.select_shards(range)
+                    {
+                        eprintln!("error: {e}");
+                        eprintln!(
+                            "  = hint: `runner plan {}` lists the shards",
+                            self.manifest.display()
+                        );
+                        return Err(exit::USAGE);
+                    }
+                    plans.push((resolved, plan));
+                }
                 Err(e) => {
                     match &resolved.sweep {
                         Some(_) => eprintln!("error: run `{}`: {e}", resolved.name),
@@ -169,5 +177,7 @@ pub fn main() -> i32 {
         Command::Runs(args) => runs::run_runs(&args),
         Command::Diff(args) => runs::run_diff(&args),
         Command::Clean(args) => runs::run_clean(&args),
+        Command::Status(args) => status::run(&args),
+        Command::SlurmTask(args) => crate::execute::slurm::run_task(&args.tasks, args.task),
     }
 }

@@ -20,10 +20,13 @@ pub struct PlanArgs {
     /// Also print every setting with its value and the layer that set it.
     #[arg(long)]
     pub explain: bool,
+    /// Show only what `apply --shard` of these shards runs: N or A-B.
+    #[arg(long, value_name = "N|A-B")]
+    pub shard: Option<crate::plan::ShardRange>,
 }
 
 pub fn run(args: &PlanArgs) -> i32 {
-    let runs = match args.manifest.load_plans() {
+    let runs = match args.manifest.load_plans(args.shard) {
         Ok(runs) => runs,
         Err(code) => return code,
     };
@@ -61,7 +64,11 @@ fn json_text(value: &serde_json::Value) -> String {
 /// settings.
 fn plan_json(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> serde_json::Value {
     let previous = crate::execute::previous_run(resolved, plan);
-    let mut value = serde_json::to_value(plan).expect("plans serialise");
+    // With `--shard`, the processes and shards that apply would run.
+    let mut shown = plan.clone();
+    shown.processes.retain(|p| plan.selects(p));
+    shown.shards = plan.selected_shards().cloned().collect();
+    let mut value = serde_json::to_value(&shown).expect("plans serialise");
     value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
     if args.explain {
         let settings: serde_json::Map<String, serde_json::Value> = resolved

@@ -11,17 +11,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use super::config::RunConfig;
-use super::events::{RunEventKind, WorkerFacts};
+use super::events::{RunEvent, RunEventKind, WorkerFacts};
 use super::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
 use super::lock::{Lock, LockError};
 use super::preflight::{bundle_facts, preflight, tokenizer_warnings};
 use super::progress::{Progress, SlotWork};
 use super::resume::{Completed, completed};
 use super::slots::{Workers, process_name};
+use super::slurm::SlurmWork;
 use super::staging::{self, Stage, StageRequest, StagingError};
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::{CacheMode, Kind, Resolved};
+use crate::manifest::{CacheMode, ExecutorKind, Kind, Resolved};
 use crate::plan::{Plan, Process, Role};
 use crate::results::files::{
     RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_process_timings, repair_timings, write_atomic,
@@ -38,6 +39,8 @@ pub struct ApplyOptions {
     pub reuse_workdir: bool,
     /// No progress output (tests, scripts).
     pub quiet: bool,
+    /// Slurm: return once the job is submitted, without following it.
+    pub detach: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +107,8 @@ pub struct Outcome {
     pub status: RunStatus,
     pub run_dir: PathBuf,
     pub failures: Vec<String>,
+    /// The Slurm job that ran the work (Slurm executor, when there was work to submit).
+    pub slurm_job: Option<String>,
 }
 
 /// Set by the SIGINT/SIGTERM/SIGHUP handler; checked between processes and while waiting.
@@ -143,6 +148,17 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     let config = RunConfig::resolve(r);
     preflight(r, &config)?;
     let m = &r.manifest;
+    let on_slurm = m.executor.kind == ExecutorKind::Slurm;
+    if on_slurm {
+        super::slurm::preflight(r, plan)?;
+    } else if opts.detach {
+        return Err(ApplyError::refused(
+            "--detach is for the Slurm executor; a local run ends with its apply",
+            "leave out --detach, or set executor.kind = \"slurm\"",
+        ));
+    }
+    // `apply --shard`: other applies of the same run may run other shards meanwhile.
+    let shard_apply = plan.selection.is_some();
     let run_dir = plan.run_dir.clone();
     let config_hash = crate::results::config_hash(r);
     let Completed {
@@ -152,13 +168,26 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         damaged_timings,
         notes,
     } = completed(r, &run_dir, &config_hash)?;
+    super::slurm::check_no_live_job(&run_dir, previous.as_ref().and_then(|p| p.slurm.as_ref()))?;
 
     // Nothing has been written so far; from here on the run holds its locks: its results
-    // folder (whatever the work root, one apply of a run at a time), its work root, and its
-    // shared state.
-    Lock::check_free(&run_dir)?;
+    // folder (whatever the work root, one apply of a run at a time; the applies of one run's
+    // shards share it, each holding its shards' own locks), its work root, and its shared
+    // state.
+    if !shard_apply {
+        Lock::check_free(&run_dir)?;
+    }
     let _work_lock = Lock::acquire(&plan.work_root, &plan.run)?;
-    let run_lock = Lock::acquire(&run_dir, &plan.run)?;
+    let _shard_locks = plan
+        .selected_shards()
+        .filter(|_| shard_apply)
+        .map(|sh| Lock::acquire(&shard_lock_dir(&run_dir, sh.index), &plan.run))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut run_lock = if shard_apply {
+        Lock::acquire_shared(&run_dir, &plan.run)?
+    } else {
+        Lock::acquire(&run_dir, &plan.run)?
+    };
     let _shared_lock = if m.cache.mode == CacheMode::Shared {
         Some(Lock::acquire(&r.paths.shared_state_dir, &plan.run)?)
     } else {
@@ -170,6 +199,11 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     for note in &notes {
         eprintln!("{note}");
     }
+    // Another shard's apply may be appending to its own timing files meanwhile.
+    let damaged_timings: Vec<PathBuf> = damaged_timings
+        .into_iter()
+        .filter(|f| !shard_apply || timing_file_selected(plan, f))
+        .collect();
     mend(&damaged_timings, &stale_videos)?;
     // The staging left by an apply of this run that was killed (its record still says running,
     // and this apply now holds the run's lock) is reused when its audit matches.
@@ -186,6 +220,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         && fs::read_dir(&r.paths.run_state_root).is_ok_and(|mut d| d.next().is_some());
     let videos = prepare_run_dir(r, plan)?;
     let mut record = start_record(r, plan, previous.as_ref(), &stage, opts, reused_state)?;
+    let started = record.started_at.clone();
 
     let jobs = JobFactory {
         r,
@@ -197,35 +232,107 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         done: &done,
     }
     .jobs();
-    let workers = Workers {
+    let skipped = plan
+        .selected_shards()
+        .flat_map(|sh| &sh.prompts)
+        .filter(|i| done.contains(i))
+        .count();
+    let progress = Progress::new(opts.quiet, &slot_work(plan, &jobs), skipped);
+    let mut events = Events {
         plan,
-        jobs: &jobs,
-        runner: &stage.runner,
-        run_dir: &run_dir,
-        provider: m.runtime.provider,
-        cpu_threads: m.runtime.cpu_threads_per_process.0,
-        probe: m.kind == Kind::Probe,
-        run_lock: run_lock.fd(),
+        progress: &progress,
+        facts: None,
+        failures: Vec::new(),
     };
-    let progress = Progress::new(opts.quiet, &slot_work(plan, &jobs), done.len());
-    let (facts, failures) = run_workers(&workers, &progress);
-
-    let status = if INTERRUPTED.load(Ordering::SeqCst) {
-        RunStatus::Interrupted
-    } else if failures.is_empty() {
-        RunStatus::Succeeded
+    let mut slurm_job = None;
+    if on_slurm {
+        let work = SlurmWork {
+            plan,
+            jobs: &jobs,
+            runner: &stage.runner,
+            run_dir: &run_dir,
+            executor: &m.executor,
+            provider: m.runtime.provider,
+            cpu_threads: m.runtime.cpu_threads_per_process.0,
+            probe: m.kind == Kind::Probe,
+        };
+        if jobs.iter().any(Option::is_some) {
+            // The tasks take the run's lock shared; other applies stay out.
+            run_lock.share()?;
+            let (job_id, tasks) = match work.submit() {
+                Ok(submitted) => submitted,
+                Err(e) => {
+                    record.finish(RunStatus::Failed, Some(e.to_string()));
+                    write_record(&run_dir, &mut record, &started, shard_apply)?;
+                    return Err(e);
+                }
+            };
+            record.slurm = Some(work.record(&job_id, &tasks));
+            write_record(&run_dir, &mut record, &started, shard_apply)?;
+            if opts.detach {
+                // The tasks run from the staging: it stays.
+                return Ok(Outcome {
+                    status: RunStatus::Running,
+                    run_dir,
+                    failures: Vec::new(),
+                    slurm_job: Some(job_id),
+                });
+            }
+            if !opts.quiet {
+                eprintln!(
+                    "submitted Slurm job {job_id} ({} task(s)); Ctrl-C cancels it",
+                    tasks.len()
+                );
+            }
+            let followed = work.follow(&job_id, &tasks, |e| events.event(e));
+            events.failures.extend(followed.failures);
+            record.slurm = Some(followed.record);
+            slurm_job = Some(job_id);
+        }
     } else {
-        RunStatus::Failed
-    };
-    write_statistics(r, &run_dir, record.cache.label)?;
+        let workers = Workers {
+            plan,
+            jobs: &jobs,
+            runner: &stage.runner,
+            run_dir: &run_dir,
+            provider: m.runtime.provider,
+            cpu_threads: m.runtime.cpu_threads_per_process.0,
+            probe: m.kind == Kind::Probe,
+            run_lock: run_lock.fd(),
+        };
+        workers.run(|e| events.event(e));
+    }
+    progress.finish();
+    let Events {
+        facts, failures, ..
+    } = events;
+
     if let Some(facts) = facts {
         record_facts(&mut record, facts, r);
     }
-    record.finish(
-        status,
-        (!failures.is_empty()).then(|| failures.join("\n\n")),
-    );
-    write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
+    let status = {
+        // Under the record's lock, the shard apply that ends last sees every other's records:
+        // it is the one that calls the run succeeded. The statistics cover every process's
+        // records, other shard applies' included.
+        let _guard = record_guard(&run_dir, shard_apply)?;
+        let status = if INTERRUPTED.load(Ordering::SeqCst) {
+            RunStatus::Interrupted
+        } else if !failures.is_empty() {
+            RunStatus::Failed
+        } else if shard_apply && !every_prompt_done(plan, &run_dir) {
+            RunStatus::Partial
+        } else {
+            RunStatus::Succeeded
+        };
+        record.finish(
+            status,
+            (!failures.is_empty()).then(|| failures.join("\n\n")),
+        );
+        write_statistics(r, &run_dir, record.cache.label)?;
+        merge_concurrent(&run_dir, &mut record, &started, shard_apply);
+        write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
+        status
+    };
 
     // Cleanup: success and interruption remove the staging snapshot; a failed run keeps
     // it, with its isolated state, for diagnosis.
@@ -242,7 +349,96 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         status,
         run_dir,
         failures,
+        slurm_job,
     })
+}
+
+/// The folder of shard `shard`'s own lock: the applies of one run's shards share the run's lock
+/// and each holds its shards' locks, so that two applies never run the same shard.
+fn shard_lock_dir(run_dir: &Path, shard: usize) -> PathBuf {
+    run_dir.join("shards").join(shard.to_string())
+}
+
+/// Whether a timing file (`timings/NNN.jsonl`) is one of this apply's selected processes.
+fn timing_file_selected(plan: &Plan, file: &Path) -> bool {
+    file.file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse::<usize>().ok())
+        .and_then(|i| plan.processes.get(i))
+        .is_some_and(|p| plan.selects(p))
+}
+
+/// Whether every prompt of the plan's shards has a record (whichever apply made it).
+fn every_prompt_done(plan: &Plan, run_dir: &Path) -> bool {
+    let made: BTreeSet<u32> = read_process_timings(run_dir)
+        .records
+        .iter()
+        .filter(|rec| rec.role == crate::results::records::ProcessRole::Shard)
+        .map(|rec| rec.prompt)
+        .collect();
+    plan.shards
+        .iter()
+        .flat_map(|sh| &sh.prompts)
+        .all(|i| made.contains(i))
+}
+
+/// Holds the run record's own lock while a shard apply reads and writes `run.json` (other
+/// shards' applies write it too); a whole-run apply, alone in the run, takes none.
+fn record_guard(run_dir: &Path, shard_apply: bool) -> Result<Option<fs::File>, ApplyError> {
+    if !shard_apply {
+        return Ok(None);
+    }
+    let path = run_dir.join(".unstep.record.lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.lock().map(|()| f))
+        .map_err(|e| ApplyError::Io(format!("cannot lock {}: {e}", display_path(&path))))?;
+    Ok(Some(file))
+}
+
+/// A shard apply's record keeps the run's first start and every apply's start, other shards'
+/// included, from the `run.json` they wrote meanwhile.
+fn merge_concurrent(run_dir: &Path, record: &mut RunRecord, started: &str, shard_apply: bool) {
+    if !shard_apply {
+        return;
+    }
+    let Ok(current) = crate::results::files::read_json::<RunRecord>(&run_dir.join(RUN_JSON)) else {
+        return;
+    };
+    if current.config_hash != record.config_hash {
+        return;
+    }
+    let mut starts: BTreeSet<String> = current.resumed_at.iter().cloned().collect();
+    starts.extend(record.resumed_at.iter().cloned());
+    starts.insert(current.started_at.clone());
+    starts.insert(started.to_string());
+    let first = starts.pop_first().unwrap_or_default();
+    record.started_at = first;
+    record.resumed_at = starts.into_iter().collect();
+    if record.bundle.is_none() {
+        record.bundle = current.bundle;
+        record.execution_provider = current.execution_provider;
+        record.versions = current.versions;
+        record.attention_backend = current.attention_backend;
+        record.dit_kernels = current.dit_kernels;
+        record.vae_kernels = current.vae_kernels;
+    }
+}
+
+/// Writes the run's record (a shard apply's merged with what other shards' applies wrote).
+fn write_record(
+    run_dir: &Path,
+    record: &mut RunRecord,
+    started: &str,
+    shard_apply: bool,
+) -> Result<(), ApplyError> {
+    let _guard = record_guard(run_dir, shard_apply)?;
+    merge_concurrent(run_dir, record, started, shard_apply);
+    write_json_atomic(&run_dir.join(RUN_JSON), record)?;
+    Ok(())
 }
 
 /// Repairs the damaged timing files and removes the videos to be made again (made from a
@@ -265,25 +461,32 @@ fn mend(damaged_timings: &[PathBuf], stale_videos: &[PathBuf]) -> Result<(), App
     Ok(())
 }
 
-/// Runs the workers, giving each event to the progress display; returns what the first worker
-/// reported when ready and every failure.
-fn run_workers(workers: &Workers, progress: &Progress) -> (Option<WorkerFacts>, Vec<String>) {
-    let plan = workers.plan;
-    let mut failures = Vec::new();
-    let mut facts: Option<WorkerFacts> = None;
-    workers.run(|event| {
-        let p = &plan.processes[event.process];
-        progress.event(p.slot, &process_name(plan, p), p.is_warmup(), &event.kind);
+/// The consumers of a run's events: the progress display, what the first worker reported when
+/// ready, and every failure.
+struct Events<'a> {
+    plan: &'a Plan,
+    progress: &'a Progress,
+    facts: Option<WorkerFacts>,
+    failures: Vec<String>,
+}
+
+impl Events<'_> {
+    fn event(&mut self, event: &RunEvent) {
+        let p = &self.plan.processes[event.process];
+        self.progress.event(
+            p.slot,
+            &process_name(self.plan, p),
+            p.is_warmup(),
+            &event.kind,
+        );
         match &event.kind {
-            RunEventKind::Ready(f) if facts.is_none() => facts = Some((**f).clone()),
+            RunEventKind::Ready(f) if self.facts.is_none() => self.facts = Some((**f).clone()),
             RunEventKind::Finished {
                 failure: Some(failure),
-            } => failures.push(failure.clone()),
+            } => self.failures.push(failure.clone()),
             _ => {}
         }
-    });
-    progress.finish();
-    (facts, failures)
+    }
 }
 
 /// Stages the audited snapshot the workers run from.
@@ -380,6 +583,8 @@ fn start_record(
     }
     if let Some(previous) = previous {
         record.resume(previous);
+        // The job that ran the earlier work, until this apply submits one of its own.
+        record.slurm = previous.slurm.clone();
     }
     record.git = crate::results::records::GitState::detect(
         r.files
@@ -387,7 +592,10 @@ fn start_record(
             .and_then(|f| f.path.parent())
             .unwrap_or(Path::new(".")),
     );
-    if r.manifest.runtime.provider != ProviderKind::Cpu {
+    // A Slurm task's GPU is its node's: each task records its own (`slurm.tasks`).
+    if r.manifest.runtime.provider != ProviderKind::Cpu
+        && r.manifest.executor.kind == ExecutorKind::Local
+    {
         // The GPU of the first slot; a run over several GPUs of one host has one model.
         if let Ok(gpus) = super::device::gpus()
             && let Some(g) = gpus
@@ -410,7 +618,13 @@ fn start_record(
         record.tokenizer = Some(tokenizer);
         record.weights = Some(weights);
     }
-    write_json_atomic(&plan.run_dir.join(RUN_JSON), &record)?;
+    let started = record.started_at.clone();
+    write_record(
+        &plan.run_dir,
+        &mut record,
+        &started,
+        plan.selection.is_some(),
+    )?;
     Ok(record)
 }
 
@@ -497,6 +711,10 @@ impl JobFactory<'_> {
     /// prompts are complete, its slot's warmup when every shard of the slot is, or a process
     /// whose skip marker exists.
     fn job(&self, p: &Process, bundle_sha256: &BTreeMap<String, String>) -> Option<JobSpec> {
+        // `--shard`: the other shards, and the warmups only they use, are other applies'.
+        if !self.plan.selects(p) {
+            return None;
+        }
         let prompts = self.r.prompts.as_deref().unwrap_or_default();
         let todo: Vec<PromptSpec> = p
             .prompts
@@ -519,6 +737,7 @@ impl JobFactory<'_> {
             let slot_busy = self.plan.processes.iter().any(|q| {
                 q.slot == p.slot
                     && matches!(q.role, Role::Shard { .. })
+                    && self.plan.selects(q)
                     && q.prompts.iter().any(|i| !self.done.contains(i))
             });
             if !slot_busy {

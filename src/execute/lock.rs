@@ -31,6 +31,8 @@ pub enum LockError {
 pub struct Lock {
     file: File,
     pub dir: PathBuf,
+    /// Held with others (`flock(LOCK_SH)`): the applies of different shards of one run.
+    shared: bool,
 }
 
 impl Lock {
@@ -61,11 +63,51 @@ impl Lock {
         Ok(Lock {
             file,
             dir: dir.to_path_buf(),
+            shared: false,
+        })
+    }
+
+    /// Takes `dir`'s lock shared with other shared holders (the applies of a run's different
+    /// shards), at once, or fails naming the exclusive holder. Each shared holder appends its
+    /// line to the lock file; the next exclusive holder starts it afresh.
+    pub fn acquire_shared(dir: &Path, run: &str) -> Result<Lock, LockError> {
+        let io = |source| LockError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(dir.join(LOCK_FILE))
+            .map_err(io)?;
+        match file.try_lock_shared() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(held(dir, &mut file)),
+            Err(std::fs::TryLockError::Error(err)) => return Err(io(err)),
+        }
+        writeln!(file, "run={run} pid={}", std::process::id()).map_err(io)?;
+        Ok(Lock {
+            file,
+            dir: dir.to_path_buf(),
+            shared: true,
         })
     }
 }
 
 impl Lock {
+    /// Turns a held exclusive lock into a shared one (`flock(LOCK_SH)` converts it), so that the
+    /// tasks of the run's Slurm job can take it shared while exclusive holders stay out.
+    pub fn share(&mut self) -> Result<(), LockError> {
+        self.file.lock_shared().map_err(|source| LockError::Io {
+            dir: self.dir.clone(),
+            source,
+        })?;
+        self.shared = true;
+        Ok(())
+    }
+
     /// The locked file's descriptor, for worker processes to inherit: the lock then stays held
     /// while any of them lives.
     pub fn fd(&self) -> RawFd {
@@ -78,13 +120,15 @@ impl Lock {
         Self::check_free(dir).is_err()
     }
 
-    /// Refuses, naming the holder, when some process holds `dir`'s lock now; writes nothing, so
-    /// that a refusal leaves no trace (a free lock is taken with [`Lock::acquire`]).
+    /// Refuses, naming the holder, when some process holds `dir`'s lock now, exclusively or
+    /// shared; writes nothing, so that a refusal leaves no trace (a free lock is taken with
+    /// [`Lock::acquire`]).
     pub fn check_free(dir: &Path) -> Result<(), LockError> {
         let Ok(mut file) = File::open(dir.join(LOCK_FILE)) else {
             return Ok(());
         };
-        match file.try_lock_shared() {
+        // An exclusive try conflicts with every holder; released at once when it succeeds.
+        match file.try_lock() {
             Ok(()) => {
                 let _ = file.unlock();
                 Ok(())
@@ -114,8 +158,11 @@ fn held(dir: &Path, file: &mut File) -> LockError {
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        // Clearing the holder first means a reader never names a run that has finished.
-        let _ = self.file.set_len(0);
+        // Clearing the holder first means a reader never names a run that has finished (a
+        // shared holder leaves the file to the others).
+        if !self.shared {
+            let _ = self.file.set_len(0);
+        }
         let _ = self.file.unlock();
     }
 }
@@ -141,5 +188,30 @@ mod tests {
         drop(first);
         assert!(!Lock::is_held(dir.path()));
         assert!(Lock::acquire(dir.path(), "beta").is_ok());
+    }
+
+    #[test]
+    fn shared_holders_admit_each_other_and_keep_exclusive_holders_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Lock::acquire_shared(dir.path(), "run").unwrap();
+        let b = Lock::acquire_shared(dir.path(), "run").unwrap();
+        assert!(matches!(
+            Lock::acquire(dir.path(), "other"),
+            Err(LockError::Held { holder, .. }) if holder == "run"
+        ));
+        assert!(Lock::is_held(dir.path()));
+        drop(a);
+        assert!(Lock::is_held(dir.path()), "one shared holder is left");
+        drop(b);
+        // An exclusive holder keeps shared ones out until it shares its lock.
+        let mut whole = Lock::acquire(dir.path(), "whole").unwrap();
+        assert!(Lock::acquire_shared(dir.path(), "run").is_err());
+        whole.share().unwrap();
+        let task = Lock::acquire_shared(dir.path(), "run").unwrap();
+        assert!(Lock::acquire(dir.path(), "other").is_err());
+        drop(whole);
+        assert!(Lock::is_held(dir.path()), "the task still holds it");
+        drop(task);
+        assert!(!Lock::is_held(dir.path()));
     }
 }

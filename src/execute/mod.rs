@@ -11,6 +11,7 @@ mod preflight;
 pub mod progress;
 mod resume;
 mod slots;
+pub mod slurm;
 pub mod staging;
 pub mod worker;
 

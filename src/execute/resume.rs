@@ -41,7 +41,12 @@ pub(super) fn completed(
     }
     let previous: RunRecord = read_json(&run_json)?;
     let mut notes = Vec::new();
-    if previous.status == RunStatus::Running && !Lock::is_held(run_dir) {
+    if let (RunStatus::Running, Some(job)) = (previous.status, &previous.slurm) {
+        notes.push(format!(
+            "note: run `{}` continues from its Slurm job {}, which has ended",
+            previous.run, job.job_id
+        ));
+    } else if previous.status == RunStatus::Running && !Lock::is_held(run_dir) {
         notes.push(format!(
             "note: the last apply of run `{}` was killed before it finished; this one continues it",
             previous.run
@@ -153,8 +158,7 @@ pub enum PreviousRun {
 /// What an `apply` of `plan` would find under its results folder.
 pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
     let selected: BTreeSet<u32> = plan
-        .shards
-        .iter()
+        .selected_shards()
         .flat_map(|sh| sh.prompts.iter().copied())
         .collect();
     let refused = |e: ApplyError| PreviousRun::Refused {

@@ -227,7 +227,7 @@ pub(super) fn process_name(plan: &Plan, p: &Process) -> String {
 }
 
 /// The last `n` lines of a log, for failure reports.
-fn log_tail(path: &Path, n: usize) -> String {
+pub(super) fn log_tail(path: &Path, n: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")

@@ -46,8 +46,60 @@ pub(super) fn validate(
 ) {
     check_video_shape(m, lookup, errors);
     check_runtime_and_shards(m, lookup, errors);
+    check_executor(m, lookup, errors);
     if let Some(p) = prompts {
         check_prompts(m, p.len() as u32, run_paths, lookup, errors);
+    }
+}
+
+/// The Slurm options must be ones sbatch can take: at least one CPU per task, non-empty values,
+/// and `extra` items that are options (the array, the script and its output are apply's).
+fn check_executor(m: &Manifest, lookup: &Lookup<'_>, errors: &mut Vec<Diagnostic>) {
+    let e = &m.executor;
+    if e.cpus_per_task == Some(0) {
+        errors.push(at_key(
+            Diagnostic::new("executor.cpus_per_task is 0; a task needs at least one CPU")
+                .hint("leave it out (runtime.cpu_threads_per_process) or give 1 or more"),
+            "executor.cpus_per_task",
+            lookup,
+        ));
+    }
+    for (key, value) in [
+        ("executor.partition", &e.partition),
+        ("executor.account", &e.account),
+        ("executor.time", &e.time),
+        ("executor.mem", &e.mem),
+    ] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            errors.push(at_key(
+                Diagnostic::new(format!("{key} is empty"))
+                    .hint("leave it out for Slurm's default, or give a value"),
+                key,
+                lookup,
+            ));
+        }
+    }
+    for arg in &e.extra {
+        let name = arg.split('=').next().unwrap_or_default();
+        let problem = if !arg.starts_with('-') {
+            Some(format!(
+                "executor.extra item `{arg}` is not an sbatch option (each item is one argument starting with `-`)"
+            ))
+        } else if ["--array", "-a", "--wrap", "--parsable", "--output", "-o"].contains(&name) {
+            Some(format!(
+                "executor.extra item `{arg}`: runner apply sets {name} itself (the job array, its script and its output files)"
+            ))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            errors.push(at_key(
+                Diagnostic::new(problem)
+                    .hint("e.g. extra = [\"--qos=high\", \"--constraint=h200\"]"),
+                "executor.extra",
+                lookup,
+            ));
+        }
     }
 }
 

@@ -242,9 +242,9 @@ fn load_point(
     };
     manifest.name = Some(name.clone());
 
-    let project = ProjectRoot::of(&manifest_path, &req.cwd);
+    let project = ProjectRoot::of(manifest_path, &req.cwd);
     let run_paths = resolve_paths(&manifest, &name, &merged, req, &project, &mut errors);
-    let checkouts = checkouts_of(&chain, &run_paths);
+    let checkouts = checkouts_of(chain, &run_paths);
     let prompts = check_run(
         &manifest,
         &run_paths,

@@ -84,6 +84,8 @@ pub struct Manifest {
     pub assets: Assets,
     #[serde(default)]
     pub evaluation: Evaluation,
+    #[serde(default)]
+    pub executor: Executor,
 }
 
 /// Which prompts are generated.
@@ -333,6 +335,49 @@ pub struct Evaluation {
     pub command: Option<String>,
 }
 
+/// Where the workers run: local processes, or the tasks of one Slurm job array.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Executor {
+    /// `local`: worker processes on this machine; `slurm`: one job array, one task per worker
+    /// slot (see docs/cluster.md).
+    #[serde(default)]
+    pub kind: ExecutorKind,
+    /// Slurm partition (`sbatch --partition`; default: the cluster's default partition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// Slurm account to charge (`sbatch --account`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// Time limit of each task, as sbatch takes it (`--time`, e.g. `02:00:00`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// GPUs of each task (`--gpus-per-task`; default: 1 with a GPU provider, none on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_task: Option<u32>,
+    /// CPUs of each task (`--cpus-per-task`; default: `runtime.cpu_threads_per_process`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_per_task: Option<u32>,
+    /// Memory of each task, as sbatch takes it (`--mem`, e.g. `64G`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<String>,
+    /// More sbatch arguments, each one argument (`["--qos=high", "--constraint=h200"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra: Vec<String>,
+    /// The work root and the results folder are on a filesystem every node shares. Slurm runs
+    /// refuse a work root or results folder under /tmp unless this says so.
+    #[serde(default)]
+    pub shared_filesystem: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorKind {
+    #[default]
+    Local,
+    Slurm,
+}
+
 impl Manifest {
     /// The built-in defaults for a kind of run named `name`: the lowest layer.
     pub fn defaults(kind: Kind, name: &str) -> Manifest {
@@ -419,6 +464,7 @@ impl Manifest {
                 bundle: "assets/wan-1.3b".into(),
             },
             evaluation: Evaluation { command: None },
+            executor: Executor::default(),
         }
     }
 }

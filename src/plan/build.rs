@@ -97,6 +97,9 @@ pub struct Plan {
     pub shards: Vec<Shard>,
     pub processes: Vec<Process>,
     pub warnings: Vec<String>,
+    /// The shards an apply runs (`--shard`); none: all of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selection: Option<super::select::ShardRange>,
 }
 
 /// The problems that stop a plan even though every setting is valid on its own.
@@ -191,6 +194,7 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
         shards,
         processes: list.processes,
         warnings,
+        selection: None,
     })
 }
 

@@ -2,5 +2,7 @@
 
 pub mod build;
 pub mod render;
+pub mod select;
 
 pub use build::{Plan, PlanError, Process, Role, Shard, Slot, TimedRegion, build, shard_sizes};
+pub use select::{SelectError, ShardRange};

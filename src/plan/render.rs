@@ -65,6 +65,38 @@ fn locations(s: &mut String, plan: &Plan, r: &Resolved, results_state: &str) {
         p(&plan.prompts_file),
         r.manifest.prompts.indices
     );
+    if let Some(range) = plan.selection {
+        let mine: usize = plan.selected_shards().map(|sh| sh.prompts.len()).sum();
+        let _ = writeln!(
+            s,
+            "  --shard       {} of {} shards: {mine} prompts; the other shards are left to other applies",
+            range.label(),
+            plan.shards.len()
+        );
+    }
+    let e = &r.manifest.executor;
+    if e.kind == crate::manifest::ExecutorKind::Slurm {
+        let mut opts = Vec::new();
+        for (name, value) in [
+            ("partition", &e.partition),
+            ("account", &e.account),
+            ("time", &e.time),
+            ("mem", &e.mem),
+        ] {
+            if let Some(v) = value {
+                opts.push(format!("{name} {v}"));
+            }
+        }
+        let _ = writeln!(
+            s,
+            "  executor      slurm: one job array, a task per slot with work{}",
+            if opts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", opts.join(", "))
+            }
+        );
+    }
 }
 
 /// Writes the header lines on how the run generates: the provider and its devices, the noise,
@@ -122,13 +154,21 @@ fn settings(s: &mut String, plan: &Plan, r: &Resolved) {
 
 /// Writes the shards section: a table of each shard's prompts, slot, noise start and key tag.
 fn shards(s: &mut String, plan: &Plan) {
-    let _ = writeln!(s, "\nshards ({}, contiguous)", plan.shards.len());
+    let _ = match plan.selection {
+        Some(range) => writeln!(
+            s,
+            "\nshards ({} of {}, contiguous)",
+            range.label(),
+            plan.shards.len()
+        ),
+        None => writeln!(s, "\nshards ({}, contiguous)", plan.shards.len()),
+    };
     let _ = writeln!(
         s,
         "  {:>5}  {:<12} {:>6}  {:<5}  {:<12}  cache key tag",
         "shard", "prompts", "count", "slot", "noise from"
     );
-    for sh in &plan.shards {
+    for sh in plan.selected_shards() {
         let _ = writeln!(
             s,
             "  {:>5}  {:<12} {:>6}  {:<5}  {:<12}  {}",
@@ -148,14 +188,14 @@ fn processes(s: &mut String, plan: &Plan) {
     let _ = writeln!(
         s,
         "\nprocesses ({}; one at a time on each slot{})",
-        plan.processes.len(),
+        plan.processes.iter().filter(|pr| plan.selects(pr)).count(),
         if plan.slots.len() > 1 {
             ", slots in parallel"
         } else {
             ""
         }
     );
-    for pr in &plan.processes {
+    for pr in plan.processes.iter().filter(|pr| plan.selects(pr)) {
         let role = match pr.role {
             Role::Warmup { repeat } => format!("warmup {repeat}"),
             Role::Measurement => "measurement".into(),

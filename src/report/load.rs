@@ -104,7 +104,9 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
         Err(e) => return Err(e.into()),
     };
     if record.status == RunStatus::Running {
-        if !crate::execute::lock::Lock::is_held(dir) {
+        // A Slurm job's tasks take the lock once they start: a queued job holds nothing yet
+        // (`runner status` asks Slurm).
+        if record.slurm.is_none() && !crate::execute::lock::Lock::is_held(dir) {
             record.status = RunStatus::Interrupted;
             record.failure.get_or_insert_with(|| {
                 "the apply that ran it ended without finishing (it was killed); apply its \

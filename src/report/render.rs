@@ -314,6 +314,29 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
         row(t, key, format!("{k} = {} ({})", s.value, s.origin));
     }
     row(t, "host", opt(p.host.as_deref()).to_string());
+    if let Some(job) = &r.slurm {
+        let tasks: Vec<String> = job
+            .tasks
+            .iter()
+            .map(|task| {
+                let gpus = task
+                    .gpus
+                    .as_ref()
+                    .map_or(String::new(), |g| format!(" gpu {g}"));
+                format!(
+                    "{} on {}{gpus} ({})",
+                    task.slot,
+                    opt(task.node.as_deref()),
+                    opt(task.state.as_deref())
+                )
+            })
+            .collect();
+        row(
+            t,
+            "slurm",
+            format!("job {}: {}", job.job_id, tasks.join(", ")),
+        );
+    }
     let resumed = if p.resumed_at.is_empty() {
         String::new()
     } else {

@@ -243,6 +243,8 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     Interrupted,
+    /// The shards an `apply --shard` ran are done; other shards of the run are not (yet).
+    Partial,
 }
 
 impl RunStatus {
@@ -252,6 +254,7 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Interrupted => "interrupted",
+            RunStatus::Partial => "partial",
         }
     }
 }
@@ -323,6 +326,9 @@ pub struct RunRecord {
     pub failure: Option<String>,
     pub config_hash: String,
     pub processes: Vec<ProcessRecord>,
+    /// The Slurm job that ran the last apply's work (`executor.kind = "slurm"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmRecord>,
     /// The sweep point this run is, when its manifest has a `[sweep]` table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepRecord>,
@@ -356,6 +362,29 @@ pub struct PlacesRecord {
     /// `cache.shared_state_dir`, when the run's caches are shared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_state: Option<PathBuf>,
+}
+
+/// A run's Slurm job: its id and, for each array task (one per worker slot), where it ran.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmRecord {
+    pub job_id: String,
+    /// The batch script submitted (relative to the run folder).
+    pub script: String,
+    pub tasks: Vec<SlurmTaskRecord>,
+}
+
+/// One array task: its slot, the node and GPUs it ran on, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmTaskRecord {
+    /// The array index (the slot's number in the plan).
+    pub task: usize,
+    pub slot: String,
+    pub node: Option<String>,
+    /// The GPUs Slurm gave the task (`CUDA_VISIBLE_DEVICES` inside it); empty on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<String>,
+    /// The task's last state as Slurm reported it (`COMPLETED`, `FAILED`, `CANCELLED`, ...).
+    pub state: Option<String>,
 }
 
 fn setting_record(value: &toml::Value, origin: &crate::manifest::Origin) -> SettingRecord {
@@ -507,6 +536,7 @@ impl RunRecord {
             processes,
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),
+            slurm: None,
         }
     }
 
@@ -527,7 +557,7 @@ impl RunRecord {
 }
 
 /// The host name, for telling runs on different machines apart.
-fn hostname() -> Option<String> {
+pub fn hostname() -> Option<String> {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

@@ -9,6 +9,7 @@ mod prompts;
 mod properties;
 mod report;
 mod runs;
+mod slurm;
 mod support;
 mod sweeps;
 mod video;

@@ -1,0 +1,129 @@
+//! A subset of a generation's shards (`--shard N`, `--shard A-B`): the plan stays whole (its
+//! shard layout, noise entry points, process numbers, log and record names are the full run's),
+//! and the selection says which of its processes an apply runs: the selected shards and the
+//! warmups that prepare their caches.
+
+use serde::Serialize;
+
+use super::build::{Plan, Process, Role, Shard};
+use crate::manifest::Kind;
+
+/// The shards one apply runs, as given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ShardRange {
+    pub first: usize,
+    pub last: usize,
+}
+
+impl ShardRange {
+    pub fn contains(&self, shard: usize) -> bool {
+        (self.first..=self.last).contains(&shard)
+    }
+
+    /// The range as the command line writes it: `3` or `2-5`.
+    pub fn label(&self) -> String {
+        if self.first == self.last {
+            self.first.to_string()
+        } else {
+            format!("{}-{}", self.first, self.last)
+        }
+    }
+}
+
+impl std::str::FromStr for ShardRange {
+    type Err = String;
+
+    /// `N` or `A-B` (A ≤ B), shard numbers as the plan numbers them.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let num = |t: &str| {
+            t.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{s}` is not a shard number or range (N or A-B)"))
+        };
+        let (first, last) = match s.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(s)?, num(s)?),
+        };
+        if first > last {
+            return Err(format!("`{s}`: the range's first shard is after its last"));
+        }
+        Ok(ShardRange { first, last })
+    }
+}
+
+/// Why a selection does not fit the plan.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("--shard {range}: the plan has {count} shard(s), numbered 0 to {last}")]
+    OutOfRange {
+        range: String,
+        count: usize,
+        last: usize,
+    },
+    #[error("--shard is for generations; a probe has one measurement")]
+    Probe,
+}
+
+impl Plan {
+    /// Restricts the plan's work to `range`; refuses shards the plan does not have.
+    pub fn select_shards(&mut self, range: ShardRange) -> Result<(), SelectError> {
+        if self.kind == Kind::Probe {
+            return Err(SelectError::Probe);
+        }
+        let count = self.shards.len();
+        if range.last >= count {
+            return Err(SelectError::OutOfRange {
+                range: range.label(),
+                count,
+                last: count.saturating_sub(1),
+            });
+        }
+        self.selection = Some(range);
+        Ok(())
+    }
+
+    /// Whether an apply of this plan runs process `p`: every process without a selection; with
+    /// one, the selected shards and each warmup whose cache one of them uses.
+    pub fn selects(&self, p: &Process) -> bool {
+        let Some(range) = self.selection else {
+            return true;
+        };
+        match p.role {
+            Role::Shard { shard } => range.contains(shard),
+            Role::Measurement => true,
+            Role::Warmup { .. } => self.processes.iter().any(|q| {
+                q.slot == p.slot
+                    && q.cache_dir == p.cache_dir
+                    && matches!(q.role, Role::Shard { shard } if range.contains(shard))
+            }),
+        }
+    }
+
+    /// The shards an apply of this plan generates.
+    pub fn selected_shards(&self) -> impl Iterator<Item = &Shard> {
+        self.shards
+            .iter()
+            .filter(|s| self.selection.is_none_or(|r| r.contains(s.index)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_range_reads_n_or_a_to_b_and_refuses_the_rest() {
+        let r = |s: &str| s.parse::<ShardRange>();
+        assert_eq!(r("3"), Ok(ShardRange { first: 3, last: 3 }));
+        assert_eq!(r("0-2"), Ok(ShardRange { first: 0, last: 2 }));
+        assert_eq!(r("0-2").unwrap().label(), "0-2");
+        assert_eq!(r("3").unwrap().label(), "3");
+        assert!(
+            r("2-0")
+                .unwrap_err()
+                .contains("first shard is after its last")
+        );
+        assert!(r("x").unwrap_err().contains("not a shard number or range"));
+        assert!(r("-1").is_err());
+    }
+}
