@@ -2,7 +2,9 @@
 
 `reference`: the exporter's PyTorch reference (eager, same preset and seeded weights as the bundle,
 same prompts and noise) timed per phase with CUDA events, as `unstep_export sample` does; saves
-prompt 0's latents and frames for parity.
+prompt 0's latents and frames for parity. With `--compile`, the same with the DiT under
+`torch.compile` (default mode): the warmup generation compiles every block's shape, and its time
+beyond the steady mean is recorded as `compile_s`, apart from the per-video figures.
 `table`: reads the runner's timing JSONL files and the reference's, prints the table and parity.
 
 DiT FLOPs per video (stated formula): per pass, 2·N_lin·T for the linear layers (N_lin = the
@@ -44,19 +46,31 @@ def reference(args):
     prompts = Path(args.prompts).read_text().splitlines()
     s = Settings()
     out = []
+    mode = "compile" if args.compile else "eager"
     for sdpa in args.sdpa:
         backend = TorchBackend(dit, te, vae, "cuda", torch.float16, sdpa)
+        if args.compile:
+            # Recompiles once per block shape (the past grows each block): raise the limit so
+            # that every shape is compiled rather than falling back to eager.
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            backend.dit = torch.compile(backend.dit)
+        recs = []
         for i, idx in enumerate([args.indices[0]] + args.indices):
             torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
             res, tm = generate(backend, cfg, prompts[idx], idx, s)
-            rec = {"side": "pytorch", "sdpa": sdpa, "prompt": idx, "warmup": i == 0,
+            rec = {"side": "pytorch", "mode": mode, "sdpa": sdpa, "prompt": idx, "warmup": i == 0,
                    "dit_s": tm["dit"], "vae_s": tm["vae"], "timed_total_s": tm["dit"] + tm["vae"],
+                   "wall_s": time.perf_counter() - start,
                    "peak_bytes": torch.cuda.max_memory_allocated()}
             print(json.dumps(rec), flush=True)
-            out.append(rec)
-            if i == 1 and sdpa == args.sdpa[0]:
+            recs.append(rec)
+            if i == 1 and sdpa == args.sdpa[0] and not args.compile:
                 np.save(f"{args.dump}/ref_latents_{idx}.npy", res["latents"].numpy())
                 np.save(f"{args.dump}/ref_frames_{idx}.npy", res["frames"].numpy())
+        steady = np.mean([r["wall_s"] for r in recs[1:]])
+        recs[0]["compile_s"] = recs[0]["wall_s"] - steady if args.compile else 0.0
+        out.extend(recs)
         del backend
         torch.cuda.empty_cache()
     Path(args.out).write_text("\n".join(json.dumps(r) for r in out) + "\n")
@@ -69,11 +83,19 @@ def table(args):
         recs = [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
         name = Path(path).stem
         rows.append((f"runner {name}", recs))
-    ref = [json.loads(l) for l in Path(args.ref).read_text().splitlines() if l.strip()]
-    for sdpa in dict.fromkeys(r["sdpa"] for r in ref):
-        rows.append((f"pytorch eager fp16 sdpa={sdpa}",
-                     [r for r in ref if r["sdpa"] == sdpa and not r["warmup"]]))
+    ref = []
+    for path in args.ref:
+        ref += [json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()]
+    compile_times = []
+    for mode, sdpa in dict.fromkeys((r.get("mode", "eager"), r["sdpa"]) for r in ref):
+        recs = [r for r in ref if r.get("mode", "eager") == mode and r["sdpa"] == sdpa]
+        label = "torch.compile" if mode == "compile" else "eager"
+        rows.append((f"pytorch {label} fp16 sdpa={sdpa}", [r for r in recs if not r["warmup"]]))
+        if mode == "compile":
+            compile_times += [(sdpa, r["compile_s"]) for r in recs if r["warmup"]]
     best_ref = min(np.mean([r["timed_total_s"] for r in recs]) for n, recs in rows if n.startswith("pytorch"))
+    compiled = [np.mean([r["timed_total_s"] for r in recs]) for n, recs in rows
+                if n.startswith("pytorch torch.compile") and recs]
     print(f"DiT FLOPs per video (formula in benches/gpu_reference.py): {flops / 1e15:.3f} PFLOP")
     print(f"{'system':44} {'n':>2} {'s/video':>8} {'DiT s':>7} {'VAE s':>7} {'÷best PyTorch':>13} {'DiT TFLOP/s':>11} {'%790':>5} {'peak GiB':>8}")
     for name, recs in rows:
@@ -87,6 +109,10 @@ def table(args):
         peak = f"{max(peaks) / 2**30:.1f}" if peaks else "n/a"
         tf = flops / dit / 1e12
         print(f"{name:44} {len(recs):>2} {tot:8.3f} {dit:7.3f} {vae:7.3f} {tot / best_ref:13.3f} {tf:11.0f} {100 * tf / 790:5.1f} {peak:>8}")
+        if compiled and name.startswith("runner"):
+            print(f"{'':44}    torch.compile ÷ this: {min(compiled) / tot:.2f}x")
+    for sdpa, seconds in compile_times:
+        print(f"torch.compile sdpa={sdpa}: compiling took {seconds:.1f} s (warmup generation beyond the steady time)")
     # Parity: the runner's prompt against the reference on the same weights and noise.
     idx = args.parity_index
     lat_r = np.fromfile(f"{args.dump}/latents_{idx}.f32", dtype=np.float32)
@@ -110,9 +136,10 @@ if __name__ == "__main__":
     r.add_argument("--sdpa", nargs="+", default=["cudnn", "flash"])
     r.add_argument("--dump", required=True)
     r.add_argument("--out", required=True)
+    r.add_argument("--compile", action="store_true", help="the DiT under torch.compile (default mode)")
     t = sub.add_parser("table")
     t.add_argument("--runner", nargs="+", required=True)
-    t.add_argument("--ref", required=True)
+    t.add_argument("--ref", nargs="+", required=True)
     t.add_argument("--dump", required=True)
     t.add_argument("--parity-index", type=int, default=0)
     a = p.parse_args()

@@ -77,17 +77,30 @@ fn bundle_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> 
     })
 }
 
-/// The results folder must be creatable: `outputs.dir` not a file, and the nearest existing
-/// folder on the way writable (a read-only file system is refused here, not after staging).
+/// The results folder and the work root must be creatable: neither a file, and the nearest
+/// existing folder on the way writable (a read-only file system is refused here, not after
+/// staging or at the lock).
 fn results_preflight(r: &Resolved) -> Result<(), ApplyError> {
-    let run_dir = &r.paths.run_dir;
-    let mut at = run_dir.as_path();
+    writable_preflight(
+        &r.paths.run_dir,
+        "results",
+        "set outputs.dir to a folder this user can write",
+    )?;
+    writable_preflight(
+        &r.paths.work_root,
+        "the staging",
+        "set staging.work_root to a folder this user can write",
+    )
+}
+
+fn writable_preflight(target: &Path, what: &str, hint: &str) -> Result<(), ApplyError> {
+    let mut at = target;
     loop {
         if at.exists() {
             if !at.is_dir() {
                 return Err(ApplyError::refused(
                     format!("{} is a file, not a folder", display_path(at)),
-                    "move the file away, or set outputs.dir to a folder",
+                    format!("move the file away, or {hint}"),
                 ));
             }
             let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap_or_default();
@@ -95,11 +108,11 @@ fn results_preflight(r: &Resolved) -> Result<(), ApplyError> {
             if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
                 return Err(ApplyError::refused(
                     format!(
-                        "cannot write results under {}: {}",
+                        "cannot write {what} under {}: {}",
                         display_path(at),
                         std::io::Error::last_os_error()
                     ),
-                    "set outputs.dir to a folder this user can write",
+                    hint,
                 ));
             }
             return Ok(());

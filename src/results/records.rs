@@ -271,6 +271,12 @@ pub struct ProcessRecord {
     pub prompts: usize,
     pub first_prompt: Option<u32>,
     pub last_prompt: Option<u32>,
+    /// The plan's cache key tag of the process (`run/gpu0/shard3`): which run, slot and shard
+    /// its cache entries belong to. A label for provenance; the entries a process keeps are keyed
+    /// by graph and shape, so the shards of one slot reuse them (the cache scope decides
+    /// whether they share a folder). Absent in records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_key_tag: Option<String>,
 }
 
 /// `run.json`: where a run's numbers came from.
@@ -471,6 +477,7 @@ impl RunRecord {
                     _ => None,
                 },
                 slot: slot_label(p.slot),
+                cache_key_tag: Some(p.cache_key_tag.clone()),
                 prompts: p.prompts.len(),
                 first_prompt: p.prompts.first().copied(),
                 last_prompt: p.prompts.last().copied(),

@@ -369,6 +369,56 @@ fn refusals_that_can_be_known_come_before_anything_is_written() {
     }
 }
 
+/// A read-only file system mounted where the results or the staging would go: refused before
+/// anything is written, naming the folder. Needs a tmpfs mount (root); elsewhere the test says
+/// so and checks nothing.
+#[test]
+fn a_read_only_file_system_is_refused_before_anything_is_written() {
+    let t = Test::new();
+    generation(&t, "ro", "0-1");
+    let ro = t.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+        .arg(&ro)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("note: cannot mount a read-only tmpfs here (not root?); nothing checked");
+        return;
+    }
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&ro);
+    for (set, says) in [
+        (
+            format!("outputs.dir={}/results", ro.display()),
+            "cannot write results under",
+        ),
+        (
+            format!("staging.work_root={}/work", ro.display()),
+            "cannot write the staging under",
+        ),
+    ] {
+        let out = t
+            .cmd()
+            .args(["apply", "--quiet", "ro.toml", "--set", &set])
+            .run();
+        assert_eq!(out.code, 2, "{set}: {}", out.render());
+        assert!(
+            out.stderr.contains(says) && out.stderr.contains("Read-only file system"),
+            "{set}: {}",
+            out.render()
+        );
+        assert!(!t.path().join("results").exists(), "{set}: nothing written");
+        assert!(!t.path().join("work").exists(), "{set}: nothing staged");
+    }
+}
+
 /// A manifest reached through a symbolic link to its folder resolves its relative paths (here
 /// `extends = "../base.toml"`) where the file system says, from the link's target.
 #[test]

@@ -10,6 +10,7 @@ mod properties;
 mod report;
 mod runs;
 mod slurm;
+mod soak;
 mod support;
 mod sweeps;
 mod video;
