@@ -2,6 +2,7 @@
 
 mod apply;
 mod doctor;
+mod evaluate;
 mod plan;
 mod prompts;
 mod report;
@@ -50,6 +51,8 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Compare the statistics of two runs: values, deltas and ratios.
     Compare(report::CompareArgs),
+    /// Run a generation's evaluation (its [evaluation] command) on its videos and record the scores.
+    Evaluate(evaluate::EvaluateArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -127,5 +130,6 @@ pub fn main() -> i32 {
         Command::Worker(args) => worker::run(*args),
         Command::Report(args) => report::run_report(&args),
         Command::Compare(args) => report::run_compare(&args),
+        Command::Evaluate(args) => evaluate::run(&args),
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod load;
 pub mod render;
+pub mod scores;
 pub mod svg;
 
 pub use load::{LoadedRun, ReportError, load_run, locate};

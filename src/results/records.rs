@@ -242,6 +242,8 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     Interrupted,
+    /// Every video was made, and the evaluation command failed or left no valid scores.
+    EvaluationFailed,
 }
 
 impl RunStatus {
@@ -251,6 +253,7 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Interrupted => "interrupted",
+            RunStatus::EvaluationFailed => "evaluation_failed",
         }
     }
 }
@@ -322,6 +325,10 @@ pub struct RunRecord {
     pub failure: Option<String>,
     pub config_hash: String,
     pub processes: Vec<ProcessRecord>,
+    /// The evaluation settings and the last evaluation's outcome and scores (a generation with
+    /// `[evaluation] command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<super::scores::EvaluationRecord>,
 }
 
 fn setting_record(value: &toml::Value, origin: &crate::manifest::Origin) -> SettingRecord {
@@ -425,6 +432,7 @@ impl RunRecord {
             failure: None,
             config_hash: super::config_hash(resolved),
             processes,
+            evaluation: super::scores::EvaluationRecord::of(resolved),
         }
     }
 

@@ -8,4 +8,5 @@ mod manifest;
 mod prompts;
 mod report;
 mod support;
+mod vbench;
 mod video;
