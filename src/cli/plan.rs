@@ -27,7 +27,10 @@ pub fn run(args: &PlanArgs) -> i32 {
         let mut value = serde_json::to_value(&plan).expect("plans serialise");
         value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
         let names = crate::results::names::VideoNames::of(&resolved);
-        value["renamed_videos"] = serde_json::to_value(&names.renamed).expect("names serialise");
+        if !names.renamed.is_empty() {
+            value["renamed_videos"] =
+                serde_json::to_value(&names.renamed).expect("names serialise");
+        }
         if args.explain {
             let settings: serde_json::Map<String, serde_json::Value> = resolved
                 .settings

@@ -156,7 +156,25 @@ impl<'de> Deserialize<'de> for CommandTemplate {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a list of strings: the program and its arguments")
             }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<CommandTemplate, E> {
+            /// `--set` and environment variables give text: a TOML list there is the list.
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<CommandTemplate, E> {
+                if text.trim_start().starts_with('[') {
+                    let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {text}"));
+                    let argv = parsed.ok().and_then(|t| match t.get("v") {
+                        Some(toml::Value::Array(items)) => items
+                            .iter()
+                            .map(|i| i.as_str().map(str::to_string))
+                            .collect::<Option<Vec<String>>>(),
+                        _ => None,
+                    });
+                    return match argv {
+                        Some(argv) => CommandTemplate::new(argv).map_err(E::custom),
+                        None => Err(E::custom(
+                            "the command is not a list of strings; write it like \
+                             [\"vbench\", \"evaluate\", \"--videos_path\", \"{videos}\"]",
+                        )),
+                    };
+                }
                 Err(E::custom(
                     "the command is a list of arguments, not one string (it runs without a \
                      shell); write it like [\"vbench\", \"evaluate\", \"--videos_path\", \"{videos}\"]",
@@ -189,11 +207,13 @@ impl JsonSchema for CommandTemplate {
         "CommandTemplate".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        // A list, or text holding a TOML list (what `--set` and environment variables give).
         json_schema!({
-            "type": "array",
-            "items": { "type": "string" },
-            "minItems": 1,
-            "description": "The program and its arguments, run without a shell; placeholders {videos}, {run_dir}, {run}, {names_file}, {dimensions}, {eval_dir} and {scores_file} are filled inside each argument."
+            "description": "The program and its arguments, run without a shell; placeholders {videos}, {run_dir}, {run}, {names_file}, {dimensions}, {eval_dir} and {scores_file} are filled inside each argument.",
+            "anyOf": [
+                { "type": "array", "items": { "type": "string" }, "minItems": 1 },
+                { "type": "string", "pattern": "^\\s*\\[" }
+            ]
         })
     }
 }
@@ -416,6 +436,11 @@ mod tests {
                 .to_string();
             assert!(e.contains(want), "{bad}: {e}");
         }
+        // `--set` gives text; a TOML list in it is the list.
+        let t: CommandTemplate = serde_json::from_str(r#""[\"run\", \"{videos}\"]""#).unwrap();
+        assert_eq!(t.argv(), ["run", "{videos}"]);
+        let e = serde_json::from_str::<CommandTemplate>(r#""[1, 2]""#).unwrap_err();
+        assert!(e.to_string().contains("not a list of strings"), "{e}");
         // Braces that are no placeholder's name stay as they are.
         assert!(template(&["python3", "-c", "print({1: 2})", "{ x }"]).is_ok());
     }
@@ -427,7 +452,7 @@ mod tests {
             "--out={eval_dir}/x",
             "{dimensions}",
             "{videos}",
-            "{1}",
+            "{ x }",
         ])
         .unwrap();
         assert!(t.uses("eval_dir") && !t.uses("names_file"));
@@ -445,7 +470,7 @@ mod tests {
                 "--out=/r/eval/x",
                 "a b",
                 "/r/my videos; rm -rf ~ {eval_dir}",
-                "{1}"
+                "{ x }"
             ]
         );
         assert_eq!(quote("it's a b"), r"'it'\''s a b'");

@@ -447,8 +447,14 @@ fn evaluate_refuses_runs_it_cannot_score() {
     assert_eq!(out.code, 2, "{}", out.render());
     assert!(out.stderr.contains("no run `nope`"), "{}", out.render());
 
-    let standard = [BUND];
-    vbench_generation(&t, "plain", &["a long bund"], &standard, "");
+    let standard = [BUND, BUND];
+    vbench_generation(
+        &t,
+        "plain",
+        &["a long bund", "a longer bund"],
+        &standard,
+        "",
+    );
     let out = t.cmd().args(["apply", "--quiet", "plain.toml"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     let out = t.cmd().args(["evaluate", "plain"]).run();
