@@ -310,8 +310,8 @@ pub struct Assets {
 #[serde(deny_unknown_fields)]
 pub struct Evaluation {
     /// Command run once every prompt of a generation has its video, and by `runner evaluate`:
-    /// a program and its arguments, split like shell words but run without a shell, in the
-    /// run's results folder. Placeholders, filled inside each argument: `{videos}`, `{run_dir}`,
+    /// the program and its arguments as a list, run without a shell, in the run's results
+    /// folder. Placeholders, filled inside each argument: `{videos}`, `{run_dir}`,
     /// `{run}`, `{names_file}`, `{dimensions}` (space-separated, one argument), `{eval_dir}`,
     /// `{scores_file}`. Its output goes to `logs/evaluation.log`.
     #[serde(skip_serializing_if = "Option::is_none")]
