@@ -81,8 +81,8 @@ pub fn run(args: &EvaluateArgs) -> i32 {
         };
         return refuse(
             format!(
-                "run `{name}` is {}: its videos are not complete, and only a complete generation \
-                 is evaluated",
+                "run `{name}` has status {}: its videos are not complete, and only a complete \
+                 generation is evaluated",
                 status.as_str()
             ),
             "apply its manifest again to finish the generation; the evaluation follows",

@@ -465,3 +465,48 @@ fn evaluate_refuses_runs_it_cannot_score() {
         out.render()
     );
 }
+
+/// The command is a list; `--set` gives it as a TOML list in text. One string is refused with
+/// where and why (it would need a shell to split), and so is an unknown placeholder.
+#[test]
+fn evaluation_commands_are_lists_checked_where_they_are_set() {
+    let t = Test::new();
+    vbench_generation(&t, "cmd", &["one", "two"], &[BUND, QUOTES], "");
+    let set = |value: &str| {
+        t.cmd()
+            .args(["plan", "cmd.toml", "--set"])
+            .args([format!("evaluation.command={value}")])
+            .run()
+    };
+    let out = set(r#"["python3", "score.py", "{videos}", "{names_file}"]"#);
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(
+        out.stdout.contains(
+            "evaluation after a complete generation: python3 score.py {videos} {names_file}"
+        ),
+        "{}",
+        out.render()
+    );
+    let out = set("vbench evaluate --videos_path {videos}");
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("a list of arguments, not one string")
+            && out.stderr.contains("--set evaluation.command"),
+        "{}",
+        out.render()
+    );
+    let path = t.path().join("cmd.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text + "[evaluation]\ncommand = [\"score\", \"{video}\"]\n",
+    )
+    .unwrap();
+    let out = t.cmd().args(["plan", "cmd.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("unknown placeholder `{video}`") && out.stderr.contains("cmd.toml:"),
+        "{}",
+        out.render()
+    );
+}
