@@ -6,6 +6,9 @@ use std::io::{self, BufWriter};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A file name's longest length on common Linux file systems, in bytes.
+const NAME_MAX: usize = 255;
+
 /// Writes `path` through `write` into a uniquely named temporary file beside it, syncs it to
 /// disk, renames it into place and syncs the folder. The rename stays within one folder (one
 /// file system), so it is atomic; the process id and a counter keep concurrent writers (other
@@ -23,12 +26,18 @@ pub fn write_with(
         _ => Path::new("."),
     };
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let tmp = dir.join(format!(
-        ".{}.tmp{}-{}",
-        name.to_string_lossy(),
+    let suffix = format!(
+        ".tmp{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
+    );
+    // The temporary name fits the 255 bytes a file name holds however long the final name is
+    // (a video named after a long prompt): the process id and counter keep it unique.
+    let mut base = name.to_string_lossy().into_owned();
+    while 1 + base.len() + suffix.len() > NAME_MAX {
+        base.pop();
+    }
+    let tmp = dir.join(format!(".{base}{suffix}"));
     let result = (|| {
         let file = File::options().write(true).create_new(true).open(&tmp)?;
         let mut w = BufWriter::new(file);
@@ -49,4 +58,21 @@ pub fn write_with(
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_of_255_bytes_is_written_through_a_shorter_temporary_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("{}-0.mp4", "桜".repeat(83)); // 249 + 6 bytes
+        assert_eq!(name.len(), NAME_MAX);
+        let path = dir.path().join(&name);
+        write_with(&path, |w| std::io::Write::write_all(w, b"video")).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"video");
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "no temporary file left");
+    }
 }

@@ -67,6 +67,17 @@ pub fn run(args: &ApplyArgs) -> i32 {
             );
             code
         }
+        RunStatus::EvaluationFailed => {
+            for f in &outcome.failures {
+                eprintln!("error: {f}");
+            }
+            eprintln!(
+                "every video is made and kept, and the evaluation failed; fix it and apply again \
+                 (only the evaluation runs) or run `runner evaluate {}`",
+                plan.run
+            );
+            exit::FAILURE
+        }
         RunStatus::Interrupted => {
             eprintln!("interrupted; apply the same manifest again to resume");
             exit::INTERRUPTED

@@ -2,6 +2,7 @@
 
 mod apply;
 mod doctor;
+mod evaluate;
 mod plan;
 mod prompts;
 mod report;
@@ -64,6 +65,8 @@ pub enum Command {
     /// Run one task of a run's Slurm job (started by Slurm from the script `runner apply` wrote).
     #[command(hide = true)]
     SlurmTask(status::SlurmTaskArgs),
+    /// Run a generation's evaluation (its [evaluation] command) on its videos and record the scores.
+    Evaluate(evaluate::EvaluateArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -179,5 +182,6 @@ pub fn main() -> i32 {
         Command::Clean(args) => runs::run_clean(&args),
         Command::Status(args) => status::run(&args),
         Command::SlurmTask(args) => crate::execute::slurm::run_task(&args.tasks, args.task),
+        Command::Evaluate(args) => evaluate::run(&args),
     }
 }

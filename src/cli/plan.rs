@@ -70,6 +70,10 @@ fn plan_json(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> serde_json::V
     shown.shards = plan.selected_shards().cloned().collect();
     let mut value = serde_json::to_value(&shown).expect("plans serialise");
     value["results_state"] = serde_json::to_value(&previous).expect("states serialise");
+    let names = crate::results::names::VideoNames::of(resolved);
+    if !names.renamed.is_empty() {
+        value["renamed_videos"] = serde_json::to_value(&names.renamed).expect("names serialise");
+    }
     if args.explain {
         let settings: serde_json::Map<String, serde_json::Value> = resolved
             .settings
@@ -94,6 +98,7 @@ fn plan_json(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> serde_json::V
 fn plan_text(args: &PlanArgs, resolved: &Resolved, plan: &Plan) -> String {
     let previous = crate::execute::previous_run(resolved, plan);
     let mut text = crate::plan::render::text(plan, resolved, &results_state(&previous));
+    text.push_str(&videos_and_evaluation(resolved));
     if args.explain {
         text.push('\n');
         text.push_str(&crate::plan::render::explain(resolved));
@@ -157,4 +162,39 @@ fn results_state(previous: &PreviousRun) -> String {
             None => format!("apply will refuse: {message}"),
         },
     }
+}
+
+/// The prompts whose videos could not take their standard prompt's name as it is, and the
+/// evaluation that follows a complete generation.
+fn videos_and_evaluation(r: &crate::manifest::Resolved) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let names = crate::results::names::VideoNames::of(r);
+    if !names.renamed.is_empty() {
+        let _ = writeln!(
+            t,
+            "\nrenamed videos ({}: their standard prompts cannot be file names as they are; \
+             docs/vbench.md):",
+            names.renamed.len()
+        );
+        for n in &names.renamed {
+            let _ = writeln!(
+                t,
+                "  prompt {}: `{}` -> `{}` ({})",
+                n.index,
+                n.standard.escape_debug(),
+                n.name,
+                n.reasons.join(", ")
+            );
+        }
+    }
+    if let Some(e) = crate::results::scores::EvaluationRecord::of(r) {
+        let _ = writeln!(
+            t,
+            "\nevaluation after a complete generation: {}\n  scores read from eval/{}",
+            e.command.join(" "),
+            e.scores_file
+        );
+    }
+    t
 }

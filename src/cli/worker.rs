@@ -226,6 +226,7 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
             .map(|index| PromptSpec {
                 index,
                 text: prompts[index as usize].clone(),
+                video: None,
             })
             .collect(),
         engine: runtime_options(args),

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
@@ -28,9 +27,12 @@ use crate::results::files::{
     RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_process_timings, repair_timings, write_atomic,
     write_json_atomic,
 };
+use crate::results::names::VideoNames;
 use crate::results::records::{
     BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus, Summary,
 };
+use crate::results::scores::EvaluationStatus;
+use crate::results::video_index;
 
 /// How `apply` behaves beyond the manifest.
 #[derive(Debug, Clone, Default)]
@@ -205,6 +207,11 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         .filter(|f| !shard_apply || timing_file_selected(plan, f))
         .collect();
     mend(&damaged_timings, &stale_videos)?;
+    if let Some(previous) = &previous
+        && let Some(outcome) = evaluate_only(r, plan, previous, &done, opts)?
+    {
+        return Ok(outcome);
+    }
     // The staging left by an apply of this run that was killed (its record still says running,
     // and this apply now holds the run's lock) is reused when its audit matches.
     let killed = previous
@@ -230,6 +237,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         videos: &videos,
         config_hash: &config_hash,
         done: &done,
+        names: &VideoNames::of(r),
     }
     .jobs();
     let skipped = plan
@@ -329,6 +337,13 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
             (!failures.is_empty()).then(|| failures.join("\n\n")),
         );
         write_statistics(r, &run_dir, record.cache.label)?;
+        if saves_videos(r) {
+            video_index::write(
+                &run_dir,
+                r.prompts.as_deref().unwrap_or_default(),
+                &VideoNames::of(r),
+            )?;
+        }
         merge_concurrent(&run_dir, &mut record, &started, shard_apply);
         write_json_atomic(&run_dir.join(RUN_JSON), &record)?;
         status
@@ -339,11 +354,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     if status != RunStatus::Failed {
         let _ = stage.remove();
     }
-    if status == RunStatus::Succeeded
-        && m.kind == Kind::Generation
-        && let Some(cmd) = &m.evaluation.command
-    {
-        run_evaluation(cmd, &run_dir, &plan.run)?;
+    // Only a complete generation is evaluated: every selected prompt has its video.
+    if status == RunStatus::Succeeded && record.evaluation.is_some() {
+        return evaluated(&run_dir, &mut record);
     }
     Ok(Outcome {
         status,
@@ -439,6 +452,83 @@ fn write_record(
     merge_concurrent(run_dir, record, started, shard_apply);
     write_json_atomic(&run_dir.join(RUN_JSON), record)?;
     Ok(())
+}
+
+/// Runs the evaluation of a run whose videos are complete; its outcome is the run's.
+fn evaluated(run_dir: &Path, record: &mut RunRecord) -> Result<Outcome, ApplyError> {
+    let status = super::evaluate::evaluate_run(run_dir, record)?;
+    Ok(Outcome {
+        status,
+        run_dir: run_dir.to_path_buf(),
+        failures: record.failure.iter().cloned().collect(),
+        slurm_job: None,
+    })
+}
+
+/// A generation with an evaluation whose selected prompts all have their videos already: only
+/// the evaluation runs (again, unless the last one succeeded with the same settings). `None`
+/// when there are prompts to make, or no evaluation.
+fn evaluate_only(
+    r: &Resolved,
+    plan: &Plan,
+    previous: &RunRecord,
+    done: &BTreeSet<u32>,
+    opts: &ApplyOptions,
+) -> Result<Option<Outcome>, ApplyError> {
+    let Some(settings) = crate::results::scores::EvaluationRecord::of(r) else {
+        return Ok(None);
+    };
+    let all_done = plan
+        .shards
+        .iter()
+        .flat_map(|sh| &sh.prompts)
+        .all(|i| done.contains(i));
+    if !all_done {
+        return Ok(None);
+    }
+    let run_dir = &plan.run_dir;
+    let mut record = previous.clone();
+    let scored = record
+        .evaluation
+        .as_ref()
+        .is_some_and(|e| e.status == EvaluationStatus::Succeeded && e.same_settings(&settings));
+    if scored && record.status == RunStatus::Succeeded {
+        if !opts.quiet {
+            eprintln!(
+                "note: every prompt has its video and the evaluation has its scores; nothing to \
+                 do (`runner evaluate {}` scores the videos again)",
+                plan.run
+            );
+        }
+        return Ok(Some(Outcome {
+            status: RunStatus::Succeeded,
+            run_dir: run_dir.clone(),
+            failures: Vec::new(),
+            slurm_job: None,
+        }));
+    }
+    if !opts.quiet {
+        eprintln!("note: every prompt has its video; only the evaluation runs");
+    }
+    if saves_videos(r) {
+        video_index::write(
+            run_dir,
+            r.prompts.as_deref().unwrap_or_default(),
+            &VideoNames::of(r),
+        )?;
+    }
+    let mut fresh = settings;
+    if let Some(old) = &record.evaluation
+        && old.same_settings(&fresh)
+    {
+        fresh.scores = old.scores.clone();
+    }
+    record.evaluation = Some(fresh);
+    evaluated(run_dir, &mut record).map(Some)
+}
+
+fn saves_videos(r: &Resolved) -> bool {
+    r.manifest.kind == Kind::Generation && r.manifest.outputs.save_videos
 }
 
 /// Repairs the damaged timing files and removes the videos to be made again (made from a
@@ -686,6 +776,8 @@ struct JobFactory<'a> {
     videos: &'a Option<PathBuf>,
     config_hash: &'a str,
     done: &'a BTreeSet<u32>,
+    /// The name of each prompt's video.
+    names: &'a VideoNames,
 }
 
 impl JobFactory<'_> {
@@ -723,6 +815,7 @@ impl JobFactory<'_> {
             .map(|&i| PromptSpec {
                 index: i,
                 text: prompts.get(i as usize).cloned().unwrap_or_default(),
+                video: self.names.name(i).map(str::to_string),
             })
             .collect();
         let (role, shard) = match p.role {
@@ -789,27 +882,4 @@ fn clear_global_caches() {
     if let Ok(home) = std::env::var("HOME") {
         let _ = fs::remove_dir_all(Path::new(&home).join(".nv").join("ComputeCache"));
     }
-}
-
-fn run_evaluation(cmd: &str, run_dir: &Path, run: &str) -> Result<(), ApplyError> {
-    let cmd = cmd
-        .replace("{videos}", &run_dir.join("videos").display().to_string())
-        .replace("{run}", run);
-    let log = run_dir.join("logs").join("evaluation.log");
-    let out = fs::File::create(&log).map_err(|e| ApplyError::Io(e.to_string()))?;
-    let err = out.try_clone().map_err(|e| ApplyError::Io(e.to_string()))?;
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg(&cmd)
-        .stdout(out)
-        .stderr(err)
-        .status()
-        .map_err(|e| ApplyError::Io(format!("cannot run the evaluation command: {e}")))?;
-    if !status.success() {
-        return Err(ApplyError::Io(format!(
-            "the evaluation command failed ({status}); see {}",
-            display_path(&log)
-        )));
-    }
-    Ok(())
 }

@@ -16,6 +16,10 @@ use crate::results::records::ProcessRole;
 pub struct PromptSpec {
     pub index: u32,
     pub text: String,
+    /// Its video's file name, when the orchestrator decided it (a names file's standard prompt
+    /// and sample); otherwise the worker names it from `video_naming`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video: Option<String>,
 }
 
 /// Which process of which run a job is, as its timing records name it.

@@ -4,6 +4,7 @@
 pub mod apply;
 pub mod config;
 pub mod device;
+pub mod evaluate;
 pub mod events;
 pub mod job;
 pub mod lock;

@@ -10,8 +10,9 @@ use super::apply::ApplyError;
 use super::config::RunConfig;
 use crate::engine::{self, AttentionBackend, ProviderKind};
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::{Kind, Resolved};
+use crate::manifest::{Kind, Resolved, VideoNaming};
 use crate::plan::Plan;
+use crate::results::names::VideoNames;
 use crate::results::records::{TokenizerRecord, WeightsRecord};
 
 /// Checks that need the real world (files present, no conflicting state) — before any write.
@@ -157,27 +158,33 @@ fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
 }
 
 /// A generation's videos are named after their prompts: two selected prompts that would share a
-/// file are refused (one would overwrite the other), naming them.
+/// file are refused (one would overwrite the other), naming them; a names file must exist.
 fn video_names_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
     let m = &r.manifest;
     if m.kind != Kind::Generation || !m.outputs.save_videos {
         return Ok(());
     }
-    let prompts = r.prompts.as_deref().unwrap_or_default();
-    let count = prompts.len() as u32;
+    if let Some(path) = &r.paths.names_file
+        && r.names.is_none()
+        && config.video_naming == VideoNaming::Vbench
+    {
+        return Err(ApplyError::refused(
+            format!("names file {} does not exist", display_path(path)),
+            "put the standard prompts there, line-aligned with the prompt file (docs/vbench.md), \
+             or set prompts.names_file",
+        ));
+    }
+    let count = r.prompts.as_deref().unwrap_or_default().len() as u32;
     let selected = m.prompts.indices.resolve(count);
-    let texts = selected
-        .iter()
-        .filter_map(|&i| prompts.get(i as usize).map(|t| (i, t.as_str())));
-    match crate::results::names::shared_names(config.video_naming, texts) {
+    match VideoNames::of(r).shared(selected) {
         None => Ok(()),
         Some(shared) => Err(ApplyError::refused(
             format!(
                 "two prompts of {} would share one video: {shared}",
                 display_path(&r.paths.prompts_file)
             ),
-            "make the prompts differ (videos are named after their text), or set \
-             outputs.video_naming = \"indexed\"",
+            "make the prompts differ (videos are named after their text), set \
+             prompts.names_file, or set outputs.video_naming = \"indexed\"",
         )),
     }
 }

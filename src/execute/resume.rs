@@ -91,7 +91,23 @@ pub(super) fn completed(
     let mut done = BTreeSet::new();
     let mut changed = Vec::new();
     let mut stale_videos = Vec::new();
+    let names = crate::results::names::VideoNames::of(r);
+    let mut renamed = Vec::new();
     for (prompt, rec) in &latest {
+        // A video under another name than the prompt's now (the names file or the naming
+        // changed) is made again under its name, and the old file goes.
+        let expected = names.name(*prompt).map(|n| format!("videos/{n}"));
+        let text = prompts
+            .get(*prompt as usize)
+            .map(|t| crate::results::prompt_hash(t));
+        if let Some(v) = &rec.video
+            && expected.as_ref().is_some_and(|e| e != v)
+            && rec.prompt_sha256 == text
+        {
+            renamed.push(*prompt);
+            stale_videos.push(run_dir.join(v));
+            continue;
+        }
         let video_ok = match &rec.video {
             Some(v) => match crate::video::check_mp4(&run_dir.join(v)) {
                 Ok(()) => true,
@@ -118,6 +134,15 @@ pub(super) fn completed(
         if same_config(&rec.config_hash) && video_ok && same_text {
             done.insert(*prompt);
         }
+    }
+    if !renamed.is_empty() {
+        notes.push(format!(
+            "warning: the video(s) of prompt(s) {} in {} have another name than their prompts \
+             get now (prompts.names_file or outputs.video_naming changed); they are generated \
+             again",
+            short_list(&renamed),
+            display_path(run_dir),
+        ));
     }
     if !changed.is_empty() {
         notes.push(format!(

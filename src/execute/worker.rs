@@ -213,7 +213,11 @@ fn keep(
 ) -> Result<TimingRecord, WorkerError> {
     let video = match &job.videos {
         Some(dir) if !generated.frames.is_empty() => {
-            let path = dir.join(video_name(job.video_naming, prompt.index, &prompt.text));
+            let name = prompt
+                .video
+                .clone()
+                .unwrap_or_else(|| video_name(job.video_naming, prompt.index, &prompt.text));
+            let path = dir.join(name);
             let [n, h, w, _] = generated.frame_shape;
             crate::video::write_mp4(&path, &generated.frames, n, h, w, FPS)
                 .map_err(|e| write_error(&path, e))?;

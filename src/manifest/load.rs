@@ -74,6 +74,8 @@ pub struct RunPaths {
     pub run_state_root: PathBuf,
     pub work_root: PathBuf,
     pub ort_library: Option<PathBuf>,
+    /// `prompts.names_file`, when set.
+    pub names_file: Option<PathBuf>,
 }
 
 /// A loaded, validated manifest with the origin of every setting.
@@ -88,6 +90,8 @@ pub struct Resolved {
     pub paths: RunPaths,
     /// Prompts of the prompt file, when it exists.
     pub prompts: Option<Vec<String>>,
+    /// Standard prompts of the names file (`prompts.names_file`), when it is set and exists.
+    pub names: Option<Vec<String>>,
     /// Things worth saying that do not stop a plan (a missing bundle, ignored variables).
     pub warnings: Vec<String>,
     /// The sweep point this run is, when the manifest is a sweep.
@@ -245,7 +249,7 @@ fn load_point(
     let project = ProjectRoot::of(manifest_path, &req.cwd);
     let run_paths = resolve_paths(&manifest, &name, &merged, req, &project, &mut errors);
     let checkouts = checkouts_of(chain, &run_paths);
-    let prompts = check_run(
+    let (prompts, names) = check_run(
         &manifest,
         &run_paths,
         &checkouts,
@@ -265,6 +269,7 @@ fn load_point(
         settings,
         paths: run_paths,
         prompts,
+        names,
         warnings,
         sweep: point.cloned(),
     })
@@ -592,6 +597,11 @@ fn resolve_paths(
             .ort_library
             .clone()
             .map(|p| path_of("runtime.ort_library", &p)),
+        names_file: manifest
+            .prompts
+            .names_file
+            .clone()
+            .map(|p| path_of("prompts.names_file", &p)),
     }
 }
 
@@ -637,7 +647,8 @@ const INERT_KEYS: &[&str] = &["timing.quiet_measurement", "runtime.compile_threa
 
 /// Reads the prompt file and runs the cross-setting, prompt and path checks of [`checks`], at
 /// the origins of the merged settings; warns when the asset bundle does not exist yet. Returns
-/// the prompts, or `None` when the prompt file cannot be read (a warning, not an error).
+/// the prompts, or `None` when the prompt file cannot be read (a warning, not an error), and the
+/// names file's standard prompts likewise.
 fn check_run(
     manifest: &Manifest,
     run_paths: &RunPaths,
@@ -646,7 +657,7 @@ fn check_run(
     env: &BTreeMap<String, String>,
     errors: &mut Vec<Diagnostic>,
     warnings: &mut Vec<String>,
-) -> Option<Vec<String>> {
+) -> (Option<Vec<String>>, Option<Vec<String>>) {
     let lookup = |key: &str| {
         merged
             .get(key)
@@ -665,13 +676,18 @@ fn check_run(
     let prompts = read_prompts(&run_paths.prompts_file, warnings, errors, &lookup);
     checks::validate(manifest, prompts.as_deref(), run_paths, &lookup, errors);
     checks::check_paths(manifest, run_paths, checkouts, env, &lookup, errors);
+    let names = run_paths.names_file.as_ref().and_then(|path| {
+        let count = prompts.as_ref().map(Vec::len);
+        super::names_file::read(path, count, warnings, errors, &lookup)
+    });
+    super::names_file::check_evaluation(manifest, &lookup, errors);
     if !run_paths.bundle.exists() {
         warnings.push(format!(
             "asset bundle {} does not exist yet; export it before `runner apply` (see assets/export/README.md)",
             display_path(&run_paths.bundle)
         ));
     }
-    prompts
+    (prompts, names)
 }
 
 /// The files of the chain, top first, each with the SHA-256 of its text.

@@ -7,9 +7,11 @@
 
 mod checks;
 pub mod diagnostic;
+pub mod evaluation;
 pub mod inputs;
 pub mod layers;
 pub mod load;
+mod names_file;
 pub mod paths;
 pub mod schema;
 pub mod settings;

@@ -5,6 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::evaluation::{CommandTemplate, Dimensions, ScoresFile};
 use super::values::{
     AttentionWindow, Bounded, DenoisingSteps, IndexList, Positive, RunName, Sigma,
 };
@@ -99,6 +100,12 @@ pub struct Prompts {
     /// Refuse to run unless the prompt file has exactly this many prompts (946 for VBench).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expect_count: Option<u32>,
+    /// Standard prompts, one a line, line-aligned with `file` (relative to the manifest that
+    /// sets it): with `outputs.video_naming = "vbench"`, each video is named after the standard
+    /// prompt of its line, as VBench's standard mode looks it up (`<prompt>-<sample>.mp4`). For
+    /// the 946 VBench prompts: VBench's `prompts/all_dimension.txt`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub names_file: Option<String>,
 }
 
 /// Warmup processes that run before measurement, in processes of their own.
@@ -307,7 +314,9 @@ pub struct Outputs {
     /// Write MP4s (generation: kept under `videos/`; probe: debug saves, deleted after each
     /// process). Extra arg: `--save-videos`.
     pub save_videos: bool,
-    /// Video file names: `vbench` (prompt text and sample index) or `indexed`.
+    /// Video file names: `vbench` (the standard prompt of `prompts.names_file` and its sample
+    /// index, `<prompt>-<sample>.mp4`; without a names file, the prompt's first 180 characters and
+    /// `-0.mp4`) or `indexed` (`NNNN.mp4`).
     pub video_naming: VideoNaming,
 }
 
@@ -326,13 +335,26 @@ pub struct Assets {
     pub bundle: String,
 }
 
-/// Scoring after a whole generation.
+/// Scoring after a whole generation (`docs/vbench.md`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Evaluation {
-    /// Command run after the generation, with `{videos}` and `{run}` replaced.
+    /// Command run once every prompt of a generation has its video, and by `runner evaluate`:
+    /// the program and its arguments as a list, run without a shell, in the run's results
+    /// folder. Placeholders, filled inside each argument: `{videos}`, `{run_dir}`,
+    /// `{run}`, `{names_file}`, `{dimensions}` (space-separated, one argument), `{eval_dir}`,
+    /// `{scores_file}`. Its output goes to `logs/evaluation.log`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub command: Option<String>,
+    pub command: Option<CommandTemplate>,
+    /// The dimensions to score (VBench's names, e.g. `subject_consistency`); every one must
+    /// have a score in the scores file.
+    #[serde(default)]
+    pub dimensions: Dimensions,
+    /// The JSON file the command writes, relative to `results/<name>/eval/`: an object of
+    /// dimension -> score (a number, or VBench's `[score, per-video results]`). Its file name may
+    /// hold one `*` (VBench's `results_<time>_eval_results.json`).
+    #[serde(default)]
+    pub scores_file: ScoresFile,
 }
 
 /// Where the workers run: local processes, or the tasks of one Slurm job array.
@@ -394,6 +416,7 @@ impl Manifest {
                     IndexList::All
                 },
                 expect_count: None,
+                names_file: None,
             },
             warmup: Warmup {
                 indices: None,
@@ -463,7 +486,7 @@ impl Manifest {
             assets: Assets {
                 bundle: "assets/wan-1.3b".into(),
             },
-            evaluation: Evaluation { command: None },
+            evaluation: Evaluation::default(),
             executor: Executor::default(),
         }
     }

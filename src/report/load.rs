@@ -103,6 +103,15 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
         }
         Err(e) => return Err(e.into()),
     };
+    let evaluating = record.evaluation.as_ref().map(|e| e.status)
+        == Some(crate::results::scores::EvaluationStatus::Running);
+    if evaluating && !crate::execute::lock::Lock::is_held(dir) {
+        let e = record.evaluation.as_mut().expect("checked above");
+        e.status = crate::results::scores::EvaluationStatus::Failed;
+        e.failure.get_or_insert_with(|| {
+            "the evaluation was killed before it finished; run `runner evaluate` again".into()
+        });
+    }
     if record.status == RunStatus::Running {
         // A Slurm job's tasks take the lock once they start: a queued job holds nothing yet
         // (`runner status` asks Slurm).

@@ -5,6 +5,7 @@ pub mod load;
 pub mod many;
 pub mod render;
 pub mod runs;
+pub mod scores;
 pub mod svg;
 
 pub use load::{LoadedRun, ReportError, load_run, locate};

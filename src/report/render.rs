@@ -155,6 +155,9 @@ pub struct Report<'a> {
     /// The largest peak device memory of the measured prompts.
     pub peak_device_memory_bytes: Option<u64>,
     pub provenance: Provenance,
+    /// The evaluation's settings, outcome and scores, when the run has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<&'a crate::results::scores::EvaluationRecord>,
 }
 
 fn peak_memory(records: &[&TimingRecord]) -> Option<u64> {
@@ -173,6 +176,7 @@ impl<'a> Report<'a> {
             phase_split: PhaseSplit::of(&measured(&run.timings, run.record.kind)),
             peak_device_memory_bytes: peak_memory(&measured(&run.timings, run.record.kind)),
             provenance: Provenance::of(&run.record),
+            evaluation: run.record.evaluation.as_ref(),
         }
     }
 }
@@ -211,6 +215,7 @@ pub fn report_text(run: &LoadedRun) -> String {
         "\npeak device memory {} (largest over the measured prompts)",
         peak_memory(&measured).map_or_else(|| "n/a".into(), gib)
     );
+    super::scores::evaluation_section(&mut t, r);
     t
 }
 
@@ -440,6 +445,9 @@ pub struct Comparison {
     pub a: String,
     pub b: String,
     pub rows: Vec<CompareRow>,
+    /// Evaluation scores per dimension, when either run has them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<super::scores::ScoreRow>,
     /// Reasons the numbers may not be comparable.
     pub warnings: Vec<String>,
 }
@@ -464,7 +472,12 @@ impl Comparison {
             a: a.name.clone(),
             b: b.name.clone(),
             rows,
-            warnings: comparison_warnings(a, b),
+            scores: super::scores::score_rows(a, b),
+            warnings: [
+                comparison_warnings(a, b),
+                super::scores::score_warnings(a, b),
+            ]
+            .concat(),
         }
     }
 
@@ -492,6 +505,7 @@ impl Comparison {
                 r.ratio.map_or_else(|| "n/a".into(), |x| format!("{x:.3}")),
             );
         }
+        super::scores::scores_text(&mut t, &self.scores);
         t
     }
 }

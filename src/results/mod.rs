@@ -5,8 +5,10 @@ pub mod files;
 pub mod hash;
 pub mod names;
 pub mod records;
+pub mod scores;
 pub mod stats;
 pub mod time;
+pub mod video_index;
 
 pub use files::{
     LATENCY_SVG, RUN_JSON, RecordError, SUMMARY_JSON, TIMINGS_JSONL, append_jsonl, read_json,

@@ -245,6 +245,8 @@ pub enum RunStatus {
     Interrupted,
     /// The shards an `apply --shard` ran are done; other shards of the run are not (yet).
     Partial,
+    /// Every video was made, and the evaluation command failed or left no valid scores.
+    EvaluationFailed,
 }
 
 impl RunStatus {
@@ -255,6 +257,7 @@ impl RunStatus {
             RunStatus::Failed => "failed",
             RunStatus::Interrupted => "interrupted",
             RunStatus::Partial => "partial",
+            RunStatus::EvaluationFailed => "evaluation_failed",
         }
     }
 }
@@ -332,6 +335,10 @@ pub struct RunRecord {
     pub failure: Option<String>,
     pub config_hash: String,
     pub processes: Vec<ProcessRecord>,
+    /// The evaluation settings and the last evaluation's outcome and scores (a generation with
+    /// `[evaluation] command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<super::scores::EvaluationRecord>,
     /// The Slurm job that ran the last apply's work (`executor.kind = "slurm"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmRecord>,
@@ -544,6 +551,7 @@ impl RunRecord {
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),
             slurm: None,
+            evaluation: super::scores::EvaluationRecord::of(resolved),
         }
     }
 

@@ -82,11 +82,7 @@ pub(crate) fn generation(t: &Test, name: &str, indices: &str) -> PathBuf {
 #[test]
 fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     let t = Test::new();
-    let path = generation(&t, "gen", "0-3");
-    // The evaluation command runs once, after the whole generation, with its placeholders.
-    let mut text = std::fs::read_to_string(&path).unwrap();
-    text.push_str("[evaluation]\ncommand = \"ls '{videos}' > evaluated-{run}.txt\"\n");
-    std::fs::write(&path, text).unwrap();
+    generation(&t, "gen", "0-3");
     let out = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     let run_dir = t.path().join("results/gen");
@@ -289,7 +285,16 @@ pub(crate) fn worker_pid(spec: &Path) -> Option<i32> {
 #[test]
 fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     let t = Test::new();
-    generation(&t, "crash", "0-5");
+    let path = generation(&t, "crash", "0-5");
+    // An evaluation follows the complete generation only: not the failed apply, the resumed one.
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!(
+        "[evaluation]\ncommand = [\"{}\", \"-c\", \"import json, sys; \
+         json.dump({{'color': 0.5}}, open(sys.argv[1], 'w'))\", \"{{scores_file}}\"]\n\
+         dimensions = [\"color\"]\n",
+        crate::support::python().display()
+    ));
+    std::fs::write(&path, text).unwrap();
     let run_dir = t.path().join("results/crash");
     let child = spawn_apply(&t, "crash.toml");
     // Shard 1 runs on slot cpu1 as process 3 (after that slot's warmup, process 2). Kill it
@@ -318,6 +323,17 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     let run = read_json(&run_dir.join("run.json"));
     assert_eq!(run["status"], "failed");
     assert!(run["failure"].as_str().unwrap().contains("shard 1"));
+    assert_eq!(run["evaluation"]["status"], "not_run", "{run}");
+    assert!(!run_dir.join("logs/evaluation.log").exists());
+    let refused = t.cmd().args(["evaluate", "crash"]).run();
+    assert_eq!(refused.code, 2, "{}", refused.render());
+    assert!(
+        refused
+            .stderr
+            .contains("has status failed: its videos are not complete"),
+        "{}",
+        refused.render()
+    );
     // Shard 0 (slot cpu0) was not disturbed.
     let before: Vec<u64> = shard_prompts(&run_dir);
     for p in 0..3 {
@@ -366,6 +382,7 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     // `runner report` says so.
     let resumed = read_json(&run_dir.join("run.json"));
     assert_eq!(resumed["status"], "succeeded");
+    assert_eq!(resumed["evaluation"]["scores"]["color"], 0.5, "{resumed}");
     assert_eq!(resumed["started_at"], run["started_at"]);
     let resumptions = resumed["resumed_at"].as_array().unwrap();
     assert_eq!(resumptions.len(), 1, "{resumed}");

@@ -13,4 +13,5 @@ mod slurm;
 mod soak;
 mod support;
 mod sweeps;
+mod vbench;
 mod video;

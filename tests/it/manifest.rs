@@ -255,7 +255,7 @@ fn explain_shows_the_layer_of_each_setting() {
         "{line}"
     );
     let line = setting_line(&out.stdout, "shards.count");
-    assert!(line.contains("experiments/full946.toml:13:9"), "{line}");
+    assert!(line.contains("experiments/full946.toml:16:9"), "{line}");
     let line = setting_line(&out.stdout, "method.clean_sigma");
     assert!(line.contains("default"), "{line}");
 }

@@ -1,0 +1,119 @@
+//! `runner evaluate RUN`: run a generation's evaluation on its videos, as its record describes
+//! it, and record the scores.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::out;
+use crate::execute::lock::{Lock, LockError};
+use crate::exit::{self, Plain};
+use crate::report::{self, ReportError};
+use crate::results::records::{RunRecord, RunStatus};
+use crate::results::{RUN_JSON, read_json};
+
+#[derive(Debug, Args)]
+pub struct EvaluateArgs {
+    /// A run name under the results folder, or a path to a run directory.
+    pub run: String,
+    /// The results folder run names are looked up in.
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub results: PathBuf,
+}
+
+fn refuse(message: String, hint: &str) -> i32 {
+    exit::report(&Plain {
+        message,
+        hint: Some(hint.to_string()),
+        code: exit::USAGE,
+    })
+}
+
+pub fn run(args: &EvaluateArgs) -> i32 {
+    let dir = match report::locate(&args.run, &args.results) {
+        Ok(d) => d,
+        Err(e) => return exit::report(&e),
+    };
+    let record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
+        Ok(r) => r,
+        Err(e) if e.is_not_found() => {
+            return exit::report(&ReportError::NoRunRecord { dir });
+        }
+        Err(e) => return exit::report(&ReportError::Record(e)),
+    };
+    let name = record.run.clone();
+    // The run's lock: no apply of it may be making videos while they are scored.
+    let _lock = match Lock::acquire(&dir, &name) {
+        Ok(l) => l,
+        Err(e @ LockError::Held { .. }) => {
+            return refuse(
+                e.to_string(),
+                "wait for that apply to end; it evaluates the run itself",
+            );
+        }
+        Err(e) => {
+            return exit::report(&Plain {
+                message: e.to_string(),
+                hint: None,
+                code: exit::INTERNAL,
+            });
+        }
+    };
+    // Read again under the lock: an apply may have ended in between.
+    let mut record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
+        Ok(r) => r,
+        Err(e) => return exit::report(&ReportError::Record(e)),
+    };
+    if record.evaluation.is_none() {
+        return refuse(
+            format!("run `{name}` has no evaluation: its manifest sets no [evaluation] command"),
+            "add an [evaluation] table to its manifest (docs/vbench.md) and apply it again: \
+             with its videos complete, only the evaluation runs",
+        );
+    }
+    if !matches!(
+        record.status,
+        RunStatus::Succeeded | RunStatus::EvaluationFailed
+    ) {
+        let status = match record.status {
+            RunStatus::Running => RunStatus::Interrupted,
+            s => s,
+        };
+        return refuse(
+            format!(
+                "run `{name}` has status {}: its videos are not complete, and only a complete \
+                 generation is evaluated",
+                status.as_str()
+            ),
+            "apply its manifest again to finish the generation; the evaluation follows",
+        );
+    }
+    let status = match crate::execute::evaluate::evaluate_run(&dir, &mut record) {
+        Ok(s) => s,
+        Err(e) => {
+            return exit::report(&Plain {
+                message: format!("cannot write the run's record: {e}"),
+                hint: None,
+                code: exit::INTERNAL,
+            });
+        }
+    };
+    let mut text = String::new();
+    crate::report::scores::evaluation_section(&mut text, &record);
+    let code = out(text.trim_start());
+    match status {
+        RunStatus::Succeeded => code,
+        _ => {
+            eprintln!(
+                "error: {}",
+                record.failure.as_deref().unwrap_or("the evaluation failed")
+            );
+            eprintln!(
+                "  = hint: the videos are kept; fix the evaluation and run `runner evaluate {}` \
+                 again",
+                args.run
+            );
+            exit::FAILURE
+        }
+    }
+}

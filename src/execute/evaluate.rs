@@ -1,0 +1,232 @@
+//! A generation's evaluation: the `[evaluation]` command run on its complete videos, without a
+//! shell, in the run's results folder, its output in `logs/evaluation.log`, and the scores it
+//! wrote read back into `eval/scores.json` and the run's record.
+//!
+//! `runner apply` runs it once every selected prompt has its video (and alone, when an apply
+//! finds them all made already); `runner evaluate RUN` runs it from the run's record. Any
+//! failure (the command cannot start, exits non-zero, or leaves no valid scores file) ends the
+//! run with status `evaluation_failed`; the videos are kept.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::manifest::diagnostic::display_path;
+use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
+use crate::results::files::{RUN_JSON, write_json_atomic};
+use crate::results::records::{RunRecord, RunStatus};
+use crate::results::scores::{
+    EVAL_DIR, EVALUATION_LOG, EvaluationRecord, EvaluationStatus, SCORES_JSON, parse_scores,
+};
+use crate::results::time::now;
+use crate::results::video_index::VIDEOS_DIR;
+
+/// Lines of the evaluation log a failure message quotes.
+const LOG_TAIL_LINES: usize = 5;
+
+/// Runs the evaluation of the run in `run_dir` as its record describes it, recording its start
+/// and its outcome in `run.json`: status `succeeded` with the scores, or `evaluation_failed`
+/// with why. The caller holds the run's lock. Errors are those of writing the record.
+pub fn evaluate_run(
+    run_dir: &Path,
+    record: &mut RunRecord,
+) -> Result<RunStatus, crate::results::files::RecordError> {
+    let Some(eval) = record.evaluation.as_mut() else {
+        return Ok(record.status);
+    };
+    eval.status = EvaluationStatus::Running;
+    eval.started_at = Some(now());
+    eval.ended_at = None;
+    eval.failure = None;
+    write_json_atomic(&run_dir.join(RUN_JSON), &*record)?;
+    let eval = record.evaluation.as_mut().expect("set above");
+    let outcome = run(run_dir, &record.run, eval);
+    let eval = record.evaluation.as_mut().expect("set above");
+    eval.ended_at = Some(now());
+    let status = match outcome {
+        Ok(scores) => {
+            eval.status = EvaluationStatus::Succeeded;
+            eval.scores = Some(scores);
+            record.failure = None;
+            RunStatus::Succeeded
+        }
+        Err(why) => {
+            eval.status = EvaluationStatus::Failed;
+            eval.scores = None;
+            eval.failure = Some(why.clone());
+            record.failure = Some(why);
+            RunStatus::EvaluationFailed
+        }
+    };
+    record.status = status;
+    record.ended_at = eval.ended_at.clone();
+    write_json_atomic(&run_dir.join(RUN_JSON), &*record)?;
+    Ok(status)
+}
+
+/// Runs the command and reads its scores; the error says what went wrong and where to look.
+fn run(
+    run_dir: &Path,
+    run: &str,
+    eval: &mut EvaluationRecord,
+) -> Result<std::collections::BTreeMap<String, f64>, String> {
+    let template = CommandTemplate::new(eval.command.clone())
+        .map_err(|e| format!("the recorded evaluation command is not valid: {e}"))?;
+    let scores_file: ScoresFile = eval
+        .scores_file
+        .parse()
+        .map_err(|e| format!("the recorded evaluation.scores_file is not valid: {e}"))?;
+    let run_dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
+    let eval_dir = run_dir.join(EVAL_DIR);
+    let logs = run_dir.join("logs");
+    for d in [&eval_dir, &logs] {
+        fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", display_path(d)))?;
+    }
+    // Scores an earlier evaluation left must not pass for this one's.
+    for old in matching(&eval_dir, &scores_file)?
+        .into_iter()
+        .chain([eval_dir.join(SCORES_JSON)])
+    {
+        if let Err(e) = fs::remove_file(&old)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(format!(
+                "cannot remove the earlier scores {}: {e}",
+                display_path(&old)
+            ));
+        }
+    }
+    let names_file = eval
+        .names_file
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let argv = template.render(|name| match name {
+        "videos" => run_dir.join(VIDEOS_DIR).display().to_string(),
+        "run_dir" => run_dir.display().to_string(),
+        "run" => run.to_string(),
+        "names_file" => names_file.clone(),
+        "dimensions" => eval.dimensions.join(" "),
+        "eval_dir" => eval_dir.display().to_string(),
+        "scores_file" => eval_dir.join(scores_file.as_str()).display().to_string(),
+        other => unreachable!("placeholder {other} is checked when the command is read"),
+    });
+    eval.argv = argv.clone();
+    let log_path = logs.join(EVALUATION_LOG);
+    let log = fs::File::create(&log_path)
+        .map_err(|e| format!("cannot create {}: {e}", display_path(&log_path)))?;
+    let err_log = log
+        .try_clone()
+        .map_err(|e| format!("cannot write {}: {e}", display_path(&log_path)))?;
+    let words: Vec<String> = argv.iter().map(|a| quote(a)).collect();
+    let shown = words.join(" ");
+    let status = Command::new(&argv[0])
+        .args(&argv[1..])
+        .current_dir(&run_dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log)
+        .status()
+        .map_err(|e| {
+            format!(
+                "cannot start the evaluation command `{shown}`: {e}; install `{}` (docs/vbench.md) \
+                 or fix evaluation.command",
+                argv[0]
+            )
+        })?;
+    if !status.success() {
+        return Err(format!(
+            "the evaluation command `{shown}` failed ({status}){}; its output is in {}",
+            log_tail(&log_path),
+            display_path(&log_path)
+        ));
+    }
+    let found = matching(&eval_dir, &scores_file)?;
+    let path = match found.as_slice() {
+        [one] => one.clone(),
+        [] => {
+            return Err(format!(
+                "the evaluation command exited 0 but wrote no scores file {}/{scores_file}{}; its \
+                 output is in {}",
+                display_path(&eval_dir),
+                log_tail(&log_path),
+                display_path(&log_path)
+            ));
+        }
+        many => {
+            let list: Vec<String> = many.iter().map(|p| display_path(p)).collect();
+            return Err(format!(
+                "the evaluation command wrote {} files matching {scores_file}: {}; give \
+                 evaluation.scores_file a pattern that matches one",
+                many.len(),
+                list.join(", ")
+            ));
+        }
+    };
+    let text = read_limited(&path)?;
+    let scores = parse_scores(&text, &eval.dimensions)
+        .map_err(|e| format!("the scores file {} {e}", display_path(&path)))?;
+    write_json_atomic(&eval_dir.join(SCORES_JSON), &scores)
+        .map_err(|e| format!("cannot keep the scores: {e}"))?;
+    Ok(scores)
+}
+
+/// The largest scores file read (VBench's holds every video's result as well).
+const SCORES_LIMIT: u64 = 256 << 20;
+
+fn read_limited(path: &Path) -> Result<String, String> {
+    let mut text = String::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(SCORES_LIMIT).read_to_string(&mut text))
+        .map_err(|e| format!("cannot read the scores file {}: {e}", display_path(path)))?;
+    Ok(text)
+}
+
+/// The files of `eval_dir` that `scores` names: the one file, or those its `*` matches.
+fn matching(eval_dir: &Path, scores: &ScoresFile) -> Result<Vec<PathBuf>, String> {
+    let path = eval_dir.join(scores.as_str());
+    if !scores.is_pattern() {
+        return Ok(if path.is_file() {
+            vec![path]
+        } else {
+            Vec::new()
+        });
+    }
+    let dir = path.parent().unwrap_or(eval_dir);
+    let pattern = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (prefix, suffix) = pattern.split_once('*').expect("a pattern holds a `*`");
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("cannot list {}: {e}", display_path(dir))),
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.len() >= prefix.len() + suffix.len()
+                && name.starts_with(prefix)
+                && name.ends_with(suffix)
+        })
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// The last lines of the log, as `: last output "…"`, or nothing when it is empty.
+fn log_tail(log: &Path) -> String {
+    let text = fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+    format!("; its last output: {}", tail.join(" | "))
+}

@@ -1,0 +1,202 @@
+//! A run's evaluation: its settings and outcome as `run.json` keeps them ([`EvaluationRecord`]),
+//! and the scores file an evaluation command writes ([`parse_scores`]).
+//!
+//! The scores file is one JSON object of dimension -> score. A score is a number, or VBench's own
+//! form `[score, per-video results]`, whose first element is the number. Anything else (not JSON,
+//! not an object, an empty object, another value, a dimension asked for and missing) is an error
+//! that names what is wrong. What was read is kept as a plain `{"dimension": score}` object in
+//! `results/<RUN>/eval/scores.json` and in `run.json`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::{Kind, Resolved};
+
+/// The run's evaluation folder, and the scores the runner read, inside it.
+pub const EVAL_DIR: &str = "eval";
+pub use crate::manifest::evaluation::SCORES_JSON;
+/// The evaluation command's output, inside `logs/`.
+pub const EVALUATION_LOG: &str = "evaluation.log";
+
+/// Where the last evaluation got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvaluationStatus {
+    /// Not run yet (the generation is not complete).
+    NotRun,
+    /// Started; a record left so by a killed runner reads as interrupted.
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl EvaluationStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvaluationStatus::NotRun => "not run",
+            EvaluationStatus::Running => "running",
+            EvaluationStatus::Succeeded => "succeeded",
+            EvaluationStatus::Failed => "failed",
+        }
+    }
+}
+
+/// `run.json`'s `evaluation`: what `runner evaluate` needs to run it again without the manifest,
+/// and how the last evaluation went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvaluationRecord {
+    /// `evaluation.command` as set: the program and its arguments, placeholders unfilled.
+    pub command: Vec<String>,
+    pub dimensions: Vec<String>,
+    /// `evaluation.scores_file`, relative to `eval/`.
+    pub scores_file: String,
+    /// The names file, resolved, for `{names_file}`.
+    pub names_file: Option<PathBuf>,
+    pub status: EvaluationStatus,
+    /// The arguments the last evaluation ran with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    /// Dimension -> score, from the last evaluation that succeeded.
+    pub scores: Option<BTreeMap<String, f64>>,
+    /// Why the last evaluation failed.
+    pub failure: Option<String>,
+}
+
+impl EvaluationRecord {
+    /// The evaluation of a generation that sets `[evaluation] command`, not run yet.
+    pub fn of(r: &Resolved) -> Option<EvaluationRecord> {
+        let e = &r.manifest.evaluation;
+        let command = e.command.as_ref()?;
+        (r.manifest.kind == Kind::Generation).then(|| EvaluationRecord {
+            command: command.argv().to_vec(),
+            dimensions: e.dimensions.0.clone(),
+            scores_file: e.scores_file.to_string(),
+            names_file: r.paths.names_file.clone(),
+            status: EvaluationStatus::NotRun,
+            argv: Vec::new(),
+            started_at: None,
+            ended_at: None,
+            scores: None,
+            failure: None,
+        })
+    }
+
+    /// Whether `other` is the same evaluation (command, dimensions, scores file, names file).
+    pub fn same_settings(&self, other: &EvaluationRecord) -> bool {
+        (
+            &self.command,
+            &self.dimensions,
+            &self.scores_file,
+            &self.names_file,
+        ) == (
+            &other.command,
+            &other.dimensions,
+            &other.scores_file,
+            &other.names_file,
+        )
+    }
+}
+
+/// The scores of a scores file's text; every one of `dimensions` must have one.
+pub fn parse_scores(text: &str, dimensions: &[String]) -> Result<BTreeMap<String, f64>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("is not JSON ({e})"))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(format!(
+            "holds {}, not an object of dimension -> score",
+            kind_of(&value)
+        ));
+    };
+    if map.is_empty() {
+        return Err("holds no scores (an empty object)".into());
+    }
+    let mut scores = BTreeMap::new();
+    for (dimension, v) in &map {
+        let score = match v {
+            serde_json::Value::Number(n) => n.as_f64(),
+            serde_json::Value::Array(a) => a.first().and_then(serde_json::Value::as_f64),
+            _ => None,
+        };
+        let Some(score) = score.filter(|s| s.is_finite()) else {
+            return Err(format!(
+                "gives `{dimension}` {}, not a number (or VBench's [score, per-video results])",
+                kind_of(v)
+            ));
+        };
+        scores.insert(dimension.clone(), score);
+    }
+    let missing: Vec<&str> = dimensions
+        .iter()
+        .filter(|d| !scores.contains_key(*d))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "has no score for {} (evaluation.dimensions)",
+            missing.join(", ")
+        ));
+    }
+    Ok(scores)
+}
+
+fn kind_of(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    let short: String = text.chars().take(40).collect();
+    let what = match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    };
+    if text.chars().count() > 40 {
+        format!("{what} ({short}…)")
+    } else {
+        format!("{what} ({short})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn scores_are_numbers_or_vbench_pairs() {
+        let s = parse_scores(
+            r#"{"color": 0.8, "scene": [0.25, [{"video_path": "x"}]]}"#,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(s["color"], 0.8);
+        assert_eq!(s["scene"], 0.25);
+        assert!(parse_scores(r#"{"color": 1}"#, &dims(&["color"])).is_ok());
+    }
+
+    #[test]
+    fn anything_else_is_a_clear_error() {
+        for (text, want) in [
+            ("garbage", "is not JSON"),
+            ("", "is not JSON"),
+            ("[1, 2]", "holds a list"),
+            ("{}", "holds no scores"),
+            (r#"{"color": "high"}"#, "gives `color` a string"),
+            (r#"{"color": null}"#, "gives `color` null"),
+            (r#"{"color": ["x"]}"#, "gives `color` a list"),
+            (r#"{"color": NaN}"#, "is not JSON"),
+        ] {
+            let e = parse_scores(text, &[]).unwrap_err();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let e = parse_scores(r#"{"color": 0.5}"#, &dims(&["color", "scene"])).unwrap_err();
+        assert!(e.contains("has no score for scene"), "{e}");
+    }
+}
