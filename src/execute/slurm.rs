@@ -336,10 +336,8 @@ impl SlurmWork<'_> {
     ) -> Followed {
         let list = self.task_list();
         let mut offsets: BTreeMap<usize, u64> = BTreeMap::new();
-        let mut cancelled: Option<Instant> = None;
-        let mut last_query = Instant::now() - Duration::from_secs(60);
-        let mut live = BTreeMap::new();
-        loop {
+        // Hands on the events the tasks' processes wrote since the last call.
+        let mut drain = || {
             for procs in list.tasks.values() {
                 for p in procs {
                     let offset = offsets.entry(p.index).or_insert(0);
@@ -351,6 +349,12 @@ impl SlurmWork<'_> {
                     }
                 }
             }
+        };
+        let mut cancelled: Option<Instant> = None;
+        let mut last_query = Instant::now() - Duration::from_secs(60);
+        let mut live = BTreeMap::new();
+        loop {
+            drain();
             if INTERRUPTED.load(Ordering::SeqCst) && cancelled.is_none() {
                 cancel(job_id);
                 cancelled = Some(Instant::now());
@@ -373,17 +377,7 @@ impl SlurmWork<'_> {
             std::thread::sleep(Duration::from_millis(200));
         }
         // The last events, written before the tasks ended.
-        for procs in list.tasks.values() {
-            for p in procs {
-                let offset = offsets.entry(p.index).or_insert(0);
-                for kind in read_new_events(&p.events, offset) {
-                    on_event(&RunEvent {
-                        process: p.index,
-                        kind,
-                    });
-                }
-            }
-        }
+        drain();
         let ended = ended_states(job_id);
         let mut record = self.record(job_id, tasks);
         let mut failures = Vec::new();
