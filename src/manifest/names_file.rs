@@ -6,7 +6,7 @@ use std::path::Path;
 use super::checks::{Lookup, at_key};
 use super::diagnostic::{Diagnostic, display_path};
 use super::inputs;
-use super::settings::Manifest;
+use super::settings::{Kind, Manifest};
 
 /// Reads the names file at `path`. A missing file is a warning (`runner plan` works without it;
 /// `runner apply` refuses); one that is not a prompt-style file, or whose line count differs
@@ -75,6 +75,12 @@ pub(super) fn check_evaluation(m: &Manifest, lookup: &Lookup<'_>, errors: &mut V
             lookup,
         ));
     };
+    if m.kind == Kind::Probe {
+        fail(
+            "a probe is not evaluated: the evaluation runs after a complete generation",
+            "remove [evaluation], or make this a generation (kind = \"generation\")",
+        );
+    }
     if command.uses("names_file") && m.prompts.names_file.is_none() {
         fail(
             "the evaluation command uses {names_file}, and prompts.names_file is not set",

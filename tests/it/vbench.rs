@@ -510,3 +510,30 @@ fn evaluation_commands_are_lists_checked_where_they_are_set() {
         out.render()
     );
 }
+
+/// A probe measures speed and keeps no complete set of videos: an `[evaluation]` there is
+/// refused at its line rather than silently never run.
+#[test]
+fn a_probe_with_an_evaluation_is_refused_at_the_setting() {
+    let t = Test::new();
+    vbench_generation(&t, "probe", &["one", "two"], &[BUND, QUOTES], "");
+    let out = t
+        .cmd()
+        .args([
+            "plan",
+            "probe.toml",
+            "--set",
+            "kind=probe",
+            "--set",
+            "shards.count=1",
+        ])
+        .args([r#"--set=evaluation.command=["python3", "score.py", "{videos}"]"#])
+        .run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("a probe is not evaluated")
+            && out.stderr.contains("--set evaluation.command"),
+        "{}",
+        out.render()
+    );
+}
