@@ -149,10 +149,17 @@ fn sweep_json(runs: &[(Resolved, Plan)]) -> serde_json::Value {
 fn results_state(previous: &PreviousRun) -> String {
     match previous {
         PreviousRun::New => "new".into(),
-        PreviousRun::Resumes { done, selected } if done == selected => {
+        PreviousRun::Resumes {
+            done,
+            selected,
+            evaluates: true,
+        } if done == selected => format!(
+            "exists: all {selected} prompts done; apply runs only the evaluation, on their videos"
+        ),
+        PreviousRun::Resumes { done, selected, .. } if done == selected => {
             format!("exists: all {selected} prompts done; apply resumes and generates nothing")
         }
-        PreviousRun::Resumes { done, selected } => format!(
+        PreviousRun::Resumes { done, selected, .. } => format!(
             "exists: {done} of {selected} prompts done; apply resumes with the other {}",
             selected - done
         ),

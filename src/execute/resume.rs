@@ -168,8 +168,14 @@ pub enum PreviousRun {
     /// Nothing there yet.
     New,
     /// A generation of the same configuration: apply resumes it, skipping the `done` prompts
-    /// of the `selected`.
-    Resumes { done: usize, selected: usize },
+    /// of the `selected`; `evaluates` when its evaluation runs after them (set, and not yet
+    /// succeeded with the same settings).
+    Resumes {
+        done: usize,
+        selected: usize,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        evaluates: bool,
+    },
     /// A probe's record (its runtime state reused, as the manifest asks): apply measures the
     /// probe afresh.
     Remeasures,
@@ -197,11 +203,18 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
         Err(e) => refused(e),
         Ok(Completed {
             done,
-            previous: Some(_),
+            previous: Some(previous),
             ..
         }) => PreviousRun::Resumes {
             done: done.intersection(&selected).count(),
             selected: selected.len(),
+            evaluates: crate::results::scores::EvaluationRecord::of(r).is_some_and(|settings| {
+                let scored = previous.evaluation.as_ref().is_some_and(|e| {
+                    e.status == crate::results::scores::EvaluationStatus::Succeeded
+                        && e.same_settings(&settings)
+                });
+                !(scored && previous.status == crate::results::records::RunStatus::Succeeded)
+            }),
         },
         // `completed` gives no record to resume for a probe's (measured afresh) or for none.
         Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,

@@ -382,7 +382,14 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
         report.stdout
     );
 
-    // Applying again runs only the evaluation: no prompt is made again.
+    // Applying again runs only the evaluation, as the plan says: no prompt is made again.
+    let plan = t.cmd().args(["plan", "ev.toml"]).run();
+    assert!(
+        plan.stdout
+            .contains("all 3 prompts done; apply runs only the evaluation"),
+        "{}",
+        plan.render()
+    );
     mode(&t, "garbage");
     let out = t.cmd().args(["apply", "ev.toml"]).run();
     assert_eq!(out.code, 1, "{}", out.render());
@@ -437,6 +444,13 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
     );
     assert_eq!(records(&run_dir).len(), timings);
     assert_eq!(videos(&run_dir), made);
+    let plan = t.cmd().args(["plan", "ev.toml"]).run();
+    assert!(
+        plan.stdout
+            .contains("all 3 prompts done; apply resumes and generates nothing"),
+        "{}",
+        plan.render()
+    );
 }
 
 /// `runner evaluate` refuses a run that has no evaluation, or whose generation is not complete.
