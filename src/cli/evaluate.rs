@@ -103,6 +103,14 @@ pub fn run(args: &EvaluateArgs) -> i32 {
     let code = out(text.trim_start());
     match status {
         RunStatus::Succeeded => code,
+        RunStatus::Interrupted => {
+            eprintln!(
+                "interrupted; the videos are kept, and `runner evaluate {}` runs the evaluation \
+                 again",
+                args.run
+            );
+            exit::INTERRUPTED
+        }
         _ => {
             eprintln!(
                 "error: {}",

@@ -11,6 +11,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
@@ -35,6 +36,8 @@ pub fn evaluate_run(
     let Some(eval) = record.evaluation.as_mut() else {
         return Ok(record.status);
     };
+    // An interruption stops the evaluation (its command too) and is recorded as one.
+    super::apply::install_signal_handlers();
     eval.status = EvaluationStatus::Running;
     eval.started_at = Some(now());
     eval.ended_at = None;
@@ -44,7 +47,15 @@ pub fn evaluate_run(
     let outcome = run(run_dir, &record.run, eval);
     let eval = record.evaluation.as_mut().expect("set above");
     eval.ended_at = Some(now());
+    let interrupted = super::apply::INTERRUPTED.load(Ordering::SeqCst);
     let status = match outcome {
+        Err(_) if interrupted => {
+            eval.status = EvaluationStatus::Interrupted;
+            eval.scores = None;
+            eval.failure = Some("interrupted".into());
+            record.failure = None;
+            RunStatus::Interrupted
+        }
         Ok(scores) => {
             eval.status = EvaluationStatus::Succeeded;
             eval.scores = Some(scores);
@@ -121,13 +132,13 @@ fn run(
         .map_err(|e| format!("cannot write {}: {e}", display_path(&log_path)))?;
     let words: Vec<String> = argv.iter().map(|a| quote(a)).collect();
     let shown = words.join(" ");
-    let status = Command::new(&argv[0])
+    let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         .current_dir(&run_dir)
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err_log)
-        .status()
+        .spawn()
         .map_err(|e| {
             format!(
                 "cannot start the evaluation command `{shown}`: {e}; install `{}` (docs/vbench.md) \
@@ -135,6 +146,22 @@ fn run(
                 argv[0]
             )
         })?;
+    // Waited for in steps, so that an interruption stops the command (SIGTERM) rather than
+    // waiting out a scoring that may take hours.
+    let status = loop {
+        let waited = child.try_wait();
+        match waited {
+            Ok(Some(status)) => break status,
+            Ok(None) if super::apply::INTERRUPTED.load(Ordering::SeqCst) => {
+                // SAFETY: signalling our own child, which has not been waited for yet.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+                let _ = child.wait();
+                return Err(format!("the evaluation command `{shown}` was interrupted"));
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(100)),
+            Err(e) => return Err(format!("cannot wait for the evaluation command: {e}")),
+        }
+    };
     if !status.success() {
         return Err(format!(
             "the evaluation command `{shown}` failed ({status}){}; its output is in {}",

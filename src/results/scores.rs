@@ -30,6 +30,8 @@ pub enum EvaluationStatus {
     Running,
     Succeeded,
     Failed,
+    /// Stopped by Ctrl-C, SIGTERM or SIGHUP; applying again runs it again.
+    Interrupted,
 }
 
 impl EvaluationStatus {
@@ -39,6 +41,7 @@ impl EvaluationStatus {
             EvaluationStatus::Running => "running",
             EvaluationStatus::Succeeded => "succeeded",
             EvaluationStatus::Failed => "failed",
+            EvaluationStatus::Interrupted => "interrupted",
         }
     }
 }

@@ -30,7 +30,7 @@ fn vbench_generation(t: &Test, name: &str, extended: &[&str], standard: &[&str],
 }
 
 /// The stand-in evaluation: it reads its mode from `mode.txt` in the test folder (`scores F`,
-/// `fail`, `garbage`, `nothing`). With `scores F` it looks the videos up as VBench's standard
+/// `fail`, `garbage`, `nothing`, `sleep`). With `scores F` it looks the videos up as VBench's standard
 /// mode does (the extension of the folder's first entry; `<prompt>-<i><ext>` for i in 0..4 for
 /// every distinct standard prompt) and writes, in VBench's `[score, per-video results]` form,
 /// for the k-th dimension: F × (share of the names file's lines whose video it found) − k/100.
@@ -38,7 +38,10 @@ const STAND_IN: &str = r#"
 import json, os, sys
 mode_file, videos, names_file, dimensions, eval_dir = sys.argv[1:6]
 mode = open(mode_file).read().split()
-print("stand-in evaluation:", " ".join(mode), "over", len(dimensions.split()), "dimensions")
+print("stand-in evaluation:", " ".join(mode), "over", len(dimensions.split()), "dimensions", flush=True)
+if mode[0] == "sleep":
+    import time
+    time.sleep(600)
 if mode[0] == "fail":
     print("RuntimeError: CUDA out of memory (stand-in)", file=sys.stderr)
     sys.exit(3)
@@ -550,4 +553,50 @@ fn a_probe_with_an_evaluation_is_refused_at_the_setting() {
         "{}",
         out.render()
     );
+}
+
+/// Ctrl-C (here SIGTERM) during the evaluation stops the evaluation command too, and the run
+/// reads interrupted, not failed; applying again runs only the evaluation.
+#[test]
+fn an_interrupted_evaluation_is_stopped_and_recorded_as_interrupted() {
+    let t = Test::new();
+    let standard = [BUND, QUOTES];
+    let ext = extended(&standard);
+    vbench_generation(&t, "stop", &strs(&ext), &standard, &evaluation(&t));
+    let run_dir = t.path().join("results/stop");
+    mode(&t, "sleep");
+    let mut apply = crate::apply::spawn_apply(&t, "stop.toml");
+    let log = run_dir.join("logs/evaluation.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("stand-in evaluation: sleep")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the evaluation never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(apply.id() as libc::pid_t, libc::SIGTERM) };
+    let exit = apply.wait().unwrap();
+    assert_eq!(exit.code(), Some(130));
+    assert_eq!(
+        status(&run_dir),
+        ("interrupted".into(), "interrupted".into())
+    );
+    let script = t.path().join("stand_in.py").display().to_string();
+    assert!(
+        crate::support::processes_with(&script).is_empty(),
+        "the evaluation command was stopped with the run"
+    );
+    let made = videos(&run_dir);
+    mode(&t, "scores 1.0");
+    let out = t.cmd().args(["apply", "stop.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(
+        out.stderr.contains("only the evaluation runs"),
+        "{}",
+        out.render()
+    );
+    assert_eq!(status(&run_dir), ("succeeded".into(), "succeeded".into()));
+    assert_eq!(videos(&run_dir), made);
 }
