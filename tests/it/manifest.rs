@@ -479,14 +479,16 @@ fn a_closed_pipe_is_not_an_error() {
     );
 }
 
-/// The README's list of environment variables is the table the runner reads them from.
+/// The documented environment variables (docs/settings.md's layers, the README's ONNX Runtime
+/// section and docs/settings.md's diagnostics) are the tables the runner reads them from.
 #[test]
-fn the_readme_lists_every_environment_variable() {
+fn the_docs_list_every_environment_variable() {
+    let settings = std::fs::read_to_string(repo().join("docs/settings.md")).unwrap();
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let start = readme
+    let start = settings
         .find("3. environment variables")
         .expect("the layers list");
-    let item = &readme[start..readme[start..].find("\n4. ").unwrap() + start];
+    let item = &settings[start..settings[start..].find("\n4. ").unwrap() + start];
     let listed: std::collections::BTreeSet<&str> = item
         .split('`')
         .skip(1)
@@ -498,16 +500,17 @@ fn the_readme_lists_every_environment_variable() {
         .map(|v| v.var)
         .collect();
     known.insert(unstep::manifest::layers::EXTRA_ARGS_VAR);
-    assert_eq!(listed, known, "README.md's environment variables");
+    assert_eq!(listed, known, "docs/settings.md's environment variables");
 
-    // The variables that are not settings, in the section about ONNX Runtime.
-    let start = readme
+    // The variables that are not settings: the README's ONNX Runtime section and the
+    // diagnostics of docs/settings.md.
+    let ort = &readme[readme
         .find("## ONNX Runtime")
-        .expect("the ONNX Runtime section");
-    let listed: std::collections::BTreeSet<&str> = readme[start..]
-        .split('`')
-        .skip(1)
-        .step_by(2)
+        .expect("the ONNX Runtime section")..];
+    let diagnostics = &settings[settings.find("## Diagnostics").expect("the diagnostics")..];
+    let listed: std::collections::BTreeSet<&str> = [ort, diagnostics]
+        .iter()
+        .flat_map(|text| text.split('`').skip(1).step_by(2))
         .map(|w| w.split('=').next().unwrap_or(w))
         .filter(|w| w.starts_with("UNSTEP_") || w.starts_with("ORT_"))
         .collect();
@@ -515,5 +518,5 @@ fn the_readme_lists_every_environment_variable() {
         .iter()
         .map(|(name, _)| *name)
         .collect();
-    assert_eq!(listed, known, "README.md's other environment variables");
+    assert_eq!(listed, known, "the other environment variables");
 }
