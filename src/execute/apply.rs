@@ -10,12 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use super::config::RunConfig;
+use super::evaluate::{evaluate_only, evaluated, saves_videos};
 use super::events::{RunEvent, RunEventKind, WorkerFacts};
 use super::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
 use super::lock::{Lock, LockError};
 use super::preflight::{bundle_facts, preflight, tokenizer_warnings};
 use super::progress::{Progress, SlotWork};
 use super::resume::{Completed, completed};
+use super::shard_apply::{
+    every_prompt_done, merge_concurrent, record_guard, shard_lock_dir, timing_file_selected,
+    write_record,
+};
 use super::slots::{Workers, process_name};
 use super::slurm::SlurmWork;
 use super::staging::{self, Stage, StageRequest, StagingError};
@@ -31,7 +36,6 @@ use crate::results::names::VideoNames;
 use crate::results::records::{
     BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus, Summary,
 };
-use crate::results::scores::EvaluationStatus;
 use crate::results::video_index;
 
 /// How `apply` behaves beyond the manifest.
@@ -364,171 +368,6 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         failures,
         slurm_job,
     })
-}
-
-/// The folder of shard `shard`'s own lock: the applies of one run's shards share the run's lock
-/// and each holds its shards' locks, so that two applies never run the same shard.
-fn shard_lock_dir(run_dir: &Path, shard: usize) -> PathBuf {
-    run_dir.join("shards").join(shard.to_string())
-}
-
-/// Whether a timing file (`timings/NNN.jsonl`) is one of this apply's selected processes.
-fn timing_file_selected(plan: &Plan, file: &Path) -> bool {
-    file.file_stem()
-        .and_then(|s| s.to_str())
-        .and_then(|s| s.parse::<usize>().ok())
-        .and_then(|i| plan.processes.get(i))
-        .is_some_and(|p| plan.selects(p))
-}
-
-/// Whether every prompt of the plan's shards has a record (whichever apply made it).
-fn every_prompt_done(plan: &Plan, run_dir: &Path) -> bool {
-    let made: BTreeSet<u32> = read_process_timings(run_dir)
-        .records
-        .iter()
-        .filter(|rec| rec.role == crate::results::records::ProcessRole::Shard)
-        .map(|rec| rec.prompt)
-        .collect();
-    plan.shards
-        .iter()
-        .flat_map(|sh| &sh.prompts)
-        .all(|i| made.contains(i))
-}
-
-/// Holds the run record's own lock while a shard apply reads and writes `run.json` (other
-/// shards' applies write it too); a whole-run apply, alone in the run, takes none.
-fn record_guard(run_dir: &Path, shard_apply: bool) -> Result<Option<fs::File>, ApplyError> {
-    if !shard_apply {
-        return Ok(None);
-    }
-    let path = run_dir.join(".unstep.record.lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .and_then(|f| f.lock().map(|()| f))
-        .map_err(|e| ApplyError::Io(format!("cannot lock {}: {e}", display_path(&path))))?;
-    Ok(Some(file))
-}
-
-/// A shard apply's record keeps the run's first start and every apply's start, other shards'
-/// included, from the `run.json` they wrote meanwhile.
-fn merge_concurrent(run_dir: &Path, record: &mut RunRecord, started: &str, shard_apply: bool) {
-    if !shard_apply {
-        return;
-    }
-    let Ok(current) = crate::results::files::read_json::<RunRecord>(&run_dir.join(RUN_JSON)) else {
-        return;
-    };
-    if current.config_hash != record.config_hash {
-        return;
-    }
-    let mut starts: BTreeSet<String> = current.resumed_at.iter().cloned().collect();
-    starts.extend(record.resumed_at.iter().cloned());
-    starts.insert(current.started_at.clone());
-    starts.insert(started.to_string());
-    let first = starts.pop_first().unwrap_or_default();
-    record.started_at = first;
-    record.resumed_at = starts.into_iter().collect();
-    if record.bundle.is_none() {
-        record.bundle = current.bundle;
-        record.execution_provider = current.execution_provider;
-        record.versions = current.versions;
-        record.attention_backend = current.attention_backend;
-        record.dit_kernels = current.dit_kernels;
-        record.vae_kernels = current.vae_kernels;
-    }
-}
-
-/// Writes the run's record (a shard apply's merged with what other shards' applies wrote).
-fn write_record(
-    run_dir: &Path,
-    record: &mut RunRecord,
-    started: &str,
-    shard_apply: bool,
-) -> Result<(), ApplyError> {
-    let _guard = record_guard(run_dir, shard_apply)?;
-    merge_concurrent(run_dir, record, started, shard_apply);
-    write_json_atomic(&run_dir.join(RUN_JSON), record)?;
-    Ok(())
-}
-
-/// Runs the evaluation of a run whose videos are complete; its outcome is the run's.
-fn evaluated(run_dir: &Path, record: &mut RunRecord) -> Result<Outcome, ApplyError> {
-    let status = super::evaluate::evaluate_run(run_dir, record)?;
-    Ok(Outcome {
-        status,
-        run_dir: run_dir.to_path_buf(),
-        failures: record.failure.iter().cloned().collect(),
-        slurm_job: None,
-    })
-}
-
-/// A generation with an evaluation whose selected prompts all have their videos already: only
-/// the evaluation runs (again, unless the last one succeeded with the same settings). `None`
-/// when there are prompts to make, or no evaluation.
-fn evaluate_only(
-    r: &Resolved,
-    plan: &Plan,
-    previous: &RunRecord,
-    done: &BTreeSet<u32>,
-    opts: &ApplyOptions,
-) -> Result<Option<Outcome>, ApplyError> {
-    let Some(settings) = crate::results::scores::EvaluationRecord::of(r) else {
-        return Ok(None);
-    };
-    let all_done = plan
-        .shards
-        .iter()
-        .flat_map(|sh| &sh.prompts)
-        .all(|i| done.contains(i));
-    if !all_done {
-        return Ok(None);
-    }
-    let run_dir = &plan.run_dir;
-    let mut record = previous.clone();
-    let scored = record
-        .evaluation
-        .as_ref()
-        .is_some_and(|e| e.status == EvaluationStatus::Succeeded && e.same_settings(&settings));
-    if scored && record.status == RunStatus::Succeeded {
-        if !opts.quiet {
-            eprintln!(
-                "note: every prompt has its video and the evaluation has its scores; nothing to \
-                 do (`runner evaluate {}` scores the videos again)",
-                plan.run
-            );
-        }
-        return Ok(Some(Outcome {
-            status: RunStatus::Succeeded,
-            run_dir: run_dir.clone(),
-            failures: Vec::new(),
-            slurm_job: None,
-        }));
-    }
-    if !opts.quiet {
-        eprintln!("note: every prompt has its video; only the evaluation runs");
-    }
-    if saves_videos(r) {
-        video_index::write(
-            run_dir,
-            r.prompts.as_deref().unwrap_or_default(),
-            &VideoNames::of(r),
-        )?;
-    }
-    let mut fresh = settings;
-    if let Some(old) = &record.evaluation
-        && old.same_settings(&fresh)
-    {
-        fresh.scores = old.scores.clone();
-    }
-    record.evaluation = Some(fresh);
-    evaluated(run_dir, &mut record).map(Some)
-}
-
-fn saves_videos(r: &Resolved) -> bool {
-    r.manifest.kind == Kind::Generation && r.manifest.outputs.save_videos
 }
 
 /// Repairs the damaged timing files and removes the videos to be made again (made from a

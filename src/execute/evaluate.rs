@@ -7,20 +7,26 @@
 //! failure (the command cannot start, exits non-zero, or leaves no valid scores file) ends the
 //! run with status `evaluation_failed`; the videos are kept.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 
+use super::apply::{ApplyError, ApplyOptions, Outcome};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
+use crate::manifest::{Kind, Resolved};
+use crate::plan::Plan;
 use crate::results::files::{RUN_JSON, write_json_atomic};
+use crate::results::names::VideoNames;
 use crate::results::records::{RunRecord, RunStatus};
 use crate::results::scores::{
     EVAL_DIR, EVALUATION_LOG, EvaluationRecord, EvaluationStatus, SCORES_JSON, parse_scores,
 };
 use crate::results::time::now;
+use crate::results::video_index;
 use crate::results::video_index::VIDEOS_DIR;
 
 /// Lines of the evaluation log a failure message quotes.
@@ -256,4 +262,81 @@ fn log_tail(log: &Path) -> String {
     }
     let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
     format!("; its last output: {}", tail.join(" | "))
+}
+
+/// Runs the evaluation of a run whose videos are complete; its outcome is the run's.
+pub(super) fn evaluated(run_dir: &Path, record: &mut RunRecord) -> Result<Outcome, ApplyError> {
+    let status = super::evaluate::evaluate_run(run_dir, record)?;
+    Ok(Outcome {
+        status,
+        run_dir: run_dir.to_path_buf(),
+        failures: record.failure.iter().cloned().collect(),
+        slurm_job: None,
+    })
+}
+
+/// A generation with an evaluation whose selected prompts all have their videos already: only
+/// the evaluation runs (again, unless the last one succeeded with the same settings). `None`
+/// when there are prompts to make, or no evaluation.
+pub(super) fn evaluate_only(
+    r: &Resolved,
+    plan: &Plan,
+    previous: &RunRecord,
+    done: &BTreeSet<u32>,
+    opts: &ApplyOptions,
+) -> Result<Option<Outcome>, ApplyError> {
+    let Some(settings) = crate::results::scores::EvaluationRecord::of(r) else {
+        return Ok(None);
+    };
+    let all_done = plan
+        .shards
+        .iter()
+        .flat_map(|sh| &sh.prompts)
+        .all(|i| done.contains(i));
+    if !all_done {
+        return Ok(None);
+    }
+    let run_dir = &plan.run_dir;
+    let mut record = previous.clone();
+    let scored = record
+        .evaluation
+        .as_ref()
+        .is_some_and(|e| e.status == EvaluationStatus::Succeeded && e.same_settings(&settings));
+    if scored && record.status == RunStatus::Succeeded {
+        if !opts.quiet {
+            eprintln!(
+                "note: every prompt has its video and the evaluation has its scores; nothing to \
+                 do (`runner evaluate {}` scores the videos again)",
+                plan.run
+            );
+        }
+        return Ok(Some(Outcome {
+            status: RunStatus::Succeeded,
+            run_dir: run_dir.clone(),
+            failures: Vec::new(),
+            slurm_job: None,
+        }));
+    }
+    if !opts.quiet {
+        eprintln!("note: every prompt has its video; only the evaluation runs");
+    }
+    if saves_videos(r) {
+        video_index::write(
+            run_dir,
+            r.prompts.as_deref().unwrap_or_default(),
+            &VideoNames::of(r),
+        )?;
+    }
+    let mut fresh = settings;
+    if let Some(old) = &record.evaluation
+        && old.same_settings(&fresh)
+    {
+        fresh.scores = old.scores.clone();
+    }
+    record.evaluation = Some(fresh);
+    evaluated(run_dir, &mut record).map(Some)
+}
+
+pub(super) fn saves_videos(r: &Resolved) -> bool {
+    r.manifest.kind == Kind::Generation && r.manifest.outputs.save_videos
 }

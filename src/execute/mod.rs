@@ -11,6 +11,7 @@ pub mod lock;
 mod preflight;
 pub mod progress;
 mod resume;
+mod shard_apply;
 mod slots;
 pub mod slurm;
 pub mod staging;
