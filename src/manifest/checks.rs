@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::diagnostic::{Diagnostic, Excerpt, Origin, display_path};
-use super::load::RunPaths;
 use super::paths;
+use super::run_paths::RunPaths;
 use super::settings::{CacheMode, Kind, Manifest, ProviderKind};
 use super::values::IndexList;
 

@@ -13,6 +13,7 @@ pub mod layers;
 pub mod load;
 mod names_file;
 pub mod paths;
+mod run_paths;
 pub mod schema;
 pub mod settings;
 pub mod source;
@@ -20,6 +21,7 @@ pub mod sweep;
 pub mod values;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Origin};
-pub use load::{LoadRequest, Resolved, RunPaths, Setting, load, load_sweep};
+pub use load::{LoadRequest, Resolved, Setting, load, load_sweep};
+pub use run_paths::RunPaths;
 pub use settings::*;
 pub use values::*;
