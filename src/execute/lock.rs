@@ -38,6 +38,17 @@ pub struct Lock {
 impl Lock {
     /// Takes the lock of `dir` (created if missing) at once, or fails naming the holder.
     pub fn acquire(dir: &Path, run: &str) -> Result<Lock, LockError> {
+        Lock::take(dir, run, false)
+    }
+
+    /// Takes `dir`'s lock shared with other shared holders (the applies of a run's different
+    /// shards), at once, or fails naming the exclusive holder. Each shared holder appends its
+    /// line to the lock file; the next exclusive holder starts it afresh.
+    pub fn acquire_shared(dir: &Path, run: &str) -> Result<Lock, LockError> {
+        Lock::take(dir, run, true)
+    }
+
+    fn take(dir: &Path, run: &str, shared: bool) -> Result<Lock, LockError> {
         let io = |source| LockError::Io {
             dir: dir.to_path_buf(),
             source,
@@ -46,52 +57,35 @@ impl Lock {
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
+            // Shared holders append their lines at once, whoever writes first.
+            .append(shared)
             .create(true)
             .truncate(false)
             .open(dir.join(LOCK_FILE))
             .map_err(io)?;
-        // `File::try_lock` is `flock(LOCK_EX | LOCK_NB)` on Linux: held by this open file.
-        match file.try_lock() {
+        // `File::try_lock` is `flock(LOCK_EX | LOCK_NB)` on Linux, `try_lock_shared` the same
+        // with `LOCK_SH`: held by this open file.
+        let taken = if shared {
+            file.try_lock_shared()
+        } else {
+            file.try_lock()
+        };
+        match taken {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Err(held(dir, &mut file)),
             Err(std::fs::TryLockError::Error(err)) => return Err(io(err)),
         }
-        file.set_len(0).map_err(io)?;
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        // The exclusive holder starts the file afresh; shared holders add their line at its end.
+        if !shared {
+            file.set_len(0).map_err(io)?;
+            file.seek(SeekFrom::Start(0)).map_err(io)?;
+        }
         writeln!(file, "run={run} pid={}", std::process::id()).map_err(io)?;
         file.flush().map_err(io)?;
         Ok(Lock {
             file,
             dir: dir.to_path_buf(),
-            shared: false,
-        })
-    }
-
-    /// Takes `dir`'s lock shared with other shared holders (the applies of a run's different
-    /// shards), at once, or fails naming the exclusive holder. Each shared holder appends its
-    /// line to the lock file; the next exclusive holder starts it afresh.
-    pub fn acquire_shared(dir: &Path, run: &str) -> Result<Lock, LockError> {
-        let io = |source| LockError::Io {
-            dir: dir.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(dir.join(LOCK_FILE))
-            .map_err(io)?;
-        match file.try_lock_shared() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Err(held(dir, &mut file)),
-            Err(std::fs::TryLockError::Error(err)) => return Err(io(err)),
-        }
-        writeln!(file, "run={run} pid={}", std::process::id()).map_err(io)?;
-        Ok(Lock {
-            file,
-            dir: dir.to_path_buf(),
-            shared: true,
+            shared,
         })
     }
 }
