@@ -15,9 +15,10 @@ impl EnvVars {
     /// Diagnostics: the graph optimizers to leave out (comma-separated), replacing the provider's
     /// own list; empty leaves every optimizer on.
     pub const UNSTEP_ORT_DISABLE_OPTIMIZERS: &str = "UNSTEP_ORT_DISABLE_OPTIMIZERS";
-    /// Where the decoder convolutions' engine choices are kept between processes; `runner apply`
-    /// sets it to each process's cache directory.
-    pub const UNSTEP_CONV_CACHE: &str = "UNSTEP_CONV_CACHE";
+    /// The folder where the runner's CUDA kernels keep what they decide and compile (convolution
+    /// choices, attention plans, compiled kernels) between processes; `runner apply` sets it to
+    /// each process's cache directory.
+    pub const UNSTEP_KERNEL_CACHE: &str = "UNSTEP_KERNEL_CACHE";
     /// Diagnostics: `1` prints how long each convolution engine choice took.
     pub const UNSTEP_CONV_LOG: &str = "UNSTEP_CONV_LOG";
 }
@@ -38,8 +39,8 @@ pub const OTHER_ENV_VARS: &[(&str, &str)] = &[
         "graph optimizers to leave out",
     ),
     (
-        EnvVars::UNSTEP_CONV_CACHE,
-        "kept convolution engine choices",
+        EnvVars::UNSTEP_KERNEL_CACHE,
+        "kept kernel choices, plans and images",
     ),
     (
         EnvVars::UNSTEP_CONV_LOG,

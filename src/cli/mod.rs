@@ -157,6 +157,7 @@ pub(crate) fn out(text: &str) -> i32 {
 
 /// Runs the command line and returns the process exit status.
 pub fn main() -> i32 {
+    crate::execute::worker::mark_process_start();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -320,7 +320,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         vae_kernels: args.vae_kernels,
         ort_profile_dir: None,
         disabled_optimizers: None,
-        conv_cache_dir: None,
+        kernel_cache_dir: None,
         conv_log: false,
     }
     .with_diagnostics_from_env()

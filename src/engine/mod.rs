@@ -33,6 +33,7 @@ mod cuda_memory;
 pub mod generate;
 pub(crate) mod kernels;
 pub mod noise;
+pub mod one_time;
 pub mod onnx_graph;
 pub mod options;
 pub mod ort_lib;
@@ -44,9 +45,10 @@ pub mod text;
 
 pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings};
 pub use generate::{
-    GenerateError, GenerateOptions, Generated, Generator, PhaseTimes, TimedRegionEnd,
+    GenerateError, GenerateOptions, Generated, Generator, PhaseTimes, StartupTimes, TimedRegionEnd,
 };
 pub use noise::fill_normal;
+pub use one_time::OneTimeWork;
 pub use options::{CudaOptions, FusedPart, Provider, RuntimeOptions, TensorRtOptions};
 pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};

@@ -275,10 +275,11 @@ pub struct RuntimeOptions {
     /// `UNSTEP_ORT_DISABLE_OPTIMIZERS`.
     #[serde(default)]
     pub disabled_optimizers: Option<String>,
-    /// Where the decoder convolutions' engine choices are kept between processes (`runner
-    /// apply`: the process's cache folder's `cudnn_conv`; `runner worker`: `UNSTEP_CONV_CACHE`).
+    /// Where the runner's CUDA kernels keep what they decide and compile between processes:
+    /// convolution choices, attention plans, the compiled kernels (`runner apply`: the process's
+    /// cache folder; `runner worker`: `UNSTEP_KERNEL_CACHE`).
     #[serde(default)]
-    pub conv_cache_dir: Option<PathBuf>,
+    pub kernel_cache_dir: Option<PathBuf>,
     /// Diagnostics: print how each convolution engine was chosen (`UNSTEP_CONV_LOG=1`).
     #[serde(default)]
     pub conv_log: bool,
@@ -292,8 +293,8 @@ impl RuntimeOptions {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         self.disabled_optimizers = std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok();
-        if self.conv_cache_dir.is_none() {
-            self.conv_cache_dir = std::env::var_os(EnvVars::UNSTEP_CONV_CACHE)
+        if self.kernel_cache_dir.is_none() {
+            self.kernel_cache_dir = std::env::var_os(EnvVars::UNSTEP_KERNEL_CACHE)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from);
         }

@@ -66,6 +66,16 @@ pub struct GraphSessions {
     /// The bundle's `dit_context` graph, exactly when the DiT takes the context's keys and values
     /// ([`ContextInterface::KeysValues`]).
     pub dit_context: Option<Session>,
+    /// How long the DiT's sessions (with `dit_context`'s) and the decoder's took to build, in
+    /// seconds.
+    pub built_in: SessionBuildTimes,
+}
+
+/// Seconds spent building sessions, by part.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SessionBuildTimes {
+    pub dit_s: f64,
+    pub decoder_s: f64,
 }
 
 impl GraphSessions {
@@ -214,7 +224,10 @@ impl GraphSessions {
             .vae_kernels
             .resolve(FusedPart::Vae, &options.provider, bundle)?;
         let names = GraphNames::of(bundle, dit_kernels, vae_kernels);
-        super::kernels::configure_conv(options.conv_cache_dir.clone(), options.conv_log);
+        super::kernels::configure(super::kernels::KernelSettings {
+            cache_dir: options.kernel_cache_dir.clone(),
+            conv_log: options.conv_log,
+        });
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {
             if kernels != FusedKernels::Unstep {
@@ -225,6 +238,7 @@ impl GraphSessions {
                 .map(Some)
                 .map_err(|e| part.unavailable(&options.provider, e.to_string()))
         };
+        let started = std::time::Instant::now();
         let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
         let dit = build_graph_session(runtime, bundle, names.dit, dit_options, false, dit_ops)?;
         let kv_interface = KvInterface::of(&dit);
@@ -246,12 +260,15 @@ impl GraphSessions {
         } else {
             None
         };
-        let sessions = Self {
-            text_encoder: if text_encoder {
-                Some(text_encoder_session(runtime, bundle, options)?)
-            } else {
-                None
-            },
+        let dit_s = started.elapsed().as_secs_f64();
+        let text_encoder = if text_encoder {
+            Some(text_encoder_session(runtime, bundle, options)?)
+        } else {
+            None
+        };
+        let started = std::time::Instant::now();
+        let mut sessions = Self {
+            text_encoder,
             dit,
             dit_kernels,
             // The decoder's sessions run without ONNX Runtime's memory pattern on GPUs: with it,
@@ -278,6 +295,11 @@ impl GraphSessions {
             vae_kernels,
             kv_interface,
             dit_context,
+            built_in: SessionBuildTimes::default(),
+        };
+        sessions.built_in = SessionBuildTimes {
+            dit_s,
+            decoder_s: started.elapsed().as_secs_f64(),
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)

@@ -62,7 +62,7 @@ impl RunConfig {
             vae_kernels: rt.vae_kernels,
             ort_profile_dir: None,
             disabled_optimizers: None,
-            conv_cache_dir: None,
+            kernel_cache_dir: None,
             conv_log: false,
         }
         .with_diagnostics_from_env();
@@ -98,7 +98,7 @@ impl RunConfig {
     pub fn engine_for(&self, cache_dir: &Path) -> RuntimeOptions {
         let mut engine = self.engine.clone();
         engine.optimized_model_dir = Some(cache_dir.join("ort_optimized"));
-        engine.conv_cache_dir = Some(cache_dir.join("cudnn_conv"));
+        engine.kernel_cache_dir = Some(cache_dir.to_path_buf());
         if let Provider::TensorRt(trt) = &mut engine.provider {
             trt.engine_cache_dir = Some(cache_dir.join("tensorrt_engines"));
             trt.timing_cache_dir = Some(cache_dir.join("tensorrt_timing"));

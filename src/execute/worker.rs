@@ -3,7 +3,8 @@
 //! build a job and run it through the same code, so both write the same timing records.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
@@ -14,7 +15,7 @@ use crate::engine::{
 use crate::exit;
 use crate::results::files::append_jsonl;
 use crate::results::names::video_name;
-use crate::results::records::TimingRecord;
+use crate::results::records::{ProcessStart, TimingRecord};
 
 /// Videos are written at 16 frames per second, as the model's training data.
 pub const FPS: u32 = 16;
@@ -133,11 +134,31 @@ fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
     Ok(Generator::with_prompts(bundle, &job.engine, prompts)?)
 }
 
+/// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
+/// in `main`.
+static PROCESS_STARTED: OnceLock<Instant> = OnceLock::new();
+
+/// Notes the process's start, for the time its sessions took to get ready
+/// ([`ProcessStart::ready_s`]).
+pub fn mark_process_start() {
+    PROCESS_STARTED.get_or_init(Instant::now);
+}
+
 /// Runs a job: builds the sessions, generates every prompt in order, and for each measured
 /// prompt writes its video and outputs when asked, then appends its timing record.
 pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
+    let started = *PROCESS_STARTED.get_or_init(Instant::now);
     let ort = engine::ort_lib::runtime(job.engine.ort_library.as_deref())?;
     let mut generator = build(job)?;
+    let startup = generator.startup();
+    let mut process_start = Some(ProcessStart {
+        ready_s: started.elapsed().as_secs_f64(),
+        text_encoder_s: startup.text_encoder_s,
+        dit_sessions_s: startup.dit_sessions_s,
+        decoder_sessions_s: startup.decoder_sessions_s,
+        buffers_s: startup.buffers_s,
+        kernel_compile_s: engine::one_time::take().kernel_compile_s,
+    });
     let facts = facts(job, &generator, &ort.version);
     eprintln!(
         "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}{}",
@@ -179,7 +200,7 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
     let mut measured = Vec::new();
     for prompt in &job.prompts {
         let generated = generator.generate(prompt.index, &prompt.text, &options)?;
-        let record = keep(job, prompt, &generated)?;
+        let record = keep(job, prompt, &generated, process_start.take())?;
         emit(
             job,
             &RunEventKind::PromptDone {
@@ -210,6 +231,7 @@ fn keep(
     job: &JobSpec,
     prompt: &PromptSpec,
     generated: &Generated,
+    process_start: Option<ProcessStart>,
 ) -> Result<TimingRecord, WorkerError> {
     let video = match &job.videos {
         Some(dir) if !generated.frames.is_empty() => {
@@ -249,6 +271,8 @@ fn keep(
         config_hash: job.config_hash.clone(),
         prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
         video,
+        process_start,
+        one_time: Some(generated.one_time).filter(|w| !w.is_empty()),
     };
     if let Some(path) = &job.timings {
         append_jsonl(path, &record)?;

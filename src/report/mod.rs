@@ -1,6 +1,7 @@
 //! Reading runs back: `runner report` (statistics, phase split, provenance), `runner compare`,
 //! `runner runs` and `runner diff`, and the latency plot a run leaves beside its records.
 
+pub mod first_prompt;
 pub mod load;
 pub mod many;
 pub mod render;
@@ -8,6 +9,7 @@ pub mod runs;
 pub mod scores;
 pub mod svg;
 
+pub use first_prompt::{FirstPrompt, FirstPrompts};
 pub use load::{LoadedRun, ReportError, load_run, locate};
 pub use many::ManyComparison;
 pub use render::{CompareRow, Comparison, PhaseSplit, Provenance, Report, report_text};

@@ -154,6 +154,8 @@ pub struct Report<'a> {
     pub phase_split: PhaseSplit,
     /// The largest peak device memory of the measured prompts.
     pub peak_device_memory_bytes: Option<u64>,
+    /// Each process's start and first prompt, and where its extra time went.
+    pub first_prompts: super::FirstPrompts,
     pub provenance: Provenance,
     /// The evaluation's settings, outcome and scores, when the run has one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -175,6 +177,7 @@ impl<'a> Report<'a> {
             summary: &run.summary,
             phase_split: PhaseSplit::of(&measured(&run.timings, run.record.kind)),
             peak_device_memory_bytes: peak_memory(&measured(&run.timings, run.record.kind)),
+            first_prompts: super::FirstPrompts::of(&run.timings),
             provenance: Provenance::of(&run.record),
             evaluation: run.record.evaluation.as_ref(),
         }
@@ -210,6 +213,7 @@ pub fn report_text(run: &LoadedRun) -> String {
     statistics_table(&mut t, &run.summary);
     let measured = measured(&run.timings, r.kind);
     phase_split(&mut t, &measured);
+    super::FirstPrompts::of(&run.timings).write(&mut t);
     let _ = writeln!(
         t,
         "\npeak device memory {} (largest over the measured prompts)",

@@ -304,6 +304,8 @@ mod tests {
             config_hash: String::new(),
             prompt_sha256: None,
             video: None,
+            process_start: None,
+            one_time: None,
         }
     }
 

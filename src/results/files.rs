@@ -234,7 +234,7 @@ fn parse_timing_lines(text: &str) -> (Vec<TimingRecord>, Vec<(usize, serde_json:
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::results::records::{ProcessRole, TimedRegionEnd};
 
@@ -256,6 +256,8 @@ mod tests {
             config_hash: "abc".into(),
             prompt_sha256: None,
             video: None,
+            process_start: None,
+            one_time: None,
         }
     }
 

@@ -17,9 +17,9 @@ pub use files::{
 pub use hash::{config_hash, prompt_hash};
 pub use records::{
     AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
-    LibraryVersions, ManifestRecord, PlacesRecord, ProcessRecord, ProcessRole, RunRecord,
-    RunStatus, SettingRecord, Summary, SweepRecord, TimedRegionEnd, TimingRecord, TokenizerRecord,
-    WarmupRecord, WeightsRecord, measured,
+    LibraryVersions, ManifestRecord, PlacesRecord, ProcessRecord, ProcessRole, ProcessStart,
+    RunRecord, RunStatus, SettingRecord, Summary, SweepRecord, TimedRegionEnd, TimingRecord,
+    TokenizerRecord, WarmupRecord, WeightsRecord, measured,
 };
 pub use stats::Statistics;
 

@@ -9,6 +9,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::stats::Statistics;
+use crate::engine::OneTimeWork;
 use crate::manifest::{
     AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
@@ -107,6 +108,33 @@ pub struct TimingRecord {
     pub prompt_sha256: Option<String>,
     /// The video, relative to the run directory, when one was kept.
     pub video: Option<String>,
+    /// On the first prompt a process recorded: how long the process took to get its sessions
+    /// ready, and where that went. Absent on the others, and in records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_start: Option<ProcessStart>,
+    /// The one-time work done during this prompt (kernel compiles, attention plans, convolution
+    /// and matmul choices, CUDA graph captures): on a GPU process's first prompt, and on one
+    /// that met a new shape. Absent when there was none (and on the CPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_time: Option<OneTimeWork>,
+}
+
+/// A worker process's start, from its `main` to its sessions ready for the first prompt, in
+/// seconds. The parts do not add up to `ready_s`: loading ONNX Runtime, opening the bundle and
+/// the rest are not split out.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ProcessStart {
+    pub ready_s: f64,
+    /// The text encoder's session and the encoding of the process's prompts.
+    pub text_encoder_s: f64,
+    /// The DiT's sessions.
+    pub dit_sessions_s: f64,
+    /// The decoder's sessions.
+    pub decoder_sessions_s: f64,
+    /// The generation loop's buffers and small graphs.
+    pub buffers_s: f64,
+    /// Of the sessions' time, compiling the runner's CUDA kernels (or loading a kept image).
+    pub kernel_compile_s: f64,
 }
 
 /// Whether the source checkout was at a commit, and whether it had local changes.
@@ -668,6 +696,8 @@ mod tests {
             config_hash: "h".into(),
             prompt_sha256: None,
             video: None,
+            process_start: None,
+            one_time: None,
         }
     }
 

@@ -155,6 +155,32 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     assert_eq!(slots.len(), 2, "{slots:?}");
     assert!(run_dir.join("runtime_state/cpu0").is_dir());
     assert!(run_dir.join("runtime_state/cpu1").is_dir());
+    // Each process's first record carries its start (ready after its sessions, which took part
+    // of that time), the others none; the CPU does no one-time work of the GPU kinds.
+    let mut seen = std::collections::BTreeSet::new();
+    for r in records(&run_dir) {
+        let start = &r["process_start"];
+        assert!(r.get("one_time").is_none(), "{r}");
+        if !seen.insert(r["process"].as_u64().unwrap()) {
+            assert!(start.is_null(), "only a process's first prompt has it: {r}");
+            continue;
+        }
+        let ready = start["ready_s"].as_f64().unwrap();
+        let sessions = start["dit_sessions_s"].as_f64().unwrap()
+            + start["decoder_sessions_s"].as_f64().unwrap()
+            + start["text_encoder_s"].as_f64().unwrap();
+        assert!(sessions > 0.0 && ready >= sessions, "{r}");
+    }
+    assert!(
+        seen.len() >= 4,
+        "two warmups and two shards at least: {seen:?}"
+    );
+    assert!(
+        out.stdout.contains("first prompt of each process")
+            && out.stdout.contains("(warmup, cpu0): ready in "),
+        "{}",
+        out.stdout
+    );
     // Success removes the staging snapshot and releases the lock.
     assert!(!t.path().join("work/gen").exists());
     assert!(

@@ -1,9 +1,11 @@
 //! `runner report` and `runner compare` on run directories written through the results API.
 
+use unstep::engine::OneTimeWork;
 use unstep::manifest::{LoadRequest, load};
 use unstep::results::{
-    BundleRecord, DeviceRecord, GitState, LibraryVersions, ProcessRole, RUN_JSON, RunRecord,
-    RunStatus, SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord, append_jsonl, write_json_atomic,
+    BundleRecord, DeviceRecord, GitState, LibraryVersions, ProcessRole, ProcessStart, RUN_JSON,
+    RunRecord, RunStatus, SUMMARY_JSON, Summary, TIMINGS_JSONL, TimingRecord, append_jsonl,
+    write_json_atomic,
 };
 
 use crate::support::{Test, filtered, tree};
@@ -99,11 +101,27 @@ fn fake_run(
         config_hash: record.config_hash.clone(),
         prompt_sha256: None,
         video: None,
+        process_start: None,
+        one_time: None,
     };
-    let mut records = vec![
-        timing(0, ProcessRole::Warmup, 0, 40.0),
-        timing(0, ProcessRole::Warmup, 1, 6.0),
-    ];
+    // The warmup's first prompt: its start and one-time work, as a GPU worker records them.
+    let mut first = timing(0, ProcessRole::Warmup, 0, 40.0);
+    first.process_start = Some(ProcessStart {
+        ready_s: 12.5,
+        text_encoder_s: 1.5,
+        dit_sessions_s: 6.25,
+        decoder_sessions_s: 1.25,
+        buffers_s: 0.5,
+        kernel_compile_s: 2.0,
+    });
+    first.one_time = Some(OneTimeWork {
+        attention_plans_s: 20.0,
+        conv_choices_s: 8.0,
+        gemm_choices_s: 0.25,
+        graph_capture_s: 1.5,
+        ..OneTimeWork::default()
+    });
+    let mut records = vec![first, timing(0, ProcessRole::Warmup, 1, 6.0)];
     records.extend(
         totals
             .iter()

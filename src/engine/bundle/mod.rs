@@ -621,7 +621,7 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 }
 
 /// The sha256 of bytes in memory, lowercase hex.
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 

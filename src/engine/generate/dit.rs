@@ -16,6 +16,7 @@ use super::buffers::{Bound, Buf};
 use super::capture::{BlockShape, CaptureGate};
 use super::state::DeviceLoop;
 use super::{GenerateError, PhaseTimes, run_error};
+use crate::engine::one_time::Work;
 use crate::engine::schedule::{Emit, MethodSettings, Schedule};
 use crate::engine::session::KvInterface;
 
@@ -374,7 +375,11 @@ impl DeviceLoop {
                     dit.run_binding_with_options(&binding.binding, &options)
                         .map(drop)
                 };
-                let result = if capturing { gate.capture(run) } else { run() };
+                let result = if capturing {
+                    crate::engine::one_time::timed(Work::GraphCapture, || gate.capture(run))
+                } else {
+                    run()
+                };
                 result.map_err(e)?;
             }
         }

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
+use super::one_time::OneTimeWork;
 use super::schedule::{MethodSettings, Schedule, ScheduleError};
 use super::session::{
     ContextInterface, GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError,
@@ -85,6 +86,20 @@ impl PhaseTimes {
     }
 }
 
+/// Where a [`Generator`]'s construction went, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StartupTimes {
+    /// The text encoder's session and the prompts encoded ahead with it
+    /// ([`Generator::with_prompts`]; 0 otherwise).
+    pub text_encoder_s: f64,
+    /// The DiT's sessions.
+    pub dit_sessions_s: f64,
+    /// The decoder's sessions.
+    pub decoder_sessions_s: f64,
+    /// The loop's buffers and small graphs.
+    pub buffers_s: f64,
+}
+
 /// One generated video.
 #[derive(Debug, Clone)]
 pub struct Generated {
@@ -96,6 +111,8 @@ pub struct Generated {
     pub frames: Vec<u8>,
     pub frame_shape: [usize; 4],
     pub times: PhaseTimes,
+    /// The one-time work this prompt did (the first of a process, or one with a new shape).
+    pub one_time: OneTimeWork,
     pub timed_region_end: TimedRegionEnd,
     /// Device memory in use after the prompt (an upper bound of its peak; see
     /// `engine::cuda_memory`); `None` on the CPU.
@@ -147,6 +164,7 @@ pub struct Generator {
     /// Contexts encoded ahead ([`Generator::with_prompts`]) by prompt text, with the time each
     /// encoding took.
     ahead: Ahead,
+    startup: StartupTimes,
 }
 
 impl std::fmt::Debug for Generator {
@@ -186,8 +204,12 @@ impl Generator {
         prompts: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, GenerateError> {
         check_provider_precision(&bundle, runtime)?;
+        let started = Instant::now();
         let contexts = encode_ahead(&bundle, runtime, prompts)?;
-        Self::build(bundle, runtime, Some(contexts))
+        let text_encoder_s = started.elapsed().as_secs_f64();
+        let mut generator = Self::build(bundle, runtime, Some(contexts))?;
+        generator.startup.text_encoder_s = text_encoder_s;
+        Ok(generator)
     }
 
     /// The sessions and buffers; with `ahead`, the prompts' contexts instead of a text encoder.
@@ -198,8 +220,15 @@ impl Generator {
     ) -> Result<Self, GenerateError> {
         let tokenizer = bundle.tokenizer()?;
         let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none())?;
+        let started = Instant::now();
         let state = DeviceLoop::new(&bundle, &sessions, runtime)?;
         let dims = Dims::of(&bundle);
+        let startup = StartupTimes {
+            text_encoder_s: 0.0,
+            dit_sessions_s: sessions.built_in.dit_s,
+            decoder_sessions_s: sessions.built_in.decoder_s,
+            buffers_s: started.elapsed().as_secs_f64(),
+        };
         Ok(Self {
             bundle,
             tokenizer,
@@ -207,6 +236,7 @@ impl Generator {
             dims,
             state,
             ahead: ahead.unwrap_or_default(),
+            startup,
         })
     }
 
@@ -232,6 +262,11 @@ impl Generator {
 
     pub fn bundle(&self) -> &Bundle {
         &self.bundle
+    }
+
+    /// Where this generator's construction went.
+    pub fn startup(&self) -> StartupTimes {
+        self.startup
     }
 
     /// Generates one prompt. `prompt_index` is the prompt's global index: it selects the noise,
@@ -283,6 +318,7 @@ impl Generator {
             frames: out.frames,
             frame_shape: [video_frames, d.height, d.width, 3],
             times: out.times,
+            one_time: super::one_time::take(),
             timed_region_end: out.end,
             peak_device_memory: out.peak_device_memory,
         })

@@ -24,9 +24,15 @@
 //! - One cuDNN handle and one scratch buffer (cuDNN's workspace, the runs' outputs and
 //!   log-sum-exps) per device and stream, made on first use and kept for the process: a captured
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
-//!   call (a process's plain passes come before any capture) and kept by the node.
+//!   call (a process's plain passes come before any capture) and shared by every node of the
+//!   process on that stream: the 30 layers' attentions make the same calls, so each shape's
+//!   plans are built once, not once per node. With a kernel cache folder each plan is also kept under its
+//!   `cudnn_attention/` (cuDNN's serialised form, by GPU kind, cuDNN version and the call's sizes
+//!   and strides), and a later process restores it instead of building it.
 
 use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
@@ -35,12 +41,13 @@ use ort::value::TensorElementType;
 use super::DOMAIN;
 use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
 use super::cudnn::{
-    Attr, Desc, Kind, check_aligned, check_cudnn, engine_configs, execute_plan, execution_plan,
-    handle, scratch,
+    Attr, Desc, Kind, check_aligned, check_cudnn, deserialize_plan, device_kind, engine_configs,
+    execute_plan, execution_plan, handle, scratch, serialize_plan,
 };
 use super::operator::CudaKernel;
 use super::ops::Attention;
 use super::ops::attention::{AttentionSizes, HeadsAttrs};
+use crate::engine::one_time::{self, Work};
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
 pub(crate) const TILE_ROWS: usize = 64;
@@ -130,6 +137,7 @@ struct Sdpa {
 
 /// Q `[b, h, s, hd]` at `q_strides`, K and V `[b, h, l, hd]` at `kv_strides`, O at `o_strides`,
 /// and with `stats` the log-sum-exp `[b, h, s, 1]` (float32, packed).
+#[derive(Debug)]
 struct SdpaShape {
     dims_q: [i64; 4],
     q_strides: [i64; 4],
@@ -139,7 +147,53 @@ struct SdpaShape {
     stats: bool,
 }
 
+/// The file under the kernel cache folder that keeps the plan of `shape` on a device of `kind`
+/// (`sm90-132sms-cudnn91900`): named by a hash of the shape's sizes and strides.
+fn plan_file(cache_dir: &Path, kind: &str, shape: &SdpaShape) -> PathBuf {
+    let key = crate::engine::bundle::sha256_hex(format!("{shape:?}").as_bytes());
+    cache_dir
+        .join("cudnn_attention")
+        .join(format!("{kind}-sdpa-{}.json", &key[..16]))
+}
+
 impl Sdpa {
+    /// The plan of `shape`: the one kept in `kept` (a file of [`plan_file`]) when it restores on
+    /// this handle, else built from cuDNN's heuristics and, when cuDNN can serialise it, kept
+    /// there for the next process.
+    fn get(
+        handle: dnn::cudnnHandle_t,
+        shape: &SdpaShape,
+        kept: Option<&Path>,
+    ) -> Result<Self, String> {
+        let restored = kept
+            .and_then(super::kept::read)
+            .and_then(|json| deserialize_plan(handle, &json).ok());
+        if let Some((plan, workspace)) = restored {
+            return Ok(Self {
+                plan,
+                workspace,
+                with_stats: shape.stats,
+                _parts: Vec::new(),
+            });
+        }
+        let built = Self::build(handle, shape)?;
+        if let Some(file) = kept {
+            match serialize_plan(&built.plan) {
+                Ok(json) => super::kept::keep(file, &json, "builds the attention's plans"),
+                Err(e) => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| {
+                        eprintln!(
+                            "note: {DOMAIN} Attention: cuDNN cannot serialise its attention plans \
+                             ({e}); every process builds them again"
+                        )
+                    });
+                }
+            }
+        }
+        Ok(built)
+    }
+
     fn build(handle: dnn::cudnnHandle_t, shape: &SdpaShape) -> Result<Self, String> {
         use dnn::cudnnDataType_t::{CUDNN_DATA_FLOAT as F32, CUDNN_DATA_HALF as F16};
         let q = Desc::tensor(UID_Q, F16, &shape.dims_q, &shape.q_strides, false)?;
@@ -229,6 +283,11 @@ impl Sdpa {
     }
 }
 
+/// The plans of every call shape prepared in this process, with the handle (device and stream)
+/// they were made on: the attentions of the DiT's 30 layers make the same calls, so each shape's
+/// plans are built once for all of them.
+static PREPARED: Mutex<Vec<(usize, Arc<Prepared>)>> = Mutex::new(Vec::new());
+
 /// The cuDNN calls of one call shape.
 struct Prepared {
     /// (B, S, L, D).
@@ -249,7 +308,10 @@ pub(crate) struct AttentionKernel {
     sms: usize,
     sm90: bool,
     merge: Handle<sys::CUfunction>,
-    prepared: Vec<Prepared>,
+    /// The GPU kind and cuDNN version, for the names of kept plans.
+    kind: String,
+    /// The call shapes this node has run, from [`PREPARED`].
+    prepared: Vec<Arc<Prepared>>,
     /// Whether a partial last wave is split ([`split`]); off only to measure against.
     pub(crate) split_enabled: bool,
     /// The most runs of the keys a split may use ([`MAX_PARTS`]; fewer only to measure against).
@@ -275,6 +337,7 @@ impl CudaKernel<Attention> for AttentionKernel {
             sms: info.sms.max(0) as usize,
             sm90: (info.major, info.minor) == (9, 0),
             merge,
+            kind: device_kind(ordinal)?,
             prepared: Vec::new(),
             split_enabled: true,
             max_parts: MAX_PARTS,
@@ -345,12 +408,12 @@ impl AttentionKernel {
         {
             Some(index) => index,
             None => {
-                let prepared = self.prepare(handle.0, sizes, split)?;
+                let prepared = self.shared(handle.0, sizes, split)?;
                 self.prepared.push(prepared);
                 self.prepared.len() - 1
             }
         };
-        let prepared = &self.prepared[index];
+        let prepared = Arc::clone(&self.prepared[index]);
         let scratch = scratch(self.ordinal, stream, prepared.scratch_bytes)?;
         let scale = 1.0 / (hd as f32).sqrt();
         prepared
@@ -396,6 +459,35 @@ impl AttentionKernel {
         .map_err(|e| format!("cuLaunchKernel (merge): {e}"))
     }
 
+    /// The plans of a call of these sizes on `handle`, split as `split`: the ones another node
+    /// of the process prepared, or prepared now (built, or restored from the kernel cache
+    /// folder) and shared.
+    fn shared(
+        &self,
+        handle: dnn::cudnnHandle_t,
+        sizes: &AttentionSizes,
+        split: Split,
+    ) -> Result<Arc<Prepared>, String> {
+        let mut all = PREPARED.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = (
+            sizes.rows / sizes.block_rows,
+            sizes.block_rows,
+            sizes.cache_rows,
+            sizes.d,
+        );
+        if let Some((_, prepared)) = all
+            .iter()
+            .find(|(h, p)| *h == handle as usize && p.key == key && p.split == split)
+        {
+            return Ok(Arc::clone(prepared));
+        }
+        let prepared = Arc::new(one_time::timed(Work::AttentionPlans, || {
+            self.prepare(handle, sizes, split)
+        })?);
+        all.push((handle as usize, Arc::clone(&prepared)));
+        Ok(prepared)
+    }
+
     /// The cuDNN plans of a call of these sizes, split as `split`.
     fn prepare(
         &self,
@@ -415,19 +507,23 @@ impl AttentionKernel {
             d as i64,
             hd as i64,
         );
+        let cache_dir = super::settings().cache_dir;
+        let kept = |shape: &SdpaShape| {
+            cache_dir
+                .as_deref()
+                .map(|dir| plan_file(dir, &self.kind, shape))
+        };
         // BSHD rows: head h of row r at r·D + h·hd.
-        let main = Sdpa::build(
-            handle,
-            &SdpaShape {
-                dims_q: [b, h, split.main_rows as i64, hd64],
-                q_strides: [s64 * d64, hd64, d64, 1],
-                dims_kv: [b, h, l64, hd64],
-                kv_strides: [l64 * d64, hd64, d64, 1],
-                o_strides: [s64 * d64, hd64, d64, 1],
-                stats: false,
-            },
-        )
-        .map_err(|e| format!("{e} (the rows of the full waves)"))?;
+        let main_shape = SdpaShape {
+            dims_q: [b, h, split.main_rows as i64, hd64],
+            q_strides: [s64 * d64, hd64, d64, 1],
+            dims_kv: [b, h, l64, hd64],
+            kv_strides: [l64 * d64, hd64, d64, 1],
+            o_strides: [s64 * d64, hd64, d64, 1],
+            stats: false,
+        };
+        let main = Sdpa::get(handle, &main_shape, kept(&main_shape).as_deref())
+            .map_err(|e| format!("{e} (the rows of the full waves)"))?;
         let align = |n: usize| n.div_ceil(256) * 256;
         if split.parts == 1 {
             return Ok(Prepared {
@@ -442,19 +538,17 @@ impl AttentionKernel {
         }
         let (parts, tail_rows) = (split.parts as i64, (s - split.main_rows) as i64);
         let run_keys = l64 / parts;
-        let tail = Sdpa::build(
-            handle,
-            &SdpaShape {
-                dims_q: [parts, h, tail_rows, hd64],
-                // The same rows for every run of the keys.
-                q_strides: [0, hd64, d64, 1],
-                dims_kv: [parts, h, run_keys, hd64],
-                kv_strides: [run_keys * d64, hd64, d64, 1],
-                o_strides: [tail_rows * d64, hd64, d64, 1],
-                stats: true,
-            },
-        )
-        .map_err(|e| format!("{e} (the last rows, over {parts} runs of the keys)"))?;
+        let tail_shape = SdpaShape {
+            dims_q: [parts, h, tail_rows, hd64],
+            // The same rows for every run of the keys.
+            q_strides: [0, hd64, d64, 1],
+            dims_kv: [parts, h, run_keys, hd64],
+            kv_strides: [run_keys * d64, hd64, d64, 1],
+            o_strides: [tail_rows * d64, hd64, d64, 1],
+            stats: true,
+        };
+        let tail = Sdpa::get(handle, &tail_shape, kept(&tail_shape).as_deref())
+            .map_err(|e| format!("{e} (the last rows, over {parts} runs of the keys)"))?;
         let runs_offset = align(main.workspace.max(tail.workspace));
         let stats_offset = runs_offset + align(split.parts * (s - split.main_rows) * d * 2);
         let scratch_bytes = stats_offset + split.parts * heads * (s - split.main_rows) * 4;

@@ -19,10 +19,9 @@
 //!   stream). A first call made while the stream is being captured into a CUDA graph cannot wait
 //!   for timings: it takes the first plan that builds, and so does every later call of that
 //!   shape.
-//! - **Kept between processes.** With the session options' `conv_cache_dir` set to a directory
-//!   (`runner apply` sets it to the process's cache directory's `cudnn_conv`, beside `cuda_jit`;
-//!   `runner worker` takes it from `UNSTEP_CONV_CACHE`), each choice is also
-//!   written there, one small file per GPU kind, cuDNN version, shape and type, naming the plan's
+//! - **Kept between processes.** With a kernel cache folder ([`super::KernelSettings`]), each
+//!   choice is also written under its `cudnn_conv/`, one small file per GPU kind, cuDNN version,
+//!   shape and type, naming the plan's
 //!   place in the heuristics' list and its engine; a later process (the measurement after the
 //!   warmup) builds that one plan and takes it without timing, when the heuristics still offer the
 //!   same engine there. A missing, unreadable or stale file means timing again; a file that
@@ -34,14 +33,16 @@ use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
+use crate::engine::one_time::{self, Work};
+
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
-use super::cuda::{CurrentContext, Handle, REMEDY, device_info, primary_context};
+use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, cudnn,
+    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, device_kind,
     engine_configs, execute_plan, execution_plan, set_stream,
 };
 use super::operator::CudaKernel;
@@ -60,33 +61,6 @@ const TIMED_REPS: usize = 3;
 /// A plan whose cold run takes more than this many times the best plan's time so far is not
 /// timed further.
 const SLOW_CUT: f32 = 4.0;
-/// The environment variable naming the directory the choices are kept in.
-/// Where this process keeps its choices and whether it logs them: the session options'
-/// `conv_cache_dir` and `conv_log`, set when sessions are built ([`configure`]).
-#[derive(Debug, Clone, Default)]
-struct Settings {
-    cache_dir: Option<PathBuf>,
-    log: bool,
-}
-
-static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
-    cache_dir: None,
-    log: false,
-});
-
-/// Sets where choices are kept (`None`: nowhere) and whether each is logged, for the sessions
-/// built from now on in this process.
-pub(crate) fn configure(cache_dir: Option<PathBuf>, log: bool) {
-    *SETTINGS.lock().unwrap_or_else(PoisonError::into_inner) = Settings { cache_dir, log };
-}
-
-fn settings() -> Settings {
-    SETTINGS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-}
-
 /// cuDNN's numerical notes (`cudnnBackendNumericalNote_t`) that change a convolution's arithmetic
 /// (tensor cores: TF32 for float32 inputs).
 const NOTE_TENSOR_CORE: u32 = 0;
@@ -125,16 +99,9 @@ static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
 impl Device {
     /// Device `ordinal`'s state, with a new cuDNN handle (its primary context current).
     fn new(ordinal: i32) -> Result<Self, String> {
-        let info = device_info(ordinal)?;
         Ok(Self {
             ordinal,
-            kind: format!(
-                "sm{}{}-{}sms-cudnn{}",
-                info.major,
-                info.minor,
-                info.sms,
-                cudnn()?.version
-            ),
+            kind: device_kind(ordinal)?,
             handle: create_handle(ordinal)?,
             tuned: Vec::new(),
             workspaces: Vec::new(),
@@ -224,7 +191,9 @@ impl ConvKernel {
         let index = match device.tuned.iter().position(|(k, _)| *k == key) {
             Some(index) => index,
             None => {
-                let chosen = tune(device, dims, half, [x, w, y], stream)?;
+                let chosen = one_time::timed(Work::ConvChoices, || {
+                    tune(device, dims, half, [x, w, y], stream)
+                })?;
                 device.tuned.push((key, chosen));
                 device.tuned.len() - 1
             }
@@ -526,12 +495,7 @@ pub(crate) fn kept_choice(file: &Path, engines: &[i64]) -> Option<usize> {
 
 /// Writes a choice (a temporary file renamed into place, so a reader sees all of it or none).
 pub(crate) fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Result<()> {
-    if let Some(dir) = file.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, format_choice(index, engine))?;
-    std::fs::rename(&tmp, file)
+    super::kept::write(file, format_choice(index, engine).as_bytes())
 }
 
 /// The plan a shape keeps: the one an earlier process kept, when the heuristics
@@ -562,11 +526,11 @@ fn tune(
         dims.c,
         if half { "float16" } else { "float32" }
     );
-    let settings = settings();
+    let settings = super::settings();
     let file = settings
         .cache_dir
         .as_deref()
-        .map(|dir| choice_file(dir, &device.kind, dims, half));
+        .map(|dir| choice_file(&dir.join("cudnn_conv"), &device.kind, dims, half));
     let engines: Vec<i64> = offers.iter().map(|o| o.engine).collect();
     let kept = file
         .as_deref()
@@ -584,7 +548,7 @@ fn tune(
             file.as_deref(),
         )?,
     };
-    if settings.log {
+    if settings.conv_log {
         eprintln!(
             "CausalConv3d {describe} on stream {stream:?}: engine {} kept ({how}); chosen in \
              {:.2} s",

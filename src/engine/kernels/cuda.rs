@@ -9,7 +9,9 @@
 //!   loaded with `cuModuleLoadData` into the device's primary context, the context ONNX Runtime's
 //!   CUDA provider works in through the runtime API. A cubin rather than PTX, so that an NVRTC
 //!   newer than the driver (within one CUDA major version) still works: the driver does not JIT
-//!   PTX of a newer ISA.
+//!   PTX of a newer ISA. With a kernel cache folder the cubin is kept under its `nvrtc/`
+//!   ([`image_file`]): a later process loads it instead of compiling, and compiles only when the
+//!   kept image does not load.
 //! - [`prepare`] checks a call of any operator against the contract and its CUDA needs (element
 //!   types, tensors on the kernel's device, shapes, alignment to element pairs), allocates its
 //!   outputs, and reads the device pointers of its inputs and outputs (`Tensor::data_ptr`: ONNX
@@ -20,6 +22,7 @@
 //!   synchronises: ONNX Runtime orders the stream.
 
 use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{result as driver, sys};
@@ -28,8 +31,10 @@ use ort::memory::AllocationDevice;
 use ort::operator::ComputeContext;
 use ort::value::{DynTensorValueType, TensorElementType};
 
+use super::kept;
 use super::operator::{UnstepOp, check, op_error};
 use super::row_launch::{Layout, elem_bytes, entry_point};
+use crate::engine::one_time::{self, Work};
 
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
@@ -92,6 +97,22 @@ fn nvrtc_version() -> String {
     }
 }
 
+/// NVRTC's options besides the architecture. `--fmad=false`: no contraction of a·b + c, so that
+/// the results are the CPU kernels' up to the order of the row sums.
+const NVRTC_OPTIONS: [&str; 2] = ["--fmad=false", "--std=c++17"];
+
+/// The file under the kernel cache folder's `nvrtc/` that keeps `kernels.cu`'s image for `arch`:
+/// named by a hash of everything the image depends on (the source, NVRTC's options and version,
+/// the architecture), so that another build of the runner or another NVRTC never reads it.
+pub(crate) fn image_file(cache_dir: &Path, arch: &str, nvrtc: &str) -> PathBuf {
+    let key = crate::engine::bundle::sha256_hex(
+        format!("{SOURCE}\0{}\0{arch}\0{nvrtc}", NVRTC_OPTIONS.join(" ")).as_bytes(),
+    );
+    cache_dir
+        .join("nvrtc")
+        .join(format!("kernels-{arch}-{}.cubin", &key[..16]))
+}
+
 /// Compiles `kernels.cu` with NVRTC for `arch` (`sm_90` gives a cubin, `compute_90` PTX) and
 /// returns the image. Needs NVRTC, not a GPU.
 pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, String> {
@@ -105,13 +126,8 @@ pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, String> {
     let name = c"unstep_kernels.cu";
     let program =
         nvrtc::create_program(&source, Some(name)).map_err(|e| fail("create the program", e))?;
-    // `--fmad=false`: no contraction of a·b + c, so that the results are the CPU kernels' up to
-    // the order of the row sums.
-    let options = [
-        format!("--gpu-architecture={arch}"),
-        "--fmad=false".to_string(),
-        "--std=c++17".to_string(),
-    ];
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
     let cubin = arch.starts_with("sm_");
     // SAFETY: `program` is valid until destroyed below; `source` and `name` outlive it.
     let result = unsafe {
@@ -221,19 +237,39 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
     };
     let info = device_info(ordinal).map_err(|e| format!("unstep CUDA kernels: {e}"))?;
     let arch = format!("sm_{}{}", info.major, info.minor);
-    let image = compile(&arch).map_err(|e| format!("{e}; {REMEDY}"))?;
     let context = primary_context(ordinal)
         .map_err(|e| format!("unstep CUDA kernels: {e}"))?
         .0;
     let _current = CurrentContext::enter(context).map_err(|e| fail("cuCtxPushCurrent", e))?;
-    // SAFETY: `image` is a complete cubin; the context is current.
-    let module = unsafe { driver::module::load_data(image.as_ptr().cast()) }.map_err(|e| {
-        format!(
-            "{}; the driver may be older than NVRTC {} (use the NVRTC of the driver's CUDA version), {REMEDY}",
-            fail(&format!("cuModuleLoadData ({arch} cubin)"), e),
-            nvrtc_version()
-        )
-    })?;
+    let load = |image: &[u8]| {
+        // SAFETY: the context is current; a damaged image is refused by the driver.
+        unsafe { driver::module::load_data(image.as_ptr().cast()) }
+    };
+    // The image an earlier process kept, when it loads; otherwise compiled now, and kept.
+    let file = super::settings()
+        .cache_dir
+        .map(|dir| image_file(&dir, &arch, &nvrtc_version()));
+    let kept = one_time::timed(Work::KernelCompile, || {
+        let image = kept::read(file.as_deref()?)?;
+        load(&image).ok()
+    });
+    let module = match kept {
+        Some(module) => module,
+        None => {
+            let image = one_time::timed(Work::KernelCompile, || compile(&arch))
+                .map_err(|e| format!("{e}; {REMEDY}"))?;
+            if let Some(file) = &file {
+                kept::keep(file, &image, "compiles the kernels");
+            }
+            load(&image).map_err(|e| {
+                format!(
+                    "{}; the driver may be older than NVRTC {} (use the NVRTC of the driver's CUDA version), {REMEDY}",
+                    fail(&format!("cuModuleLoadData ({arch} cubin)"), e),
+                    nvrtc_version()
+                )
+            })?
+        }
+    };
     let mut functions = Vec::new();
     for name in OTHER_ENTRY_POINTS {
         let c_name = CString::new(name).expect("entry point names have no NUL byte");

@@ -120,6 +120,9 @@ pub(super) struct Desc(pub(super) DescPtr, pub(super) &'static Cudnn);
 // SAFETY: backend descriptors are plain host objects; a kernel uses its own from one thread at a
 // time (ONNX Runtime calls a node's compute from one thread at a time).
 unsafe impl Send for Desc {}
+// SAFETY: shared descriptors are finalized ones that are only read or executed: the attention's
+// plans, shared by the nodes of a handle (one stream, whose calls come one at a time).
+unsafe impl Sync for Desc {}
 
 impl Drop for Desc {
     fn drop(&mut self) {
@@ -378,17 +381,8 @@ pub(super) fn execution_plan(
     plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
     plan.set_desc(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config)?;
     let plan = plan.finalize("execution plan")?;
-    let mut workspace = 0i64;
-    // SAFETY: one int64 out-value.
-    unsafe {
-        plan.get(
-            Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-            Type::CUDNN_TYPE_INT64,
-            1,
-            (&mut workspace as *mut i64).cast(),
-        )?
-    };
-    Ok((plan, workspace.max(0) as usize))
+    let workspace = plan_workspace(&plan)?;
+    Ok((plan, workspace))
 }
 
 /// Queues `plan` on `handle`'s stream: tensor `uids[i]` at `pointers[i]` (device memory of the
@@ -430,6 +424,69 @@ pub(super) unsafe fn execute_plan(
         unsafe { (pack.1.execute)(handle, plan.0, pack.0) },
         "cudnnBackendExecute",
     )
+}
+
+/// The GPU kind and cuDNN version of device `ordinal`, for the names of what the kernels keep
+/// between processes: `sm90-132sms-cudnn91900`.
+pub(super) fn device_kind(ordinal: i32) -> Result<String, String> {
+    let info = super::cuda::device_info(ordinal)?;
+    Ok(format!(
+        "sm{}{}-{}sms-cudnn{}",
+        info.major,
+        info.minor,
+        info.sms,
+        cudnn()?.version
+    ))
+}
+
+/// A finalized execution plan's serialised form (cuDNN's JSON representation), or why there is
+/// none (cuDNN serialises the plans of its runtime-compiled engines only).
+pub(super) fn serialize_plan(plan: &Desc) -> Result<Vec<u8>, String> {
+    let ty = Type::CUDNN_TYPE_CHAR;
+    let attr = Attr::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION;
+    // SAFETY: asks for the length only.
+    let len = unsafe { plan.get(attr, ty, 0, std::ptr::null_mut())? };
+    let mut bytes = vec![0u8; len.max(0) as usize];
+    // SAFETY: room for `len` chars.
+    let got = unsafe { plan.get(attr, ty, len, bytes.as_mut_ptr().cast())? };
+    bytes.truncate(got.max(0) as usize);
+    Ok(bytes)
+}
+
+/// The execution plan serialised by [`serialize_plan`], restored on `handle` (a device of the same
+/// kind and the same cuDNN), and the bytes of workspace it needs.
+pub(super) fn deserialize_plan(
+    handle: dnn::cudnnHandle_t,
+    json: &[u8],
+) -> Result<(Desc, usize), String> {
+    let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+    plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
+    // SAFETY: `json.len()` chars.
+    unsafe {
+        plan.set(
+            Attr::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION,
+            Type::CUDNN_TYPE_CHAR,
+            json.len() as i64,
+            json.as_ptr().cast(),
+        )?
+    };
+    let plan = plan.finalize("execution plan (kept)")?;
+    let workspace = plan_workspace(&plan)?;
+    Ok((plan, workspace))
+}
+
+fn plan_workspace(plan: &Desc) -> Result<usize, String> {
+    let mut workspace = 0i64;
+    // SAFETY: one int64 out-value.
+    unsafe {
+        plan.get(
+            Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+            Type::CUDNN_TYPE_INT64,
+            1,
+            (&mut workspace as *mut i64).cast(),
+        )?
+    };
+    Ok(workspace.max(0) as usize)
 }
 
 /// Checks that every tensor (name, device address) starts on 16 bytes, as cuDNN needs.

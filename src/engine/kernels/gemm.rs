@@ -30,6 +30,7 @@ use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
 use super::operator::CudaKernel;
 use super::ops::MatMulBiasGelu;
 use super::ops::matmul_bias_gelu::MatMulSizes;
+use crate::engine::one_time::{self, Work};
 
 /// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
 pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
@@ -253,8 +254,7 @@ impl GemmKernel {
         let index = match self.prepared.iter().position(|p| p.key == key) {
             Some(index) => index,
             None => {
-                let prepared = self
-                    .prepare(handle, key)
+                let prepared = one_time::timed(Work::GemmChoices, || self.prepare(handle, key))
                     .map_err(|(what, e)| format!("{what}: {e}"))?;
                 self.prepared.push(prepared);
                 self.prepared.len() - 1

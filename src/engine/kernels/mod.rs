@@ -61,6 +61,7 @@ mod cudnn;
 mod gemm;
 #[cfg(test)]
 mod gpu_tests;
+mod kept;
 mod operator;
 mod ops;
 mod row_launch;
@@ -80,10 +81,34 @@ use super::{onnx_graph, ort_lib};
 
 pub(crate) const DOMAIN: &str = "ai.unstep";
 
-/// Where the decoder convolutions' engine choices are kept, and whether they are logged, for the
-/// sessions this process builds from now on.
-pub(crate) fn configure_conv(cache_dir: Option<std::path::PathBuf>, log: bool) {
-    conv::configure(cache_dir, log);
+/// What the CUDA kernels of this process keep between processes, and what they log.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct KernelSettings {
+    /// The kernel cache folder (`runner apply`: the process's cache folder; `runner worker`:
+    /// `UNSTEP_KERNEL_CACHE`): the decoder convolutions' engine choices (`cudnn_conv/`), the
+    /// attention's cuDNN plans (`cudnn_attention/`) and `kernels.cu`'s compiled image
+    /// (`nvrtc/`), each keyed by what it depends on, so that a later process with the same
+    /// folder decides nothing again. `None`: nothing is kept.
+    pub(crate) cache_dir: Option<std::path::PathBuf>,
+    /// Print how each convolution engine was chosen (`UNSTEP_CONV_LOG=1`).
+    pub(crate) conv_log: bool,
+}
+
+static SETTINGS: Mutex<KernelSettings> = Mutex::new(KernelSettings {
+    cache_dir: None,
+    conv_log: false,
+});
+
+/// Sets [`KernelSettings`] for the sessions this process builds from now on.
+pub(crate) fn configure(settings: KernelSettings) {
+    *SETTINGS.lock().unwrap_or_else(PoisonError::into_inner) = settings;
+}
+
+fn settings() -> KernelSettings {
+    SETTINGS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 /// The base names of the row operators' kernels in `kernels.cu`

@@ -1,0 +1,198 @@
+//! The first prompt of each process: how long the process took to get its sessions ready, how
+//! its first prompt compares with the prompts after it, and where the difference went (the
+//! one-time work the worker recorded, `engine::one_time`).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::engine::OneTimeWork;
+use crate::results::{ProcessRole, ProcessStart, TimingRecord};
+
+/// One process's first recorded prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstPrompt {
+    pub process: usize,
+    pub role: ProcessRole,
+    pub slot: String,
+    pub prompt: u32,
+    /// The process's start (absent in records of earlier runners).
+    pub start: Option<ProcessStart>,
+    /// The first prompt's timed total.
+    pub first_s: f64,
+    /// Its one-time work (zero on the CPU and in records of earlier runners).
+    pub one_time: OneTimeWork,
+}
+
+/// The first prompts of a run, and the steady time they are compared with.
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstPrompts {
+    pub processes: Vec<FirstPrompt>,
+    /// The mean timed total of every prompt after its process's first (warmups included: they
+    /// run the same work); `None` when no process recorded a second prompt.
+    pub steady_s: Option<f64>,
+}
+
+impl FirstPrompts {
+    /// From a run's records, in the order they were written.
+    pub fn of(timings: &[TimingRecord]) -> FirstPrompts {
+        let mut processes: Vec<FirstPrompt> = Vec::new();
+        let mut after_first = Vec::new();
+        for r in timings {
+            if processes.iter().any(|p| p.process == r.process) {
+                after_first.push(r.timed_total_s);
+                continue;
+            }
+            processes.push(FirstPrompt {
+                process: r.process,
+                role: r.role,
+                slot: r.slot.clone(),
+                prompt: r.prompt,
+                start: r.process_start,
+                first_s: r.timed_total_s,
+                one_time: r.one_time.unwrap_or_default(),
+            });
+        }
+        let steady_s = (!after_first.is_empty())
+            .then(|| after_first.iter().sum::<f64>() / after_first.len() as f64);
+        FirstPrompts {
+            processes,
+            steady_s,
+        }
+    }
+
+    /// The report's section: per process, its start and its first prompt, then the one-time
+    /// work of that prompt and the rest of its time beyond the steady time.
+    pub fn write(&self, t: &mut String) {
+        if self.processes.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            t,
+            "\nfirst prompt of each process, seconds (steady {}: the mean of the prompts after \
+             each process's first)",
+            self.steady_s
+                .map_or_else(|| "n/a".to_string(), |s| format!("{s:.3}"))
+        );
+        for p in &self.processes {
+            let ready = p.start.map_or_else(
+                || "ready time not recorded".to_string(),
+                |s| {
+                    format!(
+                        "ready in {:.2} (text encoder {:.2}, DiT sessions {:.2}, decoder \
+                         sessions {:.2}, buffers {:.2}; kernel compile {:.2} of them)",
+                        s.ready_s,
+                        s.text_encoder_s,
+                        s.dit_sessions_s,
+                        s.decoder_sessions_s,
+                        s.buffers_s,
+                        s.kernel_compile_s
+                    )
+                },
+            );
+            let times_steady = self
+                .steady_s
+                .filter(|s| *s > 0.0)
+                .map_or_else(String::new, |s| format!(", {:.1}x steady", p.first_s / s));
+            let _ = writeln!(
+                t,
+                "  process {} ({}, {}): {ready}; first prompt ({}) {:.3}{times_steady}",
+                p.process,
+                p.role.as_str(),
+                p.slot,
+                p.prompt,
+                p.first_s
+            );
+            if let Some(steady) = self.steady_s {
+                let work: f64 = p.one_time.named().iter().map(|(_, s)| s).sum();
+                let parts: Vec<String> = p
+                    .one_time
+                    .named()
+                    .iter()
+                    .filter(|(_, s)| *s > 0.0)
+                    .map(|(name, s)| format!("{name} {s:.2}"))
+                    .collect();
+                let rest = (p.first_s - steady - work).max(0.0);
+                let _ = writeln!(
+                    t,
+                    "    beyond steady {:.2}: {}the rest {rest:.2}",
+                    (p.first_s - steady).max(0.0),
+                    if parts.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{}; ", parts.join(", "))
+                    }
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::files::tests::record;
+
+    /// Each process's first record is its first prompt; the steady time is the mean of the
+    /// others; the section splits the difference into the recorded work and the rest.
+    #[test]
+    fn the_first_prompt_of_each_process_is_split_into_its_one_time_work() {
+        let mut records = Vec::new();
+        for (process, role, totals) in [
+            (0, ProcessRole::Warmup, vec![30.0, 3.0]),
+            (1, ProcessRole::Measurement, vec![8.0, 2.0, 2.0]),
+        ] {
+            for (i, total) in totals.into_iter().enumerate() {
+                let mut r = record(i as u32, total);
+                r.process = process;
+                r.role = role;
+                if i == 0 {
+                    r.process_start = Some(ProcessStart {
+                        ready_s: 4.5,
+                        dit_sessions_s: 2.0,
+                        ..ProcessStart::default()
+                    });
+                    r.one_time = Some(OneTimeWork {
+                        attention_plans_s: 20.0 - 16.0 * process as f64,
+                        graph_capture_s: 1.0,
+                        ..OneTimeWork::default()
+                    });
+                }
+                records.push(r);
+            }
+        }
+        let first = FirstPrompts::of(&records);
+        assert_eq!(first.processes.len(), 2);
+        assert_eq!(first.steady_s, Some(7.0 / 3.0));
+        assert_eq!(first.processes[1].first_s, 8.0);
+        let mut t = String::new();
+        first.write(&mut t);
+        assert!(t.contains("steady 2.333"), "{t}");
+        assert!(
+            t.contains(
+                "process 0 (warmup, gpu0): ready in 4.50 (text encoder 0.00, DiT sessions 2.00"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("first prompt (0) 30.000, 12.9x steady"), "{t}");
+        // 30 − 2.333 = 27.67 beyond steady: 20 + 1 recorded, 6.67 the rest.
+        assert!(
+            t.contains(
+                "beyond steady 27.67: attention plans 20.00, graph capture 1.00; the rest 6.67"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("process 1 (measurement, gpu0)"), "{t}");
+        assert!(t.contains("3.4x steady"), "{t}");
+    }
+
+    /// Records of earlier runners (no start, no work) still give each process's first prompt.
+    #[test]
+    fn records_without_the_split_still_show_the_first_prompt() {
+        let records = vec![record(0, 5.0), record(1, 1.0)];
+        let mut t = String::new();
+        FirstPrompts::of(&records).write(&mut t);
+        assert!(t.contains("ready time not recorded"), "{t}");
+        assert!(t.contains("beyond steady 4.00: the rest 4.00"), "{t}");
+    }
+}
