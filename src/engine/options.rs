@@ -257,7 +257,7 @@ pub struct RuntimeOptions {
     /// Intra-op threads per session; `None` lets ONNX Runtime use one per core.
     pub intra_op_threads: Option<usize>,
     /// A folder where each graph's optimised model is written (`<graph>.optimized.onnx`), for
-    /// inspection and for the staging area's cache audit.
+    /// inspection; a graph whose file is there already is not written again.
     pub optimized_model_dir: Option<PathBuf>,
     /// Decode each finished block with the VAE on a second thread (on GPUs, its own CUDA stream)
     /// while the DiT generates the next block.

@@ -66,8 +66,8 @@ pub struct GraphSessions {
     /// The bundle's `dit_context` graph, exactly when the DiT takes the context's keys and values
     /// ([`ContextInterface::KeysValues`]).
     pub dit_context: Option<Session>,
-    /// How long the DiT's sessions (with `dit_context`'s) and the decoder's took to build, in
-    /// seconds.
+    /// How long the DiT's sessions (with `dit_context`'s) and the decoder's, built beside them,
+    /// took to build, in seconds.
     pub built_in: SessionBuildTimes,
 }
 
@@ -238,71 +238,85 @@ impl GraphSessions {
                 .map(Some)
                 .map_err(|e| part.unavailable(&options.provider, e.to_string()))
         };
-        let started = std::time::Instant::now();
-        let dit_ops = operators(dit_kernels, FusedPart::Dit)?;
-        let dit = build_graph_session(runtime, bundle, names.dit, dit_options, false, dit_ops)?;
-        let kv_interface = KvInterface::of(&dit);
-        // A DiT that takes the context's keys and values needs the graph that computes them.
-        let dit_context = if has_input(&dit, "ctx_k.0") {
-            let Some(graph) = &bundle.manifest.graphs.dit_context else {
-                return Err(BundleError::GraphContract {
-                    role: "dit",
-                    name: names.dit.to_string(),
-                    problem: "it takes the context's keys and values (ctx_k.0, ...) but [graphs] \
-                              has no dit_context graph that computes them"
-                        .into(),
-                }
-                .into());
-            };
-            Some(build_graph_session(
-                runtime, bundle, graph, options, false, None,
-            )?)
-        } else {
-            None
-        };
-        let dit_s = started.elapsed().as_secs_f64();
+        // The decoder's sessions are built on a second thread beside the DiT's: each build is
+        // mostly one thread's work (reading weights, optimising the graph, copying it to the
+        // device), and neither needs the other.
+        let (dit, decoder) = std::thread::scope(|scope| {
+            let decoder = scope.spawn(|| {
+                let started = std::time::Instant::now();
+                // The decoder's sessions run without ONNX Runtime's memory pattern on GPUs: with
+                // it, the first run allocates tensor by tensor and later runs ask for one block of
+                // the planned peak, which the fragmented arena cannot serve, so it reserves the
+                // peak twice (measured on wan-1.3b: 11.0 GiB reserved for 5.4 GiB ever in use by
+                // `vae_step`). Without it, later runs reuse the first run's chunks.
+                let decoder = |graph: &str| {
+                    let ops = operators(vae_kernels, FusedPart::Vae)?;
+                    build_graph_session(runtime, bundle, graph, options, true, ops)
+                };
+                let first = decoder(names.vae_first)?;
+                let step = decoder(names.vae_step)?;
+                Ok::<_, SessionError>((first, step, started.elapsed().as_secs_f64()))
+            });
+            let started = std::time::Instant::now();
+            let dit = Self::build_dit(runtime, bundle, dit_options, options, &names, || {
+                operators(dit_kernels, FusedPart::Dit)
+            })
+            .map(|(dit, context)| (dit, context, started.elapsed().as_secs_f64()));
+            let decoder = decoder
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (dit, decoder)
+        });
+        let (dit, dit_context, dit_s) = dit?;
+        let (vae_first, vae_step, decoder_s) = decoder?;
         let text_encoder = if text_encoder {
             Some(text_encoder_session(runtime, bundle, options)?)
         } else {
             None
         };
-        let started = std::time::Instant::now();
-        let mut sessions = Self {
+        let sessions = Self {
             text_encoder,
+            kv_interface: KvInterface::of(&dit),
             dit,
             dit_kernels,
-            // The decoder's sessions run without ONNX Runtime's memory pattern on GPUs: with it,
-            // the first run allocates tensor by tensor and later runs ask for one block of the
-            // planned peak, which the fragmented arena cannot serve, so it reserves the peak
-            // twice (measured on wan-1.3b: 11.0 GiB reserved for 5.4 GiB ever in use by
-            // `vae_step`). Without it, later runs reuse the first run's chunks.
-            vae_first: build_graph_session(
-                runtime,
-                bundle,
-                names.vae_first,
-                options,
-                true,
-                operators(vae_kernels, FusedPart::Vae)?,
-            )?,
-            vae_step: build_graph_session(
-                runtime,
-                bundle,
-                names.vae_step,
-                options,
-                true,
-                operators(vae_kernels, FusedPart::Vae)?,
-            )?,
+            vae_first,
+            vae_step,
             vae_kernels,
-            kv_interface,
             dit_context,
-            built_in: SessionBuildTimes::default(),
-        };
-        sessions.built_in = SessionBuildTimes {
-            dit_s,
-            decoder_s: started.elapsed().as_secs_f64(),
+            built_in: SessionBuildTimes { dit_s, decoder_s },
         };
         sessions.check_contract(bundle)?;
         Ok(sessions)
+    }
+
+    /// The DiT's session (`dit_options`, with the runner's operators from `operators` for a fused
+    /// graph) and, when it takes the context's keys and values, `dit_context`'s (`options`).
+    fn build_dit(
+        runtime: &OrtRuntime,
+        bundle: &Bundle,
+        dit_options: &RuntimeOptions,
+        options: &RuntimeOptions,
+        names: &GraphNames,
+        operators: impl FnOnce() -> Result<Option<ort::operator::OperatorDomain>, SessionError>,
+    ) -> Result<(Session, Option<Session>), SessionError> {
+        let dit =
+            build_graph_session(runtime, bundle, names.dit, dit_options, false, operators()?)?;
+        // A DiT that takes the context's keys and values needs the graph that computes them.
+        if !has_input(&dit, "ctx_k.0") {
+            return Ok((dit, None));
+        }
+        let Some(graph) = &bundle.manifest.graphs.dit_context else {
+            return Err(BundleError::GraphContract {
+                role: "dit",
+                name: names.dit.to_string(),
+                problem: "it takes the context's keys and values (ctx_k.0, ...) but [graphs] has \
+                          no dit_context graph that computes them"
+                    .into(),
+            }
+            .into());
+        };
+        let context = build_graph_session(runtime, bundle, graph, options, false, None)?;
+        Ok((dit, Some(context)))
     }
 
     /// The text encoder's session alone, its inputs and outputs checked.
@@ -594,10 +608,14 @@ fn session_builder(
     }
     if let Some(dir) = &options.optimized_model_dir {
         std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;
+        // Written once per folder: writing a large graph's model again at every start would cost
+        // each process the time of writing its weights.
         let file = dir.join(format!("{}.optimized.onnx", graph_stem(graph)));
-        builder = builder
-            .with_optimized_model_path(file)
-            .map_err(|e| load(e.to_string()))?;
+        if !file.exists() {
+            builder = builder
+                .with_optimized_model_path(file)
+                .map_err(|e| load(e.to_string()))?;
+        }
     }
     if let Some(dir) = &options.ort_profile_dir {
         std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;

@@ -129,7 +129,7 @@ pub struct ProcessStart {
     pub text_encoder_s: f64,
     /// The DiT's sessions.
     pub dit_sessions_s: f64,
-    /// The decoder's sessions.
+    /// The decoder's sessions (built on a second thread beside the DiT's).
     pub decoder_sessions_s: f64,
     /// The generation loop's buffers and small graphs.
     pub buffers_s: f64,

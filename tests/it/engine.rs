@@ -472,6 +472,37 @@ fn worker_saves_frames_and_latents_of_a_full_generation() {
     );
 }
 
+/// Each graph's optimised model is written once per folder: a second process with the same folder
+/// leaves the files as they are (writing a large graph's weights at every start is time the
+/// process's start does not need), and still generates.
+#[test]
+fn optimised_models_are_written_once_per_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let optimized = dir.path().join("ort_optimized");
+    let args = [
+        "--indices",
+        "0",
+        "--latents-only",
+        "--optimized-model-dir",
+        optimized.to_str().unwrap(),
+    ];
+    let o = worker(dir.path(), &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let written = |name: &str| {
+        std::fs::metadata(optimized.join(name))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    let names = ["dit.optimized.onnx", "vae_step.optimized.onnx"];
+    let first: Vec<_> = names.iter().map(|n| written(n)).collect();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let o = worker(dir.path(), &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let second: Vec<_> = names.iter().map(|n| written(n)).collect();
+    assert_eq!(first, second, "the second process wrote them again");
+}
+
 /// A copy of the tiny bundle in a temp dir, for breaking it.
 fn bundle_copy(dir: &Path) -> PathBuf {
     let copy = dir.join("bundle");
