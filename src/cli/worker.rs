@@ -321,6 +321,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         ort_profile_dir: None,
         disabled_optimizers: None,
         kernel_cache_dir: None,
+        context_cache_dir: None,
         conv_log: false,
     }
     .with_diagnostics_from_env()

@@ -280,6 +280,12 @@ pub struct RuntimeOptions {
     /// cache folder; `runner worker`: `UNSTEP_KERNEL_CACHE`).
     #[serde(default)]
     pub kernel_cache_dir: Option<PathBuf>,
+    /// Where the prompts' text contexts are kept between processes, so that a process whose
+    /// prompts an earlier one encoded (a probe's measurement after its warmup, a resumed shard)
+    /// does not load the text encoder (`runner apply`: the process's cache folder's
+    /// `text_contexts`).
+    #[serde(default)]
+    pub context_cache_dir: Option<PathBuf>,
     /// Diagnostics: print how each convolution engine was chosen (`UNSTEP_CONV_LOG=1`).
     #[serde(default)]
     pub conv_log: bool,

@@ -63,6 +63,7 @@ impl RunConfig {
             ort_profile_dir: None,
             disabled_optimizers: None,
             kernel_cache_dir: None,
+            context_cache_dir: None,
             conv_log: false,
         }
         .with_diagnostics_from_env();
@@ -99,6 +100,7 @@ impl RunConfig {
         let mut engine = self.engine.clone();
         engine.optimized_model_dir = Some(cache_dir.join("ort_optimized"));
         engine.kernel_cache_dir = Some(cache_dir.to_path_buf());
+        engine.context_cache_dir = Some(cache_dir.join("text_contexts"));
         if let Provider::TensorRt(trt) = &mut engine.provider {
             trt.engine_cache_dir = Some(cache_dir.join("tensorrt_engines"));
             trt.timing_cache_dir = Some(cache_dir.join("tensorrt_timing"));

@@ -87,7 +87,8 @@ pub struct TimingRecord {
     pub slot: String,
     /// Global prompt index.
     pub prompt: u32,
-    /// Outside the timed region; recorded for completeness.
+    /// Outside the timed region; recorded for completeness. When an earlier process with the
+    /// same cache folder encoded the prompt, the time to read its kept context.
     pub text_encoding_s: f64,
     pub dit_s: f64,
     pub vae_s: f64,

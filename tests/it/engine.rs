@@ -503,6 +503,63 @@ fn optimised_models_are_written_once_per_folder() {
     assert_eq!(first, second, "the second process wrote them again");
 }
 
+/// Kept text contexts: a generator whose prompts an earlier one encoded with the same context
+/// folder reads them and never loads the text encoder (here a garbage file the bundle check is
+/// told is fine, which fails to load the moment a prompt needs it), and generates the same
+/// latents bit for bit.
+#[test]
+fn kept_text_contexts_spare_the_text_encoder_and_give_the_same_latents() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    let unpack = dir.path().join("unpack");
+    let runtime = RuntimeOptions {
+        context_cache_dir: Some(dir.path().join("text_contexts")),
+        ..runtime()
+    };
+    let texts = prompts();
+    let generate = |generator: &mut Generator| {
+        generator
+            .generate(1, &texts[1], &latents_only(MethodSettings::default()))
+            .unwrap()
+            .latents
+    };
+    let opened = unstep::engine::Bundle::open(&bundle, &unpack).unwrap();
+    let known = opened.manifest.files.clone();
+    let mut first =
+        Generator::with_prompts(opened, &runtime, [texts[0].as_str(), texts[1].as_str()])
+            .expect("encode and keep");
+    let expected = generate(&mut first);
+    drop(first);
+    let kept = std::fs::read_dir(dir.path().join("text_contexts"))
+        .unwrap()
+        .count();
+    assert_eq!(kept, 2, "one file per prompt");
+
+    std::fs::write(bundle.join("text_encoder.onnx"), b"not a graph").unwrap();
+    let open = || unstep::engine::Bundle::open_with_known_hashes(&bundle, &unpack, &known).unwrap();
+    let mut second = Generator::with_prompts(open(), &runtime, [texts[1].as_str()])
+        .expect("every context kept: the text encoder is not loaded");
+    assert_eq!(generate(&mut second), expected);
+    drop(second);
+    let err = Generator::with_prompts(open(), &runtime, [texts[2].as_str()])
+        .expect_err("a prompt not kept needs the (broken) text encoder")
+        .to_string();
+    assert!(err.contains("text_encoder"), "{err}");
+
+    // A damaged kept file is encoded again, not read.
+    let file = std::fs::read_dir(dir.path().join("text_contexts"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&file, b"\x01short").unwrap();
+    assert!(
+        Generator::with_prompts(open(), &runtime, [texts[0].as_str(), texts[1].as_str()]).is_err(),
+        "the damaged context is not taken: the text encoder is needed"
+    );
+}
+
 /// A copy of the tiny bundle in a temp dir, for breaking it.
 fn bundle_copy(dir: &Path) -> PathBuf {
     let copy = dir.join("bundle");

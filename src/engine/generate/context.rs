@@ -4,6 +4,7 @@
 //! `dit_context` where the DiT takes those.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ort::session::Session;
@@ -20,25 +21,130 @@ use crate::engine::text::PromptTokenizer;
 pub(super) type Ahead = HashMap<String, (HostContext, Duration)>;
 
 /// Encodes every distinct prompt text of `prompts` with the bundle's text encoder alone, which is
-/// dropped before this returns.
+/// dropped before this returns. With [`RuntimeOptions::context_cache_dir`], a context an earlier
+/// process kept there ([`context_file`]) is read instead, each one encoded here is kept there,
+/// and when every prompt's context is kept the text encoder is not loaded at all.
 pub(super) fn encode_ahead<'a>(
     bundle: &Bundle,
     runtime: &RuntimeOptions,
     prompts: impl IntoIterator<Item = &'a str>,
 ) -> Result<Ahead, GenerateError> {
-    let tokenizer = bundle.tokenizer()?;
-    let mut encoder = GraphSessions::build_text_encoder(bundle, runtime)?;
+    let dir = runtime.context_cache_dir.as_deref();
+    let file = |text: &str| dir.map(|d| context_file(d, bundle, runtime.provider.name(), text));
+    let values = bundle.manifest.architecture.text_len * bundle.manifest.architecture.text_dim;
     let mut contexts = HashMap::new();
+    let mut missing = Vec::new();
     for text in prompts {
-        if contexts.contains_key(text) {
+        if contexts.contains_key(text) || missing.contains(&text) {
             continue;
         }
         let started = Instant::now();
+        match file(text).and_then(|f| read_context(&f, values)) {
+            Some(context) => {
+                contexts.insert(text.to_string(), (context, started.elapsed()));
+            }
+            None => missing.push(text),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(contexts);
+    }
+    let tokenizer = bundle.tokenizer()?;
+    let mut encoder = GraphSessions::build_text_encoder(bundle, runtime)?;
+    for text in missing {
+        let started = Instant::now();
         let context = encode_to_host(&mut encoder, &tokenizer, text)?;
-        contexts.insert(text.to_string(), (context, started.elapsed()));
+        let elapsed = started.elapsed();
+        if let Some(f) = file(text) {
+            keep_context(&f, &context);
+        }
+        contexts.insert(text.to_string(), (context, elapsed));
     }
     drop(encoder);
     Ok(contexts)
+}
+
+/// The file that keeps a prompt's context under `dir`: named by a hash of the bundle's files
+/// (their sha256s, so another export or another text encoder never reads it), the provider that
+/// encoded it and the prompt's text.
+pub(crate) fn context_file(dir: &Path, bundle: &Bundle, provider: &str, text: &str) -> PathBuf {
+    let mut key = String::new();
+    for (path, sha) in &bundle.manifest.files {
+        key.push_str(&format!("{path}={sha}\n"));
+    }
+    key.push_str(&format!("provider={provider}\ntext={text}"));
+    let hash = crate::engine::bundle::sha256_hex(key.as_bytes());
+    dir.join(format!("{}.ctx", &hash[..32]))
+}
+
+/// The element type tag of a kept context's first byte.
+const TAG_F32: u8 = 0;
+const TAG_F16: u8 = 1;
+const TAG_BF16: u8 = 2;
+
+/// Writes a context (its type's tag, then its values little-endian), whole; a failure is a
+/// warning: the next process encodes the prompt again.
+fn keep_context(file: &Path, context: &HostContext) {
+    let mut bytes = Vec::new();
+    match context {
+        HostContext::F32(v) => {
+            bytes.push(TAG_F32);
+            v.iter().for_each(|x| bytes.extend(x.to_le_bytes()));
+        }
+        HostContext::F16(v) => {
+            bytes.push(TAG_F16);
+            v.iter().for_each(|x| bytes.extend(x.to_le_bytes()));
+        }
+        HostContext::Bf16(v) => {
+            bytes.push(TAG_BF16);
+            v.iter().for_each(|x| bytes.extend(x.to_le_bytes()));
+        }
+    }
+    let written = file
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            crate::atomic_file::write_with(file, |w| std::io::Write::write_all(w, &bytes))
+        });
+    if let Err(e) = written {
+        eprintln!(
+            "warning: could not keep the prompt's text context in {}: {e}; the next process \
+             encodes it again",
+            file.display()
+        );
+    }
+}
+
+/// A kept context of `values` values; `None` when there is none, or it is damaged (wrong size or
+/// tag).
+fn read_context(file: &Path, values: usize) -> Option<HostContext> {
+    let bytes = std::fs::read(file).ok()?;
+    let (&tag, data) = bytes.split_first()?;
+    let width = match tag {
+        TAG_F32 => 4,
+        TAG_F16 | TAG_BF16 => 2,
+        _ => return None,
+    };
+    if data.len() != values * width {
+        return None;
+    }
+    Some(match tag {
+        TAG_F32 => HostContext::F32(
+            data.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        TAG_F16 => HostContext::F16(
+            data.chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        _ => HostContext::Bf16(
+            data.chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+    })
 }
 
 /// Tokenizes `prompt` with the bundle's tokenizer and runs a text encoder session on it; ONNX

@@ -13,14 +13,11 @@ pub(crate) fn read(file: &Path) -> Option<Vec<u8>> {
 
 /// Writes a kept file whole, making its folder.
 pub(crate) fn write(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, file).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    crate::atomic_file::write_with(file, |w| w.write_all(bytes))
 }
 
 /// [`write`], with a warning on standard error when it fails (`what`: what the next process
