@@ -208,10 +208,13 @@ impl std::fmt::Debug for GraphSessions {
 impl GraphSessions {
     /// Loads ONNX Runtime if needed, builds a session per graph (the text encoder's only when
     /// `text_encoder`) and checks each graph's inputs and outputs against the bundle contract.
+    /// `warm_decoder` runs on the decoder's sessions (`vae_first`, `vae_step`) on the thread that
+    /// built them, beside the DiT's build.
     pub fn build(
         bundle: &Bundle,
         options: &RuntimeOptions,
         text_encoder: bool,
+        warm_decoder: impl FnOnce(&mut Session, &mut Session) -> Result<(), String> + Send,
     ) -> Result<Self, SessionError> {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
         let dit_options = &resolve_attention(bundle, options)?;
@@ -253,8 +256,12 @@ impl GraphSessions {
                     let ops = operators(vae_kernels, FusedPart::Vae)?;
                     build_graph_session(runtime, bundle, graph, options, true, ops)
                 };
-                let first = decoder(names.vae_first)?;
-                let step = decoder(names.vae_step)?;
+                let mut first = decoder(names.vae_first)?;
+                let mut step = decoder(names.vae_step)?;
+                warm_decoder(&mut first, &mut step).map_err(|message| SessionError::Load {
+                    graph: names.vae_step.to_string(),
+                    message: format!("the decoder's first run, on zeros: {message}"),
+                })?;
                 Ok::<_, SessionError>((first, step, started.elapsed().as_secs_f64()))
             });
             let started = std::time::Instant::now();

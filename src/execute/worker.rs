@@ -157,7 +157,7 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         dit_sessions_s: startup.dit_sessions_s,
         decoder_sessions_s: startup.decoder_sessions_s,
         buffers_s: startup.buffers_s,
-        kernel_compile_s: engine::one_time::take().kernel_compile_s,
+        one_time: engine::one_time::take(),
     });
     let facts = facts(job, &generator, &ort.version);
     eprintln!(

@@ -80,13 +80,14 @@ impl FirstPrompts {
                 |s| {
                     format!(
                         "ready in {:.2} (text encoder {:.2}, DiT sessions {:.2}, decoder \
-                         sessions {:.2}, buffers {:.2}; kernel compile {:.2} of them)",
+                         sessions beside them {:.2}, buffers {:.2}{})",
                         s.ready_s,
                         s.text_encoder_s,
                         s.dit_sessions_s,
                         s.decoder_sessions_s,
                         s.buffers_s,
-                        s.kernel_compile_s
+                        work_list(&s.one_time)
+                            .map_or_else(String::new, |w| format!("; of them {w}"))
                     )
                 },
             );
@@ -105,27 +106,28 @@ impl FirstPrompts {
             );
             if let Some(steady) = self.steady_s {
                 let work: f64 = p.one_time.named().iter().map(|(_, s)| s).sum();
-                let parts: Vec<String> = p
-                    .one_time
-                    .named()
-                    .iter()
-                    .filter(|(_, s)| *s > 0.0)
-                    .map(|(name, s)| format!("{name} {s:.2}"))
-                    .collect();
                 let rest = (p.first_s - steady - work).max(0.0);
                 let _ = writeln!(
                     t,
                     "    beyond steady {:.2}: {}the rest {rest:.2}",
                     (p.first_s - steady).max(0.0),
-                    if parts.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{}; ", parts.join(", "))
-                    }
+                    work_list(&p.one_time).map_or_else(String::new, |w| format!("{w}; "))
                 );
             }
         }
     }
+}
+
+/// The kinds of work done, with their seconds (`attention plans 1.90, graph capture 2.29`), or
+/// `None` when none was.
+fn work_list(work: &OneTimeWork) -> Option<String> {
+    let parts: Vec<String> = work
+        .named()
+        .iter()
+        .filter(|(_, s)| *s > 0.0)
+        .map(|(name, s)| format!("{name} {s:.2}"))
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 #[cfg(test)]
@@ -150,6 +152,10 @@ mod tests {
                     r.process_start = Some(ProcessStart {
                         ready_s: 4.5,
                         dit_sessions_s: 2.0,
+                        one_time: OneTimeWork {
+                            kernel_compile_s: 1.5,
+                            ..OneTimeWork::default()
+                        },
                         ..ProcessStart::default()
                     });
                     r.one_time = Some(OneTimeWork {
@@ -170,7 +176,8 @@ mod tests {
         assert!(t.contains("steady 2.333"), "{t}");
         assert!(
             t.contains(
-                "process 0 (warmup, gpu0): ready in 4.50 (text encoder 0.00, DiT sessions 2.00"
+                "process 0 (warmup, gpu0): ready in 4.50 (text encoder 0.00, DiT sessions 2.00, \
+                 decoder sessions beside them 0.00, buffers 0.00; of them kernel compile 1.50)"
             ),
             "{t}"
         );

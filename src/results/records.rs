@@ -130,12 +130,15 @@ pub struct ProcessStart {
     pub text_encoder_s: f64,
     /// The DiT's sessions.
     pub dit_sessions_s: f64,
-    /// The decoder's sessions (built on a second thread beside the DiT's).
+    /// The decoder's sessions and, on CUDA, its first run on zeros (on a second thread beside
+    /// the DiT's sessions).
     pub decoder_sessions_s: f64,
     /// The generation loop's buffers and small graphs.
     pub buffers_s: f64,
-    /// Of the sessions' time, compiling the runner's CUDA kernels (or loading a kept image).
-    pub kernel_compile_s: f64,
+    /// The one-time work done within the sessions' time: compiling the runner's CUDA kernels
+    /// (or loading a kept image), and the decoder's convolution choices in its first run.
+    #[serde(default)]
+    pub one_time: OneTimeWork,
 }
 
 /// Whether the source checkout was at a commit, and whether it had local changes.

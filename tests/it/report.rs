@@ -112,7 +112,11 @@ fn fake_run(
         dit_sessions_s: 6.25,
         decoder_sessions_s: 1.25,
         buffers_s: 0.5,
-        kernel_compile_s: 2.0,
+        one_time: OneTimeWork {
+            kernel_compile_s: 2.0,
+            conv_choices_s: 0.5,
+            ..OneTimeWork::default()
+        },
     });
     first.one_time = Some(OneTimeWork {
         attention_plans_s: 20.0,

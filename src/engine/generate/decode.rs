@@ -7,8 +7,8 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use ort::memory::{Allocator, MemoryInfo};
-use ort::session::{IoBinding, RunOptions, Session};
-use ort::value::TensorElementType;
+use ort::session::{IoBinding, RunOptions, Session, SessionInputValue};
+use ort::value::{Tensor, TensorElementType};
 
 use super::buffers::{Bound, Buf, device_memory_info};
 use super::capture::CaptureGate;
@@ -167,6 +167,51 @@ fn run_once_per_prompt(
     Ok(())
 }
 
+/// Runs the decoder once on zeros, `vae_first` and then `vae_step` on its causal cache, with host
+/// tensors in and out, so that what a decoder's first runs decide (the convolutions' engines,
+/// ONNX Runtime's algorithm searches, its arenas' first chunks) is done before the first prompt:
+/// [`super::Generator`] has it run on the thread that builds the decoder's sessions beside the
+/// DiT's. On a GPU (`device`), `vae_first` hands its arena back as in a prompt
+/// ([`run_once_per_prompt`]).
+pub(super) fn warm_up(
+    vae_first: &mut Session,
+    vae_step: &mut Session,
+    d: &Dims,
+    model: TensorElementType,
+    device: Option<i32>,
+) -> ort::Result<()> {
+    let z_shape = vec![1, d.channels as i64, 1, d.h as i64, d.w as i64];
+    let zeros = d.channels * d.h * d.w;
+    let z = || -> ort::Result<ort::value::DynValue> {
+        Ok(match model {
+            TensorElementType::Float16 => {
+                Tensor::from_array((z_shape.clone(), vec![half::f16::ZERO; zeros]))?.into_dyn()
+            }
+            TensorElementType::Bfloat16 => {
+                Tensor::from_array((z_shape.clone(), vec![half::bf16::ZERO; zeros]))?.into_dyn()
+            }
+            _ => Tensor::from_array((z_shape.clone(), vec![0f32; zeros]))?.into_dyn(),
+        })
+    };
+    let mut options = RunOptions::new()?;
+    if let Some(device) = device {
+        options.set(
+            "memory.enable_memory_arena_shrinkage",
+            format!("gpu:{device}"),
+        )?;
+    }
+    let first = vae_first.run_with_options(ort::inputs!["z" => z()?], &options)?;
+    let mut inputs: Vec<(String, SessionInputValue<'_>)> = vec![("z".into(), z()?.into())];
+    for j in 0..vae_cache_count(vae_step) {
+        inputs.push((
+            format!("cache_in.{j}"),
+            (&first[format!("cache_out.{j}").as_str()]).into(),
+        ));
+    }
+    vae_step.run(inputs)?;
+    Ok(())
+}
+
 /// Decodes the blocks whose indices arrive on `blocks`, in order, one latent frame per call,
 /// passing the causal cache between the two buffer sets. Runs on the caller's thread or on a
 /// decoder thread beside the DiT; returns the time spent in `Session::run`.
@@ -317,4 +362,34 @@ pub(super) fn layout_frames(
         next_frame += n;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::bundle::Bundle;
+    use crate::engine::session::float_type;
+
+    /// The decoder's first run on zeros finds its inputs by name and shape: `vae_first` on a
+    /// zero latent frame, then `vae_step` on that frame's causal cache (the tiny bundle, CPU).
+    #[test]
+    fn the_decoder_runs_once_on_zeros_through_both_graphs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+        let bundle = Bundle::open(&tiny, dir.path()).unwrap();
+        let runtime = RuntimeOptions {
+            intra_op_threads: Some(1),
+            ..RuntimeOptions::default()
+        };
+        let mut sessions = GraphSessions::build(&bundle, &runtime, false, |_, _| Ok(())).unwrap();
+        let model = float_type(bundle.manifest.precision);
+        warm_up(
+            &mut sessions.vae_first,
+            &mut sessions.vae_step,
+            &Dims::of(&bundle),
+            model,
+            None,
+        )
+        .unwrap();
+    }
 }

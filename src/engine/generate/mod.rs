@@ -219,10 +219,24 @@ impl Generator {
         ahead: Option<Ahead>,
     ) -> Result<Self, GenerateError> {
         let tokenizer = bundle.tokenizer()?;
-        let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none())?;
+        let dims = Dims::of(&bundle);
+        // On CUDA the decoder runs once on zeros as soon as its sessions exist, beside the DiT's
+        // build: its convolution choices and first allocations are then made before the first
+        // prompt, where the DiT's graph captures would wait for them.
+        let device = match &runtime.provider {
+            Provider::Cuda(cuda) => Some(cuda.device_id),
+            _ => None,
+        };
+        let model = super::session::float_type(bundle.manifest.precision);
+        let warm_decoder =
+            |first: &mut ort::session::Session, step: &mut ort::session::Session| match device {
+                Some(device) => decode::warm_up(first, step, &dims, model, Some(device))
+                    .map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+        let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none(), warm_decoder)?;
         let started = Instant::now();
         let state = DeviceLoop::new(&bundle, &sessions, runtime)?;
-        let dims = Dims::of(&bundle);
         let startup = StartupTimes {
             text_encoder_s: 0.0,
             dit_sessions_s: sessions.built_in.dit_s,
