@@ -222,7 +222,8 @@ impl Generator {
         let dims = Dims::of(&bundle);
         // On CUDA the decoder runs once on zeros as soon as its sessions exist, beside the DiT's
         // build: its convolution choices and first allocations are then made before the first
-        // prompt, where the DiT's graph captures would wait for them.
+        // prompt, where the DiT's graph captures would wait for them. Should that run fail, the
+        // first prompt makes them (and meets the error again, in its place).
         let device = match &runtime.provider {
             Provider::Cuda(cuda) => Some(cuda.device_id),
             _ => None,
@@ -230,8 +231,15 @@ impl Generator {
         let model = super::session::float_type(bundle.manifest.precision);
         let warm_decoder =
             |first: &mut ort::session::Session, step: &mut ort::session::Session| match device {
-                Some(device) => decode::warm_up(first, step, &dims, model, Some(device))
-                    .map_err(|e| e.to_string()),
+                Some(device) => {
+                    if let Err(e) = decode::warm_up(first, step, &dims, model, Some(device)) {
+                        eprintln!(
+                            "warning: the decoder's first run on zeros failed ({e}); its first \
+                             prompt makes its choices instead"
+                        );
+                    }
+                    Ok(())
+                }
                 None => Ok(()),
             };
         let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none(), warm_decoder)?;
