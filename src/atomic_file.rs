@@ -60,9 +60,34 @@ pub fn write_with(
     Ok(())
 }
 
+/// [`write_with`] of `bytes`, making `path`'s folder first: for the files a process keeps for
+/// later ones (kernel choices, text contexts) in folders that may not exist yet.
+pub fn write_making_folder(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    write_with(path, |w| io::Write::write_all(w, bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file written with its folder made is whole, with no temporary beside it, and a second
+    /// write replaces it.
+    #[test]
+    fn a_file_is_written_into_a_folder_made_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nvrtc").join("kernels.cubin");
+        write_making_folder(&file, b"image").unwrap();
+        write_making_folder(&file, b"second").unwrap();
+        assert_eq!(fs::read(&file).unwrap(), b"second");
+        let names: Vec<_> = fs::read_dir(file.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["kernels.cubin"]);
+    }
 
     #[test]
     fn a_name_of_255_bytes_is_written_through_a_shorter_temporary_name() {

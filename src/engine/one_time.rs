@@ -94,15 +94,6 @@ impl OneTimeWork {
     pub fn is_empty(&self) -> bool {
         self.named().iter().all(|(_, s)| *s == 0.0)
     }
-
-    /// Adds another ledger's work to this one.
-    pub fn add(&mut self, other: &OneTimeWork) {
-        self.kernel_compile_s += other.kernel_compile_s;
-        self.attention_plans_s += other.attention_plans_s;
-        self.conv_choices_s += other.conv_choices_s;
-        self.gemm_choices_s += other.gemm_choices_s;
-        self.graph_capture_s += other.graph_capture_s;
-    }
 }
 
 #[cfg(test)]

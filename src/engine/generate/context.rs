@@ -100,13 +100,7 @@ fn keep_context(file: &Path, context: &HostContext) {
             v.iter().for_each(|x| bytes.extend(x.to_le_bytes()));
         }
     }
-    let written = file
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|()| {
-            crate::atomic_file::write_with(file, |w| std::io::Write::write_all(w, &bytes))
-        });
-    if let Err(e) = written {
+    if let Err(e) = crate::atomic_file::write_making_folder(file, &bytes) {
         eprintln!(
             "warning: could not keep the prompt's text context in {}: {e}; the next process \
              encodes it again",

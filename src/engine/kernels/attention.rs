@@ -26,7 +26,8 @@
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
 //!   call (a process's plain passes come before any capture) and shared by every node of the
 //!   process on that stream: the 30 layers' attentions make the same calls, so each shape's
-//!   plans are built once, not once per node. With a kernel cache folder each plan is also kept under its
+//!   plans are built once, not once per node (each node keeps the ones it ran, so that its calls
+//!   take no lock). With a kernel cache folder each plan is also kept under its
 //!   `cudnn_attention/` (cuDNN's serialised form, by GPU kind, cuDNN version and the call's sizes
 //!   and strides), and a later process restores it instead of building it.
 
@@ -166,7 +167,7 @@ impl Sdpa {
         kept: Option<&Path>,
     ) -> Result<Self, String> {
         let restored = kept
-            .and_then(super::kept::read)
+            .and_then(|f| std::fs::read(f).ok())
             .and_then(|json| deserialize_plan(handle, &json).ok());
         if let Some((plan, workspace)) = restored {
             return Ok(Self {
@@ -179,7 +180,7 @@ impl Sdpa {
         let built = Self::build(handle, shape)?;
         if let Some(file) = kept {
             match serialize_plan(&built.plan) {
-                Ok(json) => super::kept::keep(file, &json, "builds the attention's plans"),
+                Ok(json) => super::keep(file, &json, "builds the attention's plans"),
                 Err(e) => {
                     static WARNED: std::sync::Once = std::sync::Once::new();
                     WARNED.call_once(|| {
@@ -413,7 +414,7 @@ impl AttentionKernel {
                 self.prepared.len() - 1
             }
         };
-        let prepared = Arc::clone(&self.prepared[index]);
+        let prepared = &self.prepared[index];
         let scratch = scratch(self.ordinal, stream, prepared.scratch_bytes)?;
         let scale = 1.0 / (hd as f32).sqrt();
         prepared

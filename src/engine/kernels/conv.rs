@@ -21,19 +21,18 @@
 //!   shape.
 //! - **Kept between processes.** With a kernel cache folder ([`super::KernelSettings`]), each
 //!   choice is also written under its `cudnn_conv/`, one small file per GPU kind, cuDNN version,
-//!   shape and type, naming the plan's
-//!   place in the heuristics' list and its engine; a later process (the measurement after the
-//!   warmup) builds that one plan and takes it without timing, when the heuristics still offer the
-//!   same engine there. A missing, unreadable or stale file means timing again; a file that
-//!   cannot be written only costs the next process the timing.
-//! - `conv_log` (`UNSTEP_CONV_LOG=1`) prints each shape's choice to standard error: the plans timed, the
-//!   engine kept and its time against the heuristics' first plan, and how long the choice took.
+//!   shape and type, naming the plan's place in the heuristics' list and its engine; a later
+//!   process (the measurement after the warmup) builds that one plan and takes it without
+//!   timing, when the heuristics still offer the same engine there. A missing, unreadable or
+//!   stale file means timing again; a file that cannot be written only costs the next process
+//!   the timing.
+//! - `conv_log` (`UNSTEP_CONV_LOG=1`) prints each shape's choice to standard error: the plans
+//!   timed, the engine kept and its time against the heuristics' first plan, and how long the
+//!   choice took.
 
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-
-use crate::engine::one_time::{self, Work};
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
@@ -48,6 +47,7 @@ use super::cudnn::{
 use super::operator::CudaKernel;
 use super::ops::CausalConv3d;
 use super::ops::causal_conv3d::ConvDims;
+use crate::engine::one_time::{self, Work};
 
 /// The tensors of a call, by unique id.
 const UID_X: i64 = 1;
@@ -495,7 +495,7 @@ pub(crate) fn kept_choice(file: &Path, engines: &[i64]) -> Option<usize> {
 
 /// Writes a choice (a temporary file renamed into place, so a reader sees all of it or none).
 pub(crate) fn keep_choice(file: &Path, index: usize, engine: i64) -> std::io::Result<()> {
-    super::kept::write(file, format_choice(index, engine).as_bytes())
+    crate::atomic_file::write_making_folder(file, format_choice(index, engine).as_bytes())
 }
 
 /// The plan a shape keeps: the one an earlier process kept, when the heuristics

@@ -31,7 +31,6 @@ use ort::memory::AllocationDevice;
 use ort::operator::ComputeContext;
 use ort::value::{DynTensorValueType, TensorElementType};
 
-use super::kept;
 use super::operator::{UnstepOp, check, op_error};
 use super::row_launch::{Layout, elem_bytes, entry_point};
 use crate::engine::one_time::{self, Work};
@@ -250,7 +249,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
         .cache_dir
         .map(|dir| image_file(&dir, &arch, &nvrtc_version()));
     let kept = one_time::timed(Work::KernelCompile, || {
-        let image = kept::read(file.as_deref()?)?;
+        let image = std::fs::read(file.as_deref()?).ok()?;
         load(&image).ok()
     });
     let module = match kept {
@@ -259,7 +258,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
             let image = one_time::timed(Work::KernelCompile, || compile(&arch))
                 .map_err(|e| format!("{e}; {REMEDY}"))?;
             if let Some(file) = &file {
-                kept::keep(file, &image, "compiles the kernels");
+                super::keep(file, &image, "compiles the kernels");
             }
             load(&image).map_err(|e| {
                 format!(

@@ -61,7 +61,6 @@ mod cudnn;
 mod gemm;
 #[cfg(test)]
 mod gpu_tests;
-mod kept;
 mod operator;
 mod ops;
 mod row_launch;
@@ -102,6 +101,19 @@ static SETTINGS: Mutex<KernelSettings> = Mutex::new(KernelSettings {
 /// Sets [`KernelSettings`] for the sessions this process builds from now on.
 pub(crate) fn configure(settings: KernelSettings) {
     *SETTINGS.lock().unwrap_or_else(PoisonError::into_inner) = settings;
+}
+
+/// Writes a file the kernels keep for later processes in the kernel cache folder, whole (a
+/// reader sees all of it or none); one that cannot be written is a warning, as it only costs the
+/// next process the work again (`what` it does again). A kept file that is missing, unreadable
+/// or stale is work done again, never an error.
+fn keep(file: &std::path::Path, bytes: &[u8], what: &str) {
+    if let Err(e) = crate::atomic_file::write_making_folder(file, bytes) {
+        eprintln!(
+            "warning: {DOMAIN}: could not keep {}: {e}; the next process {what} again",
+            file.display()
+        );
+    }
 }
 
 fn settings() -> KernelSettings {
