@@ -45,7 +45,7 @@ pub mod text;
 
 pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings};
 pub use generate::{
-    GenerateError, GenerateOptions, Generated, Generator, PhaseTimes, StartupTimes, TimedRegionEnd,
+    GenerateError, GenerateOptions, Generated, Generator, PhaseTimes, TimedRegionEnd,
 };
 pub use noise::fill_normal;
 pub use one_time::OneTimeWork;
@@ -53,7 +53,7 @@ pub use options::{CudaOptions, FusedPart, Provider, RuntimeOptions, TensorRtOpti
 pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};
 pub use schedule::{MethodSettings, Schedule, ScheduleError};
-pub use session::{ContextInterface, KvInterface, SessionError};
+pub use session::{ContextInterface, KvInterface, SessionError, StartupTimes};
 pub use settings::{
     ArenaExtend, AttentionBackend, ConvAlgoSearch, Emit, FusedKernels, Precision, ProviderKind,
     SvdRank,

@@ -150,13 +150,9 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
     let started = *PROCESS_STARTED.get_or_init(Instant::now);
     let ort = engine::ort_lib::runtime(job.engine.ort_library.as_deref())?;
     let mut generator = build(job)?;
-    let startup = generator.startup();
     let mut process_start = Some(ProcessStart {
         ready_s: started.elapsed().as_secs_f64(),
-        text_encoder_s: startup.text_encoder_s,
-        dit_sessions_s: startup.dit_sessions_s,
-        decoder_sessions_s: startup.decoder_sessions_s,
-        buffers_s: startup.buffers_s,
+        parts: generator.startup(),
         one_time: engine::one_time::take(),
     });
     let facts = facts(job, &generator, &ort.version);

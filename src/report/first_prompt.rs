@@ -82,10 +82,10 @@ impl FirstPrompts {
                         "ready in {:.2} (text encoder {:.2}, DiT sessions {:.2}, decoder \
                          sessions beside them {:.2}, buffers {:.2}{})",
                         s.ready_s,
-                        s.text_encoder_s,
-                        s.dit_sessions_s,
-                        s.decoder_sessions_s,
-                        s.buffers_s,
+                        s.parts.text_encoder_s,
+                        s.parts.dit_sessions_s,
+                        s.parts.decoder_sessions_s,
+                        s.parts.buffers_s,
                         work_list(&s.one_time)
                             .map_or_else(String::new, |w| format!("; of them {w}"))
                     )
@@ -133,6 +133,7 @@ fn work_list(work: &OneTimeWork) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::StartupTimes;
     use crate::results::files::tests::record;
 
     /// Each process's first record is its first prompt; the steady time is the mean of the
@@ -151,12 +152,14 @@ mod tests {
                 if i == 0 {
                     r.process_start = Some(ProcessStart {
                         ready_s: 4.5,
-                        dit_sessions_s: 2.0,
+                        parts: StartupTimes {
+                            dit_sessions_s: 2.0,
+                            ..StartupTimes::default()
+                        },
                         one_time: OneTimeWork {
                             kernel_compile_s: 1.5,
                             ..OneTimeWork::default()
                         },
-                        ..ProcessStart::default()
                     });
                     r.one_time = Some(OneTimeWork {
                         attention_plans_s: 20.0 - 16.0 * process as f64,

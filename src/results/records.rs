@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::stats::Statistics;
-use crate::engine::OneTimeWork;
+use crate::engine::{OneTimeWork, StartupTimes};
 use crate::manifest::{
     AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
@@ -126,17 +126,11 @@ pub struct TimingRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct ProcessStart {
     pub ready_s: f64,
-    /// The text encoder's session and the encoding of the process's prompts.
-    pub text_encoder_s: f64,
-    /// The DiT's sessions.
-    pub dit_sessions_s: f64,
-    /// The decoder's sessions and, on CUDA, its first run on zeros (on a second thread beside
-    /// the DiT's sessions).
-    pub decoder_sessions_s: f64,
-    /// The generation loop's buffers and small graphs.
-    pub buffers_s: f64,
-    /// The one-time work done within the sessions' time: compiling the runner's CUDA kernels
-    /// (or loading a kept image), and the decoder's convolution choices in its first run.
+    /// The text encoder, the DiT's and the decoder's sessions, the buffers.
+    #[serde(flatten)]
+    pub parts: StartupTimes,
+    /// The one-time work done within that time: compiling the runner's CUDA kernels (or loading
+    /// a kept image), and the decoder's convolution choices in its first run.
     #[serde(default)]
     pub one_time: OneTimeWork,
 }

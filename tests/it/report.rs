@@ -1,6 +1,6 @@
 //! `runner report` and `runner compare` on run directories written through the results API.
 
-use unstep::engine::OneTimeWork;
+use unstep::engine::{OneTimeWork, StartupTimes};
 use unstep::manifest::{LoadRequest, load};
 use unstep::results::{
     BundleRecord, DeviceRecord, GitState, LibraryVersions, ProcessRole, ProcessStart, RUN_JSON,
@@ -108,10 +108,12 @@ fn fake_run(
     let mut first = timing(0, ProcessRole::Warmup, 0, 40.0);
     first.process_start = Some(ProcessStart {
         ready_s: 12.5,
-        text_encoder_s: 1.5,
-        dit_sessions_s: 6.25,
-        decoder_sessions_s: 1.25,
-        buffers_s: 0.5,
+        parts: StartupTimes {
+            text_encoder_s: 1.5,
+            dit_sessions_s: 6.25,
+            decoder_sessions_s: 1.25,
+            buffers_s: 0.5,
+        },
         one_time: OneTimeWork {
             kernel_compile_s: 2.0,
             conv_choices_s: 0.5,

@@ -381,7 +381,7 @@ mod tests {
             intra_op_threads: Some(1),
             ..RuntimeOptions::default()
         };
-        let mut sessions = GraphSessions::build(&bundle, &runtime, false, |_, _| Ok(())).unwrap();
+        let mut sessions = GraphSessions::build(&bundle, &runtime, false, |_, _| {}).unwrap();
         let model = float_type(bundle.manifest.precision);
         warm_up(
             &mut sessions.vae_first,

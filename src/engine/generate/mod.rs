@@ -40,6 +40,7 @@ use super::one_time::OneTimeWork;
 use super::schedule::{MethodSettings, Schedule, ScheduleError};
 use super::session::{
     ContextInterface, GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError,
+    StartupTimes,
 };
 pub use super::settings::TimedRegionEnd;
 use super::text::{PromptTokenizer, TokenizerError};
@@ -84,20 +85,6 @@ impl PhaseTimes {
         }
         (total - self.session_run.as_secs_f64()).max(0.0) / total
     }
-}
-
-/// Where a [`Generator`]'s construction went, in seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct StartupTimes {
-    /// The text encoder's session and the prompts encoded ahead with it
-    /// ([`Generator::with_prompts`]; 0 otherwise).
-    pub text_encoder_s: f64,
-    /// The DiT's sessions.
-    pub dit_sessions_s: f64,
-    /// The decoder's sessions.
-    pub decoder_sessions_s: f64,
-    /// The loop's buffers and small graphs.
-    pub buffers_s: f64,
 }
 
 /// One generated video.
@@ -229,27 +216,21 @@ impl Generator {
             _ => None,
         };
         let model = super::session::float_type(bundle.manifest.precision);
-        let warm_decoder =
-            |first: &mut ort::session::Session, step: &mut ort::session::Session| match device {
-                Some(device) => {
-                    if let Err(e) = decode::warm_up(first, step, &dims, model, Some(device)) {
-                        eprintln!(
-                            "warning: the decoder's first run on zeros failed ({e}); its first \
-                             prompt makes its choices instead"
-                        );
-                    }
-                    Ok(())
-                }
-                None => Ok(()),
-            };
+        let warm_decoder = |first: &mut ort::session::Session, step: &mut ort::session::Session| {
+            let Some(device) = device else { return };
+            if let Err(e) = decode::warm_up(first, step, &dims, model, Some(device)) {
+                eprintln!(
+                    "warning: the decoder's first run on zeros failed ({e}); its first prompt \
+                     makes its choices instead"
+                );
+            }
+        };
         let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none(), warm_decoder)?;
         let started = Instant::now();
         let state = DeviceLoop::new(&bundle, &sessions, runtime)?;
         let startup = StartupTimes {
-            text_encoder_s: 0.0,
-            dit_sessions_s: sessions.built_in.dit_s,
-            decoder_sessions_s: sessions.built_in.decoder_s,
             buffers_s: started.elapsed().as_secs_f64(),
+            ..sessions.built_in
         };
         Ok(Self {
             bundle,
