@@ -28,14 +28,13 @@ use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, ExecutorKind, Kind, Resolved};
 use crate::plan::{Plan, Process, Role};
+use crate::results::Summary;
 use crate::results::files::{
     RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_process_timings, repair_timings, write_atomic,
     write_json_atomic,
 };
 use crate::results::names::VideoNames;
-use crate::results::records::{
-    BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus, Summary,
-};
+use crate::results::records::{BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus};
 use crate::results::video_index;
 
 /// How `apply` behaves beyond the manifest.

@@ -7,6 +7,7 @@ pub mod names;
 pub mod records;
 pub mod scores;
 pub mod stats;
+pub mod summary;
 pub mod time;
 pub mod video_index;
 
@@ -18,10 +19,11 @@ pub use hash::{config_hash, prompt_hash};
 pub use records::{
     AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
     LibraryVersions, ManifestRecord, PlacesRecord, ProcessRecord, ProcessRole, ProcessStart,
-    RunRecord, RunStatus, SettingRecord, Summary, SweepRecord, TimedRegionEnd, TimingRecord,
-    TokenizerRecord, WarmupRecord, WeightsRecord, measured,
+    RunRecord, RunStatus, SettingRecord, SweepRecord, TimedRegionEnd, TimingRecord,
+    TokenizerRecord, WarmupRecord, WeightsRecord,
 };
 pub use stats::Statistics;
+pub use summary::{Summary, measured};
 
 /// Loading small manifests in a scratch folder, for the unit tests of this module.
 #[cfg(test)]
