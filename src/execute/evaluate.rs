@@ -298,11 +298,7 @@ pub(super) fn evaluate_only(
     }
     let run_dir = &plan.run_dir;
     let mut record = previous.clone();
-    let scored = record
-        .evaluation
-        .as_ref()
-        .is_some_and(|e| e.status == EvaluationStatus::Succeeded && e.same_settings(&settings));
-    if scored && record.status == RunStatus::Succeeded {
+    if settings.scored(&record) {
         if !opts.quiet {
             eprintln!(
                 "note: every prompt has its video and the evaluation has its scores; nothing to \

@@ -208,13 +208,8 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
         }) => PreviousRun::Resumes {
             done: done.intersection(&selected).count(),
             selected: selected.len(),
-            evaluates: crate::results::scores::EvaluationRecord::of(r).is_some_and(|settings| {
-                let scored = previous.evaluation.as_ref().is_some_and(|e| {
-                    e.status == crate::results::scores::EvaluationStatus::Succeeded
-                        && e.same_settings(&settings)
-                });
-                !(scored && previous.status == crate::results::records::RunStatus::Succeeded)
-            }),
+            evaluates: crate::results::scores::EvaluationRecord::of(r)
+                .is_some_and(|settings| !settings.scored(&previous)),
         },
         // `completed` gives no record to resume for a probe's (measured afresh) or for none.
         Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,
