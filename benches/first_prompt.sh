@@ -7,6 +7,10 @@
 # and the apply's report from its statistics on.
 #   benches/first_prompt.sh OUT_DIR BUNDLE_DIR    (RUNNER: the runner binary, default
 #   target/release/runner; ORT_DYLIB_PATH and LD_LIBRARY_PATH as for scripts/bench-gpu)
+# With BASELINE=<another runner binary>, that runner also runs warm on the same folder (after
+# the warm run), to set its start and first prompt against this one's in the same call. With
+# PROFILE=1, a warm worker on prompt 0 with ONNX Runtime's profiler, summarised by
+# benches/ort_profile.py (sessions' load and initialisation, the DiT's capturing run #2).
 set -u
 out=${1:?usage: benches/first_prompt.sh OUT_DIR BUNDLE_DIR}
 bundle=${2:?usage: benches/first_prompt.sh OUT_DIR BUNDLE_DIR}
@@ -27,13 +31,22 @@ for i in 0 1 2; do
   cmp -s "$out/frames_cold/frames_$i.u8" "$out/frames_warm/frames_$i.u8" && echo "frames_$i identical" || echo "frames_$i DIFFER"
 done
 rm -rf "$out/frames_cold" "$out/frames_warm"
+if [ -n "${BASELINE:-}" ]; then
+  run baseline UNSTEP_KERNEL_CACHE="$cache" "$BASELINE" worker "${common[@]}" --timings "$out/baseline.jsonl"
+fi
+if [ "${PROFILE:-0}" = 1 ]; then
+  run profile UNSTEP_KERNEL_CACHE="$cache" UNSTEP_ORT_PROFILE="$out/profile" "$runner" worker \
+    --bundle "$bundle" --prompts "$prompts" --provider cuda --cuda-graphs --indices 0 --timings "$out/profile.jsonl"
+  python3 benches/ort_profile.py "$out/profile" 6 2
+  rm -rf "$out/profile"
+fi
 run warm_heuristic UNSTEP_KERNEL_CACHE="$cache" "$runner" worker "${common[@]}" --conv-algo-search heuristic --timings "$out/warm_heuristic.jsonl"
 run no_cache "$runner" worker "${common[@]}" --timings "$out/no_cache.jsonl"
 echo "kept: $(ls "$cache"/cudnn_attention | wc -l) attention plans, $(ls "$cache"/cudnn_conv | wc -l) convolution choices, $(ls "$cache"/nvrtc | wc -l) kernel image"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-for name in ["cold", "warm", "warm_heuristic", "no_cache"]:
+for name in ["cold", "warm", "baseline", "profile", "warm_heuristic", "no_cache"]:
     try:
         records = [json.loads(line) for line in open(f"{out}/{name}.jsonl")]
     except OSError as e:

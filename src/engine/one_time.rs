@@ -24,11 +24,14 @@ pub(crate) enum Work {
     ConvChoices,
     /// cuBLASLt's algorithm choices of the fused matmuls, per call shape.
     GemmChoices,
-    /// The DiT passes that capture a CUDA graph (one per block shape).
+    /// The DiT passes that capture a CUDA graph (one per block shape), from their start.
     GraphCapture,
+    /// A capturing pass waiting for the decoder's run in progress to end (the GPU runs the
+    /// decoder alone meanwhile, so this is not idle time).
+    CaptureWait,
 }
 
-const KINDS: usize = 5;
+const KINDS: usize = 6;
 
 static NANOS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
@@ -55,6 +58,7 @@ pub fn take() -> OneTimeWork {
         conv_choices_s: take(Work::ConvChoices),
         gemm_choices_s: take(Work::GemmChoices),
         graph_capture_s: take(Work::GraphCapture),
+        capture_wait_s: take(Work::CaptureWait),
     }
 }
 
@@ -73,9 +77,13 @@ pub struct OneTimeWork {
     /// cuBLASLt's algorithm choices of the fused matmuls.
     #[serde(default)]
     pub gemm_choices_s: f64,
-    /// The DiT passes that captured a CUDA graph.
+    /// The DiT passes that captured a CUDA graph, from their start (not their wait).
     #[serde(default)]
     pub graph_capture_s: f64,
+    /// The capturing passes' wait for the decoder's run in progress (absent in records of
+    /// earlier runners, whose `graph_capture_s` holds it).
+    #[serde(default)]
+    pub capture_wait_s: f64,
 }
 
 impl OneTimeWork {
@@ -87,6 +95,7 @@ impl OneTimeWork {
             ("conv choices", self.conv_choices_s),
             ("gemm choices", self.gemm_choices_s),
             ("graph capture", self.graph_capture_s),
+            ("capture wait", self.capture_wait_s),
         ]
     }
 

@@ -186,6 +186,8 @@ impl KvNames {
 /// The bundle's graphs the sessions are built from, by role.
 struct GraphNames<'a> {
     dit: &'a str,
+    /// Whether `dit` is the bundle's fused DiT graph.
+    dit_is_fused: bool,
     vae_first: &'a str,
     vae_step: &'a str,
 }
@@ -201,6 +203,7 @@ impl<'a> GraphNames<'a> {
         };
         Self {
             dit: pick(dit, &g.dit_fused, &g.dit),
+            dit_is_fused: dit == FusedKernels::Unstep && g.dit_fused.is_some(),
             vae_first: pick(vae, &g.vae_first_fused, &g.vae_first),
             vae_step: pick(vae, &g.vae_step_fused, &g.vae_step),
         }
@@ -315,23 +318,44 @@ impl GraphSessions {
         names: &GraphNames,
         operators: impl FnOnce() -> Result<Option<ort::operator::OperatorDomain>, SessionError>,
     ) -> Result<(Session, Option<Session>), SessionError> {
-        let dit =
-            build_graph_session(runtime, bundle, names.dit, dit_options, false, operators()?)?;
+        let context_graph = bundle.manifest.graphs.dit_context.as_deref();
+        let context_session =
+            |graph: &str| build_graph_session(runtime, bundle, graph, options, false, None);
+        // The fused DiT takes the context's keys and values, which the small `dit_context` graph
+        // computes: its session is built on a thread beside the DiT's, and dropped should the DiT
+        // turn out not to take them (a bundle of an earlier exporter).
+        let beside = context_graph.filter(|_| names.dit_is_fused);
+        let (dit, context) = std::thread::scope(|scope| {
+            let context = beside.map(|graph| scope.spawn(move || context_session(graph)));
+            let dit = operators().and_then(|ops| {
+                build_graph_session(runtime, bundle, names.dit, dit_options, false, ops)
+            });
+            let context = context.map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            });
+            (dit, context)
+        });
+        let dit = dit?;
         // A DiT that takes the context's keys and values needs the graph that computes them.
         if !has_input(&dit, "ctx_k.0") {
             return Ok((dit, None));
         }
-        let Some(graph) = &bundle.manifest.graphs.dit_context else {
-            return Err(BundleError::GraphContract {
-                role: "dit",
-                name: names.dit.to_string(),
-                problem: "it takes the context's keys and values (ctx_k.0, ...) but [graphs] has \
-                          no dit_context graph that computes them"
-                    .into(),
+        let context = match (context, context_graph) {
+            (Some(built), _) => built?,
+            (None, Some(graph)) => context_session(graph)?,
+            (None, None) => {
+                return Err(BundleError::GraphContract {
+                    role: "dit",
+                    name: names.dit.to_string(),
+                    problem: "it takes the context's keys and values (ctx_k.0, ...) but [graphs] \
+                              has no dit_context graph that computes them"
+                        .into(),
+                }
+                .into());
             }
-            .into());
         };
-        let context = build_graph_session(runtime, bundle, graph, options, false, None)?;
         Ok((dit, Some(context)))
     }
 

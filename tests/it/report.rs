@@ -125,6 +125,7 @@ fn fake_run(
         conv_choices_s: 8.0,
         gemm_choices_s: 0.25,
         graph_capture_s: 1.5,
+        capture_wait_s: 0.5,
         ..OneTimeWork::default()
     });
     let mut records = vec![first, timing(0, ProcessRole::Warmup, 1, 6.0)];

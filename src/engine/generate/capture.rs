@@ -110,11 +110,14 @@ impl CaptureGate {
     }
 
     /// Runs `f` as a capture: after the decoder's run in progress, with no decoder run beside it.
+    /// The wait goes to the one-time ledger's `CaptureWait`.
     pub(super) fn capture<T>(&self, f: impl FnOnce() -> T) -> T {
+        let asked = std::time::Instant::now();
         let mut state = self.lock();
         state.capture = true;
         drop(self.wait_while(state, |s| s.decoding));
         let _turn = Turn(self, |s: &mut GateState| s.capture = false);
+        crate::engine::one_time::add(crate::engine::one_time::Work::CaptureWait, asked.elapsed());
         f()
     }
 

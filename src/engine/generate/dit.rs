@@ -376,7 +376,7 @@ impl DeviceLoop {
                         .map(drop)
                 };
                 let result = if capturing {
-                    crate::engine::one_time::timed(Work::GraphCapture, || gate.capture(run))
+                    gate.capture(|| crate::engine::one_time::timed(Work::GraphCapture, run))
                 } else {
                     run()
                 };
