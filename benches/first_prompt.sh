@@ -42,7 +42,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
 fi
 run warm_heuristic UNSTEP_KERNEL_CACHE="$cache" "$runner" worker "${common[@]}" --conv-algo-search heuristic --timings "$out/warm_heuristic.jsonl"
 run no_cache "$runner" worker "${common[@]}" --timings "$out/no_cache.jsonl"
-echo "kept: $(ls "$cache"/cudnn_attention | wc -l) attention plans, $(ls "$cache"/cudnn_conv | wc -l) convolution choices, $(ls "$cache"/nvrtc | wc -l) kernel image"
+echo "kept: $(ls "$cache"/cudnn_attention | wc -l) attention plans, $(ls "$cache"/cudnn_conv/*.txt | wc -l) convolution choices ($(ls "$cache"/cudnn_conv/*.plan.json 2>/dev/null | wc -l) with their plans), $(ls "$cache"/nvrtc | wc -l) kernel image"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]

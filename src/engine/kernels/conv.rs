@@ -23,9 +23,11 @@
 //!   choice is also written under its `cudnn_conv/`, one small file per GPU kind, cuDNN version,
 //!   shape and type, naming the plan's place in the heuristics' list and its engine; a later
 //!   process (the measurement after the warmup) builds that one plan and takes it without
-//!   timing, when the heuristics still offer the same engine there. A missing, unreadable or
-//!   stale file means timing again; a file that cannot be written only costs the next process
-//!   the timing.
+//!   timing, when the heuristics still offer the same engine there. Beside it, when cuDNN can
+//!   serialise the plan, the plan itself (`.plan.json`): a later process restores it without
+//!   building the operation graph or asking the heuristics (about 70 ms a shape on an H200). A
+//!   missing, unreadable or stale file means building or timing again; a file that cannot be
+//!   written only costs the next process that work.
 //! - `conv_log` (`UNSTEP_CONV_LOG=1`) prints each shape's choice to standard error: the plans
 //!   timed, the engine kept and its time against the heuristics' first plan, and how long the
 //!   choice took.
@@ -41,8 +43,8 @@ use ort::value::TensorElementType;
 use super::DOMAIN;
 use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, device_kind,
-    engine_configs, execute_plan, execution_plan, set_stream,
+    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, deserialize_plan,
+    device_kind, engine_configs, execute_plan, execution_plan, serialize_plan, set_stream,
 };
 use super::operator::CudaKernel;
 use super::ops::CausalConv3d;
@@ -473,6 +475,11 @@ pub(crate) fn choice_file(dir: &Path, kind: &str, dims: &ConvDims, half: bool) -
     ))
 }
 
+/// The file that keeps the plan of the choice kept in `choice` (its serialised form).
+pub(crate) fn plan_file(choice: &Path) -> PathBuf {
+    choice.with_extension("plan.json")
+}
+
 /// A kept choice's text: the plan's place in the heuristics' list and its engine's global index.
 pub(crate) fn format_choice(index: usize, engine: i64) -> String {
     format!("plan {index} engine {engine}\n")
@@ -509,6 +516,30 @@ fn tune(
     stream: sys::CUstream,
 ) -> Result<Tuned, String> {
     let started = std::time::Instant::now();
+    let settings = super::settings();
+    let file = settings
+        .cache_dir
+        .as_deref()
+        .map(|dir| choice_file(&dir.join("cudnn_conv"), &device.kind, dims, half));
+    let plan_file = file.as_deref().map(plan_file);
+    let restored = plan_file
+        .as_deref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|json| deserialize_plan(device.handle.0, &json).ok());
+    if let Some((plan, workspace)) = restored {
+        if settings.conv_log {
+            eprintln!(
+                "CausalConv3d {dims:?} on stream {stream:?}: the plan kept by an earlier process, \
+                 restored in {:.3} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        return Ok(Tuned {
+            plan,
+            workspace,
+            _parts: Vec::new(),
+        });
+    }
     let mut parts = graph(device.handle.0, dims, half)?;
     let graph = parts.last().expect("the graph is the last descriptor");
     let (offers, keep, reasons) = offers(graph, half);
@@ -526,11 +557,6 @@ fn tune(
         dims.c,
         if half { "float16" } else { "float32" }
     );
-    let settings = super::settings();
-    let file = settings
-        .cache_dir
-        .as_deref()
-        .map(|dir| choice_file(&dir.join("cudnn_conv"), &device.kind, dims, half));
     let engines: Vec<i64> = offers.iter().map(|o| o.engine).collect();
     let kept = file
         .as_deref()
@@ -555,6 +581,14 @@ fn tune(
             offers[place].engine,
             started.elapsed().as_secs_f64()
         );
+    }
+    // The plan itself is kept once its choice is (timed now, or kept earlier).
+    if let (Some(choice), Some(plan_file)) = (&file, &plan_file)
+        && choice.is_file()
+        && kept_choice(choice, &engines) == Some(place)
+        && let Ok(json) = serialize_plan(&candidate.plan)
+    {
+        super::keep(plan_file, &json, "builds the convolution's plan");
     }
     let offer = offers.into_iter().nth(place).expect("place is an offer's");
     parts.push(offer.config);
