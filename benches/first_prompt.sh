@@ -10,7 +10,7 @@
 # With BASELINE=<another runner binary>, that runner also runs warm on the same folder (after
 # the warm run), to set its start and first prompt against this one's in the same call. With
 # PROFILE=1, a warm worker on prompt 0 with ONNX Runtime's profiler, summarised by
-# benches/ort_profile.py (sessions' load and initialisation, the DiT's capturing run #2).
+# benches/ort_profile.py (the large sessions' load and initialisation, their slowest run).
 set -u
 out=${1:?usage: benches/first_prompt.sh OUT_DIR BUNDLE_DIR}
 bundle=${2:?usage: benches/first_prompt.sh OUT_DIR BUNDLE_DIR}
@@ -37,7 +37,7 @@ fi
 if [ "${PROFILE:-0}" = 1 ]; then
   run profile UNSTEP_KERNEL_CACHE="$cache" UNSTEP_ORT_PROFILE="$out/profile" "$runner" worker \
     --bundle "$bundle" --prompts "$prompts" --provider cuda --cuda-graphs --indices 0 --timings "$out/profile.jsonl"
-  python3 benches/ort_profile.py "$out/profile" 6 2
+  for f in "$out"/profile/{text_encoder,dit,vae}*.json; do python3 benches/ort_profile.py "$f" 6; done
   rm -rf "$out/profile"
 fi
 run warm_heuristic UNSTEP_KERNEL_CACHE="$cache" "$runner" worker "${common[@]}" --conv-algo-search heuristic --timings "$out/warm_heuristic.jsonl"

@@ -3,8 +3,8 @@ the session took to load and initialise, its runs, kernel time by operator type 
 single nodes), and the operators that took longer in the slowest run (a process's first, or the
 run that captured a CUDA graph) than in the fastest.
 
-    python3 benches/ort_profile.py <dir> [top] [run]    (run: the run to set against the
-    fastest, by index; default the slowest)
+    python3 benches/ort_profile.py <dir or file> [top] [run]    (run: the run to set against
+    the fastest, by index; default the slowest)
 """
 import collections
 import glob
@@ -71,10 +71,11 @@ def runs(events, index=None):
 
 
 def main():
-    folder = sys.argv[1]
+    where = sys.argv[1]
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     index = int(sys.argv[3]) if len(sys.argv) > 3 else None
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+    paths = sorted(glob.glob(os.path.join(where, "*.json"))) if os.path.isdir(where) else [where]
+    for path in paths:
         summarise(path, top, index)
 
 
