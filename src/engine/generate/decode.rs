@@ -171,8 +171,10 @@ fn run_once_per_prompt(
 /// tensors in and out, so that what a decoder's first runs decide (the convolutions' engines,
 /// ONNX Runtime's algorithm searches, its arenas' first chunks) is done before the first prompt:
 /// [`super::Generator`] has it run on the thread that builds the decoder's sessions beside the
-/// DiT's. On a GPU (`device`), `vae_first` hands its arena back as in a prompt
-/// ([`run_once_per_prompt`]).
+/// DiT's. On a GPU (`device`), both runs hand their arenas' free memory back at their end (as
+/// `vae_first` does in every prompt, [`run_once_per_prompt`]): ONNX Runtime's algorithm searches
+/// size their workspaces by the memory free at the time, which before the DiT's first pass is
+/// most of the device, and an arena keeps what it once held for the whole process.
 pub(super) fn warm_up(
     vae_first: &mut Session,
     vae_step: &mut Session,
@@ -208,7 +210,7 @@ pub(super) fn warm_up(
             (&first[format!("cache_out.{j}").as_str()]).into(),
         ));
     }
-    vae_step.run(inputs)?;
+    vae_step.run_with_options(inputs, &options)?;
     Ok(())
 }
 
