@@ -207,7 +207,7 @@ impl DeviceLoop {
             // The clean-cache pass fills the KV cache for later blocks; after the last block it
             // only matters when its output is what the block emits.
             let last = b + 1 == d.blocks();
-            if !last || method.emit == Emit::CachePass {
+            if !last || method.emit == Emit::CachePass || self.run_unread_clean_pass {
                 self.axpby(
                     false,
                     (x0, 0),
@@ -384,6 +384,50 @@ impl DeviceLoop {
             }
         }
         times.session_run += start.elapsed();
+        self.dit_passes += 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::generate::{GenerateOptions, Generator};
+    use crate::engine::schedule::{Emit, MethodSettings};
+
+    /// Under `emit = "denoised"` the last block's clean-cache pass is skipped: nothing reads its
+    /// output or the cache it writes. Making it anyway (one DiT pass more) leaves the latents and
+    /// frames byte-identical (the tiny bundle, CPU).
+    #[test]
+    fn skipping_the_unread_clean_pass_leaves_the_video_byte_identical() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let prompts = std::fs::read_to_string(root.join("assets/prompts/tiny.txt")).unwrap();
+        let prompt = prompts.lines().next().unwrap();
+        let unpack = tempfile::tempdir().unwrap();
+        let mut generator = Generator::open(
+            &root.join("assets/tiny"),
+            unpack.path(),
+            &Default::default(),
+            &Default::default(),
+        )
+        .expect("open the tiny bundle");
+        let options = GenerateOptions {
+            method: MethodSettings {
+                emit: Emit::Denoised,
+                ..MethodSettings::default()
+            },
+            ..GenerateOptions::default()
+        };
+        let run = |generator: &mut Generator| {
+            let before = generator.state.dit_passes;
+            let generated = generator.generate(0, prompt, &options).unwrap();
+            (generated, generator.state.dit_passes - before)
+        };
+        let (skipped, skipped_passes) = run(&mut generator);
+        generator.state.run_unread_clean_pass = true;
+        let (made, made_passes) = run(&mut generator);
+        assert_eq!(made_passes, skipped_passes + 1, "one DiT pass more");
+        assert!(!skipped.frames.is_empty());
+        assert_eq!(skipped.latents, made.latents, "latents");
+        assert_eq!(skipped.frames, made.frames, "frames");
     }
 }

@@ -116,6 +116,11 @@ pub(super) struct DeviceLoop {
     pub(super) names: KvNames,
     /// Peak device memory reader (CUDA runtime), when the provider is on a GPU.
     pub(super) memory: Option<MemoryProbe>,
+    /// DiT passes run so far.
+    pub(super) dit_passes: usize,
+    /// Run the last block's clean-cache pass also where nothing reads it (`emit = "denoised"`):
+    /// only for tests, which check that skipping it changes no output.
+    pub(super) run_unread_clean_pass: bool,
 }
 
 /// Results of one prompt, copied to the host.
@@ -203,6 +208,8 @@ impl DeviceLoop {
             },
             names: KvNames::new(sessions.kv_interface, d.layers),
             memory: if on_gpu { MemoryProbe::open() } else { None },
+            dit_passes: 0,
+            run_unread_clean_pass: false,
             graphs,
             mem,
             alloc,
