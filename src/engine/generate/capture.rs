@@ -5,6 +5,8 @@
 
 use std::sync::PoisonError;
 
+use crate::engine::one_time;
+
 use super::buffers::Buf;
 
 /// The DiT's CUDA graphs (ONNX Runtime's `enable_cuda_graph`, in the DiT's session only).
@@ -117,7 +119,7 @@ impl CaptureGate {
         state.capture = true;
         drop(self.wait_while(state, |s| s.decoding));
         let _turn = Turn(self, |s: &mut GateState| s.capture = false);
-        crate::engine::one_time::add(crate::engine::one_time::Work::CaptureWait, asked.elapsed());
+        one_time::add(one_time::Work::CaptureWait, asked.elapsed());
         f()
     }
 

@@ -34,43 +34,28 @@ pub(super) struct SmallGraphs {
 }
 
 impl SmallGraphs {
-    /// Builds the graphs for a bundle whose float type is `model`, each on its own thread: a
-    /// small session's build is mostly ONNX Runtime's setup of the session and its provider.
+    /// Builds the graphs for a bundle whose float type is `model`.
     fn new(runtime: &RuntimeOptions, model: TensorElementType) -> Result<Self, GenerateError> {
-        use TensorElementType::{Float32, Int64, Uint8};
-        let graphs = [
-            ("axpby_f32", onnx_graph::axpby(Float32, model)),
-            ("axpby_model", onnx_graph::axpby(model, model)),
-            ("identity_f32", onnx_graph::identity(Float32)),
-            ("identity_i64", onnx_graph::identity(Int64)),
-            ("identity_u8", onnx_graph::identity(Uint8)),
-            ("identity_model", onnx_graph::identity(model)),
-        ];
-        let built: Vec<_> = std::thread::scope(|scope| {
-            let threads: Vec<_> = graphs
-                .iter()
-                .map(|(name, bytes)| scope.spawn(move || build_small_session(name, bytes, runtime)))
-                .collect();
-            threads
-                .into_iter()
-                .map(|thread| {
-                    thread
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
-        });
-        let mut built = built.into_iter();
-        let mut next = || -> Result<Session, GenerateError> {
-            Ok(built.next().expect("one session per graph")?)
-        };
+        let small = |name: &str, bytes: Vec<u8>| build_small_session(name, &bytes, runtime);
         Ok(Self {
-            axpby_f32: next()?,
-            axpby_model: next()?,
-            identity_f32: next()?,
-            identity_i64: next()?,
-            identity_u8: next()?,
-            identity_model: next()?,
+            axpby_f32: small(
+                "axpby_f32",
+                onnx_graph::axpby(TensorElementType::Float32, model),
+            )?,
+            axpby_model: small("axpby_model", onnx_graph::axpby(model, model))?,
+            identity_f32: small(
+                "identity_f32",
+                onnx_graph::identity(TensorElementType::Float32),
+            )?,
+            identity_i64: small(
+                "identity_i64",
+                onnx_graph::identity(TensorElementType::Int64),
+            )?,
+            identity_u8: small(
+                "identity_u8",
+                onnx_graph::identity(TensorElementType::Uint8),
+            )?,
+            identity_model: small("identity_model", onnx_graph::identity(model))?,
         })
     }
 }
