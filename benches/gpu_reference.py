@@ -121,8 +121,11 @@ def table(args):
     fr_p = np.load(f"{args.dump}/ref_frames_{idx}.npy").astype(np.int32).ravel()
     rel = np.linalg.norm(lat_r - lat_p) / np.linalg.norm(lat_p)
     d = np.abs(fr_r - fr_p)
-    print(f"parity prompt {idx}: latents relative L2 error {rel:.3e}, max abs {np.abs(lat_r - lat_p).max():.3e}; "
-          f"frames max abs diff {d.max()}, mean {d.mean():.3f}, share > 8: {(d > 8).mean():.4f}")
+    mse = float(np.mean(d.astype(np.float64) ** 2))
+    psnr = f"{10 * np.log10(255.0**2 / mse):.1f} dB" if mse > 0 else "inf (identical)"
+    print(f"parity prompt {idx} ({Path(args.runner[0]).stem} against eager PyTorch fp16): latents relative "
+          f"L2 error {rel:.3e}, max abs {np.abs(lat_r - lat_p).max():.3e}; frames max abs diff {d.max()}, "
+          f"mean {d.mean():.3f}, share > 8: {(d > 8).mean():.4f}, PSNR {psnr}")
 
 
 if __name__ == "__main__":

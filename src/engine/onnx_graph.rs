@@ -290,20 +290,20 @@ pub(crate) enum Attr<'a> {
 }
 
 /// A graph of one node `op` of the custom operator domain `domain` (opset 1), for the tests of the
-/// runner's own operators ([`super::kernels`]): graph inputs and outputs named as the node's, all
-/// of element type `ty` and unknown shape.
+/// runner's own operators ([`super::kernels`]): graph inputs and outputs named as the node's, of
+/// unknown shape, the inputs of the element types given and the outputs of element type `ty`.
 #[cfg(test)]
 pub(crate) fn custom_node(
     domain: &str,
     op: &str,
     ty: TensorElementType,
-    inputs: &[&str],
+    inputs: &[(&str, TensorElementType)],
     outputs: &[&str],
     attrs: &[Attr],
 ) -> Vec<u8> {
     let mut g = Graph::new(&format!("unstep_{op}"));
-    for name in inputs {
-        g.input(name, ty);
+    for (name, input_ty) in inputs {
+        g.input(name, *input_ty);
     }
     for name in outputs {
         g.output(name, ty);
@@ -315,7 +315,8 @@ pub(crate) fn custom_node(
             Attr::Int(name, v) => attr_int(name, v as u64),
         })
         .collect();
-    g.node_in(domain, op, inputs, outputs, attrs);
+    let names: Vec<&str> = inputs.iter().map(|(name, _)| *name).collect();
+    g.node_in(domain, op, &names, outputs, attrs);
     g.model_with(&[domain])
 }
 

@@ -301,8 +301,11 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
 }
 
 /// The entry points of `kernels.cu` that are no operator's row kernel: the attention's merge
-/// (attention.rs).
-pub(crate) const OTHER_ENTRY_POINTS: [&str; 1] = ["unstep_attention_merge_f16"];
+/// (attention.rs) and `MatMulFp8`'s quantisation of X (gemm.rs).
+pub(crate) const OTHER_ENTRY_POINTS: [&str; 2] = [
+    "unstep_attention_merge_f16",
+    "unstep_quantize_e4m3_rows_f16",
+];
 
 /// The function `name` of `kernels.cu` on device `ordinal` (compiled and loaded on first use)
 /// and the context it is loaded in.
@@ -393,11 +396,11 @@ pub(super) fn prepare<O: UnstepOp>(
             .input(i)?
             .ok_or_else(|| fail(format!("input {name} is missing")))?
             .downcast::<DynTensorValueType>()?;
-        if *tensor.data_type() != ty {
+        let expected = info.input_type(i, ty);
+        if *tensor.data_type() != expected {
             return Err(fail(format!(
-                "input {name} is {:?}, the node's type is {:?}",
+                "input {name} is {:?}, it must be {expected:?} (the node's type is {ty:?})",
                 tensor.data_type(),
-                ty
             )));
         }
         on_device("input", name, tensor.memory_info())?;

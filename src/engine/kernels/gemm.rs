@@ -11,6 +11,13 @@
 //!   calls it. The bias runs along Yᵀ's rows, as the epilogue wants it.
 //! - Accumulation and the epilogue are float32 (`CUBLAS_COMPUTE_32F`, also for float32 tensors:
 //!   no TF32); the output is rounded to T once.
+//! - `MatMulFp8` (float16 only) is the same product in float8 E4M3: X is first quantised per row
+//!   by `unstep_quantize_e4m3_rows_f16` of `kernels.cu` into a buffer of the stream (the codes,
+//!   then one float32 scale per row), and the matmul reads W's and X's codes with cuBLASLt's
+//!   outer-vector scaling (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`: W's scale per output
+//!   channel, X's per row; cuBLAS 12.9 or later on compute capability 9.0 or later) and a bias
+//!   or bias-GELU epilogue. cuBLASLt's float8 matmul takes W transposed and X as it is (its
+//!   "TN" form), which is this product's.
 //! - One handle per device, and one workspace of [`WORKSPACE_BYTES`] per device and stream
 //!   (allocated on first use, kept for the process): the calls of one stream run in order, so
 //!   they can share it. The algorithm is cuBLASLt's first heuristic choice for the call's sizes
@@ -22,14 +29,16 @@ use std::sync::{Mutex, PoisonError};
 
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys as lt_sys;
+use cudarc::cublaslt::sys::cublasLtMatmulDescAttributes_t as Desc;
 use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
-use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
+use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
 use super::operator::CudaKernel;
-use super::ops::MatMulBiasGelu;
 use super::ops::matmul_bias_gelu::MatMulSizes;
+use super::ops::matmul_fp8::{Fp8Attrs, Fp8Sizes};
+use super::ops::{MatMulBiasGelu, MatMulFp8};
 use crate::engine::one_time::{self, Work};
 
 /// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
@@ -39,6 +48,23 @@ pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 /// attributes).
 const OP_N: i32 = 0;
 const OP_T: i32 = 1;
+
+/// `cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F` (an int32 value of
+/// the A/B_SCALE_MODE attributes): a float32 scale per row of op(A) (W's output channels) and
+/// per column of op(B) (X's rows).
+const SCALE_OUTER_VEC_32F: i32 = 3;
+
+/// The quantisation kernel's threads per block (one block per row; `QUANT_THREADS` of
+/// `kernels.cu`).
+pub(crate) const QUANT_THREADS: u32 = 256;
+
+/// What a kernel's matmul is: `MatMulBiasGelu`'s (T inputs, bias-GELU epilogue) or
+/// `MatMulFp8`'s (E4M3 codes with per-channel and per-row scales, bias or bias-GELU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    BiasGelu,
+    Fp8 { gelu: bool },
+}
 
 /// Loads cuBLASLt (no GPU needed).
 pub(super) fn check_cublaslt() -> Result<(), String> {
@@ -101,10 +127,70 @@ fn data_type(ty: TensorElementType) -> Option<lt_sys::cudaDataType> {
     }
 }
 
+/// The quantised X of a `MatMulFp8` call on `stream` of device `ordinal`: a buffer of at least
+/// `bytes`, allocated on first use and when a call needs more, never freed (a captured CUDA graph
+/// keeps pointing at the buffer it was captured with; the calls of one stream run in order, so
+/// they can share it).
+fn quantised(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, String> {
+    type Buffers = Vec<(i32, usize, u64, usize)>;
+    static BUFFERS: Mutex<Buffers> = Mutex::new(Vec::new());
+    let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = stream as usize;
+    let slot = buffers
+        .iter()
+        .position(|(o, s, _, _)| *o == ordinal && *s == key);
+    if let Some(i) = slot
+        && buffers[i].3 >= bytes
+    {
+        return Ok(buffers[i].2);
+    }
+    // Whole MiB, so that the next slightly larger call does not allocate again.
+    let size = bytes.next_multiple_of(1 << 20);
+    // SAFETY: a plain allocation in the current (primary) context, kept for the process.
+    let ptr = unsafe { driver::malloc_sync(size) }.map_err(|e| {
+        format!(
+            "cuMemAlloc of the {} MiB buffer of MatMulFp8's quantised rows on CUDA device              {ordinal}: {e}",
+            size >> 20
+        )
+    })?;
+    match slot {
+        Some(i) => buffers[i] = (ordinal, key, ptr, size),
+        None => buffers.push((ordinal, key, ptr, size)),
+    }
+    Ok(ptr)
+}
+
+/// A pointer attribute of a matmul descriptor (the bias, the scales), the device address, and
+/// the call that sets it as an error names it.
+type Pointer = (Desc, u64, &'static str);
+
+const BIAS: &str = "cublasLtMatmulDescSetAttribute (bias)";
+
+/// Sets pointer attributes of `desc`.
+fn set_pointers(
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    pointers: &[Pointer],
+) -> Result<(), (&'static str, CublasError)> {
+    for &(attr, pointer, what) in pointers {
+        let pointer = pointer as *const c_void;
+        // SAFETY: the caller's descriptor is alive; the attribute is a pointer-sized value.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                attr,
+                (&pointer as *const *const c_void).cast(),
+                size_of::<*const c_void>(),
+            )
+        }
+        .map_err(|e| (what, e))?;
+    }
+    Ok(())
+}
+
 /// The descriptors and algorithm of one call shape: M rows, K, N, and the alignment of the
-/// pointers the algorithm was chosen for.
+/// pointers the algorithm was chosen for, and the matmul's mode.
 struct Prepared {
-    key: (usize, usize, usize, usize),
+    key: (usize, usize, usize, usize, Mode),
     desc: Handle<lt_sys::cublasLtMatmulDesc_t>,
     /// A (W, K × N column-major), B (X, K × M), C = D (Y, N × M).
     layouts: [Handle<lt_sys::cublasLtMatrixLayout_t>; 3],
@@ -174,16 +260,31 @@ impl Drop for Prepared {
     }
 }
 
-/// A `MatMulBiasGelu` node's CUDA kernel.
+/// A `MatMulBiasGelu` or `MatMulFp8` node's CUDA kernel.
 pub(crate) struct GemmKernel {
     ty: TensorElementType,
     ordinal: i32,
     context: Handle<sys::CUcontext>,
+    /// `MatMulFp8`'s quantisation kernel (`None` for `MatMulBiasGelu`).
+    quantise: Option<Handle<sys::CUfunction>>,
     /// The shapes seen so far (one or two in a session).
     prepared: Vec<Prepared>,
     /// Which of cuBLASLt's heuristic results the shapes take: 0, its first choice, in the
     /// product; the GPU test `cuda_gemm_algorithms` times the others.
     pub(super) algo_rank: usize,
+    /// Other configurations for the GPU test `cuda_fp8_configurations`.
+    #[cfg(test)]
+    pub(super) probe: Probe,
+}
+
+/// A configuration other than the product's, for a GPU test to try.
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Probe {
+    /// This epilogue instead of the mode's.
+    pub(super) epilogue: Option<lt_sys::cublasLtEpilogue_t>,
+    /// `CUBLASLT_MATMUL_DESC_FAST_ACCUM` (float8: no periodic promotion of the partial sums).
+    pub(super) fast_accumulation: bool,
 }
 
 impl CudaKernel<MatMulBiasGelu> for GemmKernel {
@@ -200,8 +301,11 @@ impl CudaKernel<MatMulBiasGelu> for GemmKernel {
             ty,
             ordinal,
             context,
+            quantise: None,
             prepared: Vec::new(),
             algo_rank: 0,
+            #[cfg(test)]
+            probe: Probe::default(),
         })
     }
 
@@ -213,6 +317,50 @@ impl CudaKernel<MatMulBiasGelu> for GemmKernel {
         stream: sys::CUstream,
     ) -> Result<(), String> {
         self.launch_matmul(sizes, pointers, stream)
+    }
+}
+
+impl CudaKernel<MatMulFp8> for GemmKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        if ty != TensorElementType::Float16 {
+            return Err(format!(
+                "{DOMAIN} MatMulFp8: element type {ty:?} is not supported on CUDA (float16 is; \
+                 fp8 bundles are float16 bundles with 8-bit matrix multiplies)"
+            ));
+        }
+        check_cublaslt()?;
+        let info = device_info(ordinal)?;
+        if info.major < 9 {
+            return Err(format!(
+                "{DOMAIN} MatMulFp8: CUDA device {ordinal} has compute capability {}.{}; the \
+                 float8 matrix multiplies with per-channel scales need 9.0 or later (Hopper): \
+                 run an fp16 bundle of the same weights on this GPU",
+                info.major, info.minor
+            ));
+        }
+        let context = primary_context(ordinal)?;
+        let (module_context, quantise) = device_function(ordinal, "unstep_quantize_e4m3_rows_f16")?;
+        debug_assert_eq!(module_context.0, context.0);
+        Ok(Self {
+            ty,
+            ordinal,
+            context,
+            quantise: Some(quantise),
+            prepared: Vec::new(),
+            algo_rank: 0,
+            #[cfg(test)]
+            probe: Probe::default(),
+        })
+    }
+
+    fn launch(
+        &mut self,
+        attrs: &Fp8Attrs,
+        sizes: &Fp8Sizes,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        self.launch_fp8(attrs, sizes, pointers, stream)
     }
 }
 
@@ -250,33 +398,17 @@ impl GemmKernel {
             .map(|&p| 1usize << p.trailing_zeros().min(8))
             .min()
             .unwrap_or(256);
-        let key = (sizes.rows, sizes.d, sizes.cols, alignment);
-        let index = match self.prepared.iter().position(|p| p.key == key) {
-            Some(index) => index,
-            None => {
-                let prepared = one_time::timed(Work::GemmChoices, || self.prepare(handle, key))
-                    .map_err(|(what, e)| format!("{what}: {e}"))?;
-                self.prepared.push(prepared);
-                self.prepared.len() - 1
-            }
-        };
-        let prepared = &self.prepared[index];
-        let bias_ptr = bias as *const c_void;
+        let key = (sizes.rows, sizes.d, sizes.cols, alignment, Mode::BiasGelu);
+        let pointers = [(Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS)];
+        let prepared = self.prepared(handle, key, &pointers)?;
+        set_pointers(prepared.desc.0, &pointers).map_err(|(what, e)| format!("{what}: {e}"))?;
         let (alpha, beta) = (1f32, 0f32);
         let [a, b, c] = prepared.layouts;
-        // SAFETY: the descriptors are alive (owned by `prepared`); the bias attribute is a
-        // pointer-sized value; X, W, bias and Y are device memory of this device holding the
-        // call's sizes; the workspace is this stream's and of the size the preference allowed;
-        // alpha and beta are float32 host scalars (scale type 32F, default host pointer mode),
-        // read before cublasLtMatmul returns.
+        // SAFETY: the descriptors are alive (owned by `prepared`); X, W, bias and Y are device
+        // memory of this device holding the call's sizes; the workspace is this stream's and of
+        // the size the preference allowed; alpha and beta are float32 host scalars (scale type
+        // 32F, default host pointer mode), read before cublasLtMatmul returns.
         unsafe {
-            lt::set_matmul_desc_attribute(
-                prepared.desc.0,
-                lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                (&bias_ptr as *const *const c_void).cast(),
-                size_of::<*const c_void>(),
-            )
-            .map_err(|e| format!("cublasLtMatmulDescSetAttribute (bias): {e}"))?;
             lt::matmul(
                 handle.0,
                 prepared.desc.0,
@@ -304,16 +436,148 @@ impl GemmKernel {
         })
     }
 
-    /// The descriptors of a call of M rows, K, N at `alignment` bytes, and cuBLASLt's heuristic
-    /// choice of algorithm for them (the first, or the one of rank [`Self::algo_rank`]); on
-    /// failure, which call failed and why.
+    /// The prepared call of `key` ([`Self::prepare`] with the call's `pointers` on its first
+    /// call).
+    fn prepared(
+        &mut self,
+        handle: Handle<lt_sys::cublasLtHandle_t>,
+        key: (usize, usize, usize, usize, Mode),
+        pointers: &[Pointer],
+    ) -> Result<&Prepared, String> {
+        let index = match self.prepared.iter().position(|p| p.key == key) {
+            Some(index) => index,
+            None => {
+                let prepared =
+                    one_time::timed(Work::GemmChoices, || self.prepare(handle, key, pointers))
+                    .map_err(|(what, e)| match key.4 {
+                        Mode::Fp8 { .. } => format!(
+                            "{what}: {e} (float8 matrix multiplies with per-channel scales need \
+                             cuBLAS 12.9 or later on compute capability 9.0 or later, and K a \
+                             multiple of 16)"
+                        ),
+                        Mode::BiasGelu => format!("{what}: {e}"),
+                    })?;
+                self.prepared.push(prepared);
+                self.prepared.len() - 1
+            }
+        };
+        Ok(&self.prepared[index])
+    }
+
+    /// Queues `MatMulFp8` on `stream` over `pointers` (X, W, w_scale, bias, Y: device addresses
+    /// of this device) with `sizes` (checked against the contract): X's rows quantised, then one
+    /// float8 matmul.
+    pub(super) fn launch_fp8(
+        &mut self,
+        attrs: &Fp8Attrs,
+        sizes: &Fp8Sizes,
+        pointers: &[u64],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
+        let [x, w, w_scale, bias, y] = pointers[..] else {
+            return Err(format!(
+                "{} pointers, expected X, W, w_scale, bias and Y",
+                pointers.len()
+            ));
+        };
+        let (m, k, n) = (sizes.rows, sizes.d, sizes.cols);
+        if m == 0 {
+            return Ok(());
+        }
+        if k % 16 != 0 {
+            return Err(format!(
+                "K = {k}: cuBLASLt's float8 matrix multiplies need K a multiple of 16"
+            ));
+        }
+        let quantise = self.quantise.expect("made by CudaKernel<MatMulFp8>::new");
+        let _current = CurrentContext::push(self.context)?;
+        let handle = handle(self.ordinal)?;
+        let workspace = workspace(self.ordinal, stream)?;
+        // The codes (M·K bytes), then the rows' scales at the next 256 bytes.
+        let scales_offset = (m * k).next_multiple_of(256);
+        let buffer = quantised(self.ordinal, stream, scales_offset + 4 * m)?;
+        let (codes, row_scales) = (buffer, buffer + scales_offset as u64);
+        let (mut x_arg, mut codes_arg, mut scales_arg) = (x, codes, row_scales);
+        let (mut rows, mut k_arg) = (m as i64, k as i32);
+        let mut params: Vec<*mut c_void> = vec![
+            (&mut x_arg as *mut u64).cast(),
+            (&mut codes_arg as *mut u64).cast(),
+            (&mut scales_arg as *mut u64).cast(),
+            (&mut rows as *mut i64).cast(),
+            (&mut k_arg as *mut i32).cast(),
+        ];
+        // SAFETY: the quantisation kernel of kernels.cu, loaded into the current context; one
+        // value per parameter, of its type; X holds M·K float16 and the buffer M·K codes and M
+        // scales (K a multiple of 16: its 16-byte loads stay in the row and aligned, as X is).
+        unsafe {
+            driver::launch_kernel(
+                quantise.0,
+                (m as u32, 1, 1),
+                (QUANT_THREADS, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| format!("cuLaunchKernel (quantise): {e}"))?;
+        let alignment = [w, codes, y]
+            .iter()
+            .map(|&p| 1usize << p.trailing_zeros().min(8))
+            .min()
+            .unwrap_or(256);
+        let key = (m, k, n, alignment, Mode::Fp8 { gelu: attrs.gelu });
+        let pointers = [
+            (Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS),
+            (Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale, "cublasLtMatmulDescSetAttribute (W's scales)"),
+            (Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, row_scales, "cublasLtMatmulDescSetAttribute (X's scales)"),
+        ];
+        let prepared = self.prepared(handle, key, &pointers)?;
+        set_pointers(prepared.desc.0, &pointers).map_err(|(what, e)| format!("{what}: {e}"))?;
+        let (alpha, beta) = (1f32, 0f32);
+        let [a, b, c] = prepared.layouts;
+        // SAFETY: as in `launch_matmul`; A and B are the codes of W and X (M·K and N·K bytes),
+        // the scales N and M float32 values, written (X's) by the kernel queued above on the
+        // same stream.
+        unsafe {
+            lt::matmul(
+                handle.0,
+                prepared.desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                w as *const c_void,
+                a.0,
+                codes as *const c_void,
+                b.0,
+                y as *const c_void,
+                c.0,
+                y as *mut c_void,
+                c.0,
+                &prepared.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream as lt_sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| format!("cublasLtMatmul (float8, {m} × {k} × {n}): {e}"))
+    }
+
+    /// The descriptors of a call of M rows, K, N at `alignment` bytes in `mode`, and cuBLASLt's
+    /// heuristic choice of algorithm for them (the first, or the one of rank
+    /// [`Self::algo_rank`]) with the call's `pointers` set (the heuristic may look at the bias
+    /// and scales it is given); on failure, which call failed and why.
     fn prepare(
         &self,
         handle: Handle<lt_sys::cublasLtHandle_t>,
-        key: (usize, usize, usize, usize),
+        key: (usize, usize, usize, usize, Mode),
+        pointers: &[Pointer],
     ) -> Result<Prepared, (&'static str, CublasError)> {
-        let (m, k, n, alignment) = key;
+        let (m, k, n, alignment, mode) = key;
         let ty = data_type(self.ty).expect("checked in new");
+        // W and X: the node's type, or E4M3 codes.
+        let operands = match mode {
+            Mode::BiasGelu => ty,
+            Mode::Fp8 { .. } => lt_sys::cudaDataType::CUDA_R_8F_E4M3,
+        };
         let scale = lt_sys::cudaDataType::CUDA_R_32F;
         let desc = lt::create_matmul_desc(lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, scale)
             .map_err(|e| ("cublasLtMatmulDescCreate", e))?;
@@ -324,11 +588,30 @@ impl GemmKernel {
             layouts: [Handle(std::ptr::null_mut()); 3],
             algo: lt_sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        use lt_sys::cublasLtMatmulDescAttributes_t as Desc;
-        let epilogue = lt_sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS;
-        // SAFETY: each value is of the attribute's type and size (int32 operations, the
-        // epilogue enum as uint32).
+        use lt_sys::cublasLtEpilogue_t::{CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_GELU_BIAS};
+        let epilogue = match mode {
+            Mode::BiasGelu | Mode::Fp8 { gelu: true } => CUBLASLT_EPILOGUE_GELU_BIAS,
+            Mode::Fp8 { gelu: false } => CUBLASLT_EPILOGUE_BIAS,
+        };
+        #[cfg(test)]
+        let epilogue = self.probe.epilogue.unwrap_or(epilogue);
+        // SAFETY: each value is of the attribute's type and size (int32 operations and scale
+        // modes, the epilogue enum as uint32).
         unsafe {
+            if let Mode::Fp8 { .. } = mode {
+                for attr in [
+                    Desc::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    Desc::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                ] {
+                    lt::set_matmul_desc_attribute(
+                        desc,
+                        attr,
+                        (&SCALE_OUTER_VEC_32F as *const i32).cast(),
+                        4,
+                    )
+                    .map_err(|e| ("cublasLtMatmulDescSetAttribute (scale mode)", e))?;
+                }
+            }
             lt::set_matmul_desc_attribute(
                 desc,
                 Desc::CUBLASLT_MATMUL_DESC_TRANSA,
@@ -343,6 +626,16 @@ impl GemmKernel {
                 4,
             )
             .map_err(|e| ("cublasLtMatmulDescSetAttribute (transb)", e))?;
+            #[cfg(test)]
+            if self.probe.fast_accumulation {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                    (&1i8 as *const i8).cast(),
+                    1,
+                )
+                .map_err(|e| ("cublasLtMatmulDescSetAttribute (fast accumulation)", e))?;
+            }
             lt::set_matmul_desc_attribute(
                 desc,
                 Desc::CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -351,15 +644,16 @@ impl GemmKernel {
             )
             .map_err(|e| ("cublasLtMatmulDescSetAttribute (epilogue)", e))?;
         }
+        set_pointers(desc, pointers)?;
         let (m64, k64, n64) = (m as u64, k as u64, n as u64);
         let shapes = [
-            (k64, n64, k as i64),
-            (k64, m64, k as i64),
-            (n64, m64, n as i64),
+            (operands, k64, n64, k as i64),
+            (operands, k64, m64, k as i64),
+            (ty, n64, m64, n as i64),
         ];
-        for (slot, (rows, cols, ld)) in prepared.layouts.iter_mut().zip(shapes) {
+        for (slot, (elements, rows, cols, ld)) in prepared.layouts.iter_mut().zip(shapes) {
             *slot = Handle(
-                lt::create_matrix_layout(ty, rows, cols, ld)
+                lt::create_matrix_layout(elements, rows, cols, ld)
                     .map_err(|e| ("cublasLtMatrixLayoutCreate", e))?,
             );
         }

@@ -656,3 +656,77 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) unstep_attention_mer
             (unsigned int)f2h(a * inv) | ((unsigned int)f2h(b * inv) << 16);
     }
 }
+
+// MatMulFp8's rows of X quantised to float8 E4M3 (gemm.rs, ops/matmul_fp8.rs): x [rows, k]
+// (float16, k a multiple of 8, rows aligned to 16 bytes), codes [rows, k] (bytes), scales [rows]
+// (float32). With a = max |x| over the row: scale = a / 448 and code = e4m3(x * (448 / a)),
+// rounded to nearest even and saturated (PTX cvt.rn.satfinite.e4m3x2.f32, compute capability 8.9
+// and later; below it the kernel traps: the host refuses those devices first); a row of zeros
+// gives scale 0 and codes 0. One block of QUANT_THREADS per row, 8 elements (16 bytes) per access;
+// the second pass reads the row again (from L1 or L2: 17.5 KiB at k = 8960).
+#define QUANT_THREADS 256
+#define E4M3_MAX 448.0f
+
+// 8 float16 (one load) and 8 codes (one store).
+struct alignas(16) Halves8 {
+    unsigned int w[4];
+};
+struct alignas(8) Codes8 {
+    unsigned int w[2];
+};
+
+__device__ __forceinline__ unsigned int e4m3x2(float lo, float hi) {
+    unsigned short pair;
+#if __CUDA_ARCH__ >= 890
+    // The first source goes to the upper byte.
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+#else
+    pair = 0;
+    asm("trap;");
+#endif
+    return pair;
+}
+
+extern "C" __global__ void __launch_bounds__(QUANT_THREADS) unstep_quantize_e4m3_rows_f16(
+    const unsigned short* x, unsigned char* codes, float* scales, i64 rows, int k) {
+    __shared__ float partial[QUANT_THREADS / WARP];
+    const i64 r = blockIdx.x;
+    if (r >= rows) return;
+    const Halves8* row = reinterpret_cast<const Halves8*>(x + r * k);
+    const int units = k / 8;
+    float a = 0.0f;
+    for (int u = threadIdx.x; u < units; u += QUANT_THREADS) {
+        const Halves8 v = row[u];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned int w = v.w[i];
+            a = fmaxf(a, fabsf(h2f((unsigned short)(w & 0xffffu))));
+            a = fmaxf(a, fabsf(h2f((unsigned short)(w >> 16))));
+        }
+    }
+#pragma unroll
+    for (int offset = WARP / 2; offset > 0; offset /= 2) {
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, offset));
+    }
+    if (threadIdx.x % WARP == 0) partial[threadIdx.x / WARP] = a;
+    __syncthreads();
+    a = partial[0];
+#pragma unroll
+    for (int i = 1; i < QUANT_THREADS / WARP; ++i) a = fmaxf(a, partial[i]);
+    const float inv = a > 0.0f ? E4M3_MAX / a : 0.0f;
+    if (threadIdx.x == 0) scales[r] = a / E4M3_MAX;
+    Codes8* out = reinterpret_cast<Codes8*>(codes + r * k);
+    for (int u = threadIdx.x; u < units; u += QUANT_THREADS) {
+        const Halves8 v = row[u];
+        unsigned int pairs[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            pairs[i] = e4m3x2(h2f((unsigned short)(v.w[i] & 0xffffu)) * inv,
+                              h2f((unsigned short)(v.w[i] >> 16)) * inv);
+        }
+        Codes8 c;
+        c.w[0] = pairs[0] | (pairs[1] << 16);
+        c.w[1] = pairs[2] | (pairs[3] << 16);
+        out[u] = c;
+    }
+}

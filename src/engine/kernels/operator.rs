@@ -19,7 +19,8 @@ use super::rows::Element;
 
 /// The static description of an operator: its ONNX name, its inputs' and outputs' names (in
 /// order), which input is X (the tensor whose last axis is D), which inputs it writes in place,
-/// and, for the row operators, the base name of its entry points in `kernels.cu`.
+/// which inputs have an element type of their own, and, for the row operators, the base name of
+/// its entry points in `kernels.cu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OpInfo {
     pub(crate) name: &'static str,
@@ -27,6 +28,10 @@ pub(crate) struct OpInfo {
     pub(crate) outputs: &'static [&'static str],
     pub(crate) x_index: usize,
     pub(crate) in_place: &'static [usize],
+    /// The inputs whose element type is fixed rather than T (`MatMulFp8`'s 8-bit weight and
+    /// float32 scales), with that type; every other input and every output is T. The CPU kernel
+    /// reads them from [`CpuIo::fixed`].
+    pub(crate) fixed: &'static [(usize, TensorElementType)],
     /// `bias_rms_norm` for `unstep_bias_rms_norm_f16` and its layouts; `None` for the operators
     /// that run on cuBLASLt or cuDNN.
     pub(crate) row_kernel: Option<&'static str>,
@@ -92,11 +97,38 @@ pub(crate) trait CudaKernel<O: UnstepOp>: Sized + Send {
 }
 
 /// One CPU call's tensors: the inputs in the operator's order (an empty slice for those written
-/// in place), the inputs written in place (in order) and the outputs.
+/// in place and those of a fixed type), the inputs of a fixed type ([`OpInfo::fixed`], in that
+/// order), the inputs written in place (in order) and the outputs.
 pub(crate) struct CpuIo<'a, T> {
     pub(crate) inputs: Vec<&'a [T]>,
+    pub(crate) fixed: Vec<Fixed<'a>>,
     pub(crate) written: Vec<&'a mut [T]>,
     pub(crate) outputs: Vec<&'a mut [T]>,
+}
+
+/// The data of an input of a fixed element type.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Fixed<'a> {
+    U8(&'a [u8]),
+    F32(&'a [f32]),
+}
+
+impl<'a> Fixed<'a> {
+    /// The bytes of a uint8 input.
+    pub(crate) fn u8(self) -> &'a [u8] {
+        match self {
+            Fixed::U8(data) => data,
+            Fixed::F32(_) => panic!("a float32 input read as uint8"),
+        }
+    }
+
+    /// The values of a float32 input.
+    pub(crate) fn f32(self) -> &'a [f32] {
+        match self {
+            Fixed::F32(data) => data,
+            Fixed::U8(_) => panic!("a uint8 input read as float32"),
+        }
+    }
 }
 
 /// An error of one operator, naming it.
@@ -156,12 +188,25 @@ impl NodeAttrs<'_, '_> {
 
     /// The optional int attribute `silu`: 0 (the default) or 1.
     pub(crate) fn silu(&self) -> ort::Result<bool> {
-        match self.kctx.get::<i64>("silu") {
+        self.flag("silu")
+    }
+
+    /// The optional int attribute `gelu`: 0 (the default) or 1.
+    pub(crate) fn gelu(&self) -> ort::Result<bool> {
+        self.flag("gelu")
+    }
+
+    /// An optional int attribute that is 0 (the default) or 1.
+    fn flag(&self, name: &str) -> ort::Result<bool> {
+        match self.kctx.get::<i64>(name) {
             None | Some(0) => Ok(false),
             Some(1) => Ok(true),
             Some(other) => Err(op_error(
                 self.info,
-                format!("node '{}' has silu = {other}; it must be 0 or 1", self.node),
+                format!(
+                    "node '{}' has {name} = {other}; it must be 0 or 1",
+                    self.node
+                ),
             )),
         }
     }
@@ -245,6 +290,16 @@ impl Registration {
     }
 }
 
+impl OpInfo {
+    /// Input `i`'s element type in the node of element type `ty`.
+    pub(crate) fn input_type(&self, i: usize, ty: TensorElementType) -> TensorElementType {
+        self.fixed
+            .iter()
+            .find(|(index, _)| *index == i)
+            .map_or(ty, |(_, fixed)| *fixed)
+    }
+}
+
 /// The registry's entry of operator `O`.
 pub(crate) const fn entry<O: UnstepOp>() -> Registration {
     Registration {
@@ -291,10 +346,7 @@ impl<O: UnstepOp> Operator for Registered<O> {
     }
 
     fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
-        O::INFO
-            .inputs
-            .iter()
-            .map(|_| OperatorInput::required(self.ty))
+        (0..O::INFO.inputs.len()).map(|i| OperatorInput::required(O::INFO.input_type(i, self.ty)))
     }
 
     fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
@@ -432,7 +484,8 @@ fn compute_cpu<O: UnstepOp, T: Element>(attrs: &O::Attrs, ctx: &ComputeContext) 
     }
     let mut written_shapes = written.iter().map(|tensor| &**tensor.shape());
     let mut inputs: Vec<(&[i64], &[T])> = Vec::with_capacity(names.len());
-    for (value, name) in values.iter().zip(names) {
+    let mut fixed = Vec::with_capacity(info.fixed.len());
+    for (i, (value, name)) in values.iter().zip(names).enumerate() {
         let Some(value) = value else {
             let shape = written_shapes
                 .next()
@@ -440,9 +493,25 @@ fn compute_cpu<O: UnstepOp, T: Element>(attrs: &O::Attrs, ctx: &ComputeContext) 
             inputs.push((shape, &[]));
             continue;
         };
-        let (shape, data) = value
-            .try_extract_tensor::<T>()
-            .map_err(|e| op_error(info, format!("input {name}: {e}")))?;
+        let failed = |e: ort::Error| op_error(info, format!("input {name}: {e}"));
+        if let Some((_, ty)) = info.fixed.iter().find(|(index, _)| *index == i) {
+            let shape = match ty {
+                TensorElementType::Uint8 => {
+                    let (shape, data) = value.try_extract_tensor::<u8>().map_err(failed)?;
+                    fixed.push(Fixed::U8(data));
+                    shape
+                }
+                TensorElementType::Float32 => {
+                    let (shape, data) = value.try_extract_tensor::<f32>().map_err(failed)?;
+                    fixed.push(Fixed::F32(data));
+                    shape
+                }
+                other => unreachable!("no operator has a fixed input of type {other:?}"),
+            };
+            inputs.push((shape, &[]));
+            continue;
+        }
+        let (shape, data) = value.try_extract_tensor::<T>().map_err(failed)?;
         inputs.push((shape, data));
     }
     let shapes: Vec<&[i64]> = inputs.iter().map(|(shape, _)| *shape).collect();
@@ -472,6 +541,7 @@ fn compute_cpu<O: UnstepOp, T: Element>(attrs: &O::Attrs, ctx: &ComputeContext) 
         .collect();
     let io = CpuIo {
         inputs: inputs.iter().map(|(_, data)| *data).collect(),
+        fixed,
         written,
         outputs: output_slices,
     };

@@ -197,14 +197,11 @@ pub(crate) fn session<T: Element>(op: &OpInfo, attrs: &[Attr]) -> ort::Result<Se
     let runtime = ort_lib::runtime(None).expect(
         "ONNX Runtime: run through scripts/test (or set UNSTEP_ORT_CACHE_DIR / ORT_DYLIB_PATH)",
     );
-    let model = onnx_graph::custom_node(
-        DOMAIN,
-        op.name,
-        onnx_type::<T>(),
-        op.inputs,
-        op.outputs,
-        attrs,
-    );
+    let ty = onnx_type::<T>();
+    let inputs: Vec<(&str, TensorElementType)> = (op.inputs.iter().enumerate())
+        .map(|(i, name)| (*name, op.input_type(i, ty)))
+        .collect();
+    let model = onnx_graph::custom_node(DOMAIN, op.name, ty, &inputs, op.outputs, attrs);
     Session::builder(&runtime.environment)?
         .with_intra_threads(1)?
         .with_operators(operator_domain(false)?)?

@@ -15,6 +15,7 @@ fn check_through_onnx_runtime<T: Tolerance>() {
     ops::bias_rms_norm::tests::check_through_onnx_runtime::<T>(&mut rng);
     ops::bias_gelu::tests::check_through_onnx_runtime::<T>(&mut rng);
     ops::matmul_bias_gelu::tests::check_through_onnx_runtime::<T>(&mut rng);
+    ops::matmul_fp8::tests::check_through_onnx_runtime::<T>(&mut rng);
     ops::prefix_bias_rms_norm::tests::check_through_onnx_runtime::<T>(&mut rng);
     ops::attention::tests::check_through_onnx_runtime::<T>(&mut rng);
     ops::causal_conv3d::tests::check_through_onnx_runtime::<T>(&mut rng);

@@ -47,6 +47,7 @@ impl UnstepOp for Attention {
         outputs: &["O"],
         x_index: 0,
         in_place: &[],
+        fixed: &[],
         row_kernel: None,
     };
     type Attrs = HeadsAttrs;

@@ -20,6 +20,7 @@ impl UnstepOp for BiasGelu {
         outputs: &["Y"],
         x_index: 0,
         in_place: &[],
+        fixed: &[],
         row_kernel: Some("bias_gelu"),
     };
     type Attrs = ();

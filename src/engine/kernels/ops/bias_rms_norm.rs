@@ -46,6 +46,7 @@ impl UnstepOp for BiasRmsNorm {
         outputs: &["Y"],
         x_index: 0,
         in_place: &[],
+        fixed: &[],
         row_kernel: Some("bias_rms_norm"),
     };
     type Attrs = NormAttrs;

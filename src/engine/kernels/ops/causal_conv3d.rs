@@ -51,6 +51,7 @@ impl UnstepOp for CausalConv3d {
         outputs: &["Y"],
         x_index: 0,
         in_place: &[],
+        fixed: &[],
         row_kernel: None,
     };
     type Attrs = ();

@@ -37,6 +37,7 @@ impl UnstepOp for GatedResidualLayerNorm {
         outputs: &["S", "Y"],
         x_index: 1,
         in_place: &[],
+        fixed: &[],
         row_kernel: Some("gated_residual_layer_norm"),
     };
     type Attrs = LayerNormAttrs;

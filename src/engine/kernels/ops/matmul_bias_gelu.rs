@@ -35,6 +35,7 @@ impl UnstepOp for MatMulBiasGelu {
         outputs: &["Y"],
         x_index: 0,
         in_place: &[],
+        fixed: &[],
         row_kernel: None,
     };
     type Attrs = ();

@@ -24,6 +24,7 @@ operators! {
     bias_gelu::BiasGelu,
     prefix_bias_rms_norm::PrefixBiasRmsNorm,
     matmul_bias_gelu::MatMulBiasGelu,
+    matmul_fp8::MatMulFp8,
     attention::Attention,
     causal_conv3d::CausalConv3d,
 }

@@ -41,6 +41,7 @@ impl UnstepOp for PrefixBiasRmsNorm {
         outputs: &["Y", "tail"],
         x_index: 0,
         in_place: &[],
+        fixed: &[],
         row_kernel: Some("prefix_bias_rms_norm"),
     };
     type Attrs = NormAttrs;

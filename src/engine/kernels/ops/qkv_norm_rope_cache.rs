@@ -47,6 +47,7 @@ impl UnstepOp for QkvNormRopeCache {
         outputs: &["Q"],
         x_index: 0,
         in_place: &[7, 8],
+        fixed: &[],
         row_kernel: Some("qkv_norm_rope_cache"),
     };
     type Attrs = RopeAttrs;
