@@ -383,6 +383,13 @@ def test_external_data(bundles, tmp_path, capsys):
     loaded = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out / "dit_fused.onnx")).graph.initializer}
     ref = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(b8 / "dit_fused.onnx")).graph.initializer}
     assert loaded.keys() == ref.keys() and all(np.array_equal(loaded[k], ref[k]) for k in ref)
+    # Refused without its external data file.
+    broken = tmp_path / "broken"
+    _link_copy(src, broken)
+    (broken / "dit_fused.onnx.data").unlink()
+    _fails(capsys, ["quantize", "--from", str(broken), "--out", str(tmp_path / "o2")],
+           "external data 'dit_fused.onnx.data' is not a file beside it")
+    assert not (tmp_path / "o2").exists()
     # In place: the old dit_fused.onnx.data goes (unlinked, not written through), a new one comes.
     main(["quantize", "--from", str(src), "--out", str(src)])
     assert _files(src) == _files(out) and (src / "bundle.toml").read_bytes() == (out / "bundle.toml").read_bytes()

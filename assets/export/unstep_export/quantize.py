@@ -266,9 +266,10 @@ def _has_external_data(model) -> bool:
 
 def save_graph(model, path: Path, src_dir: Path, external: bool):
     """Saves `model` as `path`.  With `external`, every tensor stored in a file of `src_dir` (the
-    graph's original external data, read, never moved or changed) and every other tensor of at
-    least EXTERNAL_MIN_BYTES is written, page-aligned, into one `<name>.data` beside it, as
-    export._save lays it out; otherwise the graph holds its tensors."""
+    graph's original external data, read, never moved or changed) and every other initializer of
+    at least EXTERNAL_MIN_BYTES is written, page-aligned, into one `<name>.data` beside it, as
+    export._save lays it out (tensors of node attributes that are inline stay inline); otherwise
+    the graph holds its tensors."""
     import onnx
     from onnx import TensorProto
 
@@ -278,12 +279,13 @@ def save_graph(model, path: Path, src_dir: Path, external: bool):
     for f in (path, data):
         f.unlink(missing_ok=True)
     if not external:
-        if _has_external_data(model):
-            raise QuantizeError("internal: a graph with external tensors saved without external data")
+        assert not _has_external_data(model), "a graph with external tensors needs external=True"
         onnx.save_model(model, str(path))
         return
+    # _all_tensors yields the graph's own initializers first, then the tensors of node attributes.
+    n_init = len(model.graph.initializer)
     with open(data, "wb") as dst:
-        for t in _all_tensors(model.graph):
+        for i, t in enumerate(_all_tensors(model.graph)):
             if t.data_location == TensorProto.EXTERNAL:
                 info = _external_info(t)
                 src = src_dir / info["location"]
@@ -303,7 +305,7 @@ def save_graph(model, path: Path, src_dir: Path, external: bool):
                 if left:
                     raise QuantizeError(f"{src}: ends {left} bytes before tensor {t.name}'s data does: the bundle "
                                         "is damaged; export it again")
-            elif t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_MIN_BYTES:
+            elif i < n_init and t.HasField("raw_data") and len(t.raw_data) >= EXTERNAL_MIN_BYTES:
                 dst.write(b"\0" * (-dst.tell() % EXTERNAL_ALIGN))
                 start = dst.tell()
                 dst.write(t.raw_data)
@@ -402,7 +404,7 @@ def quantize_bundle(src, out) -> dict:
     Everything is read and checked before `out` is touched.  Returns what it did and prints it."""
     import onnx
 
-    from .export import sha256, write_toml
+    from .export import _all_tensors, sha256, write_toml
 
     src, out = Path(src), Path(out)
     toml = src / "bundle.toml"
@@ -433,6 +435,11 @@ def quantize_bundle(src, out) -> dict:
 
     model = onnx.load(str(graph_path), load_external_data=False)
     external = _has_external_data(model)
+    for location in sorted({_external_info(t).get("location", "") for t in _all_tensors(model.graph)
+                            if t.data_location == onnx.TensorProto.EXTERNAL}):
+        if not (src / location).is_file() or Path(location).name != location:
+            raise QuantizeError(f"{graph_path}: its external data {location!r} is not a file beside it: the bundle is "
+                                "incomplete; export it again")
     stats = rewrite_dit_fused(model, src)
     rewritten = stats["matmul"] + stats["matmul_bias_gelu"]
     if not rewritten:
