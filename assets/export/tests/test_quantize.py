@@ -21,12 +21,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from unstep_export.__main__ import main
 from unstep_export.config import preset
 from unstep_export.export import EXTERNAL_ALIGN, sha256, write_toml
-from unstep_export.parity import check_fused_structure, run_fused_dit
+from unstep_export.parity import check_fused_structure, run_fused_dit, run_fused_reference
 from unstep_export.quantize import (E4M3_VALUES, FP8_NOTE, _toml_args, e4m3_decode, e4m3_encode, matmul_fp8,
                                     quantize_rows, quantize_weight, rewrite_dit_fused)
 
@@ -304,6 +304,41 @@ def test_rewrite_of_the_fp32_tiny_graph(tmp_path):
     worst = _compare_graphs(tmp_path / "dit_fused.onnx", out / "dit_fused.onnx", np.float32)
     assert worst["flow"][0] < 0.02 and worst["flow"][1] < 0.015, worst
     assert worst["kv"][0] < 0.06 and worst["kv"][1] < 0.05, worst
+
+
+def test_rewrite_shared_weights_and_identity(tmp_path):
+    """A weight read through an Identity node by two block MatMuls is quantised once and the
+    Identity goes; a weight a MatMul outside the blocks also reads stays; a MatMul by a computed
+    (not constant) operand is left."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    h = rng.standard_normal((8, 8)).astype(np.float32)
+    nodes = [helper.make_node("Identity", ["w"], ["w_id"], name="/dit/Identity"),
+             helper.make_node("MatMul", ["x", "w_id"], ["a"], name="/dit/blocks.0/MatMul"),
+             helper.make_node("MatMul", ["a", "w_id"], ["b"], name="/dit/blocks.1/MatMul"),
+             helper.make_node("MatMul", ["b", "h"], ["c"], name="/dit/blocks.1/MatMul_1"),
+             helper.make_node("MatMul", ["c", "h"], ["d"], name="/dit/head/MatMul"),
+             helper.make_node("Transpose", ["x"], ["x_t"], name="/dit/Transpose"),
+             helper.make_node("MatMul", ["d", "x_t"], ["y"], name="/dit/blocks.1/MatMul_2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 8])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(h, "h")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    stats = rewrite_dit_fused(model, tmp_path)
+    assert (stats["matmul"], stats["matmul_bias_gelu"]) == (3, 0)
+    assert sorted(stats["left"]) == ["/dit/blocks.1/MatMul_2", "/dit/head/MatMul"]
+    ops = {n.name: (n.op_type, list(n.input)) for n in model.graph.node}
+    assert "/dit/Identity" not in ops
+    assert ops["/dit/blocks.0/MatMul"][1][1:3] == ops["/dit/blocks.1/MatMul"][1][1:3] == ["w.e4m3", "w.w_scale"]
+    assert ops["/dit/head/MatMul"] == ("MatMul", ["c", "h"])
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert "w" not in inits and "h" in inits  # h is still read by the head
+    assert np.array_equal(inits["h.e4m3"], quantize_weight(h.T)[0])
+    assert {o.domain for o in model.opset_import} >= {"", "ai.unstep"}
+    onnx.save_model(model, str(tmp_path / "g.onnx"))
+    x = rng.standard_normal((8, 8)).astype(np.float32)
+    (y,) = run_fused_reference(tmp_path / "g.onnx", {"x": x})
+    assert _rel(y, (x @ w @ w @ h @ h) @ x.T)[1] < 0.1
 
 
 def test_bundle_toml(bundles):
