@@ -1,4 +1,4 @@
-"""CLI: python -m unstep_export {export,golden,parity,fused-check,sample,release-files,selftest}
+"""CLI: python -m unstep_export {export,quantize,golden,parity,fused-check,sample,release-files,selftest}
 (run with PYTHONPATH=assets/export).  A checkpoint or tokenizer that cannot be used as given is
 an error (exit status 2) before anything is written."""
 
@@ -15,6 +15,7 @@ import torch
 
 from .checkpoints import CheckpointError
 from .config import preset
+from .quantize import QuantizeError
 
 
 def _threads(n):
@@ -142,7 +143,12 @@ def cmd_export(args):
 
     cfg = preset(args.preset)
     precision = args.precision or ("fp32" if args.preset == "tiny" else "fp16")
-    dtype = ex.DTYPES[precision]
+    # fp8: an fp16 export whose dit_fused.onnx is then rewritten in place (quantize.py).
+    fp8 = precision == "fp8"
+    graph_precision = "fp16" if fp8 else precision
+    if fp8 and args.no_fused_dit and args.only != "vae":
+        raise QuantizeError("--precision fp8 quantizes the linear layers of dit_fused.onnx: leave out --no-fused-dit")
+    dtype = ex.DTYPES[graph_precision]
     out = Path(args.out)
     only_vae = args.only == "vae"
     old = _check_vae_only(args, out, precision) if only_vae else None
@@ -198,22 +204,40 @@ def cmd_export(args):
     if not only_vae:
         if args.no_fused_dit:
             print("dit_fused.onnx: skipped (--no-fused-dit)")
-        elif precision not in ex.FUSED_PRECISIONS:
+        elif graph_precision not in ex.FUSED_PRECISIONS:
             print(f"dit_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
         else:
             ex.export_dit(dit, cfg, out, dtype, dev, fused_ops=True)
     if args.no_fused_vae:
         print("vae_first_fused.onnx, vae_step_fused.onnx: skipped (--no-fused-vae)")
-    elif precision not in ex.FUSED_PRECISIONS:
+    elif graph_precision not in ex.FUSED_PRECISIONS:
         print(f"vae_*_fused.onnx: skipped ({precision}: the runner's ai.unstep kernels do fp32 and fp16)")
     elif args.vae_norm != "transpose":
         print(f"vae_*_fused.onnx: skipped (--vae-norm {args.vae_norm}: they fuse the channels-last norm)")
     else:
         ex.export_vae(vae, cfg, out, dtype, dev, fused_ops=True)
-    notes = _notes(args.preset, precision, weights, text_encoder)
-    ex.write_toml(cfg, out, precision, svd, notes, tokenizer=tokenizer, text_encoder=text_encoder, weights=weights)
+    notes = _notes(args.preset, graph_precision, weights, text_encoder)
+    if fp8 and only_vae:
+        # The bundle's dit_fused.onnx stays the fp8 one; its bundle.toml keeps saying so.
+        from .quantize import FP8_NOTE
+
+        notes += "\n" + FP8_NOTE
+    ex.write_toml(cfg, out, precision if only_vae else graph_precision, svd, notes, tokenizer=tokenizer,
+                  text_encoder=text_encoder, weights=weights)
     what = "the VAE graphs of " if only_vae else ""
     print(f"wrote {what}{out} ({n} VAE cache tensors) in {time.time() - t:.1f}s")
+    if fp8 and not only_vae:
+        from .quantize import quantize_bundle
+
+        quantize_bundle(out, out)
+
+
+def cmd_quantize(args):
+    from .quantize import quantize_bundle
+
+    t = time.time()
+    quantize_bundle(Path(args.source), Path(args.out))
+    print(f"quantized in {time.time() - t:.1f}s")
 
 
 def _settings(args):
@@ -419,7 +443,10 @@ def main(argv=None):
     p = sub.add_parser("export", help="write a bundle")
     common(p)
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], help="default fp32 for tiny, fp16 otherwise")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16", "fp8"],
+                   help="default fp32 for tiny, fp16 otherwise; fp8: an fp16 bundle whose DiT blocks' linear layers in "
+                        "dit_fused.onnx are float8 E4M3 (weights per output channel, activations per token; written by "
+                        "exporting fp16, then `quantize` in place); every graph takes and gives fp16")
     p.add_argument("--svd-rank", type=int, default=None)
     p.add_argument("--device", default="cpu",
                    help="device the export traces on; use cuda for wan-1.3b fp16 (fp16 on CPU is very slow)")
@@ -435,6 +462,15 @@ def main(argv=None):
                    help="do not write vae_first_fused.onnx / vae_step_fused.onnx (the VAE decoder with the runner's "
                         "BiasRmsNorm + SiLU op; fp32/fp16 with --vae-norm transpose only)")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("quantize",
+                       help="make an fp8 bundle from an fp16 one: dit_fused.onnx's block linear layers as float8 E4M3 "
+                            "(ai.unstep::MatMulFp8), the other files hard-linked, bundle.toml precision fp8")
+    p.add_argument("--from", dest="source", required=True, metavar="BUNDLE_DIR",
+                   help="an fp16 bundle with dit_fused.onnx")
+    p.add_argument("--out", required=True, metavar="OUT_DIR",
+                   help="a new (or empty) directory, or BUNDLE_DIR itself to rewrite it in place")
+    p.set_defaults(fn=cmd_quantize, threads=None)
 
     p = sub.add_parser("golden", help="write golden reference outputs")
     common(p)
@@ -503,7 +539,7 @@ def main(argv=None):
     _threads(getattr(args, "threads", None))
     try:
         args.fn(args)
-    except CheckpointError as e:
+    except (CheckpointError, QuantizeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

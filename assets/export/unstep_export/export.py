@@ -325,10 +325,11 @@ def random_weights() -> dict:
 
 
 def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = "", tokenizer: dict | None = None,
-               text_encoder: dict | None = None, weights: dict | None = None):
+               text_encoder: dict | None = None, weights: dict | None = None, exporter_version: str | None = None):
     """bundle.toml (docs/bundle.md).  `tokenizer`, `text_encoder` and `weights` are its tables of
     those names (defaults: from `cfg`, seeded random weights); [files] lists every other file of
-    `out`."""
+    `out`.  `exporter_version` is this exporter's unless given (quantize keeps the version of the
+    exporter that wrote the graphs)."""
     tokenizer = tokenizer or tokenizer_table(cfg)
     text_encoder = text_encoder or text_encoder_table(cfg)
     weights = weights or random_weights()
@@ -340,7 +341,7 @@ def write_toml(cfg: Config, out: Path, precision: str, svd_rank, notes: str = ""
         lines += [f"# {line}" for line in notes.splitlines()]
     lines += [
         "format = 1",
-        f'exporter_version = "{EXPORTER_VERSION}"',
+        f'exporter_version = "{exporter_version or EXPORTER_VERSION}"',
         f'preset = "{cfg.preset}"',
         f'precision = "{precision}"',
         "",

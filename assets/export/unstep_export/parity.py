@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .config import preset
+from .quantize import matmul_fp8
 from .sample import OrtBackend, Settings, TorchBackend, generate, tokenize
 
 
@@ -124,7 +125,8 @@ def run_parity(args) -> int:
 
 # The ai.unstep operators each fused graph may use: (inputs, outputs).
 FUSED_DIT_OPS = {"BiasRmsNormRope": (5, 1), "BiasRmsNorm": (3, 1), "GatedResidualLayerNorm": (6, 2),
-                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1), "MatMulBiasGelu": (3, 1), "Attention": (3, 1)}
+                 "QkvNormRopeCache": (9, 1), "BiasGelu": (2, 1), "MatMulBiasGelu": (3, 1), "Attention": (3, 1),
+                 "MatMulFp8": (4, 1)}
 FUSED_VAE_OPS = {"BiasRmsNorm": (3, 1), "PrefixBiasRmsNorm": (4, 2)}
 # The fused VAE's bias-free causal convolutions (exporter 0.12.0): X, W -> Y, channels-last.
 FUSED_VAE_CONV = "CausalConv3d"
@@ -133,8 +135,22 @@ FUSED_VAE_CONV = "CausalConv3d"
 FUSED_DIT_PER_LAYER = {"QkvNormRopeCache": 1, "BiasRmsNormRope": 0, "BiasRmsNorm": 1, "GatedResidualLayerNorm": 3,
                        "Attention": 1}
 # The FFN's first layer and GELU, one per layer: MatMulBiasGelu (exporter 0.9.0), or a MatMul and a
-# BiasGelu where the layer is --svd-rank factors (and in the graphs of 0.7.0 and 0.8.0).
+# BiasGelu where the layer is --svd-rank factors (and in the graphs of 0.7.0 and 0.8.0); in an fp8
+# bundle's graph (quantize.py) a MatMulFp8 with gelu = 1 in place of MatMulBiasGelu.
 FUSED_DIT_GELU_OPS = ("MatMulBiasGelu", "BiasGelu")
+# fp8 (quantize.py): every linear layer of the blocks (a MatMul by a constant, a MatMulBiasGelu) is
+# one MatMulFp8(X, W [N, K] uint8, w_scale [N] float32, bias [N]).
+FP8_MATMUL = "MatMulFp8"
+
+
+def _gelu_attr(node) -> int:
+    """A MatMulFp8's `gelu` attribute (0 when absent)."""
+    return next((a.i for a in node.attribute if a.name == "gelu"), 0)
+
+
+def _is_gelu_node(node) -> bool:
+    """The FFN's GELU: a BiasGelu, a MatMulBiasGelu or a MatMulFp8 with gelu = 1."""
+    return node.op_type in FUSED_DIT_GELU_OPS or (node.op_type == FP8_MATMUL and _gelu_attr(node) == 1)
 
 
 def _io_signature(values):
@@ -142,8 +158,9 @@ def _io_signature(values):
 
 
 # Ops ONNX shape inference does not know whose (first) output has the type and shape of input 0,
-# but for the last axis of QkvNormRopeCache's Q (QKV's divided by 3), MatMulBiasGelu's Y (W's
-# rows) and CausalConv3d's Y (frames and channels from W), which `_value_types` sets.
+# but for the last axis of QkvNormRopeCache's Q (QKV's divided by 3), MatMulBiasGelu's and
+# MatMulFp8's Y (W's rows) and CausalConv3d's Y (frames and channels from W), which `_value_types`
+# sets.
 _SAME_AS_INPUT0 = {("ai.unstep", op) for op in FUSED_DIT_OPS} | {("ai.unstep", FUSED_VAE_CONV)} | {
     ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "FastGelu"), ("com.microsoft", "RotaryEmbedding"),
     ("", "SimplifiedLayerNormalization")}
@@ -186,9 +203,9 @@ def _value_types(model) -> dict:
                             else:
                                 dims[1].Clear()
                                 dims[4].Clear()
-                        if n.op_type in ("QkvNormRopeCache", "MatMulBiasGelu") and dims:
+                        if n.op_type in ("QkvNormRopeCache", "MatMulBiasGelu", "MatMulFp8") and dims:
                             last, w = dims[-1], weights.get(n.input[1])
-                            if n.op_type == "MatMulBiasGelu" and w:
+                            if n.op_type in ("MatMulBiasGelu", "MatMulFp8") and w:
                                 last.dim_value = w[0]
                             elif n.op_type == "QkvNormRopeCache" and last.HasField("dim_value"):
                                 last.dim_value //= 3
@@ -267,8 +284,11 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
     QkvNormRopeCache (K, V, which it writes) and by the ai.unstep Attention that takes its Q, and by
     nothing else (so no Concat of the cache); its QKV is one MatMul by a [D, 3D] constant (or, with
     --svd-rank factors, a Concat of three products), so the graph has dit.onnx's MatMuls less two
-    per such layer, one per MatMulBiasGelu and dit_context.onnx's.  Returns the problems (empty when
-    it passes) and prints the node counts."""
+    per such layer, one per MatMulBiasGelu and dit_context.onnx's.  An fp8 graph (quantize.py) has
+    a MatMulFp8 in place of each of the blocks' MatMuls by a constant (gelu = 0) and of each
+    MatMulBiasGelu (gelu = 1), none of either left in the blocks, and no MatMulFp8 outside them;
+    W uint8 [N, K], w_scale float32 [N], bias [N]; the counts above hold with a MatMulFp8 counted as
+    what it replaces.  Returns the problems (empty when it passes) and prints the node counts."""
     import collections
     import re
 
@@ -307,10 +327,10 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         if by_layer and any(by_layer.get(str(i), 0) != per_layer for i in range(layers)):
             problems.append(f"{op} per layer (by node scope): {dict(sorted(by_layer.items()))}, expected {per_layer}")
     gelu_by_layer = collections.Counter(
-        m.group(1) for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type in FUSED_DIT_GELU_OPS
+        m.group(1) for n in graph.node if n.domain == UNSTEP_DOMAIN and _is_gelu_node(n)
         and (m := re.search(r"/blocks\.(\d+)/", n.name)))
     if any(gelu_by_layer.get(str(i), 0) != 1 for i in range(layers)):
-        problems.append(f"{' or '.join(FUSED_DIT_GELU_OPS)} per layer (by node scope): "
+        problems.append(f"{' or '.join(FUSED_DIT_GELU_OPS)} (or {FP8_MATMUL} with gelu 1) per layer (by node scope): "
                         f"{dict(sorted(gelu_by_layer.items()))}, expected 1 in each of {layers} layers")
     others = {n.op_type for n in graph.node if n.domain == UNSTEP_DOMAIN} - set(FUSED_DIT_OPS)
     if others:
@@ -357,6 +377,12 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
                 problems.append(f"{node.name}: QKV is a MatMul by {qkv.input[1]} of shape {w}, expected [D, 3D]")
             else:
                 plain_qkv += 1
+        elif qkv is not None and qkv.op_type == FP8_MATMUL:
+            w = const_shape(qkv.input[1])
+            if w is None or len(w) != 2 or w[0] != 3 * w[1]:
+                problems.append(f"{node.name}: QKV is a {FP8_MATMUL} by {qkv.input[1]} of shape {w}, expected [3D, D]")
+            else:
+                plain_qkv += 1
         elif qkv is None or qkv.op_type != "Concat":
             problems.append(f"{node.name}: QKV comes from {qkv.op_type if qkv else 'no node'}, expected one MatMul")
         attn = [n for n, j in consumers[node.output[0]]
@@ -371,7 +397,19 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
                 problems.append(f"{name} is read by {readers}, expected only {want}")
         if position[id(attn[0])] < position[id(node)]:
             problems.append(f"{attn[0].name} comes before {node.name}")
-    whole_ffn = counts[(UNSTEP_DOMAIN, "MatMulBiasGelu")]
+    fp8 = [n for n in graph.node if n.domain == UNSTEP_DOMAIN and n.op_type == FP8_MATMUL]
+    fp8_gelu = sum(_gelu_attr(n) == 1 for n in fp8)
+    whole_ffn = counts[(UNSTEP_DOMAIN, "MatMulBiasGelu")] + fp8_gelu
+    if fp8:
+        # All of the blocks' linear layers or none: a MatMul by a constant or a MatMulBiasGelu left
+        # in the blocks is a layer the rewrite missed.
+        for n in graph.node:
+            block = n.name.startswith("/dit/blocks.")
+            if n.op_type == FP8_MATMUL and not block:
+                problems.append(f"{n.name}: {FP8_MATMUL} outside the DiT's blocks")
+            elif block and (n.op_type == "MatMulBiasGelu" or (n.op_type == "MatMul" and (
+                    (c := const_shape(n.input[1])) is not None and len(c) == 2))):
+                problems.append(f"{n.name}: {n.op_type} by a constant left in an fp8 graph (expected {FP8_MATMUL})")
     # The context side (the text embedding, each layer's context keys and values) is in
     # dit_context.onnx beside it.
     context_graph = onnx.load(str(Path(fused_path).with_name("dit_context.onnx")), load_external_data=False)
@@ -380,10 +418,13 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
         problems.append(f"dit_context.onnx: {context_mm} MatMul nodes, expected at least {2 * layers + 2} (the "
                         f"text embedding's 2, each layer's context keys and values; --svd-rank factors have two)")
     want_mm = std_counts[("ai.onnx", "MatMul")] - 2 * plain_qkv - whole_ffn - context_mm
-    if counts[("ai.onnx", "MatMul")] != want_mm:
-        problems.append(f"MatMul: {counts[('ai.onnx', 'MatMul')]} nodes, expected {want_mm} (dit.onnx's "
+    got_mm = counts[("ai.onnx", "MatMul")] + len(fp8) - fp8_gelu
+    if got_mm != want_mm:
+        plus = f" and {len(fp8) - fp8_gelu} {FP8_MATMUL} with gelu 0" if fp8 else ""
+        problems.append(f"MatMul: {counts[('ai.onnx', 'MatMul')]} nodes{plus}, expected {want_mm} in all (dit.onnx's "
                         f"{std_counts[('ai.onnx', 'MatMul')]} less 2 for each of {plain_qkv} fused q|k|v projections, "
-                        f"1 for each of {whole_ffn} MatMulBiasGelu and dit_context.onnx's {context_mm})")
+                        f"1 for each of {whole_ffn} MatMulBiasGelu (or {FP8_MATMUL} with gelu 1) and "
+                        f"dit_context.onnx's {context_mm})")
 
     # Element types and shapes of the ai.unstep nodes' operands.
     info = _value_types(model)
@@ -397,6 +438,9 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             problems.append(f"{n.name}: {len(n.input)} inputs / {len(n.output)} outputs, expected {n_in} / {n_out}")
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == FP8_MATMUL:
+            problems += _check_fp8_node(n, attrs, info, const_shape, float_type)
+            continue
         rope = n.op_type in ("BiasRmsNormRope", "QkvNormRopeCache")
         gelu = n.op_type in FUSED_DIT_GELU_OPS
         attention = n.op_type == "Attention"
@@ -431,12 +475,14 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
                 problems.append(f"{n.name}: Y has shape {y_shape}, expected X's {x_shape} with the last axis {w[0]}")
             continue
         if n.op_type == "BiasGelu":
-            # X is the FFN's first (bias-free) product, a MatMul; bias [W] for X [..., W].
+            # X is the FFN's first (bias-free) product, a MatMul (a MatMulFp8 with gelu = 0 in an fp8
+            # graph); bias [W] for X [..., W].
             mm = producer.get(n.input[0])
-            if mm is None or mm.op_type != "MatMul":
+            if mm is None or mm.op_type not in ("MatMul", FP8_MATMUL):
                 problems.append(f"{n.name}: X comes from {mm.op_type if mm else 'no node'}, expected a MatMul")
-            w = const_shape(mm.input[1]) if mm is not None and mm.op_type == "MatMul" else None
-            width = (info.get(n.input[0], (None, None))[1] or [None])[-1] or (w[-1] if w else None)
+            w = const_shape(mm.input[1]) if mm is not None and mm.op_type in ("MatMul", FP8_MATMUL) else None
+            w_width = (w[0] if mm.op_type == FP8_MATMUL else w[-1]) if w else None
+            width = (info.get(n.input[0], (None, None))[1] or [None])[-1] or w_width
             shape = info.get(n.input[1], (None, None))[1]
             if shape is None or width is None or shape != [width]:
                 problems.append(f"{n.name}: {n.input[1]} has shape {shape}, expected [{width}] (X's last axis)")
@@ -466,6 +512,37 @@ def check_fused_structure(fused_path, dit_path, layers: int, heads: int) -> list
             shape = info.get(name, (None, None))[1]
             if shape is not None and shape != [dim]:
                 problems.append(f"{n.name}: {name} has shape {shape}, expected [{dim}]")
+    return problems
+
+
+def _check_fp8_node(n, attrs: dict, info: dict, const_shape, float_type) -> list:
+    """One MatMulFp8 of dit_fused.onnx: attribute gelu 0 or 1, W a constant uint8 [N, K] with K X's
+    last axis, w_scale a constant float32 [N], X, bias and Y of the graph's float type, bias [N],
+    Y X's shape with N last."""
+    from onnx import TensorProto
+
+    problems = []
+    if set(attrs) != {"gelu"} or attrs["gelu"] not in (0, 1):
+        problems.append(f"{n.name}: attributes {attrs}, expected gelu 0 or 1")
+    x, w, scale, bias = n.input
+    for name, want in ((x, float_type), (w, TensorProto.UINT8), (scale, TensorProto.FLOAT), (bias, float_type),
+                       (n.output[0], float_type)):
+        elem = info.get(name, (None, None))[0]
+        if elem != want:
+            problems.append(f"{n.name}: {name} has element type {elem}, expected {want}")
+    w_shape, x_shape = const_shape(w), info.get(x, (None, None))[1]
+    if w_shape is None or len(w_shape) != 2 or (x_shape and x_shape[-1] is not None and x_shape[-1] != w_shape[1]):
+        problems.append(f"{n.name}: W {w} has shape {w_shape}, expected a constant [N, K] with K X's last axis "
+                        f"({x_shape})")
+        return problems
+    if const_shape(scale) != [w_shape[0]]:
+        problems.append(f"{n.name}: w_scale {scale} has shape {const_shape(scale)}, expected a constant [{w_shape[0]}]")
+    b_shape = info.get(bias, (None, None))[1]
+    if b_shape != [w_shape[0]]:
+        problems.append(f"{n.name}: {bias} has shape {b_shape}, expected [{w_shape[0]}] (W's rows)")
+    y_shape = info.get(n.output[0], (None, None))[1]
+    if y_shape and x_shape and y_shape != x_shape[:-1] + [w_shape[0]]:
+        problems.append(f"{n.name}: Y has shape {y_shape}, expected X's {x_shape} with the last axis {w_shape[0]}")
     return problems
 
 
@@ -576,6 +653,14 @@ def _unstep_reference_ops():
             y = np.float32(0.5) * v * (np.float32(1) + np.tanh(c * (v + np.float32(0.044715) * v * v * v)))
             return (y.reshape(x.shape).astype(x.dtype),)
 
+    class MatMulFp8(OpRun):
+        """quantize.matmul_fp8: E4M3 weights and per-row E4M3 activations (docs/bundle.md)."""
+
+        op_domain = "ai.unstep"
+
+        def _run(self, x, w, w_scale, bias, gelu=None):
+            return (matmul_fp8(x, w, w_scale, bias, gelu or 0),)
+
     class MatMulBiasGelu(OpRun):
         op_domain = "ai.unstep"
 
@@ -645,7 +730,7 @@ def _unstep_reference_ops():
             return (y.astype(x.dtype),)
 
     return [BiasRmsNormRope, QkvNormRopeCache, BiasRmsNorm, PrefixBiasRmsNorm, GatedResidualLayerNorm, BiasGelu,
-            MatMulBiasGelu, Attention, CausalConv3d,
+            MatMulBiasGelu, MatMulFp8, Attention, CausalConv3d,
             MultiHeadAttention, FastGelu, SimplifiedLayerNormalization]
 
 
