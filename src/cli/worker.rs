@@ -152,7 +152,8 @@ pub struct WorkerArgs {
     /// Refuse a bundle not exported at this pixel width.
     #[arg(long, value_name = "PX")]
     pub width: Option<usize>,
-    /// Refuse a bundle not exported at this precision (fp32, fp16, bf16).
+    /// Refuse a bundle not exported at this precision (fp32, fp16, bf16, or fp8: the opt-in
+    /// reduced precision whose DiT matrix multiplies run in float8, on CUDA alone).
     #[arg(long, value_name = "DTYPE", value_enum)]
     pub precision: Option<Precision>,
     /// Refuse a bundle not exported with this SVD rank ("none" or an integer).

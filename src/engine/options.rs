@@ -14,11 +14,11 @@ use super::settings::{
 
 impl AttentionBackend {
     /// The kernel `auto` stands for, for a bundle of this precision: cuDNN's flash attention for
-    /// fp16/bf16, the fastest measured on an H200 (benches/README.md); ONNX Runtime's default for
-    /// fp32, where the flash kernels cannot run.
+    /// fp16/bf16 (and fp8, whose attention is fp16's), the fastest measured on an H200
+    /// (benches/README.md); ONNX Runtime's default for fp32, where the flash kernels cannot run.
     pub fn resolve(self, precision: Precision) -> AttentionBackend {
         match (self, precision) {
-            (AttentionBackend::Auto, Precision::Fp16 | Precision::Bf16) => {
+            (AttentionBackend::Auto, Precision::Fp16 | Precision::Bf16 | Precision::Fp8) => {
                 AttentionBackend::CudnnFlash
             }
             (kernel, _) => kernel,
@@ -49,7 +49,7 @@ impl AttentionBackend {
                 Provider::Cuda(_),
                 AttentionBackend::Flash | AttentionBackend::Fa2 | AttentionBackend::CudnnFlash,
             ) if precision == Precision::Fp32 => {
-                unavailable("flash kernels need an fp16 or bf16 bundle; this bundle is fp32")
+                unavailable("flash kernels need an fp16, bf16 or fp8 bundle; this bundle is fp32")
             }
             (Provider::Cuda(_), _) => Ok(()),
         }
@@ -142,8 +142,19 @@ impl FusedPart {
         }
     }
 
-    /// The error for kernels of this part that cannot be used.
-    pub(super) fn unavailable(self, provider: &Provider, reason: String) -> SessionError {
+    /// The error for kernels of this part that cannot be used. The DiT of an fp8 bundle has no
+    /// other kernels to fall back to, so its error says what the fp8 bundle needs instead.
+    pub(super) fn unavailable(
+        self,
+        provider: &Provider,
+        precision: Precision,
+        reason: String,
+    ) -> SessionError {
+        if self == FusedPart::Dit && precision == Precision::Fp8 {
+            return SessionError::Fp8NeedsRunnerKernels {
+                reason: without_onnxruntime_remedy(&reason),
+            };
+        }
         SessionError::KernelsUnavailable {
             setting: self.setting(),
             flag: match self {
@@ -175,7 +186,9 @@ impl FusedPart {
 
 impl FusedKernels {
     /// What `self` stands for with this provider and bundle for `part`'s graphs (never `Auto`),
-    /// or why the runner's kernels cannot be used when they were asked for by name.
+    /// or why the runner's kernels cannot be used when they were asked for by name. The DiT of an
+    /// fp8 bundle runs only with the runner's kernels on CUDA: its `dit` graph is the fp16 one,
+    /// so there `auto` never falls back to ONNX Runtime's and `onnxruntime` is refused.
     pub fn resolve(
         self,
         part: FusedPart,
@@ -185,7 +198,7 @@ impl FusedKernels {
         let m = &bundle.manifest;
         let supported = m.precision != Precision::Bf16;
         let present = part.present(&m.graphs);
-        let unavailable = |reason: String| Err(part.unavailable(provider, reason));
+        let unavailable = |reason: String| Err(part.unavailable(provider, m.precision, reason));
         // From exporter 0.10.0 the fused DiT's self-attention is the runner's own (cuDNN's flash
         // attention, fp16, on CUDA): another attention backend asked for, or an fp32 bundle, keeps
         // the standard graph, whose every attention is ONNX Runtime's and follows the setting.
@@ -210,6 +223,9 @@ impl FusedKernels {
             }
             _ => None,
         };
+        if part == FusedPart::Dit && m.precision == Precision::Fp8 {
+            return self.resolve_fp8_dit(provider, bundle, attention_conflict);
+        }
         match self {
             FusedKernels::Onnxruntime => Ok(FusedKernels::Onnxruntime),
             // Without NVRTC, cuBLASLt or cuDNN the kernels cannot be built: `auto` keeps ONNX
@@ -246,6 +262,60 @@ impl FusedKernels {
             }
         }
     }
+
+    /// [`FusedKernels::resolve`] for the DiT of an fp8 bundle: `Unstep` on the CUDA provider with
+    /// the bundle's `dit_fused`, or why not. `auto` also needs NVRTC, cuBLASLt and cuDNN to load;
+    /// `unstep` asked by name meets their absence when the session is built, as for any bundle.
+    fn resolve_fp8_dit(
+        self,
+        provider: &Provider,
+        bundle: &Bundle,
+        attention_conflict: Option<String>,
+    ) -> Result<FusedKernels, SessionError> {
+        let refuse = |reason: String| Err(SessionError::Fp8NeedsRunnerKernels { reason });
+        if self == FusedKernels::Onnxruntime {
+            return refuse(
+                "runtime.dit_kernels = \"onnxruntime\" would run the bundle's `dit` graph, which \
+                 is the DiT in fp16; use runtime.dit_kernels = \"auto\" (`--dit-kernels auto`), \
+                 or an fp16 bundle for ONNX Runtime's kernels"
+                    .into(),
+            );
+        }
+        if !matches!(provider, Provider::Cuda(_)) {
+            return refuse(format!(
+                "this run's provider is {}; use runtime.provider = \"cuda\" (`--provider cuda`)",
+                provider.name()
+            ));
+        }
+        if !FusedPart::Dit.present(&bundle.manifest.graphs) {
+            return refuse(
+                "the bundle has no `dit_fused` graph; quantize an fp16 bundle that has one again"
+                    .into(),
+            );
+        }
+        if let Some(reason) = attention_conflict {
+            return refuse(reason);
+        }
+        if self == FusedKernels::Auto
+            && let Err(error) = super::kernels::cuda_libraries_available()
+        {
+            return refuse(format!(
+                "{}; `runner doctor` checks NVRTC, cuBLASLt and cuDNN",
+                without_onnxruntime_remedy(&error)
+            ));
+        }
+        Ok(FusedKernels::Unstep)
+    }
+}
+
+/// What the CUDA kernels' messages suggest last when their libraries cannot be used: ONNX
+/// Runtime's kernels, which an fp8 bundle's DiT cannot run.
+const ONNXRUNTIME_REMEDY: &str =
+    ", or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
+
+/// A CUDA kernels' message without its suggestion of ONNX Runtime's kernels, for an fp8 DiT.
+fn without_onnxruntime_remedy(message: &str) -> String {
+    message.replace(ONNXRUNTIME_REMEDY, "")
 }
 
 /// How sessions are built: where ONNX Runtime comes from, the provider and its options.
@@ -326,5 +396,168 @@ impl RuntimeOptions {
             cuda.cuda_graphs = false;
         }
         options
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiny bundle (which has every fused graph) as an fp8 bundle.
+    fn fp8_bundle() -> Bundle {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+        let mut bundle = Bundle::peek(&dir).unwrap();
+        bundle.manifest.precision = Precision::Fp8;
+        bundle
+    }
+
+    fn cuda(attention: AttentionBackend) -> Provider {
+        Provider::Cuda(CudaOptions {
+            attention,
+            ..CudaOptions::default()
+        })
+    }
+
+    /// The fp8 refusal's reason, or a panic naming what came instead.
+    fn fp8_refusal(result: Result<FusedKernels, SessionError>) -> String {
+        match result {
+            Err(e @ SessionError::Fp8NeedsRunnerKernels { .. }) => e.to_string(),
+            other => panic!("expected the fp8 refusal, got {other:?}"),
+        }
+    }
+
+    /// An fp8 bundle's tensors are fp16's, so attention resolves and checks as for fp16.
+    #[test]
+    fn fp8_attention_resolves_as_fp16() {
+        for kernel in <AttentionBackend as strum::VariantArray>::VARIANTS {
+            assert_eq!(
+                kernel.resolve(Precision::Fp8),
+                kernel.resolve(Precision::Fp16),
+                "{kernel}"
+            );
+            let provider = cuda(*kernel);
+            assert_eq!(
+                kernel.check(&provider, Precision::Fp8).is_ok(),
+                kernel.check(&provider, Precision::Fp16).is_ok(),
+                "{kernel}"
+            );
+        }
+        assert_eq!(
+            AttentionBackend::Auto.resolve(Precision::Fp8),
+            AttentionBackend::CudnnFlash
+        );
+    }
+
+    /// The DiT of an fp8 bundle has only the runner's kernels: ONNX Runtime's asked for by name is
+    /// refused on every provider, with what to do.
+    #[test]
+    fn fp8_refuses_onnxruntime_kernels_for_the_dit() {
+        let bundle = fp8_bundle();
+        for provider in [
+            Provider::Cpu,
+            cuda(AttentionBackend::Auto),
+            Provider::TensorRt(TensorRtOptions::default()),
+        ] {
+            let message =
+                fp8_refusal(FusedKernels::Onnxruntime.resolve(FusedPart::Dit, &provider, &bundle));
+            assert!(
+                message.contains("8-bit matrix multiplies only with the runner's kernels")
+                    && message.contains("runtime.dit_kernels = \"onnxruntime\"")
+                    && message.contains("`--dit-kernels auto`"),
+                "{message}"
+            );
+        }
+        // The decoder of an fp8 bundle is fp16's: ONNX Runtime's kernels run it.
+        assert_eq!(
+            FusedKernels::Onnxruntime
+                .resolve(FusedPart::Vae, &cuda(AttentionBackend::Auto), &bundle)
+                .unwrap(),
+            FusedKernels::Onnxruntime
+        );
+    }
+
+    /// `auto` and `unstep` need the CUDA provider and an attention the fused DiT runs; `auto`
+    /// never falls back to ONNX Runtime's kernels for an fp8 bundle's DiT.
+    #[test]
+    fn fp8_dit_kernels_need_cuda_and_the_fused_attention() {
+        let bundle = fp8_bundle();
+        assert!(bundle.manifest.fused_dit_has_runner_attention());
+        for kernels in [FusedKernels::Auto, FusedKernels::Unstep] {
+            for (provider, name) in [
+                (Provider::Cpu, "cpu"),
+                (Provider::TensorRt(TensorRtOptions::default()), "tensorrt"),
+            ] {
+                let message = fp8_refusal(kernels.resolve(FusedPart::Dit, &provider, &bundle));
+                assert!(
+                    message.contains(&format!("provider is {name}"))
+                        && message.contains("runtime.provider = \"cuda\""),
+                    "{kernels}: {message}"
+                );
+            }
+            let flash = cuda(AttentionBackend::Flash);
+            let message = fp8_refusal(kernels.resolve(FusedPart::Dit, &flash, &bundle));
+            assert!(
+                message.contains("attention_backend = \"auto\" or \"cudnn_flash\""),
+                "{kernels}: {message}"
+            );
+        }
+        let auto = cuda(AttentionBackend::Auto);
+        assert_eq!(
+            FusedKernels::Unstep
+                .resolve(FusedPart::Dit, &auto, &bundle)
+                .unwrap(),
+            FusedKernels::Unstep
+        );
+        // Where NVRTC, cuBLASLt and cuDNN do not load, `auto` is refused instead of falling back.
+        match FusedKernels::Auto.resolve(FusedPart::Dit, &auto, &bundle) {
+            Ok(kernels) => assert_eq!(kernels, FusedKernels::Unstep),
+            Err(e) => {
+                let message = fp8_refusal(Err(e));
+                assert!(
+                    message.contains("`runner doctor`")
+                        && !message.contains("--dit-kernels onnxruntime"),
+                    "{message}"
+                );
+            }
+        }
+    }
+
+    /// Without `dit_fused` (a bundle the consistency check would refuse, peeked), the refusal
+    /// says so.
+    #[test]
+    fn fp8_without_a_fused_dit_is_refused() {
+        let mut bundle = fp8_bundle();
+        bundle.manifest.graphs.dit_fused = None;
+        let message = fp8_refusal(FusedKernels::Unstep.resolve(
+            FusedPart::Dit,
+            &cuda(AttentionBackend::Auto),
+            &bundle,
+        ));
+        assert!(message.contains("no `dit_fused` graph"), "{message}");
+    }
+
+    /// A failure to build the runner's operators names the fp8 requirement for an fp8 DiT, without
+    /// the CUDA kernels' suggestion of ONNX Runtime's kernels, and suggests those for the others.
+    #[test]
+    fn unavailable_kernels_of_an_fp8_dit_do_not_suggest_onnxruntime() {
+        let provider = cuda(AttentionBackend::Auto);
+        let reason = format!("could not load NVRTC; put it on LD_LIBRARY_PATH{ONNXRUNTIME_REMEDY}");
+        let fp8 = FusedPart::Dit.unavailable(&provider, Precision::Fp8, reason.clone());
+        assert!(
+            matches!(fp8, SessionError::Fp8NeedsRunnerKernels { .. })
+                && fp8.to_string().ends_with("put it on LD_LIBRARY_PATH")
+                && !fp8.to_string().contains("onnxruntime\""),
+            "{fp8}"
+        );
+        for (part, precision) in [
+            (FusedPart::Dit, Precision::Fp16),
+            (FusedPart::Vae, Precision::Fp8),
+        ] {
+            let other = part.unavailable(&provider, precision, reason.clone());
+            assert!(
+                other.to_string().contains("= \"onnxruntime\""),
+                "{part:?} {precision}: {other}"
+            );
+        }
     }
 }

@@ -46,6 +46,10 @@ pub enum SessionError {
         provider: &'static str,
         reason: String,
     },
+    #[error(
+        "an fp8 bundle runs its DiT's 8-bit matrix multiplies only with the runner's kernels on its `dit_fused` graph (runtime.dit_kernels = \"auto\" or \"unstep\", `--dit-kernels`) on the CUDA provider: {reason}"
+    )]
+    Fp8NeedsRunnerKernels { reason: String },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
 }
@@ -250,7 +254,9 @@ impl GraphSessions {
             let cuda = !matches!(options.provider, Provider::Cpu);
             super::kernels::operator_domain(cuda)
                 .map(Some)
-                .map_err(|e| part.unavailable(&options.provider, e.to_string()))
+                .map_err(|e| {
+                    part.unavailable(&options.provider, bundle.manifest.precision, e.to_string())
+                })
         };
         // The decoder's sessions are built on a second thread beside the DiT's: each build is
         // mostly one thread's work (reading weights, optimising the graph, copying it to the
@@ -459,11 +465,12 @@ fn resolve_attention(
     Ok(resolved)
 }
 
-/// The element type of a bundle's float tensors.
+/// The element type of a bundle's float tensors. An fp8 bundle's are float16: its 8-bit values
+/// live inside `dit_fused`'s matrix multiplies alone.
 pub fn float_type(precision: Precision) -> TensorElementType {
     match precision {
         Precision::Fp32 => TensorElementType::Float32,
-        Precision::Fp16 => TensorElementType::Float16,
+        Precision::Fp16 | Precision::Fp8 => TensorElementType::Float16,
         Precision::Bf16 => TensorElementType::Bfloat16,
     }
 }
@@ -785,4 +792,17 @@ pub fn available_providers() -> Vec<(&'static str, Result<bool, String>)> {
             ep::TensorRT::is_available().map_err(|e| e.to_string()),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An fp8 bundle's graphs take and give float16 tensors, as an fp16 bundle's do.
+    #[test]
+    fn fp8_graphs_have_float16_tensors() {
+        assert_eq!(float_type(Precision::Fp8), TensorElementType::Float16);
+        assert_eq!(float_type(Precision::Fp8), float_type(Precision::Fp16));
+        assert_eq!(float_type(Precision::Fp32), TensorElementType::Float32);
+    }
 }

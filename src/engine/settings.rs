@@ -39,6 +39,22 @@ setting_enum! {
         #[default]
         Fp16,
         Bf16,
+        /// Opt-in reduced precision, never the default: float16 tensors as in an fp16 bundle,
+        /// with the matrix multiplies of the DiT's blocks in `dit_fused` in float8 E4M3
+        /// (per-channel weight and per-token activation scales), run by the runner's fused DiT
+        /// on CUDA alone. Its times and scores are not those of full precision.
+        Fp8,
+    }
+}
+
+impl Precision {
+    /// What a reduced-precision mode computes below its tensors' float type, as reports and
+    /// comparisons say it; `None` for the full-precision ones.
+    pub fn reduced(self) -> Option<&'static str> {
+        match self {
+            Precision::Fp8 => Some("DiT matrix multiplies in float8"),
+            Precision::Fp32 | Precision::Fp16 | Precision::Bf16 => None,
+        }
     }
 }
 
@@ -247,6 +263,27 @@ mod tests {
         assert_eq!(ArenaExtend::SameAsRequested.name(), "same_as_requested");
         assert_eq!(Emit::CachePass.name(), "cache_pass");
         assert_eq!(ProviderKind::Tensorrt.name(), "tensorrt");
+        for &precision in <Precision as strum::VariantArray>::VARIANTS {
+            let json = serde_json::to_string(&precision).unwrap();
+            assert_eq!(json, format!("\"{}\"", precision.name()));
+            assert_eq!(precision.name().parse::<Precision>(), Ok(precision));
+            let flag = <Precision as clap::ValueEnum>::from_str(precision.name(), false);
+            assert_eq!(flag, Ok(precision));
+        }
+        assert_eq!(Precision::Fp8.name(), "fp8");
+    }
+
+    /// fp8 is opt-in: never the default, and the one reduced precision.
+    #[test]
+    fn fp8_is_the_opt_in_reduced_precision() {
+        assert_eq!(Precision::default(), Precision::Fp16);
+        for &precision in <Precision as strum::VariantArray>::VARIANTS {
+            assert_eq!(
+                precision.reduced().is_some(),
+                precision == Precision::Fp8,
+                "{precision}"
+            );
+        }
     }
 
     #[test]

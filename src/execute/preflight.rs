@@ -49,6 +49,7 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
         ));
     }
     bundle_preflight(r, config)?;
+    cpu_precision_preflight(r, config)?;
     fused_kernels_preflight(r, config)?;
     video_names_preflight(r, config)?;
     tokenizer_preflight(r)?;
@@ -310,11 +311,38 @@ pub(super) fn probe_state_preflight(r: &Resolved) -> Result<(), ApplyError> {
     Ok(())
 }
 
+/// The CPU provider runs fp32 bundles only: another bundle is refused here, at the provider's
+/// setting, instead of by every worker. A bundle that is not a readable directory is left to the
+/// worker.
+fn cpu_precision_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return Ok(());
+    };
+    let precision = bundle.manifest.precision;
+    if config.engine.provider != engine::Provider::Cpu || precision == engine::Precision::Fp32 {
+        return Ok(());
+    }
+    let origin = r
+        .settings
+        .get("runtime.provider")
+        .map(|s| s.origin.to_string())
+        .unwrap_or_else(|| "runtime.provider".to_string());
+    Err(ApplyError::refused(
+        format!(
+            "{origin}: asset bundle {}: {}",
+            display_path(&r.paths.bundle),
+            engine::BundleError::UnsupportedPrecision(precision)
+        ),
+        "set runtime.provider = \"cuda\" there, or point assets.bundle at an fp32 bundle",
+    ))
+}
+
 /// The runner's fused kernels asked for by name (`runtime.dit_kernels` / `runtime.vae_kernels` =
 /// "unstep") that the provider or the bundle cannot run (TensorRT, a bundle without the fused
 /// graphs or in bf16, a fused DiT whose self-attention is cuDNN's with an fp32 bundle or another
-/// attention backend): refused here, with the setting's location, instead of when the first
-/// worker builds its sessions. A bundle that is not a readable directory is left to the worker.
+/// attention backend), and any DiT kernels an fp8 bundle cannot run with (it has no others than
+/// the runner's): refused here, with the setting's location, instead of when the first worker
+/// builds its sessions. A bundle that is not a readable directory is left to the worker.
 fn fused_kernels_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
     let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
         return Ok(());
@@ -332,11 +360,21 @@ fn fused_kernels_preflight(r: &Resolved, config: &RunConfig) -> Result<(), Apply
             "runtime.vae_kernels",
         ),
     ];
+    let fp8 = bundle.manifest.precision == engine::Precision::Fp8;
     for (part, kernels, key) in parts {
-        // `auto` falls back instead of failing (and would load the CUDA libraries here).
-        if kernels != engine::FusedKernels::Unstep {
-            continue;
-        }
+        let kernels = match kernels {
+            // The DiT of an fp8 bundle has no fall-back: `auto` is checked as `unstep` is (which
+            // leaves the CUDA libraries to the workers, as resolving `auto` would load them here).
+            engine::FusedKernels::Auto if fp8 && part == engine::FusedPart::Dit => {
+                engine::FusedKernels::Unstep
+            }
+            // `auto` falls back instead of failing (and would load the CUDA libraries here).
+            engine::FusedKernels::Auto => continue,
+            engine::FusedKernels::Onnxruntime if !(fp8 && part == engine::FusedPart::Dit) => {
+                continue;
+            }
+            kernels => kernels,
+        };
         if let Err(e) = kernels.resolve(part, &runtime.provider, &bundle) {
             let origin = r
                 .settings

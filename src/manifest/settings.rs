@@ -295,7 +295,8 @@ pub struct Method {
     /// Video width in pixels (export-time).
     #[schemars(extend("x-unstep-class" = "export"))]
     pub width: Bounded<16, 4096>,
-    /// Float precision of the exported graphs (export-time).
+    /// Float precision of the exported graphs (export-time): fp32, fp16, bf16, or fp8 (opt-in
+    /// reduced precision: fp16 tensors, the DiT's block matrix multiplies in float8, CUDA only).
     #[schemars(extend("x-unstep-class" = "export"))]
     pub precision: Precision,
     /// Low-rank factorisation of DiT linear layers (export-time).

@@ -72,6 +72,10 @@ pub struct Provenance {
     /// "path (preset, exporter X)" of the bundle the workers ran.
     pub bundle: Option<String>,
     pub precision: String,
+    /// What a reduced precision computes below its float type (fp8: the DiT's matrix multiplies
+    /// in float8); absent for full precision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub precision_note: Option<&'static str>,
     pub gpu_model: Option<String>,
     pub gpu_memory_bytes: Option<u64>,
     pub driver_version: Option<String>,
@@ -119,6 +123,7 @@ impl Provenance {
                 .as_ref()
                 .map(|b| format!("{} ({}, exporter {})", b.path, b.preset, b.exporter_version)),
             precision: name_of(&r.precision),
+            precision_note: r.precision.reduced(),
             gpu_model: r.device.gpu_model.clone(),
             gpu_memory_bytes: r.device.gpu_memory_bytes,
             driver_version: r.device.driver_version.clone(),
@@ -275,7 +280,14 @@ fn runtime_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
     if let Some(bundle) = &p.bundle {
         row(t, "bundle", bundle.clone());
     }
-    row(t, "precision", p.precision.clone());
+    row(
+        t,
+        "precision",
+        match &p.precision_note {
+            Some(note) => format!("{} (reduced precision: {note})", p.precision),
+            None => p.precision.clone(),
+        },
+    );
     let mut gpu = opt(p.gpu_model.as_deref()).to_string();
     if let Some(b) = p.gpu_memory_bytes {
         let _ = write!(gpu, ", {}", gib(b));
@@ -534,25 +546,42 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
         }
     }
     let (ra, rb) = (&a.record, &b.record);
-    let mut differs = |what: &str, x: String, y: String| {
-        if x != y {
-            w.push(format!(
-                "{what} differs: `{}` has {x}, `{}` has {y}",
-                a.name, b.name
-            ));
-        }
+    let differs = |what: &str, x: String, y: String| {
+        (x != y).then(|| format!("{what} differs: `{}` has {x}, `{}` has {y}", a.name, b.name))
     };
-    differs(
-        "GPU model",
-        opt(ra.device.gpu_model.as_deref()).to_string(),
-        opt(rb.device.gpu_model.as_deref()).to_string(),
+    // One side in a reduced precision (fp8) answers another question than the other side: the
+    // warning says so rather than only naming the two.
+    let reduced = match (ra.precision.reduced(), rb.precision.reduced()) {
+        (Some(note), None) => Some((ra.precision, note)),
+        (None, Some(note)) => Some((rb.precision, note)),
+        _ => None,
+    };
+    let precision = differs("precision", name_of(&ra.precision), name_of(&rb.precision)).map(
+        |line| match reduced {
+            Some((precision, note)) => format!(
+                "{line}; {precision} is the reduced-precision mode ({note}): its times and scores \
+                 are not comparable to full precision's as equals"
+            ),
+            None => line,
+        },
     );
-    differs("provider", name_of(&ra.provider), name_of(&rb.provider));
-    differs("precision", name_of(&ra.precision), name_of(&rb.precision));
-    differs(
-        "timed region end",
-        ra.timed_region_ends.to_string(),
-        rb.timed_region_ends.to_string(),
+    w.extend(
+        [
+            differs(
+                "GPU model",
+                opt(ra.device.gpu_model.as_deref()).to_string(),
+                opt(rb.device.gpu_model.as_deref()).to_string(),
+            ),
+            differs("provider", name_of(&ra.provider), name_of(&rb.provider)),
+            precision,
+            differs(
+                "timed region end",
+                ra.timed_region_ends.to_string(),
+                rb.timed_region_ends.to_string(),
+            ),
+        ]
+        .into_iter()
+        .flatten(),
     );
     w
 }

@@ -596,6 +596,79 @@ fn fused_kernels_the_bundle_cannot_run_are_refused_at_their_setting_before_any_w
     assert!(!t.path().join("results").exists() && !t.path().join("work").exists());
 }
 
+/// The tiny bundle as an fp8 bundle at `<test>/fp8`: its `bundle.toml` says `precision = "fp8"`
+/// and every other file is a link to the tiny bundle's (the checks before a run read
+/// `bundle.toml` and the tokenizer alone).
+fn fp8_bundle(t: &Test) -> PathBuf {
+    let tiny = repo().join("assets/tiny");
+    let dir = t.path().join("fp8");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(&tiny).unwrap() {
+        let name = entry.unwrap().file_name();
+        if name != "bundle.toml" {
+            std::os::unix::fs::symlink(tiny.join(&name), dir.join(&name)).unwrap();
+        }
+    }
+    let text = std::fs::read_to_string(tiny.join("bundle.toml")).unwrap();
+    let text = text.replacen("precision = \"fp32\"", "precision = \"fp8\"", 1);
+    std::fs::write(dir.join("bundle.toml"), text).unwrap();
+    dir
+}
+
+/// An fp8 bundle on the CPU provider, or with ONNX Runtime's kernels for its DiT on CUDA, is
+/// refused before any work, at the setting that asked for it.
+#[test]
+fn an_fp8_bundle_where_it_cannot_run_is_refused_before_any_work() {
+    let t = Test::new();
+    let bundle = fp8_bundle(&t);
+    let fp8 = |runtime: &str| {
+        manifest(&t, "probe", "")
+            .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
+            .replace("precision = \"fp32\"", "precision = \"fp8\"")
+            .replace(
+                &repo().join("assets/tiny").display().to_string(),
+                &bundle.display().to_string(),
+            )
+            .replace("provider = \"cpu\"\n", runtime)
+    };
+    let cases = [
+        (
+            "provider = \"cpu\"\n",
+            "provider",
+            "precision fp8 does not run on the CPU provider, which runs fp32 bundles only",
+        ),
+        (
+            "provider = \"cuda\"\ndit_kernels = \"onnxruntime\"\n",
+            "dit_kernels",
+            "an fp8 bundle runs its DiT's 8-bit matrix multiplies only with the runner's kernels",
+        ),
+        (
+            "provider = \"tensorrt\"\n",
+            "",
+            "this run's provider is tensorrt; use runtime.provider = \"cuda\"",
+        ),
+    ];
+    for (runtime, key, problem) in cases {
+        let text = fp8(runtime);
+        std::fs::write(t.path().join("m.toml"), &text).unwrap();
+        let out = t.cmd().args(["apply", "--quiet", "m.toml"]).run();
+        assert_eq!(out.code, 2, "{runtime}: {}", out.render());
+        assert!(out.stderr.contains(problem), "{runtime}: {}", out.stderr);
+        if !key.is_empty() {
+            let line = text.lines().position(|l| l.starts_with(key)).unwrap() + 1;
+            assert!(
+                out.stderr.contains(&format!("m.toml:{line}:")),
+                "{runtime}: {}",
+                out.stderr
+            );
+        }
+        assert!(
+            !t.path().join("results").exists() && !t.path().join("work").exists(),
+            "{runtime}"
+        );
+    }
+}
+
 #[test]
 fn shared_caches_skip_warmups_with_markers_and_are_labelled_warm_cache() {
     let t = Test::new();

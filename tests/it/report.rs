@@ -268,6 +268,66 @@ fn compare_shows_deltas_and_ratios_and_warns_about_a_warm_cache_run() {
     assert_eq!(v["warnings"].as_array().unwrap().len(), 3);
 }
 
+/// An fp8 run is the reduced-precision mode: its report says so, and a comparison with a
+/// full-precision run warns that the two are not comparable as equals; two fp8 runs compare
+/// without it.
+#[test]
+fn fp8_runs_are_reported_and_compared_as_reduced_precision() {
+    let t = Test::new();
+    fake_run(&t, "fp16", &[], &[5.0, 4.0, 4.0], true, |_| {});
+    for name in ["fp8", "fp8b"] {
+        fake_run(
+            &t,
+            name,
+            &["method.precision=fp8"],
+            &[4.0, 3.0, 3.0],
+            true,
+            |_| {},
+        );
+    }
+    let report = t.cmd().args(["report", "fp8"]).run();
+    assert_eq!(report.code, 0, "{}", report.render());
+    assert!(
+        report
+            .stdout
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")
+                == "precision fp8 (reduced precision: DiT matrix multiplies in float8)"),
+        "{}",
+        report.stdout
+    );
+    let json = t.cmd().args(["report", "fp8", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["provenance"]["precision"], "fp8");
+    assert_eq!(
+        v["provenance"]["precision_note"],
+        "DiT matrix multiplies in float8"
+    );
+    let full = t.cmd().args(["report", "fp16"]).run();
+    assert!(
+        !full.stdout.contains("reduced precision"),
+        "{}",
+        full.stdout
+    );
+
+    let warning = "warning: precision differs: `fp16` has fp16, `fp8` has fp8; fp8 is the \
+                   reduced-precision mode (DiT matrix multiplies in float8): its times and scores \
+                   are not comparable to full precision's as equals";
+    let out = t.cmd().args(["compare", "fp16", "fp8"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(out.stderr.trim_end(), warning, "{}", out.render());
+    let many = t.cmd().args(["compare", "fp16", "fp8", "fp8b"]).run();
+    assert_eq!(many.code, 0, "{}", many.render());
+    assert!(
+        many.stderr.contains("reduced-precision mode"),
+        "{}",
+        many.render()
+    );
+    let both = t.cmd().args(["compare", "fp8", "fp8b"]).run();
+    assert_eq!(both.code, 0, "{}", both.render());
+    assert_eq!(both.stderr, "", "{}", both.render());
+}
+
 #[test]
 fn compare_of_like_runs_has_no_warnings() {
     let t = Test::new();

@@ -179,9 +179,8 @@ pub enum BundleError {
     TokenizerNotListed { name: String },
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
-    #[error(
-        "precision {0} is not supported by this engine yet; export an fp32 bundle (`--precision fp32`)"
-    )]
+    /// A bundle the CPU provider cannot run: it runs fp32 bundles only.
+    #[error("{}", cpu_precision_refusal(.0))]
     UnsupportedPrecision(Precision),
     #[error(
         "export setting {setting} is {bundle} in the bundle but {requested} was asked for; {hint}"
@@ -448,6 +447,13 @@ impl Bundle {
         if let Some(weights) = &m.weights {
             check_weights(weights, m.tokenizer.kind).map_err(BundleError::Inconsistent)?;
         }
+        if m.precision == Precision::Fp8 && m.graphs.dit_fused.is_none() {
+            return bad(
+                "precision = \"fp8\" but no `dit_fused` graph: an fp8 bundle's 8-bit matrix \
+                 multiplies are in `dit_fused` alone"
+                    .into(),
+            );
+        }
         let graphs = [
             ("text_encoder", Some(&m.graphs.text_encoder)),
             ("dit", Some(&m.graphs.dit)),
@@ -544,6 +550,23 @@ impl Bundle {
     }
 }
 
+/// Why the CPU provider refuses a bundle of this precision, and what to do.
+fn cpu_precision_refusal(precision: &Precision) -> String {
+    let gpu = match precision {
+        Precision::Fp8 => {
+            "an fp8 bundle runs only on a GPU, with the CUDA provider (runtime.provider = \"cuda\", \
+             `--provider cuda`) and the runner's fused DiT"
+        }
+        Precision::Fp32 | Precision::Fp16 | Precision::Bf16 => {
+            "run it on a GPU (runtime.provider = \"cuda\", `--provider cuda`)"
+        }
+    };
+    format!(
+        "precision {precision} does not run on the CPU provider, which runs fp32 bundles only: \
+         {gpu}, or export an fp32 bundle (`--precision fp32`) for the CPU"
+    )
+}
+
 /// What to run to get a bundle with the requested export settings: the exporter command line
 /// (`assets/export/README.md`) with the bundle's preset and the requested precision and SVD
 /// rank. Frame counts and sizes have no exporter flag (the preset fixes them), so for those the
@@ -563,9 +586,20 @@ pub fn export_hint(m: &BundleManifest, requested: &ExportSettings) -> String {
             .is_some_and(|v| v != e.latent_frames)
         || requested.height.is_some_and(|v| v != e.height)
         || requested.width.is_some_and(|v| v != e.width);
+    // An fp8 bundle is not exported directly: the exporter quantizes an fp16 export of the same
+    // weights, so the command to run is the fp16 export that it is made from.
+    let exported = match precision {
+        Precision::Fp8 => Precision::Fp16,
+        Precision::Fp32 | Precision::Fp16 | Precision::Bf16 => precision,
+    };
+    let quantize = if precision == Precision::Fp8 {
+        ", then the exporter's `quantize` of it makes the fp8 bundle (assets/export/README.md)"
+    } else {
+        ""
+    };
     let command = |preset: &str| {
         format!(
-            "PYTHONPATH=assets/export python -m unstep_export export --preset {preset} --precision {precision}{svd} --out BUNDLE_DIR"
+            "PYTHONPATH=assets/export python -m unstep_export export --preset {preset} --precision {exported}{svd} --out BUNDLE_DIR"
         )
     };
     if preset_fixed {
@@ -577,6 +611,11 @@ pub fn export_hint(m: &BundleManifest, requested: &ExportSettings) -> String {
             e.latent_frames,
             e.frames_per_block,
             command("PRESET")
+        ) + quantize
+    } else if precision == Precision::Fp8 {
+        format!(
+            "it is fixed at export time: `{}` exports the fp16 bundle{quantize}",
+            command(&m.preset)
         )
     } else {
         format!(

@@ -184,3 +184,65 @@ fn unsafe_file_names_are_recognised() {
         assert_eq!(is_safe_relative(name), safe, "{name}");
     }
 }
+
+/// An fp8 bundle's 8-bit matrix multiplies are in `dit_fused` alone: one without it is refused.
+#[test]
+fn an_fp8_bundle_needs_its_fused_dit() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+    let mut bundle = Bundle::peek(&dir).unwrap();
+    bundle.manifest.precision = Precision::Fp8;
+    assert!(bundle.check_consistency().is_ok());
+    bundle.manifest.graphs.dit_fused = None;
+    let err = bundle.check_consistency().unwrap_err();
+    assert!(
+        matches!(&err, BundleError::Inconsistent(m) if m.contains("no `dit_fused` graph")),
+        "{err}"
+    );
+    // Without fp8, the fused DiT is optional.
+    bundle.manifest.precision = Precision::Fp16;
+    assert!(bundle.check_consistency().is_ok());
+}
+
+/// The CPU provider's refusal says where the bundle runs and that the CPU runs fp32 bundles.
+#[test]
+fn the_cpu_refusal_says_where_a_bundle_runs() {
+    let fp8 = BundleError::UnsupportedPrecision(Precision::Fp8).to_string();
+    assert!(
+        fp8.starts_with("precision fp8 does not run on the CPU provider")
+            && fp8.contains("runs fp32 bundles only")
+            && fp8.contains("only on a GPU, with the CUDA provider"),
+        "{fp8}"
+    );
+    let fp16 = BundleError::UnsupportedPrecision(Precision::Fp16).to_string();
+    assert!(
+        fp16.contains("run it on a GPU") && !fp16.contains("fp8"),
+        "{fp16}"
+    );
+}
+
+/// An fp8 bundle is quantized from an fp16 export: the hint exports that and names the step.
+#[test]
+fn the_export_hint_for_fp8_exports_fp16_to_quantize() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+    let bundle = Bundle::peek(&dir).unwrap();
+    let requested = ExportSettings {
+        precision: Some(Precision::Fp8),
+        ..ExportSettings::default()
+    };
+    let err = bundle.check_export(&requested).unwrap_err().to_string();
+    assert!(
+        err.contains("is fp32 in the bundle but fp8 was asked for")
+            && err.contains("--preset tiny --precision fp16 --out BUNDLE_DIR")
+            && err.contains("`quantize`"),
+        "{err}"
+    );
+    let fp16 = ExportSettings {
+        precision: Some(Precision::Fp16),
+        ..ExportSettings::default()
+    };
+    let err = bundle.check_export(&fp16).unwrap_err().to_string();
+    assert!(
+        err.contains("--precision fp16") && !err.contains("quantize"),
+        "{err}"
+    );
+}

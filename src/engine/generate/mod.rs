@@ -39,8 +39,8 @@ use super::bundle::{Bundle, BundleError, ExportSettings, Precision};
 use super::one_time::OneTimeWork;
 use super::schedule::{MethodSettings, Schedule, ScheduleError};
 use super::session::{
-    ContextInterface, GraphSessions, KvInterface, Provider, RuntimeOptions, SessionError,
-    StartupTimes,
+    ContextInterface, FusedPart, GraphSessions, KvInterface, Provider, RuntimeOptions,
+    SessionError, StartupTimes,
 };
 pub use super::settings::TimedRegionEnd;
 use super::text::{PromptTokenizer, TokenizerError};
@@ -131,10 +131,20 @@ pub enum GenerateError {
     },
 }
 
-/// The CPU provider runs fp32 bundles only.
-fn check_provider_precision(bundle: &Bundle, runtime: &RuntimeOptions) -> Result<(), BundleError> {
-    if runtime.provider == Provider::Cpu && bundle.manifest.precision != Precision::Fp32 {
-        return Err(BundleError::UnsupportedPrecision(bundle.manifest.precision));
+/// The CPU provider runs fp32 bundles only; the DiT of an fp8 bundle runs only with the runner's
+/// kernels, checked here so that a refusal comes before the text encoder runs.
+fn check_provider_precision(
+    bundle: &Bundle,
+    runtime: &RuntimeOptions,
+) -> Result<(), GenerateError> {
+    let precision = bundle.manifest.precision;
+    if runtime.provider == Provider::Cpu && precision != Precision::Fp32 {
+        return Err(BundleError::UnsupportedPrecision(precision).into());
+    }
+    if precision == Precision::Fp8 {
+        runtime
+            .dit_kernels
+            .resolve(FusedPart::Dit, &runtime.provider, bundle)?;
     }
     Ok(())
 }
