@@ -17,7 +17,11 @@
 //!   outer-vector scaling (`CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F`: W's scale per output
 //!   channel, X's per row; cuBLAS 12.9 or later on compute capability 9.0 or later) and a bias
 //!   or bias-GELU epilogue. cuBLASLt's float8 matmul takes W transposed and X as it is (its
-//!   "TN" form), which is this product's.
+//!   "TN" form), which is this product's. The scale and bias pointers are set before the
+//!   heuristic is asked (without them it answers `CUBLAS_STATUS_INVALID_VALUE` for outer-vector
+//!   scales). Fast accumulation (no periodic promotion of the float8 partial sums) is left off:
+//!   on an H200 it took 10-15 % off the wan-1.3b products but multiplied their largest error
+//!   against the float64-summed CPU kernel by 3 to 13 (the GPU test `cuda_fp8_configurations`).
 //! - One handle per device, and one workspace of [`WORKSPACE_BYTES`] per device and stream
 //!   (allocated on first use, kept for the process): the calls of one stream run in order, so
 //!   they can share it. The algorithm is cuBLASLt's first heuristic choice for the call's sizes
@@ -447,16 +451,17 @@ impl GemmKernel {
         let index = match self.prepared.iter().position(|p| p.key == key) {
             Some(index) => index,
             None => {
-                let prepared =
-                    one_time::timed(Work::GemmChoices, || self.prepare(handle, key, pointers))
-                    .map_err(|(what, e)| match key.4 {
-                        Mode::Fp8 { .. } => format!(
-                            "{what}: {e} (float8 matrix multiplies with per-channel scales need \
+                let prepared = one_time::timed(Work::GemmChoices, || {
+                    self.prepare(handle, key, pointers)
+                })
+                .map_err(|(what, e)| match key.4 {
+                    Mode::Fp8 { .. } => format!(
+                        "{what}: {e} (float8 matrix multiplies with per-channel scales need \
                              cuBLAS 12.9 or later on compute capability 9.0 or later, and K a \
                              multiple of 16)"
-                        ),
-                        Mode::BiasGelu => format!("{what}: {e}"),
-                    })?;
+                    ),
+                    Mode::BiasGelu => format!("{what}: {e}"),
+                })?;
                 self.prepared.push(prepared);
                 self.prepared.len() - 1
             }
@@ -528,8 +533,16 @@ impl GemmKernel {
         let key = (m, k, n, alignment, Mode::Fp8 { gelu: attrs.gelu });
         let pointers = [
             (Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS),
-            (Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale, "cublasLtMatmulDescSetAttribute (W's scales)"),
-            (Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, row_scales, "cublasLtMatmulDescSetAttribute (X's scales)"),
+            (
+                Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                w_scale,
+                "cublasLtMatmulDescSetAttribute (W's scales)",
+            ),
+            (
+                Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                row_scales,
+                "cublasLtMatmulDescSetAttribute (X's scales)",
+            ),
         ];
         let prepared = self.prepared(handle, key, &pointers)?;
         set_pointers(prepared.desc.0, &pointers).map_err(|(what, e)| format!("{what}: {e}"))?;

@@ -241,7 +241,11 @@ fn cuda_fp8_configurations() {
         let case = Fp8Case::<f16>::new(&mut rng, shape, n, gelu);
         let cpu = case.cpu();
         let wan = case.plan().rows > 1000;
-        for epilogue in [None, Some(CUBLASLT_EPILOGUE_DEFAULT), Some(CUBLASLT_EPILOGUE_BIAS)] {
+        for epilogue in [
+            None,
+            Some(CUBLASLT_EPILOGUE_DEFAULT),
+            Some(CUBLASLT_EPILOGUE_BIAS),
+        ] {
             for fast_accumulation in [false, true] {
                 let probe = Probe {
                     epilogue,

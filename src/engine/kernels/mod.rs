@@ -20,13 +20,15 @@
 //!   (row layouts, kernel arguments); `cuda.rs`: CUDA driver, NVRTC and the module of
 //!   `kernels.cu`, and the checked CUDA call.
 //! - `gemm.rs` (cuBLASLt), `attention.rs` and `conv.rs` (cuDNN, through `cudnn.rs`): the CUDA
-//!   kernels of `MatMulBiasGelu`, `Attention` and `CausalConv3d`.
+//!   kernels of `MatMulBiasGelu` and `MatMulFp8`, `Attention` and `CausalConv3d`.
 //! - `test_support.rs`, `tests.rs`, `gpu_tests.rs`: test helpers and the tests that span the
 //!   operators.
 //!
 //! # The contract (shared with the exporter)
 //!
-//! Element type T is float32 or float16, the same for every input and output of a node. D is the
+//! Element type T is float32 or float16, the same for every input and output of a node, but for
+//! the inputs an operator's file gives a fixed type (`MatMulFp8`'s uint8 weight codes and float32
+//! scales). D is the
 //! size of the last axis of X and N = numel(X) / D its rows. All arithmetic is float32 and each
 //! output element is rounded to T once.
 //!
