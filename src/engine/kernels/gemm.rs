@@ -169,6 +169,8 @@ fn quantised(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, S
 type Pointer = (Desc, u64, &'static str);
 
 const BIAS: &str = "cublasLtMatmulDescSetAttribute (bias)";
+const W_SCALES: &str = "cublasLtMatmulDescSetAttribute (W's scales)";
+const X_SCALES: &str = "cublasLtMatmulDescSetAttribute (X's scales)";
 
 /// Sets pointer attributes of `desc`.
 fn set_pointers(
@@ -300,17 +302,7 @@ impl CudaKernel<MatMulBiasGelu> for GemmKernel {
             ));
         }
         check_cublaslt()?;
-        let context = primary_context(ordinal)?;
-        Ok(Self {
-            ty,
-            ordinal,
-            context,
-            quantise: None,
-            prepared: Vec::new(),
-            algo_rank: 0,
-            #[cfg(test)]
-            probe: Probe::default(),
-        })
+        Ok(Self::with(ty, ordinal, primary_context(ordinal)?, None))
     }
 
     fn launch(
@@ -345,16 +337,7 @@ impl CudaKernel<MatMulFp8> for GemmKernel {
         let context = primary_context(ordinal)?;
         let (module_context, quantise) = device_function(ordinal, "unstep_quantize_e4m3_rows_f16")?;
         debug_assert_eq!(module_context.0, context.0);
-        Ok(Self {
-            ty,
-            ordinal,
-            context,
-            quantise: Some(quantise),
-            prepared: Vec::new(),
-            algo_rank: 0,
-            #[cfg(test)]
-            probe: Probe::default(),
-        })
+        Ok(Self::with(ty, ordinal, context, Some(quantise)))
     }
 
     fn launch(
@@ -369,6 +352,25 @@ impl CudaKernel<MatMulFp8> for GemmKernel {
 }
 
 impl GemmKernel {
+    /// A kernel of no prepared shapes, cuBLASLt's first choices.
+    fn with(
+        ty: TensorElementType,
+        ordinal: i32,
+        context: Handle<sys::CUcontext>,
+        quantise: Option<Handle<sys::CUfunction>>,
+    ) -> Self {
+        Self {
+            ty,
+            ordinal,
+            context,
+            quantise,
+            prepared: Vec::new(),
+            algo_rank: 0,
+            #[cfg(test)]
+            probe: Probe::default(),
+        }
+    }
+
     /// The algorithms of the shapes prepared so far, described ([`Prepared::describe`]).
     #[cfg(test)]
     pub(super) fn algorithms(&self) -> Vec<String> {
@@ -393,25 +395,48 @@ impl GemmKernel {
             return Ok(());
         }
         let _current = CurrentContext::push(self.context)?;
+        let pointers = [(Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS)];
+        let sizes = (sizes.rows, sizes.d, sizes.cols);
+        self.matmul(sizes, Mode::BiasGelu, &pointers, [w, x, y], stream)
+            .map_err(|e| {
+                format!(
+                    "cublasLtMatmul ({} × {} × {}): {e}",
+                    sizes.0, sizes.1, sizes.2
+                )
+            })
+    }
+
+    /// Queues `Y = epilogue(X·Wᵀ)` on `stream` (this kernel's context is current): W, X and Y
+    /// (`operands`, as `mode` types them) of M rows, K and N (`sizes`) with the descriptor's
+    /// `pointers` (bias, scales), the algorithm prepared on the first call of these sizes,
+    /// pointer alignment and mode.
+    fn matmul(
+        &mut self,
+        (m, k, n): (usize, usize, usize),
+        mode: Mode,
+        pointers: &[Pointer],
+        [w, x, y]: [u64; 3],
+        stream: sys::CUstream,
+    ) -> Result<(), String> {
         let handle = handle(self.ordinal)?;
         let workspace = workspace(self.ordinal, stream)?;
-        // The largest power of two up to 256 bytes that all of X, W and Y start on: an
+        // The largest power of two up to 256 bytes that all of W, X and Y start on: an
         // algorithm chosen for stricter alignment must not see these pointers.
-        let alignment = [x, w, y]
+        let alignment = [w, x, y]
             .iter()
             .map(|&p| 1usize << p.trailing_zeros().min(8))
             .min()
             .unwrap_or(256);
-        let key = (sizes.rows, sizes.d, sizes.cols, alignment, Mode::BiasGelu);
-        let pointers = [(Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS)];
-        let prepared = self.prepared(handle, key, &pointers)?;
-        set_pointers(prepared.desc.0, &pointers).map_err(|(what, e)| format!("{what}: {e}"))?;
+        let prepared = self.prepared(handle, (m, k, n, alignment, mode), pointers)?;
+        set_pointers(prepared.desc.0, pointers).map_err(|(what, e)| format!("{what}: {e}"))?;
         let (alpha, beta) = (1f32, 0f32);
         let [a, b, c] = prepared.layouts;
-        // SAFETY: the descriptors are alive (owned by `prepared`); X, W, bias and Y are device
-        // memory of this device holding the call's sizes; the workspace is this stream's and of
-        // the size the preference allowed; alpha and beta are float32 host scalars (scale type
-        // 32F, default host pointer mode), read before cublasLtMatmul returns.
+        // SAFETY: the descriptors are alive (owned by `prepared`); W, X, Y and the descriptor's
+        // pointers are device memory of this device holding the call's sizes in the mode's
+        // types (float8: W's and X's codes, N and M float32 scales, X's written by a kernel
+        // queued before on the same stream); the workspace is this stream's and of the size the
+        // preference allowed; alpha and beta are float32 host scalars (scale type 32F, default
+        // host pointer mode), read before cublasLtMatmul returns.
         unsafe {
             lt::matmul(
                 handle.0,
@@ -432,12 +457,7 @@ impl GemmKernel {
                 stream as lt_sys::cudaStream_t,
             )
         }
-        .map_err(|e| {
-            format!(
-                "cublasLtMatmul ({} × {} × {}): {e}",
-                sizes.rows, sizes.d, sizes.cols
-            )
-        })
+        .map_err(|e| e.to_string())
     }
 
     /// The prepared call of `key` ([`Self::prepare`] with the call's `pointers` on its first
@@ -496,8 +516,6 @@ impl GemmKernel {
         }
         let quantise = self.quantise.expect("made by CudaKernel<MatMulFp8>::new");
         let _current = CurrentContext::push(self.context)?;
-        let handle = handle(self.ordinal)?;
-        let workspace = workspace(self.ordinal, stream)?;
         // The codes (M·K bytes), then the rows' scales at the next 256 bytes.
         let scales_offset = (m * k).next_multiple_of(256);
         let buffer = quantised(self.ordinal, stream, scales_offset + 4 * m)?;
@@ -525,53 +543,22 @@ impl GemmKernel {
             )
         }
         .map_err(|e| format!("cuLaunchKernel (quantise): {e}"))?;
-        let alignment = [w, codes, y]
-            .iter()
-            .map(|&p| 1usize << p.trailing_zeros().min(8))
-            .min()
-            .unwrap_or(256);
-        let key = (m, k, n, alignment, Mode::Fp8 { gelu: attrs.gelu });
         let pointers = [
             (Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS),
             (
                 Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                 w_scale,
-                "cublasLtMatmulDescSetAttribute (W's scales)",
+                W_SCALES,
             ),
             (
                 Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                 row_scales,
-                "cublasLtMatmulDescSetAttribute (X's scales)",
+                X_SCALES,
             ),
         ];
-        let prepared = self.prepared(handle, key, &pointers)?;
-        set_pointers(prepared.desc.0, &pointers).map_err(|(what, e)| format!("{what}: {e}"))?;
-        let (alpha, beta) = (1f32, 0f32);
-        let [a, b, c] = prepared.layouts;
-        // SAFETY: as in `launch_matmul`; A and B are the codes of W and X (M·K and N·K bytes),
-        // the scales N and M float32 values, written (X's) by the kernel queued above on the
-        // same stream.
-        unsafe {
-            lt::matmul(
-                handle.0,
-                prepared.desc.0,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                w as *const c_void,
-                a.0,
-                codes as *const c_void,
-                b.0,
-                y as *const c_void,
-                c.0,
-                y as *mut c_void,
-                c.0,
-                &prepared.algo,
-                workspace as *mut c_void,
-                WORKSPACE_BYTES,
-                stream as lt_sys::cudaStream_t,
-            )
-        }
-        .map_err(|e| format!("cublasLtMatmul (float8, {m} × {k} × {n}): {e}"))
+        let mode = Mode::Fp8 { gelu: attrs.gelu };
+        self.matmul((m, k, n), mode, &pointers, [w, codes, y], stream)
+            .map_err(|e| format!("cublasLtMatmul (float8, {m} × {k} × {n}): {e}"))
     }
 
     /// The descriptors of a call of M rows, K, N at `alignment` bytes in `mode`, and cuBLASLt's

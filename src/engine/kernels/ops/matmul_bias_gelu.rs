@@ -28,6 +28,48 @@ pub(crate) struct MatMulSizes {
     pub(crate) cols: usize,
 }
 
+/// The sizes of a matmul whose W (input 1, `weight` says what it holds) is `[N, K]` with K = D,
+/// and whose inputs `per_channel` (index, what it holds) have N elements each.
+pub(crate) fn matmul_sizes(
+    shapes: &ShapeCheck<'_>,
+    weight: &str,
+    per_channel: &[(usize, &str)],
+) -> Result<MatMulSizes, String> {
+    let (d, x, w) = (shapes.last, shapes.x, shapes.shape(1));
+    let cols = match w {
+        [n, k] if *n > 0 && *k as usize == d => *n as usize,
+        _ => {
+            return Err(shapes.fail(format!(
+                "input W has shape {w:?}; with X {x:?} it must be [N, {d}] with N ≥ 1 ({weight}, \
+                 out × in)"
+            )));
+        }
+    };
+    for &(i, what) in per_channel {
+        let shape = shapes.shape(i);
+        if numel(shape) != cols {
+            return Err(shapes.fail(format!(
+                "input {} has shape {shape:?}; it must have N = {cols} elements ({what}; W {w:?})",
+                shapes.name(i)
+            )));
+        }
+    }
+    Ok(MatMulSizes {
+        rows: shapes.rows,
+        d,
+        cols,
+    })
+}
+
+/// The shape of a matmul's Y: X's (`shapes[0]`) with W's axis 0 (`shapes[1]`, N) last.
+pub(crate) fn matmul_output_shape(shapes: &[&[i64]]) -> Vec<i64> {
+    let mut shape = shapes[0].to_vec();
+    if let (Some(last), Some(&n)) = (shape.last_mut(), shapes[1].first()) {
+        *last = n;
+    }
+    shape
+}
+
 impl UnstepOp for MatMulBiasGelu {
     const INFO: OpInfo = OpInfo {
         name: "MatMulBiasGelu",
@@ -47,36 +89,12 @@ impl UnstepOp for MatMulBiasGelu {
     }
 
     fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<MatMulSizes, String> {
-        let (d, x, w) = (shapes.last, shapes.x, shapes.shape(1));
-        let cols = match w {
-            [n, k] if *n > 0 && *k as usize == d => *n as usize,
-            _ => {
-                return Err(shapes.fail(format!(
-                    "input W has shape {w:?}; with X {x:?} it must be [N, {d}] with N ≥ 1 \
-                     (the linear layer's weight, out × in)"
-                )));
-            }
-        };
-        let bias = shapes.shape(2);
-        if numel(bias) != cols {
-            return Err(shapes.fail(format!(
-                "input bias has shape {bias:?}; it must have N = {cols} elements (W {w:?})"
-            )));
-        }
-        Ok(MatMulSizes {
-            rows: shapes.rows,
-            d,
-            cols,
-        })
+        matmul_sizes(shapes, "the linear layer's weight", &[(2, "the bias")])
     }
 
     /// Y has X's shape with W's axis 0 (N) last.
     fn output_shape(shapes: &[&[i64]], _: usize) -> Vec<i64> {
-        let mut shape = shapes[0].to_vec();
-        if let (Some(last), Some(&n)) = (shape.last_mut(), shapes[1].first()) {
-            *last = n;
-        }
-        shape
+        matmul_output_shape(shapes)
     }
 
     /// Needs W's shape with axis 0 known.

@@ -19,7 +19,10 @@
 use rayon::prelude::*;
 
 use crate::engine::kernels::gemm::GemmKernel;
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel};
+use crate::engine::kernels::ops::matmul_bias_gelu::{
+    MatMulSizes, matmul_output_shape, matmul_sizes,
+};
+use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
 use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK, gelu};
 use ort::value::TensorElementType;
 
@@ -36,16 +39,8 @@ pub(crate) struct Fp8Attrs {
     pub(crate) gelu: bool,
 }
 
-/// The sizes of a `MatMulFp8` call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fp8Sizes {
-    /// M, the rows of X.
-    pub(crate) rows: usize,
-    /// K = D, the last axis of X.
-    pub(crate) d: usize,
-    /// N, the columns of Y (W's rows).
-    pub(crate) cols: usize,
-}
+/// The sizes of a `MatMulFp8` call: those of `MatMulBiasGelu`, the same product.
+pub(crate) type Fp8Sizes = MatMulSizes;
 
 impl UnstepOp for MatMulFp8 {
     const INFO: OpInfo = OpInfo {
@@ -71,40 +66,16 @@ impl UnstepOp for MatMulFp8 {
     }
 
     fn check(_: &Fp8Attrs, shapes: &ShapeCheck<'_>) -> Result<Fp8Sizes, String> {
-        let (d, x, w) = (shapes.last, shapes.x, shapes.shape(1));
-        let cols = match w {
-            [n, k] if *n > 0 && *k as usize == d => *n as usize,
-            _ => {
-                return Err(shapes.fail(format!(
-                    "input W has shape {w:?}; with X {x:?} it must be [N, {d}] with N ≥ 1 \
-                     (the linear layer's 8-bit weight, out × in)"
-                )));
-            }
-        };
-        for (i, what) in [(2, "its scale per output channel"), (3, "the bias")] {
-            let shape = shapes.shape(i);
-            if numel(shape) != cols {
-                return Err(shapes.fail(format!(
-                    "input {} has shape {shape:?}; it must have N = {cols} elements ({what}; W \
-                     {w:?})",
-                    shapes.name(i)
-                )));
-            }
-        }
-        Ok(Fp8Sizes {
-            rows: shapes.rows,
-            d,
-            cols,
-        })
+        matmul_sizes(
+            shapes,
+            "the linear layer's 8-bit weight",
+            &[(2, "its scale per output channel"), (3, "the bias")],
+        )
     }
 
     /// Y has X's shape with W's axis 0 (N) last.
     fn output_shape(shapes: &[&[i64]], _: usize) -> Vec<i64> {
-        let mut shape = shapes[0].to_vec();
-        if let (Some(last), Some(&n)) = (shape.last_mut(), shapes[1].first()) {
-            *last = n;
-        }
-        shape
+        matmul_output_shape(shapes)
     }
 
     /// Needs W's shape with axis 0 known.
