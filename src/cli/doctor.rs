@@ -27,10 +27,21 @@ pub fn gpu_checks() -> Vec<Check> {
                 name: format!("gpu {}", g.index),
                 ok: true,
                 detail: format!(
-                    "{}, {} GiB, driver {}",
+                    "{}, {} GiB, driver {}{}",
                     g.name,
                     g.memory_bytes.map_or("?".into(), |b| (b >> 30).to_string()),
-                    g.driver
+                    g.driver,
+                    match (g.compute_capability, g.runs_fp8()) {
+                        (Some((major, minor)), Some(fp8)) => format!(
+                            ", compute capability {major}.{minor} (fp8 bundles: {})",
+                            if fp8 {
+                                "yes"
+                            } else {
+                                "no, 9.0 or later needed"
+                            }
+                        ),
+                        _ => String::new(),
+                    }
                 ),
                 fix: None,
             })

@@ -11,13 +11,40 @@ pub struct GpuInfo {
     pub name: String,
     pub memory_bytes: Option<u64>,
     pub driver: String,
+    /// Compute capability (major, minor), as `nvidia-smi` reports `compute_cap` ("9.0").
+    pub compute_capability: Option<(u32, u32)>,
+}
+
+impl GpuInfo {
+    /// Whether it runs fp8 bundles: cuBLASLt's float8 matmuls with per-channel scales need
+    /// compute capability 9.0 (Hopper) or later. `None` when the driver did not say.
+    pub fn runs_fp8(&self) -> Option<bool> {
+        self.compute_capability.map(|(major, _)| major >= 9)
+    }
+}
+
+/// The first of the GPUs named by `devices` (indices as in `CUDA_VISIBLE_DEVICES`) that cannot
+/// run an fp8 bundle, described; GPUs the list does not have and those of unknown capability are
+/// left to the workers.
+pub fn fp8_unable(gpus: &[GpuInfo], devices: &[String]) -> Option<String> {
+    gpus.iter()
+        .filter(|g| devices.contains(&g.index))
+        .find(|g| g.runs_fp8() == Some(false))
+        .map(|g| {
+            let (major, minor) = g.compute_capability.unwrap_or_default();
+            format!(
+                "GPU {} ({}) has compute capability {major}.{minor}; precision fp8 needs 9.0 or \
+                 later (Hopper)",
+                g.index, g.name
+            )
+        })
 }
 
 /// Every GPU the driver sees, or why none could be listed.
 pub fn gpus() -> Result<Vec<GpuInfo>, String> {
     let out = Command::new("nvidia-smi")
         .args([
-            "--query-gpu=index,name,memory.total,driver_version",
+            "--query-gpu=index,name,memory.total,driver_version,compute_cap",
             "--format=csv,noheader,nounits",
         ])
         .output()
@@ -46,6 +73,10 @@ fn parse(text: &str) -> Vec<GpuInfo> {
                     .and_then(|m| m.parse::<u64>().ok())
                     .map(|mib| mib << 20),
                 driver: field(3),
+                compute_capability: f.get(4).and_then(|c| {
+                    let (major, minor) = c.split_once('.')?;
+                    Some((major.parse().ok()?, minor.parse().ok()?))
+                }),
             }
         })
         .collect()
@@ -57,11 +88,40 @@ mod tests {
 
     #[test]
     fn parses_the_query_output() {
-        let gpus = parse("0, NVIDIA H200, 143771, 580.95.05\n1, NVIDIA H200, 143771, 580.95.05\n");
-        assert_eq!(gpus.len(), 2);
+        let gpus = parse(
+            "0, NVIDIA H200, 143771, 580.95.05, 9.0\n1, NVIDIA A100-SXM4-80GB, 81920, 580.95.05, \
+             8.0\n2, NVIDIA H200, 143771, 580.95.05, [N/A]\n",
+        );
+        assert_eq!(gpus.len(), 3);
         assert_eq!(gpus[1].index, "1");
         assert_eq!(gpus[0].name, "NVIDIA H200");
         assert_eq!(gpus[0].memory_bytes, Some(143771 << 20));
         assert_eq!(gpus[0].driver, "580.95.05");
+        assert_eq!(gpus[0].compute_capability, Some((9, 0)));
+        assert_eq!(gpus[1].compute_capability, Some((8, 0)));
+        assert_eq!(gpus[2].compute_capability, None);
+        assert_eq!(
+            gpus.iter().map(GpuInfo::runs_fp8).collect::<Vec<_>>(),
+            [Some(true), Some(false), None]
+        );
+    }
+
+    /// Only the run's GPUs count, and only a known capability below 9.0 refuses.
+    #[test]
+    fn fp8_is_refused_on_a_listed_gpu_below_hopper() {
+        let gpus = parse(
+            "0, NVIDIA H200, 143771, 580.95.05, 9.0\n1, NVIDIA A100, 81920, 580.95.05, 8.0\n\
+             2, NVIDIA H200, 143771, 580.95.05, [N/A]\n",
+        );
+        let devices = |list: &[&str]| list.iter().map(|d| d.to_string()).collect::<Vec<_>>();
+        assert_eq!(fp8_unable(&gpus, &devices(&["0", "2"])), None);
+        assert_eq!(fp8_unable(&gpus, &devices(&["7"])), None);
+        assert_eq!(
+            fp8_unable(&gpus, &devices(&["0", "1"])).as_deref(),
+            Some(
+                "GPU 1 (NVIDIA A100) has compute capability 8.0; precision fp8 needs 9.0 or later \
+                 (Hopper)"
+            )
+        );
     }
 }

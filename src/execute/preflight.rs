@@ -10,7 +10,7 @@ use super::apply::ApplyError;
 use super::config::RunConfig;
 use crate::engine::{self, AttentionBackend, ProviderKind};
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::{Kind, Resolved, VideoNaming};
+use crate::manifest::{ExecutorKind, Kind, Resolved, VideoNaming};
 use crate::plan::Plan;
 use crate::results::names::VideoNames;
 use crate::results::records::{TokenizerRecord, WeightsRecord};
@@ -50,6 +50,7 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
     }
     bundle_preflight(r, config)?;
     cpu_precision_preflight(r, config)?;
+    fp8_gpu_preflight(r)?;
     fused_kernels_preflight(r, config)?;
     video_names_preflight(r, config)?;
     tokenizer_preflight(r)?;
@@ -334,6 +335,36 @@ fn cpu_precision_preflight(r: &Resolved, config: &RunConfig) -> Result<(), Apply
             engine::BundleError::UnsupportedPrecision(precision)
         ),
         "set runtime.provider = \"cuda\" there, or point assets.bundle at an fp32 bundle",
+    ))
+}
+
+/// An fp8 bundle run by the local executor on a GPU of this machine that cannot run its float8
+/// matmuls (compute capability below 9.0, as `nvidia-smi` reports it) is refused at
+/// `method.precision`. A Slurm run's GPUs are its nodes', and a GPU the driver does not describe
+/// is left to the worker, whose session build says the same.
+fn fp8_gpu_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let m = &r.manifest;
+    if m.method.precision != engine::Precision::Fp8
+        || m.runtime.provider == ProviderKind::Cpu
+        || m.executor.kind != ExecutorKind::Local
+    {
+        return Ok(());
+    }
+    let Ok(gpus) = super::device::gpus() else {
+        return Ok(());
+    };
+    let Some(problem) = super::device::fp8_unable(&gpus, &crate::plan::visible_devices(r)) else {
+        return Ok(());
+    };
+    let origin = r
+        .settings
+        .get("method.precision")
+        .map(|s| s.origin.to_string())
+        .unwrap_or_else(|| "method.precision".to_string());
+    Err(ApplyError::refused(
+        format!("{origin}: {problem}"),
+        "run the fp16 bundle of the same weights on this GPU (method.precision = \"fp16\"), or \
+         set runtime.visible_devices to Hopper GPUs",
     ))
 }
 

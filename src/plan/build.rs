@@ -115,6 +115,24 @@ pub fn shard_sizes(n: usize, k: usize) -> Vec<usize> {
     (0..k).map(|i| n / k + usize::from(i < n % k)).collect()
 }
 
+/// The GPUs a run may use, as `CUDA_VISIBLE_DEVICES` lists them (`runtime.visible_devices`; GPU
+/// 0 when unset or empty).
+pub fn visible_devices(r: &Resolved) -> Vec<String> {
+    let devices: Vec<String> = match &r.manifest.runtime.visible_devices {
+        Some(list) => list
+            .split(',')
+            .map(|d| d.trim().to_string())
+            .filter(|d| !d.is_empty())
+            .collect(),
+        None => Vec::new(),
+    };
+    if devices.is_empty() {
+        vec!["0".into()]
+    } else {
+        devices
+    }
+}
+
 /// The visible worker slots: `CUDA_VISIBLE_DEVICES` (GPU 0 when unset) or CPU slots.
 fn slots(r: &Resolved) -> Vec<Slot> {
     let rt = &r.manifest.runtime;
@@ -127,19 +145,7 @@ fn slots(r: &Resolved) -> Vec<Slot> {
             })
             .collect();
     }
-    let devices: Vec<String> = match &rt.visible_devices {
-        Some(list) => list
-            .split(',')
-            .map(|d| d.trim().to_string())
-            .filter(|d| !d.is_empty())
-            .collect(),
-        None => vec!["0".into()],
-    };
-    let devices = if devices.is_empty() {
-        vec!["0".into()]
-    } else {
-        devices
-    };
+    let devices = visible_devices(r);
     // A probe uses the first visible GPU only.
     let take = if r.kind() == Kind::Probe {
         1

@@ -4,5 +4,7 @@ pub mod build;
 pub mod render;
 pub mod select;
 
-pub use build::{Plan, PlanError, Process, Role, Shard, Slot, TimedRegion, build, shard_sizes};
+pub use build::{
+    Plan, PlanError, Process, Role, Shard, Slot, TimedRegion, build, shard_sizes, visible_devices,
+};
 pub use select::{SelectError, ShardRange};
