@@ -970,11 +970,17 @@ fn an_attention_backend_the_provider_cannot_run_is_refused_before_any_work() {
             .check(&cuda(AttentionBackend::Flash), Precision::Fp32)
             .unwrap_err()
             .to_string()
-            .contains("fp16 or bf16")
+            .contains("fp16, bf16 or fp8")
     );
     assert!(
         AttentionBackend::Flash
             .check(&cuda(AttentionBackend::Flash), Precision::Fp16)
+            .is_ok()
+    );
+    // An fp8 bundle's attention is fp16's.
+    assert!(
+        AttentionBackend::Flash
+            .check(&cuda(AttentionBackend::Flash), Precision::Fp8)
             .is_ok()
     );
     assert!(
