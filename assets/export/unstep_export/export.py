@@ -146,6 +146,23 @@ def _all_tensors(graph):
 EXTERNAL_ALIGN = 4096  # offsets of the tensors in `<name>.data`: page-aligned, for memory mapping
 
 
+def copy_bytes(src, info, dst) -> int:
+    """Appends to `dst` the bytes of external tensor data: `info`'s "offset" and "length" (to the
+    end of the file when there is none) in the file `src`, streamed in 16 MiB chunks.  Returns how
+    many bytes the file lacked (0 when it held them all)."""
+    length = int(info["length"]) if "length" in info else None
+    with open(src, "rb") as f:
+        f.seek(int(info.get("offset", 0)))
+        while length is None or length > 0:
+            chunk = f.read(1 << 24 if length is None else min(1 << 24, length))
+            if not chunk:
+                break
+            dst.write(chunk)
+            if length is not None:
+                length -= len(chunk)
+    return length or 0
+
+
 def _save(model, path: Path, src_dir: Path):
     """Saves `model` as `path` (unlinked first: a hard-linked copy of another bundle keeps that
     bundle's file).  Tensors that the exporter wrote as external files in `src_dir` are streamed,
@@ -168,16 +185,7 @@ def _save(model, path: Path, src_dir: Path):
                 src = src_dir / i["location"]
                 dst.write(b"\0" * (-dst.tell() % EXTERNAL_ALIGN))
                 start = dst.tell()
-                with open(src, "rb") as f:
-                    f.seek(int(i.get("offset", 0)))
-                    length = int(i["length"]) if "length" in i else None
-                    while length is None or length > 0:
-                        chunk = f.read(1 << 24 if length is None else min(1 << 24, length))
-                        if not chunk:
-                            break
-                        dst.write(chunk)
-                        if length is not None:
-                            length -= len(chunk)
+                length = copy_bytes(src, i, dst)
                 if length:
                     raise OSError(f"{src}: the exporter's external data ends {length} bytes early")
                 del t.external_data[:]

@@ -273,7 +273,7 @@ def save_graph(model, path: Path, src_dir: Path, external: bool):
     import onnx
     from onnx import TensorProto
 
-    from .export import EXTERNAL_ALIGN, _all_tensors
+    from .export import EXTERNAL_ALIGN, _all_tensors, copy_bytes
 
     data = path.with_name(path.name + ".data")
     for f in (path, data):
@@ -289,19 +289,9 @@ def save_graph(model, path: Path, src_dir: Path, external: bool):
             if t.data_location == TensorProto.EXTERNAL:
                 info = _external_info(t)
                 src = src_dir / info["location"]
-                length = int(info["length"]) if "length" in info else None
                 dst.write(b"\0" * (-dst.tell() % EXTERNAL_ALIGN))
                 start = dst.tell()
-                with open(src, "rb") as f:
-                    f.seek(int(info.get("offset", 0)))
-                    left = length
-                    while left is None or left > 0:
-                        chunk = f.read(1 << 24 if left is None else min(1 << 24, left))
-                        if not chunk:
-                            break
-                        dst.write(chunk)
-                        if left is not None:
-                            left -= len(chunk)
+                left = copy_bytes(src, info, dst)
                 if left:
                     raise QuantizeError(f"{src}: ends {left} bytes before tensor {t.name}'s data does: the bundle "
                                         "is damaged; export it again")
