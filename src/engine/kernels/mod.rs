@@ -22,7 +22,7 @@
 //! - `gemm.rs` (cuBLASLt), `attention.rs` and `conv.rs` (cuDNN, through `cudnn.rs`): the CUDA
 //!   kernels of `MatMulBiasGelu` and `MatMulFp8`, `Attention` and `CausalConv3d`.
 //! - `test_support.rs`, `tests.rs`, `gpu_tests.rs`: test helpers and the tests that span the
-//!   operators.
+//!   operators; `gpu_tests/gemm.rs`: the GPU tests of the cuBLASLt kernels.
 //!
 //! # The contract (shared with the exporter)
 //!
