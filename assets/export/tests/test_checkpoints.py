@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from helpers import cli_fails
 from unstep_export import checkpoints
 from unstep_export.__main__ import _match_bundle, main
 from unstep_export.build import build
@@ -38,17 +39,6 @@ def rel(tmp_path_factory):
 
 def _wan(rel):
     return rel[0] / "Wan2.1-T2V-1.3B"
-
-
-def _fails(capsys, argv, *needles):
-    """Runs the CLI, which must exit with status 2 and name every needle on stderr."""
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2, err
-    for n in needles:
-        assert n in err, f"{n!r} not in:\n{err}"
-    return err
 
 
 def _export(out, *extra):
@@ -213,7 +203,7 @@ def test_dit_key_problems(rel, tmp_path, capsys, case):
     out = tmp_path / "out"
     want = {"missing": ("missing 1 tensor", key), "extra": ("1 extra tensor", "model.blocks.1.ffn.3.weight"),
             "shape": ("wrong shape", key, "[64, 127] in the file, [64, 128] expected")}[case]
-    _fails(capsys, _export(out, "--self-forcing", ckpt, "--ema"), ckpt, "entry 'generator_ema'", *want)
+    cli_fails(capsys, _export(out, "--self-forcing", ckpt, "--ema"), ckpt, "entry 'generator_ema'", *want)
     assert not out.exists()
 
 
@@ -224,28 +214,28 @@ def test_many_missing_keys_are_counted(rel, tmp_path, capsys):
                 del e[k]
 
     ckpt = _edited_dit(rel, tmp_path, edit)
-    err = _fails(capsys, _export(tmp_path / "out", "--self-forcing", ckpt), ckpt, "missing", "more)")
+    err = cli_fails(capsys, _export(tmp_path / "out", "--self-forcing", ckpt), ckpt, "missing", "more)")
     assert "missing 20 tensors: model.blocks.0.cross_attn.k.bias" in err
 
 
 def test_ema_without_generator_ema(rel, tmp_path, capsys):
     ckpt = _edited_dit(rel, tmp_path, lambda sd: sd.pop("generator_ema"))
     out = tmp_path / "out"
-    _fails(capsys, _export(out, "--self-forcing", ckpt, "--ema"), ckpt, "no entry 'generator_ema'", "--ema",
+    cli_fails(capsys, _export(out, "--self-forcing", ckpt, "--ema"), ckpt, "no entry 'generator_ema'", "--ema",
            "its entries: 'generator'")
     assert not out.exists()
 
 
 def test_vae_file_given_as_the_dit(rel, tmp_path, capsys):
     out = tmp_path / "out"
-    _fails(capsys, _export(out, "--self-forcing", str(rel[1]["vae"])), str(rel[1]["vae"]),
+    cli_fails(capsys, _export(out, "--self-forcing", str(rel[1]["vae"])), str(rel[1]["vae"]),
            "is a Wan VAE state dict", "not a DiT", "--vae-checkpoint")
     assert not out.exists()
 
 
 def test_text_encoder_given_as_the_vae(rel, tmp_path, capsys):
     out = tmp_path / "out"
-    _fails(capsys, _export(out, "--vae-checkpoint", str(rel[1]["text"])), str(rel[1]["text"]),
+    cli_fails(capsys, _export(out, "--vae-checkpoint", str(rel[1]["text"])), str(rel[1]["text"]),
            "is a T5 text encoder state dict", "not a Wan VAE")
     assert not out.exists()
 
@@ -260,7 +250,7 @@ def test_wan_14b_shaped_dit(tmp_path, capsys):
     torch.save({"generator": sd, "generator_ema": sd}, ckpt)
     out = tmp_path / "out"
     argv = ["export", "--preset", "wan-1.3b", "--out", str(out), "--self-forcing", str(ckpt), "--ema"]
-    _fails(capsys, argv, str(ckpt), "this is a DiT of dim 5120 and 40 layers; the preset wan-1.3b expects dim 1536, "
+    cli_fails(capsys, argv, str(ckpt), "this is a DiT of dim 5120 and 40 layers; the preset wan-1.3b expects dim 1536, "
                                     "30 layers")
     assert not out.exists()
 
@@ -271,7 +261,7 @@ def test_truncated_file(rel, tmp_path, capsys):
     vae = wan / "Wan2.1_VAE.pth"
     vae.write_bytes(vae.read_bytes()[: vae.stat().st_size // 2])
     out = tmp_path / "out"
-    _fails(capsys, _export(out, "--wan-dir", str(wan)), f"cannot read {vae}", "(truncated or not a checkpoint?)")
+    cli_fails(capsys, _export(out, "--wan-dir", str(wan)), f"cannot read {vae}", "(truncated or not a checkpoint?)")
     assert not out.exists()
 
 
@@ -283,12 +273,12 @@ def test_vae_encoder_half_is_checked(rel, tmp_path, capsys):
     del sd["conv1.bias"]
     path = tmp_path / "Wan2.1_VAE.pth"
     torch.save(sd, path)
-    _fails(capsys, _export(tmp_path / "out", "--vae-checkpoint", str(path)), str(path), "missing 1 tensor: conv1.bias",
+    cli_fails(capsys, _export(tmp_path / "out", "--vae-checkpoint", str(path)), str(path), "missing 1 tensor: conv1.bias",
            key, "[16, 16, 2, 1, 1] in the file, [16, 16, 3, 1, 1] expected")
 
 
 def test_text_encoder_needs_its_tokenizer(rel, tmp_path, capsys):
-    _fails(capsys, _export(tmp_path / "out", "--text-checkpoint", str(rel[1]["text"])), str(rel[1]["text"]),
+    cli_fails(capsys, _export(tmp_path / "out", "--text-checkpoint", str(rel[1]["text"])), str(rel[1]["text"]),
            "needs its tokenizer")
 
 
@@ -302,7 +292,7 @@ def test_tokenizer_of_another_model_type(tmp_path, capsys):
     path = tmp_path / "wordlevel.json"
     tok.save(str(path))
     out = tmp_path / "out"
-    _fails(capsys, _export(out, "--tokenizer", str(path)), str(path), "model type 'WordLevel'", "'Unigram'")
+    cli_fails(capsys, _export(out, "--tokenizer", str(path)), str(path), "model type 'WordLevel'", "'Unigram'")
     assert not out.exists()
 
 
@@ -313,7 +303,7 @@ def test_existing_output_left_untouched(rel, tmp_path, capsys):
     for name in ("bundle.toml", "dit.onnx", "text_encoder.onnx", "tokenizer.json"):
         (out / name).write_text(f"old {name}")
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
-    _fails(capsys, _export(out, "--self-forcing", str(rel[1]["vae"])), "not a DiT")
+    cli_fails(capsys, _export(out, "--self-forcing", str(rel[1]["vae"])), "not a DiT")
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
 
 
@@ -365,6 +355,6 @@ def test_only_vae_keeps_the_bundle_tables(rel, tmp_path):
 
 def test_self_forcing_checkpoint_given_as_the_vae(rel, tmp_path, capsys):
     out = tmp_path / "out"
-    _fails(capsys, _export(out, "--vae-checkpoint", _sf(rel)), _sf(rel), "is a DiT state dict", "not a Wan VAE",
+    cli_fails(capsys, _export(out, "--vae-checkpoint", _sf(rel)), _sf(rel), "is a DiT state dict", "not a Wan VAE",
            "--self-forcing")
     assert not out.exists()

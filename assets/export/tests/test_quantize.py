@@ -23,6 +23,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import cli_fails
 from unstep_export.__main__ import main
 from unstep_export.config import preset
 from unstep_export.export import EXTERNAL_ALIGN, sha256, write_toml
@@ -174,16 +175,6 @@ def _listed(d: Path) -> dict:
 
 def _meta(d: Path) -> dict:
     return tomllib.loads((d / "bundle.toml").read_text())
-
-
-def _fails(capsys, argv, *needles):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2, err
-    for n in needles:
-        assert n in err, f"{n!r} not in:\n{err}"
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -422,7 +413,7 @@ def test_external_data(bundles, tmp_path, capsys):
     broken = tmp_path / "broken"
     _link_copy(src, broken)
     (broken / "dit_fused.onnx.data").unlink()
-    _fails(capsys, ["quantize", "--from", str(broken), "--out", str(tmp_path / "o2")],
+    cli_fails(capsys, ["quantize", "--from", str(broken), "--out", str(tmp_path / "o2")],
            "external data 'dit_fused.onnx.data' is not a file beside it")
     assert not (tmp_path / "o2").exists()
     # In place: the old dit_fused.onnx.data goes (unlinked, not written through), a new one comes.
@@ -435,7 +426,7 @@ def test_refusals(bundles, tmp_path, capsys):
     out = tmp_path / "out"
 
     def refused(src, *needles, dest=out):
-        _fails(capsys, ["quantize", "--from", str(src), "--out", str(dest)], *needles)
+        cli_fails(capsys, ["quantize", "--from", str(src), "--out", str(dest)], *needles)
         assert not out.exists()
 
     refused(TINY, "the bundle is fp32", "quantize takes an fp16 bundle")
@@ -455,7 +446,7 @@ def test_refusals(bundles, tmp_path, capsys):
     (busy / "x").write_text("x")
     refused(b16, "is not an empty directory", dest=busy)
     assert [p.name for p in busy.iterdir()] == ["x"]
-    _fails(capsys, ["export", "--preset", "tiny", "--precision", "fp8", "--no-fused-dit", "--out", str(out)],
+    cli_fails(capsys, ["export", "--preset", "tiny", "--precision", "fp8", "--no-fused-dit", "--out", str(out)],
            "leave out --no-fused-dit")
     assert not out.exists()
 
