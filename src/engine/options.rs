@@ -308,14 +308,10 @@ impl FusedKernels {
     }
 }
 
-/// What the CUDA kernels' messages suggest last when their libraries cannot be used: ONNX
-/// Runtime's kernels, which an fp8 bundle's DiT cannot run.
-const ONNXRUNTIME_REMEDY: &str =
-    ", or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
-
-/// A CUDA kernels' message without its suggestion of ONNX Runtime's kernels, for an fp8 DiT.
+/// A CUDA kernels' message without its last suggestion, ONNX Runtime's kernels
+/// ([`super::kernels::REMEDY`]), which an fp8 bundle's DiT cannot run.
 fn without_onnxruntime_remedy(message: &str) -> String {
-    message.replace(ONNXRUNTIME_REMEDY, "")
+    message.replace(&format!(", {}", super::kernels::REMEDY), "")
 }
 
 /// How sessions are built: where ONNX Runtime comes from, the provider and its options.
@@ -541,7 +537,10 @@ mod tests {
     #[test]
     fn unavailable_kernels_of_an_fp8_dit_do_not_suggest_onnxruntime() {
         let provider = cuda(AttentionBackend::Auto);
-        let reason = format!("could not load NVRTC; put it on LD_LIBRARY_PATH{ONNXRUNTIME_REMEDY}");
+        let reason = format!(
+            "could not load NVRTC; put it on LD_LIBRARY_PATH, {}",
+            crate::engine::kernels::REMEDY
+        );
         let fp8 = FusedPart::Dit.unavailable(&provider, Precision::Fp8, reason.clone());
         assert!(
             matches!(fp8, SessionError::Fp8NeedsRunnerKernels { .. })

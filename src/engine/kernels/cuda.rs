@@ -38,8 +38,9 @@ use crate::engine::one_time::{self, Work};
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 
-/// What a CUDA error message suggests instead.
-pub(super) const REMEDY: &str =
+/// What a CUDA error message suggests instead, last, after ", " (an fp8 DiT's refusals take it
+/// out: it has no ONNX Runtime kernels to fall back to).
+pub(crate) const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
 
 /// Loads the CUDA driver and NVRTC libraries and initialises the driver, once per process.

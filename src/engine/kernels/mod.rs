@@ -59,6 +59,7 @@
 mod attention;
 mod conv;
 mod cuda;
+pub(crate) use cuda::REMEDY;
 mod cudnn;
 mod gemm;
 #[cfg(test)]
