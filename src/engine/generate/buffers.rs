@@ -19,7 +19,7 @@ use super::{GenerateError, run_error};
 
 pub(super) type View = DynTensorRefMut<'static>;
 
-fn elem_size(ty: TensorElementType) -> usize {
+pub(super) fn elem_size(ty: TensorElementType) -> usize {
     match ty {
         TensorElementType::Float32 => 4,
         TensorElementType::Float16 | TensorElementType::Bfloat16 => 2,
@@ -70,37 +70,9 @@ impl Buf {
         // SAFETY: the view lies inside the allocation (checked above), the allocation is owned by
         // the device loop and outlives every binding made from it (bindings are cleared or
         // dropped with the loop), and views are only handed to ONNX Runtime.
-        let ptr = unsafe { base.add(offset * elem_size(self.ty)) }.cast::<c_void>();
-        let shape = ort::value::Shape::new(shape.iter().copied());
         unsafe {
-            Ok(match self.ty {
-                TensorElementType::Float32 => {
-                    TensorRefMut::<f32>::from_raw(mem.clone(), ptr.cast(), shape)?
-                        .into_dyn()
-                        .downcast::<DynTensorValueType>()?
-                }
-                TensorElementType::Float16 => {
-                    TensorRefMut::<half::f16>::from_raw(mem.clone(), ptr.cast(), shape)?
-                        .into_dyn()
-                        .downcast::<DynTensorValueType>()?
-                }
-                TensorElementType::Bfloat16 => {
-                    TensorRefMut::<half::bf16>::from_raw(mem.clone(), ptr.cast(), shape)?
-                        .into_dyn()
-                        .downcast::<DynTensorValueType>()?
-                }
-                TensorElementType::Int64 => {
-                    TensorRefMut::<i64>::from_raw(mem.clone(), ptr.cast(), shape)?
-                        .into_dyn()
-                        .downcast::<DynTensorValueType>()?
-                }
-                TensorElementType::Uint8 => {
-                    TensorRefMut::<u8>::from_raw(mem.clone(), ptr.cast(), shape)?
-                        .into_dyn()
-                        .downcast::<DynTensorValueType>()?
-                }
-                other => unreachable!("no {other:?} views"),
-            })
+            let ptr = base.add(offset * elem_size(self.ty)).cast::<c_void>();
+            raw_view(mem, ptr, self.ty, shape)
         }
     }
 
@@ -140,6 +112,51 @@ impl Buf {
         drop(binding);
         let (_, data) = host.try_extract_tensor::<T>()?;
         Ok(data.to_vec())
+    }
+}
+
+/// A tensor of `ty` over `shape` at `ptr`, in `mem`'s memory.
+///
+/// # Safety
+/// `ptr` must point to `shape`'s elements of `ty` in `mem`'s memory, valid for as long as the
+/// view (or a binding of it) is used.
+pub(super) unsafe fn raw_view(
+    mem: &MemoryInfo<'static>,
+    ptr: *mut c_void,
+    ty: TensorElementType,
+    shape: &[i64],
+) -> ort::Result<View> {
+    let shape = ort::value::Shape::new(shape.iter().copied());
+    // SAFETY: as the caller promises.
+    unsafe {
+        Ok(match ty {
+            TensorElementType::Float32 => {
+                TensorRefMut::<f32>::from_raw(mem.clone(), ptr.cast(), shape)?
+                    .into_dyn()
+                    .downcast::<DynTensorValueType>()?
+            }
+            TensorElementType::Float16 => {
+                TensorRefMut::<half::f16>::from_raw(mem.clone(), ptr.cast(), shape)?
+                    .into_dyn()
+                    .downcast::<DynTensorValueType>()?
+            }
+            TensorElementType::Bfloat16 => {
+                TensorRefMut::<half::bf16>::from_raw(mem.clone(), ptr.cast(), shape)?
+                    .into_dyn()
+                    .downcast::<DynTensorValueType>()?
+            }
+            TensorElementType::Int64 => {
+                TensorRefMut::<i64>::from_raw(mem.clone(), ptr.cast(), shape)?
+                    .into_dyn()
+                    .downcast::<DynTensorValueType>()?
+            }
+            TensorElementType::Uint8 => {
+                TensorRefMut::<u8>::from_raw(mem.clone(), ptr.cast(), shape)?
+                    .into_dyn()
+                    .downcast::<DynTensorValueType>()?
+            }
+            other => unreachable!("no {other:?} views"),
+        })
     }
 }
 

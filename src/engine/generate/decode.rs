@@ -7,10 +7,10 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use ort::memory::{Allocator, MemoryInfo};
-use ort::session::{IoBinding, RunOptions, Session, SessionInputValue};
+use ort::session::{IoBinding, RunOptions, Session};
 use ort::value::{Tensor, TensorElementType};
 
-use super::buffers::{Bound, Buf, device_memory_info};
+use super::buffers::{Bound, Buf, View, device_memory_info, elem_size, raw_view};
 use super::capture::CaptureGate;
 use super::dims::Dims;
 use super::{GenerateError, PhaseTimes, run_error};
@@ -59,7 +59,7 @@ impl VaeParts {
         device: Option<i32>,
     ) -> Result<Self, GenerateError> {
         let buf = |ty, len| Buf::alloc(alloc, ty, len);
-        let cache_shapes = vae_cache_shapes(sessions)?;
+        let cache_shapes = vae_cache_shapes(&sessions.vae_first)?;
         let cache_set = || -> Result<Vec<Buf>, GenerateError> {
             cache_shapes
                 .iter()
@@ -112,13 +112,12 @@ impl VaeBufs {
 
 /// The shapes of the decoder's causal cache, read from `vae_first`'s `cache_out.{j}` outputs;
 /// they must be static, as the loop allocates the cache once.
-fn vae_cache_shapes(sessions: &GraphSessions) -> Result<Vec<Vec<i64>>, GenerateError> {
-    let caches = vae_cache_count(&sessions.vae_first);
+fn vae_cache_shapes(vae_first: &Session) -> Result<Vec<Vec<i64>>, GenerateError> {
+    let caches = vae_cache_count(vae_first);
     let mut shapes = Vec::with_capacity(caches);
     for j in 0..caches {
         let name = format!("cache_out.{j}");
-        let outlet = sessions
-            .vae_first
+        let outlet = vae_first
             .outputs()
             .iter()
             .find(|o| o.name() == name)
@@ -142,11 +141,11 @@ fn vae_cache_shapes(sessions: &GraphSessions) -> Result<Vec<Vec<i64>>, GenerateE
     Ok(shapes)
 }
 
-/// Runs a session that runs once per prompt (`vae_first`). On a GPU the run
-/// hands the session's free arena memory back to CUDA at its end
-/// (`memory.enable_memory_arena_shrinkage`): the arena would otherwise keep its peak for the whole
-/// process.
-fn run_once_per_prompt(
+/// Runs a session that runs once per prompt (`vae_first`), or once at all (the decoder's run at
+/// start, [`warm_up`]). On a GPU the run hands the session's free arena memory back to CUDA at its
+/// end (`memory.enable_memory_arena_shrinkage`): the arena would otherwise keep its peak for the
+/// whole process.
+fn run_and_shrink(
     session: &mut Session,
     binding: &IoBinding,
     device: Option<i32>,
@@ -167,21 +166,45 @@ fn run_once_per_prompt(
     Ok(())
 }
 
-/// Runs the decoder once on zeros, `vae_first` and then `vae_step` on its causal cache, with host
-/// tensors in and out, so that what a decoder's first runs decide (the convolutions' engines,
-/// ONNX Runtime's algorithm searches, its arenas' first chunks) is done before the first prompt:
-/// [`super::Generator`] has it run on the thread that builds the decoder's sessions beside the
-/// DiT's. On a GPU (`device`), both runs hand their arenas' free memory back at their end (as
-/// `vae_first` does in every prompt, [`run_once_per_prompt`]): ONNX Runtime's algorithm searches
-/// size their workspaces by the memory free at the time, which before the DiT's first pass is
-/// most of the device, and an arena keeps what it once held for the whole process.
+/// Runs the decoder once on zeros, `vae_first` and then `vae_step` on its causal cache, so that
+/// what a decoder's first runs decide (the convolutions' engines, ONNX Runtime's algorithm
+/// searches, its arenas' first chunks) is done before the first prompt: [`super::Generator`] has
+/// it run on the thread that builds the decoder's sessions beside the DiT's.
+///
+/// The causal caches stay where the provider computes: on a GPU they are some 2 GB at 480×832,
+/// and the host copies of them (out of `vae_first`, into and out of `vae_step`) took about as
+/// long as the two runs themselves. They live in memory of the runner's own
+/// ([`DeviceMemory`](crate::engine::kernels::DeviceMemory)), freed at the end, not in an arena,
+/// which would keep them for the whole process. On a GPU (`device`), both runs hand their
+/// arenas' free memory back at their end (as `vae_first` does in every prompt,
+/// [`run_and_shrink`]): ONNX Runtime's algorithm searches size their workspaces by the
+/// memory free at the time, which before the DiT's first pass is most of the device, and an
+/// arena keeps what it once held for the whole process.
 pub(super) fn warm_up(
     vae_first: &mut Session,
     vae_step: &mut Session,
     d: &Dims,
     model: TensorElementType,
     device: Option<i32>,
-) -> ort::Result<()> {
+) -> Result<(), GenerateError> {
+    let fail = run_error("the decoder's run at start");
+    let shapes = vae_cache_shapes(vae_first)?;
+    let set_len: usize = shapes
+        .iter()
+        .map(|s| s.iter().product::<i64>() as usize)
+        .sum();
+    // Two sets of caches: `vae_first`'s outputs, which `vae_step` reads, and `vae_step`'s.
+    let scratch = Scratch::new(device, model, 2 * set_len)?;
+    let mem = device_memory_info(device).map_err(fail)?;
+    let set = |start: usize| -> ort::Result<Vec<(usize, View)>> {
+        let mut offset = start;
+        let mut views = Vec::with_capacity(shapes.len());
+        for (j, shape) in shapes.iter().enumerate() {
+            views.push((j, scratch.view(&mem, offset, shape)?));
+            offset += shape.iter().product::<i64>() as usize;
+        }
+        Ok(views)
+    };
     let z_shape = vec![1, d.channels as i64, 1, d.h as i64, d.w as i64];
     let zeros = d.channels * d.h * d.w;
     let z = || -> ort::Result<ort::value::DynValue> {
@@ -195,23 +218,81 @@ pub(super) fn warm_up(
             _ => Tensor::from_array((z_shape.clone(), vec![0f32; zeros]))?.into_dyn(),
         })
     };
-    let mut options = RunOptions::new()?;
-    if let Some(device) = device {
-        options.set(
-            "memory.enable_memory_arena_shrinkage",
-            format!("gpu:{device}"),
-        )?;
-    }
-    let first = vae_first.run_with_options(ort::inputs!["z" => z()?], &options)?;
-    let mut inputs: Vec<(String, SessionInputValue<'_>)> = vec![("z".into(), z()?.into())];
-    for j in 0..vae_cache_count(vae_step) {
-        inputs.push((
-            format!("cache_in.{j}"),
-            (&first[format!("cache_out.{j}").as_str()]).into(),
-        ));
-    }
-    vae_step.run_with_options(inputs, &options)?;
+    let first = (|| -> ort::Result<Bound> {
+        let mut first = Bound::new(vae_first.create_binding()?);
+        first.binding.bind_input("z", &z()?)?;
+        first.binding.bind_output_to_device("frames", &mem)?;
+        for (j, view) in set(0)? {
+            first.output(&format!("cache_out.{j}"), view)?;
+        }
+        run_and_shrink(vae_first, &first.binding, device)?;
+        Ok(first)
+    })()
+    .map_err(run_error("vae_first"))?;
+    let step = (|| -> ort::Result<Bound> {
+        let mut step = Bound::new(vae_step.create_binding()?);
+        step.binding.bind_input("z", &z()?)?;
+        step.binding.bind_output_to_device("frames", &mem)?;
+        for (j, view) in set(0)? {
+            step.input(&format!("cache_in.{j}"), view)?;
+        }
+        for (j, view) in set(set_len)? {
+            step.output(&format!("cache_out.{j}"), view)?;
+        }
+        run_and_shrink(vae_step, &step.binding, device)?;
+        Ok(step)
+    })()
+    .map_err(run_error("vae_step"))?;
+    // The bindings hold views of the scratch memory: they go first.
+    drop((first, step));
+    drop(scratch);
     Ok(())
+}
+
+/// The memory of the decoder's run at start: device memory of the runner's own on a GPU, host
+/// memory on the CPU.
+enum Scratch {
+    Host(Buf),
+    Device {
+        memory: crate::engine::kernels::DeviceMemory,
+        ty: TensorElementType,
+        len: usize,
+    },
+}
+
+impl Scratch {
+    fn new(device: Option<i32>, ty: TensorElementType, len: usize) -> Result<Self, GenerateError> {
+        match device {
+            None => Ok(Self::Host(Buf::alloc(&Allocator::default(), ty, len)?)),
+            Some(ordinal) => {
+                let memory =
+                    crate::engine::kernels::DeviceMemory::new(ordinal, len * elem_size(ty))
+                        .map_err(|e| run_error("device setup")(ort::Error::new(e)))?;
+                Ok(Self::Device { memory, ty, len })
+            }
+        }
+    }
+
+    /// A tensor over `shape` starting `offset` elements in.
+    fn view(&self, mem: &MemoryInfo<'static>, offset: usize, shape: &[i64]) -> ort::Result<View> {
+        match self {
+            Self::Host(buf) => buf.view(mem, offset, shape),
+            Self::Device { memory, ty, len } => {
+                let count = shape.iter().product::<i64>() as usize;
+                assert!(offset + count <= *len, "view {offset}+{count} past {len}");
+                // SAFETY: inside the allocation (checked above), which outlives the bindings
+                // of `warm_up` that hold the view.
+                unsafe {
+                    let ptr = memory
+                        .ptr()
+                        .cast::<u8>()
+                        .add(offset * elem_size(*ty))
+                        .cast();
+                    raw_view(mem, ptr, *ty, shape)
+                }
+            }
+        }
+    }
 }
 
 /// Decodes the blocks whose indices arrive on `blocks`, in order, one latent frame per call,
@@ -329,7 +410,7 @@ fn decode_frame(
         .map_err(e)?;
     let start = Instant::now();
     if t == 0 {
-        run_once_per_prompt(session, &binding.binding, v.device).map_err(e)?;
+        run_and_shrink(session, &binding.binding, v.device).map_err(e)?;
     } else {
         session.run_binding(&binding.binding).map_err(e)?;
     }

@@ -324,6 +324,45 @@ pub(super) fn device_function(
     Ok((module.context, function))
 }
 
+/// Device memory of the runner's own in device `ordinal`'s primary context, outside ONNX
+/// Runtime's arenas, freed when dropped: for buffers that an arena, which keeps what it once held,
+/// must not keep (the decoder's causal caches of its run at start).
+pub(crate) struct DeviceMemory {
+    ptr: u64,
+    context: Handle<sys::CUcontext>,
+}
+
+impl DeviceMemory {
+    /// `bytes` (at least 256) of uninitialised device memory.
+    pub(crate) fn new(ordinal: i32, bytes: usize) -> Result<Self, String> {
+        let context = primary_context(ordinal)?;
+        let _current = CurrentContext::push(context)?;
+        // SAFETY: a plain allocation in the current (primary) context, freed once in `drop`.
+        let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
+            format!(
+                "cuMemAlloc of {} MiB on CUDA device {ordinal}: {e}",
+                bytes.div_ceil(1 << 20)
+            )
+        })?;
+        Ok(Self { ptr, context })
+    }
+
+    /// The allocation's device address.
+    pub(crate) fn ptr(&self) -> *mut std::ffi::c_void {
+        self.ptr as *mut std::ffi::c_void
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // cuMemFree waits for the work queued on the memory (it synchronises the context).
+        if let Ok(_current) = CurrentContext::push(self.context) {
+            // SAFETY: allocated in `new` in this context, freed once.
+            let _ = unsafe { driver::free_sync(self.ptr) };
+        }
+    }
+}
+
 /// Makes a context current on this thread for the guard's life (the primary context of the
 /// device, where ONNX Runtime already made it current, the usual case, costs one query).
 pub(super) struct CurrentContext {

@@ -59,7 +59,7 @@
 mod attention;
 mod conv;
 mod cuda;
-pub(crate) use cuda::REMEDY;
+pub(crate) use cuda::{DeviceMemory, REMEDY};
 mod cudnn;
 mod gemm;
 #[cfg(test)]
