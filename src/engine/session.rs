@@ -89,6 +89,10 @@ pub struct StartupTimes {
     /// The decoder's sessions and, on CUDA, its first run on zeros, on a second thread beside
     /// the DiT's.
     pub decoder_sessions_s: f64,
+    /// Of `decoder_sessions_s`, the decoder's first run on zeros (0 on the CPU, and in records of
+    /// earlier runners).
+    #[serde(default)]
+    pub decoder_first_run_s: f64,
     /// The generation loop's buffers and small graphs.
     pub buffers_s: f64,
 }
@@ -278,8 +282,10 @@ impl GraphSessions {
                 };
                 let mut first = decoder(names.vae_first)?;
                 let mut step = decoder(names.vae_step)?;
+                let built = started.elapsed().as_secs_f64();
                 warm_decoder(&mut first, &mut step);
-                Ok::<_, SessionError>((first, step, started.elapsed().as_secs_f64()))
+                let total = started.elapsed().as_secs_f64();
+                Ok::<_, SessionError>((first, step, total, total - built))
             });
             let started = std::time::Instant::now();
             let dit = Self::build_dit(runtime, bundle, dit_options, options, &names, || {
@@ -292,7 +298,7 @@ impl GraphSessions {
             (dit, decoder)
         });
         let (dit, dit_context, dit_s) = dit?;
-        let (vae_first, vae_step, decoder_s) = decoder?;
+        let (vae_first, vae_step, decoder_s, decoder_first_run_s) = decoder?;
         let text_encoder = if text_encoder {
             Some(text_encoder_session(runtime, bundle, options)?)
         } else {
@@ -310,6 +316,7 @@ impl GraphSessions {
             built_in: StartupTimes {
                 dit_sessions_s: dit_s,
                 decoder_sessions_s: decoder_s,
+                decoder_first_run_s,
                 ..StartupTimes::default()
             },
         };

@@ -80,11 +80,16 @@ impl FirstPrompts {
                 |s| {
                     format!(
                         "ready in {:.2} (text encoder {:.2}, DiT sessions {:.2}, decoder \
-                         sessions and first run beside them {:.2}, buffers {:.2}{})",
+                         sessions and first run beside them {:.2}{}, buffers {:.2}{})",
                         s.ready_s,
                         s.parts.text_encoder_s,
                         s.parts.dit_sessions_s,
                         s.parts.decoder_sessions_s,
+                        if s.parts.decoder_first_run_s > 0.0 {
+                            format!(" (first run {:.2})", s.parts.decoder_first_run_s)
+                        } else {
+                            String::new()
+                        },
                         s.parts.buffers_s,
                         work_list(&s.one_time)
                             .map_or_else(String::new, |w| format!("; of them {w}"))
@@ -155,6 +160,9 @@ mod tests {
                         ready_s: 4.5,
                         parts: StartupTimes {
                             dit_sessions_s: 2.0,
+                            // The measurement process's decoder ran once at start.
+                            decoder_sessions_s: 3.0 * process as f64,
+                            decoder_first_run_s: 1.25 * process as f64,
                             ..StartupTimes::default()
                         },
                         one_time: OneTimeWork {
@@ -196,7 +204,13 @@ mod tests {
             ),
             "{t}"
         );
-        assert!(t.contains("process 1 (measurement, gpu0)"), "{t}");
+        assert!(
+            t.contains(
+                "process 1 (measurement, gpu0): ready in 4.50 (text encoder 0.00, DiT sessions \
+                 2.00, decoder sessions and first run beside them 3.00 (first run 1.25), buffers"
+            ),
+            "{t}"
+        );
         assert!(t.contains("3.4x steady"), "{t}");
     }
 

@@ -112,6 +112,7 @@ fn fake_run(
             text_encoder_s: 1.5,
             dit_sessions_s: 6.25,
             decoder_sessions_s: 1.25,
+            decoder_first_run_s: 0.75,
             buffers_s: 0.5,
         },
         one_time: OneTimeWork {
