@@ -153,7 +153,8 @@ fn quantised(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, S
     // SAFETY: a plain allocation in the current (primary) context, kept for the process.
     let ptr = unsafe { driver::malloc_sync(size) }.map_err(|e| {
         format!(
-            "cuMemAlloc of the {} MiB buffer of MatMulFp8's quantised rows on CUDA device              {ordinal}: {e}",
+            "cuMemAlloc of the {} MiB buffer of MatMulFp8's quantised rows on CUDA device \
+             {ordinal}: {e}",
             size >> 20
         )
     })?;
