@@ -8,9 +8,14 @@
 #   benches/first_prompt.sh OUT_DIR BUNDLE_DIR    (RUNNER: the runner binary, default
 #   target/release/runner; ORT_DYLIB_PATH and LD_LIBRARY_PATH as for scripts/bench-gpu)
 # With BASELINE=<another runner binary>, that runner also runs warm on the same folder (after
-# the warm run), to set its start and first prompt against this one's in the same call. With
-# PROFILE=1, a warm worker on prompt 0 with ONNX Runtime's profiler, summarised by
-# benches/ort_profile.py (the large sessions' load and initialisation, their slowest run).
+# the warm run), to set its start and first prompt against this one's in the same call; with
+# ROUNDS=N (default 1) the two warm runs alternate N times (warm, baseline, warm2, baseline2, ...).
+# With PROFILE=1, a warm worker on prompt 0 with ONNX Runtime's profiler, summarised by
+# benches/ort_profile.py (the large sessions' load and initialisation, their slowest run). With
+# ORT_LOG=info (or verbose), a warm worker on prompt 0 with ONNX Runtime's log
+# (UNSTEP_ORT_LOG), summarised by benches/ort_log.py (each large session's build and its longest
+# steps, and the time each of the runner's CUDA kernels took to create). EXTRA=0 leaves out the
+# heuristic-search and no-folder workers; APPLY=0 leaves out the apply.
 set -u
 out=${1:?usage: benches/first_prompt.sh OUT_DIR BUNDLE_DIR}
 bundle=${2:?usage: benches/first_prompt.sh OUT_DIR BUNDLE_DIR}
@@ -31,22 +36,42 @@ for i in 0 1 2; do
   cmp -s "$out/frames_cold/frames_$i.u8" "$out/frames_warm/frames_$i.u8" && echo "frames_$i identical" || echo "frames_$i DIFFER"
 done
 rm -rf "$out/frames_cold" "$out/frames_warm"
-if [ -n "${BASELINE:-}" ]; then
-  run baseline UNSTEP_KERNEL_CACHE="$cache" "$BASELINE" worker "${common[@]}" --timings "$out/baseline.jsonl"
+names="cold warm"
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  suffix=$([ "$round" = 1 ] || echo "$round")
+  if [ "$round" != 1 ]; then
+    run "warm$suffix" UNSTEP_KERNEL_CACHE="$cache" "$runner" worker "${common[@]}" --timings "$out/warm$suffix.jsonl"
+    names="$names warm$suffix"
+  fi
+  if [ -n "${BASELINE:-}" ]; then
+    run "baseline$suffix" UNSTEP_KERNEL_CACHE="$cache" "$BASELINE" worker "${common[@]}" --timings "$out/baseline$suffix.jsonl"
+    names="$names baseline$suffix"
+  fi
+done
+if [ -n "${ORT_LOG:-}" ]; then
+  run ort_log UNSTEP_KERNEL_CACHE="$cache" UNSTEP_ORT_LOG="$ORT_LOG" "$runner" worker \
+    --bundle "$bundle" --prompts "$prompts" --provider cuda --cuda-graphs --indices 0 --timings "$out/ort_log.jsonl"
+  python3 benches/ort_log.py "$out/ort_log.log" 12
+  gzip -f "$out/ort_log.log"
+  names="$names ort_log"
 fi
 if [ "${PROFILE:-0}" = 1 ]; then
   run profile UNSTEP_KERNEL_CACHE="$cache" UNSTEP_ORT_PROFILE="$out/profile" "$runner" worker \
     --bundle "$bundle" --prompts "$prompts" --provider cuda --cuda-graphs --indices 0 --timings "$out/profile.jsonl"
   for f in "$out"/profile/{text_encoder,dit,vae}*.json; do python3 benches/ort_profile.py "$f" 6; done
   rm -rf "$out/profile"
+  names="$names profile"
 fi
-run warm_heuristic UNSTEP_KERNEL_CACHE="$cache" "$runner" worker "${common[@]}" --conv-algo-search heuristic --timings "$out/warm_heuristic.jsonl"
-run no_cache "$runner" worker "${common[@]}" --timings "$out/no_cache.jsonl"
+if [ "${EXTRA:-1}" != 0 ]; then
+  run warm_heuristic UNSTEP_KERNEL_CACHE="$cache" "$runner" worker "${common[@]}" --conv-algo-search heuristic --timings "$out/warm_heuristic.jsonl"
+  run no_cache "$runner" worker "${common[@]}" --timings "$out/no_cache.jsonl"
+  names="$names warm_heuristic no_cache"
+fi
 echo "kept: $(ls "$cache"/cudnn_attention | wc -l) attention plans, $(ls "$cache"/cudnn_conv/*.txt | wc -l) convolution choices ($(ls "$cache"/cudnn_conv/*.plan.json 2>/dev/null | wc -l) with their plans), $(ls "$cache"/nvrtc | wc -l) kernel image"
-python3 - "$out" <<'PY'
+python3 - "$out" $names <<'PY'
 import json, sys
 out = sys.argv[1]
-for name in ["cold", "warm", "baseline", "profile", "warm_heuristic", "no_cache"]:
+for name in sys.argv[2:]:
     try:
         records = [json.loads(line) for line in open(f"{out}/{name}.jsonl")]
     except OSError as e:
@@ -56,6 +81,7 @@ for name in ["cold", "warm", "baseline", "profile", "warm_heuristic", "no_cache"
     print("  process_start", records[0].get("process_start"))
     print("  one_time", records[0].get("one_time"), "later:", [r.get("one_time") for r in records[1:]])
 PY
+[ "${APPLY:-1}" = 0 ] && exit 0
 started=$(date +%s)
 PROMPT_INDICES=0-4 "$runner" apply experiments/unstep_speed.toml --quiet \
   --set assets.bundle="$bundle" --set prompts.file="$prompts" > "$out/apply.txt" 2> "$out/apply.err"

@@ -12,6 +12,9 @@ impl EnvVars {
     pub const UNSTEP_ORT_CACHE_DIR: &str = "UNSTEP_ORT_CACHE_DIR";
     /// Diagnostics: a folder for ONNX Runtime's per-node profile of every session.
     pub const UNSTEP_ORT_PROFILE: &str = "UNSTEP_ORT_PROFILE";
+    /// Diagnostics: ONNX Runtime's own log of every session at this level and above (`verbose`,
+    /// `info`, `warning`), on standard error with its timestamps: where a session's build went.
+    pub const UNSTEP_ORT_LOG: &str = "UNSTEP_ORT_LOG";
     /// Diagnostics: the graph optimizers to leave out (comma-separated), replacing the provider's
     /// own list; empty leaves every optimizer on.
     pub const UNSTEP_ORT_DISABLE_OPTIMIZERS: &str = "UNSTEP_ORT_DISABLE_OPTIMIZERS";
@@ -34,6 +37,7 @@ pub const OTHER_ENV_VARS: &[(&str, &str)] = &[
         EnvVars::UNSTEP_ORT_PROFILE,
         "ONNX Runtime profiles, per session",
     ),
+    (EnvVars::UNSTEP_ORT_LOG, "ONNX Runtime's log, per session"),
     (
         EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS,
         "graph optimizers to leave out",

@@ -169,6 +169,15 @@ pub fn main() -> i32 {
             };
         }
     };
+    // The diagnostic switches of the commands that build sessions, checked before any work.
+    if matches!(
+        cli.command,
+        Command::Apply(_) | Command::Worker(_) | Command::SlurmTask(_)
+    ) && let Err(e) = crate::engine::check_diagnostics_env()
+    {
+        eprintln!("error: {e}");
+        return exit::USAGE;
+    }
     match cli.command {
         Command::Apply(args) => apply::run(&args),
         Command::Doctor(args) => doctor::run(&args),

@@ -320,6 +320,7 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         dit_kernels: args.dit_kernels,
         vae_kernels: args.vae_kernels,
         ort_profile_dir: None,
+        ort_log_level: None,
         disabled_optimizers: None,
         kernel_cache_dir: None,
         context_cache_dir: None,

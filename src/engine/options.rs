@@ -336,6 +336,10 @@ pub struct RuntimeOptions {
     /// (`<graph>_<timestamp>.json` when the session ends); from `UNSTEP_ORT_PROFILE`.
     #[serde(default)]
     pub ort_profile_dir: Option<PathBuf>,
+    /// Diagnostics: ONNX Runtime's log level for every session (`verbose`, `info`, `warning`);
+    /// from `UNSTEP_ORT_LOG`.
+    #[serde(default)]
+    pub ort_log_level: Option<String>,
     /// Diagnostics: the ONNX Runtime graph optimizers to leave out, by name, separated by commas,
     /// in place of the provider's own list (empty leaves every optimizer on); from
     /// `UNSTEP_ORT_DISABLE_OPTIMIZERS`.
@@ -357,6 +361,36 @@ pub struct RuntimeOptions {
     pub conv_log: bool,
 }
 
+/// The levels `UNSTEP_ORT_LOG` takes, and ONNX Runtime's for each.
+pub(crate) const ORT_LOG_LEVELS: [(&str, ort::logging::LogLevel); 3] = [
+    ("verbose", ort::logging::LogLevel::Verbose),
+    ("info", ort::logging::LogLevel::Info),
+    ("warning", ort::logging::LogLevel::Warning),
+];
+
+/// ONNX Runtime's log level named `name` (one of [`ORT_LOG_LEVELS`]), or what to do instead.
+pub(crate) fn ort_log_level(name: &str) -> Result<ort::logging::LogLevel, String> {
+    ORT_LOG_LEVELS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, level)| *level)
+        .ok_or_else(|| {
+            format!(
+                "{}={name:?} is not a log level: set it to verbose, info or warning, or unset it",
+                crate::env_vars::EnvVars::UNSTEP_ORT_LOG
+            )
+        })
+}
+
+/// Checks the diagnostic switches of the environment that take one of a list of values, so that a
+/// misspelt one stops a command that builds sessions before any work, not at its first session.
+pub fn check_diagnostics_env() -> Result<(), String> {
+    match std::env::var(crate::env_vars::EnvVars::UNSTEP_ORT_LOG) {
+        Ok(level) if !level.is_empty() => ort_log_level(&level).map(|_| ()),
+        _ => Ok(()),
+    }
+}
+
 impl RuntimeOptions {
     /// Takes the diagnostic switches from the environment: the one place they are read.
     pub fn with_diagnostics_from_env(mut self) -> Self {
@@ -365,6 +399,9 @@ impl RuntimeOptions {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         self.disabled_optimizers = std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok();
+        self.ort_log_level = std::env::var(EnvVars::UNSTEP_ORT_LOG)
+            .ok()
+            .filter(|v| !v.is_empty());
         if self.kernel_cache_dir.is_none() {
             self.kernel_cache_dir = std::env::var_os(EnvVars::UNSTEP_KERNEL_CACHE)
                 .filter(|v| !v.is_empty())

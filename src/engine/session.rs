@@ -680,6 +680,14 @@ fn session_builder(
             .with_profiling(dir.join(graph_stem(graph)))
             .map_err(|e| load(e.to_string()))?;
     }
+    if let Some(level) = &options.ort_log_level {
+        let level = super::options::ort_log_level(level).map_err(load)?;
+        builder = builder
+            .with_log_level(level)
+            .map_err(|e| load(e.to_string()))?
+            .with_log_id(graph_stem(graph))
+            .map_err(|e| load(e.to_string()))?;
+    }
     let disabled = options
         .disabled_optimizers
         .clone()

@@ -61,6 +61,7 @@ impl RunConfig {
             dit_kernels: rt.dit_kernels,
             vae_kernels: rt.vae_kernels,
             ort_profile_dir: None,
+            ort_log_level: None,
             disabled_optimizers: None,
             kernel_cache_dir: None,
             context_cache_dir: None,

@@ -566,6 +566,27 @@ fn an_attention_backend_the_provider_lacks_is_refused_before_any_work() {
     assert!(!t.path().join("results").exists() && !t.path().join("work").exists());
 }
 
+#[test]
+fn a_misspelt_diagnostic_log_level_is_refused_before_any_work() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "").replace("[prompts]\n", "[prompts]\nindices = \"0\"\n");
+    std::fs::write(t.path().join("m.toml"), text).unwrap();
+    let out = t
+        .cmd()
+        .args(["apply", "--quiet", "m.toml"])
+        .env("UNSTEP_ORT_LOG", "verbos")
+        .run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr
+            .contains("UNSTEP_ORT_LOG=\"verbos\" is not a log level")
+            && out.stderr.contains("verbose, info or warning"),
+        "{}",
+        out.stderr
+    );
+    assert!(!t.path().join("results").exists() && !t.path().join("work").exists());
+}
+
 /// The runner's fused kernels asked for by name where the bundle cannot run them: the tiny bundle
 /// is fp32 and its fused DiT's self-attention is cuDNN's (fp16 on CUDA). Refused before any work,
 /// at the setting's line.
