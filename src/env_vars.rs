@@ -13,7 +13,8 @@ impl EnvVars {
     /// Diagnostics: a folder for ONNX Runtime's per-node profile of every session.
     pub const UNSTEP_ORT_PROFILE: &str = "UNSTEP_ORT_PROFILE";
     /// Diagnostics: ONNX Runtime's own log of every session at this level and above (`verbose`,
-    /// `info`, `warning`), on standard error with its timestamps: where a session's build went.
+    /// `info`, `warning`), on standard error with its timestamps, and each of the runner's CUDA
+    /// kernels' creation time: where a session's build went.
     pub const UNSTEP_ORT_LOG: &str = "UNSTEP_ORT_LOG";
     /// Diagnostics: the graph optimizers to leave out (comma-separated), replacing the provider's
     /// own list; empty leaves every optimizer on.

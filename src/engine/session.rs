@@ -252,6 +252,7 @@ impl GraphSessions {
         super::kernels::configure(super::kernels::KernelSettings {
             cache_dir: options.kernel_cache_dir.clone(),
             conv_log: options.conv_log,
+            creation_log: options.ort_log_level.is_some(),
         });
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {

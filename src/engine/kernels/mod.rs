@@ -94,11 +94,15 @@ pub(crate) struct KernelSettings {
     pub(crate) cache_dir: Option<std::path::PathBuf>,
     /// Print how each convolution engine was chosen (`UNSTEP_CONV_LOG=1`).
     pub(crate) conv_log: bool,
+    /// Print each CUDA kernel's creation time at its session's build (with `UNSTEP_ORT_LOG`,
+    /// beside ONNX Runtime's own log of the build).
+    pub(crate) creation_log: bool,
 }
 
 static SETTINGS: Mutex<KernelSettings> = Mutex::new(KernelSettings {
     cache_dir: None,
     conv_log: false,
+    creation_log: false,
 });
 
 /// Sets [`KernelSettings`] for the sessions this process builds from now on.

@@ -323,16 +323,6 @@ pub(crate) fn add<O: UnstepOp>(
     Ok(domain)
 }
 
-/// Whether each CUDA kernel's creation (at its session's build) is logged on standard error with
-/// its time: with `UNSTEP_ORT_LOG`, beside ONNX Runtime's own log of the build
-/// (`benches/ort_log.py` sums them).
-fn log_kernel_creation() -> bool {
-    static LOG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *LOG.get_or_init(|| {
-        std::env::var_os(crate::env_vars::EnvVars::UNSTEP_ORT_LOG).is_some_and(|v| !v.is_empty())
-    })
-}
-
 /// Operator `O` for one element type, on the CPU or on CUDA.
 pub(crate) struct Registered<O> {
     ty: TensorElementType,
@@ -389,7 +379,7 @@ impl<O: UnstepOp> Operator for Registered<O> {
         let cuda = if self.cuda {
             let started = std::time::Instant::now();
             let kernel = O::Cuda::new(self.ty, ordinal).map_err(ort::Error::new)?;
-            if log_kernel_creation() {
+            if super::settings().creation_log {
                 eprintln!(
                     "[unstep] {} kernel of node {}: created in {:.3} ms",
                     O::INFO.name,
