@@ -218,10 +218,15 @@ pub(super) fn warm_up(
             _ => Tensor::from_array((z_shape.clone(), vec![0f32; zeros]))?.into_dyn(),
         })
     };
+    // A binding of zeros in and frames out on the device; the caches are bound apart.
+    let bound = |session: &Session| -> ort::Result<Bound> {
+        let mut bound = Bound::new(session.create_binding()?);
+        bound.binding.bind_input("z", &z()?)?;
+        bound.binding.bind_output_to_device("frames", &mem)?;
+        Ok(bound)
+    };
     let first = (|| -> ort::Result<Bound> {
-        let mut first = Bound::new(vae_first.create_binding()?);
-        first.binding.bind_input("z", &z()?)?;
-        first.binding.bind_output_to_device("frames", &mem)?;
+        let mut first = bound(vae_first)?;
         for (j, view) in set(0)? {
             first.output(&format!("cache_out.{j}"), view)?;
         }
@@ -230,9 +235,7 @@ pub(super) fn warm_up(
     })()
     .map_err(run_error("vae_first"))?;
     let step = (|| -> ort::Result<Bound> {
-        let mut step = Bound::new(vae_step.create_binding()?);
-        step.binding.bind_input("z", &z()?)?;
-        step.binding.bind_output_to_device("frames", &mem)?;
+        let mut step = bound(vae_step)?;
         for (j, view) in set(0)? {
             step.input(&format!("cache_in.{j}"), view)?;
         }
