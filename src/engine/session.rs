@@ -231,12 +231,13 @@ impl GraphSessions {
     /// Loads ONNX Runtime if needed, builds a session per graph (the text encoder's only when
     /// `text_encoder`) and checks each graph's inputs and outputs against the bundle contract.
     /// `warm_decoder` runs on the decoder's sessions (`vae_first`, `vae_step`) on the thread that
-    /// built them, beside the DiT's build.
+    /// built them, beside the DiT's build, and says whether it ran them (its time is then
+    /// [`StartupTimes::decoder_first_run_s`]).
     pub fn build(
         bundle: &Bundle,
         options: &RuntimeOptions,
         text_encoder: bool,
-        warm_decoder: impl FnOnce(&mut Session, &mut Session) + Send,
+        warm_decoder: impl FnOnce(&mut Session, &mut Session) -> bool + Send,
     ) -> Result<Self, SessionError> {
         let runtime = ort_lib::runtime(options.ort_library.as_deref())?;
         let dit_options = &resolve_attention(bundle, options)?;
@@ -284,9 +285,10 @@ impl GraphSessions {
                 let mut first = decoder(names.vae_first)?;
                 let mut step = decoder(names.vae_step)?;
                 let built = started.elapsed().as_secs_f64();
-                warm_decoder(&mut first, &mut step);
+                let ran = warm_decoder(&mut first, &mut step);
                 let total = started.elapsed().as_secs_f64();
-                Ok::<_, SessionError>((first, step, total, total - built))
+                let first_run = if ran { total - built } else { 0.0 };
+                Ok::<_, SessionError>((first, step, total, first_run))
             });
             let started = std::time::Instant::now();
             let dit = Self::build_dit(runtime, bundle, dit_options, options, &names, || {

@@ -457,7 +457,9 @@ mod tests {
     use crate::engine::session::float_type;
 
     /// The decoder's first run on zeros finds its inputs by name and shape: `vae_first` on a
-    /// zero latent frame, then `vae_step` on that frame's causal cache (the tiny bundle, CPU).
+    /// zero latent frame, then `vae_step` on that frame's causal cache (the tiny bundle, CPU), on
+    /// the thread that built the decoder's sessions; its time is recorded apart from the build's,
+    /// and is 0 when no run was made.
     #[test]
     fn the_decoder_runs_once_on_zeros_through_both_graphs() {
         let dir = tempfile::tempdir().unwrap();
@@ -467,15 +469,25 @@ mod tests {
             intra_op_threads: Some(1),
             ..RuntimeOptions::default()
         };
-        let mut sessions = GraphSessions::build(&bundle, &runtime, false, |_, _| {}).unwrap();
         let model = float_type(bundle.manifest.precision);
-        warm_up(
-            &mut sessions.vae_first,
-            &mut sessions.vae_step,
-            &Dims::of(&bundle),
-            model,
-            None,
-        )
+        let dims = Dims::of(&bundle);
+        let ran = std::sync::Mutex::new(None);
+        let sessions = GraphSessions::build(&bundle, &runtime, false, |first, step| {
+            *ran.lock().unwrap() = Some(warm_up(first, step, &dims, model, None));
+            true
+        })
         .unwrap();
+        ran.into_inner()
+            .unwrap()
+            .expect("the run was made")
+            .unwrap();
+        let times = sessions.built_in;
+        assert!(
+            times.decoder_first_run_s > 0.0
+                && times.decoder_first_run_s <= times.decoder_sessions_s,
+            "{times:?}"
+        );
+        let sessions = GraphSessions::build(&bundle, &runtime, false, |_, _| false).unwrap();
+        assert_eq!(sessions.built_in.decoder_first_run_s, 0.0);
     }
 }

@@ -227,13 +227,14 @@ impl Generator {
         };
         let model = super::session::float_type(bundle.manifest.precision);
         let warm_decoder = |first: &mut ort::session::Session, step: &mut ort::session::Session| {
-            let Some(device) = device else { return };
+            let Some(device) = device else { return false };
             if let Err(e) = decode::warm_up(first, step, &dims, model, Some(device)) {
                 eprintln!(
                     "warning: the decoder's first run on zeros failed ({e}); its first prompt \
                      makes its choices instead"
                 );
             }
+            true
         };
         let sessions = GraphSessions::build(&bundle, runtime, ahead.is_none(), warm_decoder)?;
         let started = Instant::now();
