@@ -65,7 +65,7 @@ pub enum Command {
     /// Run one task of a run's Slurm job (started by Slurm from the script `runner apply` wrote).
     #[command(hide = true)]
     SlurmTask(status::SlurmTaskArgs),
-    /// Run a generation's evaluation (its [evaluation] command) on its videos and record the scores.
+    /// Run a generation's evaluation (its `[evaluation]` command) on its videos and record the scores.
     Evaluate(evaluate::EvaluateArgs),
 }
 

@@ -1,6 +1,6 @@
 //! What one worker process is asked to do: a [`JobSpec`], written as JSON by `runner apply` and
 //! read by `runner worker --spec`, or built from `runner worker`'s flags. It holds typed
-//! configuration only ([`RunConfig`]'s parts), never the manifest.
+//! configuration only ([`RunConfig`](super::config::RunConfig)'s parts), never the manifest.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

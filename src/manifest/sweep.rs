@@ -398,7 +398,7 @@ impl Sweep {
 
 /// A value as it appears in run names: its text with every character other than letters,
 /// digits, `.`, `_` and `-` written as `_`, list items joined by `_`, and a text longer than
-/// [`MAX_VALUE_TEXT`] cut and ended with 8 hex digits of the SHA-256 of the whole.
+/// 40 characters (`MAX_VALUE_TEXT`) cut and ended with 8 hex digits of the SHA-256 of the whole.
 pub fn name_text(value: &toml::Value) -> String {
     let text = plain(value);
     let safe: String = text

@@ -8,7 +8,7 @@
 //!   standard mode looks up (`f"{prompt_en}-{i}.mp4"`, i in 0..4, the whole prompt). The first
 //!   occurrence of a standard prompt in the prompt file is sample 0, a later one sample 1 and so
 //!   on, so two prompts never share a file. A standard prompt that cannot be a file name as it
-//!   is (see [`fix_standard`]) is renamed by a fixed rule that keeps it unique.
+//!   is (see `fix_standard`) is renamed by a fixed rule that keeps it unique.
 //! - `vbench` without a names file: the extended prompt itself, cut at 180 characters,
 //!   `-0.mp4` (names two prompts could share are refused by [`VideoNames::shared`]).
 
