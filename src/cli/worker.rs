@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::engine::{
-    ArenaExtend, AttentionBackend, ConvAlgoSearch, CudaOptions, Emit, ExportSettings, FusedKernels,
-    MethodSettings, Precision, Provider, ProviderKind, RuntimeOptions, SvdRank, TensorRtOptions,
+    ArenaExtend, AttentionBackend, ConvAlgoSearch, CudaOptions, Diagnostics, Emit, ExportSettings,
+    FusedKernels, MethodSettings, Precision, Provider, ProviderKind, RuntimeOptions, SvdRank,
+    TensorRtOptions,
 };
 use crate::execute::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
 use crate::execute::worker::{self, WorkerError};
@@ -319,12 +320,9 @@ fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
         overlap_vae: !args.no_overlap_vae,
         dit_kernels: args.dit_kernels,
         vae_kernels: args.vae_kernels,
-        ort_profile_dir: None,
-        ort_log_level: None,
-        disabled_optimizers: None,
+        diagnostics: Diagnostics::default(),
         kernel_cache_dir: None,
         context_cache_dir: None,
-        conv_log: false,
     }
     .with_diagnostics_from_env()
 }

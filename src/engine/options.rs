@@ -332,19 +332,9 @@ pub struct RuntimeOptions {
     pub dit_kernels: FusedKernels,
     /// The VAE decoder's graphs and elementwise kernels.
     pub vae_kernels: FusedKernels,
-    /// Diagnostics: write ONNX Runtime's per-node profile of every session here
-    /// (`<graph>_<timestamp>.json` when the session ends); from `UNSTEP_ORT_PROFILE`.
+    /// Diagnostic switches, from the environment.
     #[serde(default)]
-    pub ort_profile_dir: Option<PathBuf>,
-    /// Diagnostics: ONNX Runtime's log level for every session (`verbose`, `info`, `warning`);
-    /// from `UNSTEP_ORT_LOG`.
-    #[serde(default)]
-    pub ort_log_level: Option<String>,
-    /// Diagnostics: the ONNX Runtime graph optimizers to leave out, by name, separated by commas,
-    /// in place of the provider's own list (empty leaves every optimizer on); from
-    /// `UNSTEP_ORT_DISABLE_OPTIMIZERS`.
-    #[serde(default)]
-    pub disabled_optimizers: Option<String>,
+    pub diagnostics: Diagnostics,
     /// Where the runner's CUDA kernels keep what they decide and compile between processes:
     /// convolution choices, attention plans, the compiled kernels (`runner apply`: the process's
     /// cache folder; `runner worker`: `UNSTEP_KERNEL_CACHE`).
@@ -356,9 +346,42 @@ pub struct RuntimeOptions {
     /// `text_contexts`).
     #[serde(default)]
     pub context_cache_dir: Option<PathBuf>,
-    /// Diagnostics: print how each convolution engine was chosen (`UNSTEP_CONV_LOG=1`).
+}
+
+/// The diagnostic switches: read from the environment once, by the command that resolves the
+/// options ([`Diagnostics::from_env`]), and carried to its workers with the options.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Diagnostics {
+    /// Write ONNX Runtime's per-node profile of every session here (`<graph>_<timestamp>.json`
+    /// when the session ends); `UNSTEP_ORT_PROFILE`.
+    #[serde(default)]
+    pub ort_profile_dir: Option<PathBuf>,
+    /// ONNX Runtime's log level for every session (`verbose`, `info`, `warning`), with the
+    /// runner's CUDA kernels' creation times; `UNSTEP_ORT_LOG`.
+    #[serde(default)]
+    pub ort_log_level: Option<String>,
+    /// The ONNX Runtime graph optimizers to leave out, by name, separated by commas, in place of
+    /// the provider's own list (empty leaves every optimizer on);
+    /// `UNSTEP_ORT_DISABLE_OPTIMIZERS`.
+    #[serde(default)]
+    pub disabled_optimizers: Option<String>,
+    /// Print how each convolution engine was chosen; `UNSTEP_CONV_LOG=1`.
     #[serde(default)]
     pub conv_log: bool,
+}
+
+impl Diagnostics {
+    /// The switches set in the environment: the one place they are read.
+    pub fn from_env() -> Self {
+        use crate::env_vars::EnvVars;
+        let set = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Self {
+            ort_profile_dir: set(EnvVars::UNSTEP_ORT_PROFILE).map(PathBuf::from),
+            ort_log_level: set(EnvVars::UNSTEP_ORT_LOG),
+            disabled_optimizers: std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok(),
+            conv_log: std::env::var_os(EnvVars::UNSTEP_CONV_LOG).is_some_and(|v| v == "1"),
+        }
+    }
 }
 
 /// The levels `UNSTEP_ORT_LOG` takes, and ONNX Runtime's for each.
@@ -392,22 +415,15 @@ pub fn check_diagnostics_env() -> Result<(), String> {
 }
 
 impl RuntimeOptions {
-    /// Takes the diagnostic switches from the environment: the one place they are read.
+    /// Takes the diagnostic switches from the environment ([`Diagnostics::from_env`]), and the
+    /// kernel cache folder from `UNSTEP_KERNEL_CACHE` where none was given.
     pub fn with_diagnostics_from_env(mut self) -> Self {
-        use crate::env_vars::EnvVars;
-        self.ort_profile_dir = std::env::var_os(EnvVars::UNSTEP_ORT_PROFILE)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
-        self.disabled_optimizers = std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok();
-        self.ort_log_level = std::env::var(EnvVars::UNSTEP_ORT_LOG)
-            .ok()
-            .filter(|v| !v.is_empty());
+        self.diagnostics = Diagnostics::from_env();
         if self.kernel_cache_dir.is_none() {
-            self.kernel_cache_dir = std::env::var_os(EnvVars::UNSTEP_KERNEL_CACHE)
+            self.kernel_cache_dir = std::env::var_os(crate::env_vars::EnvVars::UNSTEP_KERNEL_CACHE)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from);
         }
-        self.conv_log = std::env::var_os(EnvVars::UNSTEP_CONV_LOG).is_some_and(|v| v == "1");
         self
     }
 

@@ -252,8 +252,8 @@ impl GraphSessions {
         let names = GraphNames::of(bundle, dit_kernels, vae_kernels);
         super::kernels::configure(super::kernels::KernelSettings {
             cache_dir: options.kernel_cache_dir.clone(),
-            conv_log: options.conv_log,
-            creation_log: options.ort_log_level.is_some(),
+            conv_log: options.diagnostics.conv_log,
+            creation_log: options.diagnostics.ort_log_level.is_some(),
         });
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {
@@ -677,13 +677,13 @@ fn session_builder(
                 .map_err(|e| load(e.to_string()))?;
         }
     }
-    if let Some(dir) = &options.ort_profile_dir {
+    if let Some(dir) = &options.diagnostics.ort_profile_dir {
         std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;
         builder = builder
             .with_profiling(dir.join(graph_stem(graph)))
             .map_err(|e| load(e.to_string()))?;
     }
-    if let Some(level) = &options.ort_log_level {
+    if let Some(level) = &options.diagnostics.ort_log_level {
         let level = super::options::ort_log_level(level).map_err(load)?;
         builder = builder
             .with_log_level(level)
@@ -692,6 +692,7 @@ fn session_builder(
             .map_err(|e| load(e.to_string()))?;
     }
     let disabled = options
+        .diagnostics
         .disabled_optimizers
         .clone()
         .unwrap_or_else(|| disabled_optimizers(&options.provider).to_string());

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{
-    CudaOptions, ExportSettings, MethodSettings, Precision, Provider, ProviderKind, RuntimeOptions,
-    TensorRtOptions,
+    CudaOptions, Diagnostics, ExportSettings, MethodSettings, Precision, Provider, ProviderKind,
+    RuntimeOptions, TensorRtOptions,
 };
 use crate::manifest::{Kind, Manifest, Resolved, VideoNaming};
 
@@ -60,12 +60,9 @@ impl RunConfig {
             overlap_vae: true,
             dit_kernels: rt.dit_kernels,
             vae_kernels: rt.vae_kernels,
-            ort_profile_dir: None,
-            ort_log_level: None,
-            disabled_optimizers: None,
+            diagnostics: Diagnostics::default(),
             kernel_cache_dir: None,
             context_cache_dir: None,
-            conv_log: false,
         }
         .with_diagnostics_from_env();
         RunConfig {

@@ -7,8 +7,9 @@ use ort::ep::{self, ArenaExtendStrategy, ExecutionProvider};
 use super::{ArenaExtend, AttentionBackend, ConvAlgoSearch, CudaOptions, Provider};
 
 /// ONNX Runtime graph optimizers left out on this provider, by name, separated by commas
-/// (`optimization.disable_specified_optimizers`); [`RuntimeOptions::disabled_optimizers`]
-/// replaces the list, to measure what a fusion is worth.
+/// (`optimization.disable_specified_optimizers`);
+/// [`Diagnostics::disabled_optimizers`](crate::engine::Diagnostics::disabled_optimizers) replaces
+/// the list, to measure what a fusion is worth.
 ///
 /// On GPUs `MatMulAddFusion` is left out: it turns each biased projection into a `Gemm` whose
 /// bias the CUDA provider first broadcasts into the output with a slow kernel (`BroadcastBias`)
