@@ -408,9 +408,9 @@ pub(crate) fn ort_log_level(name: &str) -> Result<ort::logging::LogLevel, String
 /// Checks the diagnostic switches of the environment that take one of a list of values, so that a
 /// misspelt one stops a command that builds sessions before any work, not at its first session.
 pub fn check_diagnostics_env() -> Result<(), String> {
-    match std::env::var(crate::env_vars::EnvVars::UNSTEP_ORT_LOG) {
-        Ok(level) if !level.is_empty() => ort_log_level(&level).map(|_| ()),
-        _ => Ok(()),
+    match &Diagnostics::from_env().ort_log_level {
+        Some(level) => ort_log_level(level).map(|_| ()),
+        None => Ok(()),
     }
 }
 
