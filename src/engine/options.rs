@@ -374,10 +374,13 @@ impl Diagnostics {
     /// The switches set in the environment: the one place they are read.
     pub fn from_env() -> Self {
         use crate::env_vars::EnvVars;
-        let set = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         Self {
-            ort_profile_dir: set(EnvVars::UNSTEP_ORT_PROFILE).map(PathBuf::from),
-            ort_log_level: set(EnvVars::UNSTEP_ORT_LOG),
+            ort_profile_dir: std::env::var_os(EnvVars::UNSTEP_ORT_PROFILE)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            ort_log_level: std::env::var(EnvVars::UNSTEP_ORT_LOG)
+                .ok()
+                .filter(|v| !v.is_empty()),
             disabled_optimizers: std::env::var(EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS).ok(),
             conv_log: std::env::var_os(EnvVars::UNSTEP_CONV_LOG).is_some_and(|v| v == "1"),
         }
