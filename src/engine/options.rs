@@ -371,6 +371,27 @@ pub struct Diagnostics {
 }
 
 impl Diagnostics {
+    /// The switches that are on, as `VARIABLE=value`, in a fixed order: what a run's record
+    /// keeps, since ONNX Runtime's profiler and log slow a run down and left-out optimizers
+    /// change its graphs.
+    pub fn in_effect(&self) -> Vec<String> {
+        use crate::env_vars::EnvVars;
+        let mut on = Vec::new();
+        if let Some(dir) = &self.ort_profile_dir {
+            on.push(format!("{}={}", EnvVars::UNSTEP_ORT_PROFILE, dir.display()));
+        }
+        if let Some(level) = &self.ort_log_level {
+            on.push(format!("{}={level}", EnvVars::UNSTEP_ORT_LOG));
+        }
+        if let Some(list) = &self.disabled_optimizers {
+            on.push(format!("{}={list}", EnvVars::UNSTEP_ORT_DISABLE_OPTIMIZERS));
+        }
+        if self.conv_log {
+            on.push(format!("{}=1", EnvVars::UNSTEP_CONV_LOG));
+        }
+        on
+    }
+
     /// The switches set in the environment: the one place they are read.
     pub fn from_env() -> Self {
         use crate::env_vars::EnvVars;
@@ -454,6 +475,28 @@ impl RuntimeOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The switches a run's record keeps, named by their variables, in a fixed order; none
+    /// when none is on (an empty optimizer list is a switch: it turns every optimizer on).
+    #[test]
+    fn diagnostics_in_effect_name_their_variables() {
+        assert!(Diagnostics::default().in_effect().is_empty());
+        let on = Diagnostics {
+            ort_profile_dir: Some("profiles".into()),
+            ort_log_level: Some("info".into()),
+            disabled_optimizers: Some(String::new()),
+            conv_log: true,
+        };
+        assert_eq!(
+            on.in_effect(),
+            [
+                "UNSTEP_ORT_PROFILE=profiles",
+                "UNSTEP_ORT_LOG=info",
+                "UNSTEP_ORT_DISABLE_OPTIMIZERS=",
+                "UNSTEP_CONV_LOG=1"
+            ]
+        );
+    }
 
     /// The tiny bundle (which has every fused graph) as an fp8 bundle.
     fn fp8_bundle() -> Bundle {

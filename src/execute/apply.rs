@@ -229,7 +229,15 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         && m.cache.reuse_runtime_state
         && fs::read_dir(&r.paths.run_state_root).is_ok_and(|mut d| d.next().is_some());
     let videos = prepare_run_dir(r, plan)?;
-    let mut record = start_record(r, plan, previous.as_ref(), &stage, opts, reused_state)?;
+    let mut record = start_record(
+        r,
+        plan,
+        &config,
+        previous.as_ref(),
+        &stage,
+        opts,
+        reused_state,
+    )?;
     let started = record.started_at.clone();
 
     let jobs = JobFactory {
@@ -499,12 +507,14 @@ fn keep_previous_measurement(run_dir: &Path) -> Result<(), ApplyError> {
 fn start_record(
     r: &Resolved,
     plan: &Plan,
+    config: &RunConfig,
     previous: Option<&RunRecord>,
     stage: &Stage,
     opts: &ApplyOptions,
     reused_state: bool,
 ) -> Result<RunRecord, ApplyError> {
     let mut record = RunRecord::new(r, plan, SystemTime::now());
+    record.diagnostics = config.engine.diagnostics.in_effect();
     if reused_state {
         // A probe measured on the state an earlier measurement left is not a fresh start.
         record.cache.label = CacheLabel::WarmCache;

@@ -95,6 +95,10 @@ pub struct Provenance {
     pub git_commit: Option<String>,
     pub git_dirty: Option<bool>,
     pub config_hash: String,
+    /// The diagnostic switches the workers ran with (`UNSTEP_ORT_PROFILE=DIR`, ...): times
+    /// measured with them on are not the product's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<String>,
 }
 
 fn name_of<T: Serialize>(v: &T) -> String {
@@ -146,6 +150,7 @@ impl Provenance {
             git_commit: r.git.as_ref().map(|g| g.commit.clone()),
             git_dirty: r.git.as_ref().map(|g| g.dirty),
             config_hash: r.config_hash.clone(),
+            diagnostics: r.diagnostics.clone(),
         }
     }
 }
@@ -306,6 +311,16 @@ fn runtime_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
             opt(p.cudnn.as_deref())
         ),
     );
+    if !p.diagnostics.is_empty() {
+        row(
+            t,
+            "diagnostics",
+            format!(
+                "{} (times measured with diagnostics on)",
+                p.diagnostics.join(", ")
+            ),
+        );
+    }
 }
 
 /// Writes the provenance lines on how the run went: the caches, the timed region, the warmup,
@@ -526,6 +541,15 @@ impl Comparison {
     }
 }
 
+/// A run's diagnostic switches as a comparison names them.
+fn switches(on: &[String]) -> String {
+    if on.is_empty() {
+        "none".into()
+    } else {
+        on.join(", ")
+    }
+}
+
 /// Differences between two runs that make their times not directly comparable.
 pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
     let mut w = Vec::new();
@@ -565,6 +589,17 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
             None => line,
         },
     );
+    // Profiling, logging and left-out optimizers change the times they were measured with.
+    let diagnostics = (ra.diagnostics != rb.diagnostics).then(|| {
+        format!(
+            "diagnostics differ: `{}` ran with {}, `{}` with {}; ONNX Runtime's profiler and log \
+             slow a run, and left-out optimizers change its graphs",
+            a.name,
+            switches(&ra.diagnostics),
+            b.name,
+            switches(&rb.diagnostics)
+        )
+    });
     w.extend(
         [
             differs(
@@ -579,6 +614,7 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
                 ra.timed_region_ends.to_string(),
                 rb.timed_region_ends.to_string(),
             ),
+            diagnostics,
         ]
         .into_iter()
         .flatten(),

@@ -360,6 +360,11 @@ pub struct RunRecord {
     /// What went wrong, e.g. the tail of a worker's stderr.
     pub failure: Option<String>,
     pub config_hash: String,
+    /// The diagnostic switches its workers ran with (`UNSTEP_ORT_PROFILE=DIR`, ...): ONNX
+    /// Runtime's profiler and log slow a run, and left-out optimizers change its graphs, so times
+    /// measured with any of them on are not the product's. A resumed run keeps every apply's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub diagnostics: Vec<String>,
     pub processes: Vec<ProcessRecord>,
     /// The evaluation settings and the last evaluation's outcome and scores (a generation with
     /// `[evaluation] command`).
@@ -573,6 +578,7 @@ impl RunRecord {
             status: RunStatus::Running,
             failure: None,
             config_hash: super::config_hash(resolved),
+            diagnostics: Vec::new(),
             processes,
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),
@@ -582,11 +588,18 @@ impl RunRecord {
     }
 
     /// Makes this `apply` a resumption of `previous`, the same run's record: the run keeps its
-    /// first start, and this apply's start joins the resumptions.
+    /// first start, and this apply's start joins the resumptions; the diagnostic switches of
+    /// both are kept.
     pub fn resume(&mut self, previous: &RunRecord) {
         let now = std::mem::replace(&mut self.started_at, previous.started_at.clone());
         self.resumed_at = previous.resumed_at.clone();
         self.resumed_at.push(now);
+        let mine = std::mem::replace(&mut self.diagnostics, previous.diagnostics.clone());
+        for switch in mine {
+            if !self.diagnostics.contains(&switch) {
+                self.diagnostics.push(switch);
+            }
+        }
     }
 
     /// Marks the run finished now with `status` (and the failure, if any).
@@ -666,6 +679,36 @@ mod tests {
         assert!(text.contains(r#""status":"failed""#));
         let back: RunRecord = serde_json::from_str(&text).unwrap();
         assert_eq!(back, record);
+    }
+
+    /// A resumed run keeps the diagnostic switches of every apply, each once, the first
+    /// apply's first; a record without them writes no field.
+    #[test]
+    fn a_resumed_record_keeps_every_applys_diagnostics() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = resolve(dir.path(), "probe", PROBE, &[]);
+        let plan = crate::plan::build(&r).unwrap();
+        let mut first = RunRecord::new(&r, &plan, std::time::SystemTime::now());
+        assert!(
+            !serde_json::to_string(&first)
+                .unwrap()
+                .contains("diagnostics")
+        );
+        first.diagnostics = vec!["UNSTEP_ORT_LOG=info".into(), "UNSTEP_CONV_LOG=1".into()];
+        let mut again = RunRecord::new(&r, &plan, std::time::SystemTime::now());
+        again.diagnostics = vec!["UNSTEP_CONV_LOG=1".into(), "UNSTEP_ORT_PROFILE=p".into()];
+        again.resume(&first);
+        assert_eq!(
+            again.diagnostics,
+            [
+                "UNSTEP_ORT_LOG=info",
+                "UNSTEP_CONV_LOG=1",
+                "UNSTEP_ORT_PROFILE=p"
+            ]
+        );
+        let mut plain = RunRecord::new(&r, &plan, std::time::SystemTime::now());
+        plain.resume(&first);
+        assert_eq!(plain.diagnostics, first.diagnostics);
     }
 
     #[test]

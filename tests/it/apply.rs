@@ -392,10 +392,13 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     );
 
     // Re-applying resumes: the kept staging is reused (its audit matches), only the missing
-    // prompts are generated.
+    // prompts are generated. This apply runs with a diagnostic switch on (one that changes
+    // nothing on the CPU), which the run's record then names.
+    assert!(run.get("diagnostics").is_none(), "{run}");
     let again = t
         .cmd()
         .args(["apply", "--quiet", "--reuse-workdir", "crash.toml"])
+        .env("UNSTEP_CONV_LOG", "1")
         .run();
     assert_eq!(again.code, 0, "{}", again.render());
     let after = shard_prompts(&run_dir);
@@ -413,9 +416,17 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     let resumptions = resumed["resumed_at"].as_array().unwrap();
     assert_eq!(resumptions.len(), 1, "{resumed}");
     assert!(resumptions[0].as_str().unwrap() >= run["started_at"].as_str().unwrap());
+    assert_eq!(
+        resumed["diagnostics"],
+        serde_json::json!(["UNSTEP_CONV_LOG=1"]),
+        "{resumed}"
+    );
     let report = t.cmd().args(["report", "crash"]).run();
     assert!(
-        report.stdout.contains("(resumed at "),
+        report.stdout.contains("(resumed at ")
+            && report
+                .stdout
+                .contains("  diagnostics   UNSTEP_CONV_LOG=1 (times measured with diagnostics on)"),
         "{}",
         report.render()
     );

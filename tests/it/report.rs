@@ -329,6 +329,54 @@ fn fp8_runs_are_reported_and_compared_as_reduced_precision() {
     assert_eq!(both.stderr, "", "{}", both.render());
 }
 
+/// A run measured with diagnostic switches on says so in its report, and a comparison with a run
+/// measured with others (or none) warns; two runs with the same switches compare without it.
+#[test]
+fn runs_measured_with_diagnostics_on_say_so_and_compare_with_a_warning() {
+    let t = Test::new();
+    fake_run(&t, "plain", &[], &[5.0, 4.0, 4.0], true, |_| {});
+    for name in ["profiled", "profiled2"] {
+        fake_run(&t, name, &[], &[6.0, 5.0, 5.0], true, |r| {
+            r.diagnostics = vec![
+                "UNSTEP_ORT_PROFILE=/tmp/profiles".into(),
+                "UNSTEP_ORT_DISABLE_OPTIMIZERS=MatMulAddFusion".into(),
+            ];
+        });
+    }
+    let report = t.cmd().args(["report", "profiled"]).run();
+    assert_eq!(report.code, 0, "{}", report.render());
+    assert!(
+        report.stdout.contains(
+            "  diagnostics   UNSTEP_ORT_PROFILE=/tmp/profiles, \
+             UNSTEP_ORT_DISABLE_OPTIMIZERS=MatMulAddFusion (times measured with diagnostics on)"
+        ),
+        "{}",
+        report.stdout
+    );
+    let json = t.cmd().args(["report", "profiled", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(
+        v["provenance"]["diagnostics"][1],
+        "UNSTEP_ORT_DISABLE_OPTIMIZERS=MatMulAddFusion"
+    );
+    let plain = t.cmd().args(["report", "plain"]).run();
+    assert!(!plain.stdout.contains("diagnostics"), "{}", plain.stdout);
+
+    let out = t.cmd().args(["compare", "plain", "profiled"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(
+        out.stderr.trim_end(),
+        "warning: diagnostics differ: `plain` ran with none, `profiled` with \
+         UNSTEP_ORT_PROFILE=/tmp/profiles, UNSTEP_ORT_DISABLE_OPTIMIZERS=MatMulAddFusion; ONNX \
+         Runtime's profiler and log slow a run, and left-out optimizers change its graphs",
+        "{}",
+        out.render()
+    );
+    let same = t.cmd().args(["compare", "profiled", "profiled2"]).run();
+    assert_eq!(same.code, 0, "{}", same.render());
+    assert_eq!(same.stderr, "", "{}", same.render());
+}
+
 #[test]
 fn compare_of_like_runs_has_no_warnings() {
     let t = Test::new();
