@@ -110,6 +110,34 @@ fn load_library(soname: &str) -> Result<String, String> {
         .to_string())
 }
 
+/// The diagnostic switches set in this environment (docs/settings.md): a run started from it
+/// records them, as its times are not the product's; a misspelt one stops the run.
+fn diagnostics_check() -> Check {
+    let name = "diagnostics".to_string();
+    if let Err(e) = engine::check_diagnostics_env() {
+        return Check {
+            name,
+            ok: false,
+            detail: e,
+            fix: None,
+        };
+    }
+    let on = engine::Diagnostics::from_env().in_effect();
+    Check {
+        name,
+        ok: true,
+        detail: if on.is_empty() {
+            "none set".into()
+        } else {
+            format!(
+                "{} (runs record them: their times are not comparable with runs without)",
+                on.join(", ")
+            )
+        },
+        fix: None,
+    }
+}
+
 fn bundle_checks(bundles: &[PathBuf]) -> Vec<Check> {
     let found: Vec<PathBuf> = if bundles.is_empty() {
         std::fs::read_dir("assets")
@@ -188,6 +216,7 @@ pub fn run(args: &DoctorArgs) -> i32 {
     checks.extend(gpu_checks());
     checks.extend(cuda_library_checks());
     checks.push(engine::probe::fused_kernels_check());
+    checks.push(diagnostics_check());
     checks.extend(bundle_checks(&args.bundles));
     let code = super::out(&render(&checks));
     // Only what every run needs decides the status: ONNX Runtime and the CPU provider.

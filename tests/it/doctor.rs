@@ -55,4 +55,36 @@ fn doctor_finds_onnx_runtime_and_tells_a_good_bundle_from_a_tampered_one() {
         "{tampered}"
     );
     assert!(out.stdout.contains("fix: re-export the bundle"));
+    assert!(line("diagnostics").contains("none set"), "{}", out.stdout);
+}
+
+/// The diagnostic switches set where a run would start: named when valid, a miss when misspelt
+/// (which `apply` would refuse), without changing the doctor's status.
+#[test]
+fn doctor_names_the_diagnostic_switches_and_a_misspelt_one() {
+    let t = Test::new();
+    let tiny = repo().join("assets/tiny");
+    let doctor = |var: &str, value: &str| {
+        let out = t
+            .cmd()
+            .args(["doctor", "--bundle", tiny.to_str().unwrap()])
+            .env(var, value)
+            .run();
+        assert_eq!(out.code, 0, "{}", out.render());
+        out.stdout
+            .lines()
+            .find(|l| l.contains("diagnostics"))
+            .unwrap_or_else(|| panic!("no diagnostics line: {}", out.stdout))
+            .to_string()
+    };
+    let on = doctor("UNSTEP_CONV_LOG", "1");
+    assert!(
+        on.starts_with("ok") && on.contains("UNSTEP_CONV_LOG=1 (runs record them"),
+        "{on}"
+    );
+    let bad = doctor("UNSTEP_ORT_LOG", "loud");
+    assert!(
+        bad.starts_with("MISS") && bad.contains("UNSTEP_ORT_LOG=\"loud\" is not a log level"),
+        "{bad}"
+    );
 }
