@@ -81,6 +81,11 @@ pub struct GraphSessions {
 /// (`timings.jsonl`'s `process_start`).
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct StartupTimes {
+    /// Opening the bundle and checking its files against `bundle.toml`'s sha256: the whole read
+    /// of every file, unless the caller passed hashes it checked already (`runner apply`'s
+    /// workers, whose staging the orchestrator audits); 0 in records of earlier runners.
+    #[serde(default)]
+    pub bundle_check_s: f64,
     /// The text encoder's session and the encoding of the process's prompts (or the reading of
     /// their kept contexts); 0 when prompts are encoded as they are generated.
     pub text_encoder_s: f64,

@@ -79,9 +79,16 @@ impl FirstPrompts {
                 || "ready time not recorded".to_string(),
                 |s| {
                     format!(
-                        "ready in {:.2} (text encoder {:.2}, DiT sessions {:.2}, decoder \
+                        "ready in {:.2} ({}text encoder {:.2}, DiT sessions {:.2}, decoder \
                          sessions and first run beside them {:.2}{}, buffers {:.2}{})",
                         s.ready_s,
+                        // Shown where it took a hundredth of a second or more: a bundle whose
+                        // files were read whole to check them (a worker started on its own).
+                        if s.parts.bundle_check_s >= 0.005 {
+                            format!("bundle check {:.2}, ", s.parts.bundle_check_s)
+                        } else {
+                            String::new()
+                        },
                         s.parts.text_encoder_s,
                         s.parts.dit_sessions_s,
                         s.parts.decoder_sessions_s,
@@ -159,6 +166,9 @@ mod tests {
                     r.process_start = Some(ProcessStart {
                         ready_s: 4.5,
                         parts: StartupTimes {
+                            // The warmup read its bundle whole to check it; the measurement
+                            // process was handed the hashes (a thousandth: not shown).
+                            bundle_check_s: if process == 0 { 1.75 } else { 0.001 },
                             dit_sessions_s: 2.0,
                             // The measurement process's decoder ran once at start.
                             decoder_sessions_s: 3.0 * process as f64,
@@ -190,9 +200,9 @@ mod tests {
         assert!(t.contains("steady 2.333"), "{t}");
         assert!(
             t.contains(
-                "process 0 (warmup, gpu0): ready in 4.50 (text encoder 0.00, DiT sessions 2.00, \
-                 decoder sessions and first run beside them 0.00, buffers 0.00; of them kernel \
-                 compile 1.50)"
+                "process 0 (warmup, gpu0): ready in 4.50 (bundle check 1.75, text encoder 0.00, \
+                 DiT sessions 2.00, decoder sessions and first run beside them 0.00, buffers \
+                 0.00; of them kernel compile 1.50)"
             ),
             "{t}"
         );

@@ -109,6 +109,7 @@ fn fake_run(
     first.process_start = Some(ProcessStart {
         ready_s: 12.5,
         parts: StartupTimes {
+            bundle_check_s: 0.0,
             text_encoder_s: 1.5,
             dit_sessions_s: 6.25,
             decoder_sessions_s: 1.25,

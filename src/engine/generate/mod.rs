@@ -181,7 +181,12 @@ impl Generator {
         export: &ExportSettings,
         runtime: &RuntimeOptions,
     ) -> Result<Self, GenerateError> {
-        Self::new(Bundle::open_for(bundle_path, unpack_dir, export)?, runtime)
+        let started = Instant::now();
+        let bundle = Bundle::open_for(bundle_path, unpack_dir, export)?;
+        let bundle_check_s = started.elapsed().as_secs_f64();
+        let mut generator = Self::new(bundle, runtime)?;
+        generator.startup.bundle_check_s = bundle_check_s;
+        Ok(generator)
     }
 
     /// Builds the sessions of an opened bundle; prompts are encoded as they are generated.
