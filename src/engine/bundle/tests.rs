@@ -246,3 +246,38 @@ fn the_export_hint_for_fp8_exports_fp16_to_quantize() {
         "{err}"
     );
 }
+
+/// With several damaged files, the error names the first in name order (the files are hashed
+/// side by side, so the order they finish in must not decide it); a hash the caller already
+/// checked is taken as it is, and a damaged file whose hash it passes is not read.
+#[test]
+fn of_several_damaged_files_the_first_by_name_is_reported() {
+    let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tiny");
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&tiny).unwrap().flatten() {
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let manifest = Bundle::peek(dir.path()).unwrap().manifest;
+    let names: Vec<&String> = manifest.files.keys().collect();
+    assert!(names.len() >= 3, "{names:?}");
+    // Damage the last file and the second: the second is reported.
+    for name in [names[names.len() - 1], names[1]] {
+        let mut bytes = std::fs::read(dir.path().join(name)).unwrap();
+        bytes[0] ^= 0xff;
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let unpack = tempfile::tempdir().unwrap();
+    match Bundle::open(dir.path(), unpack.path()) {
+        Err(BundleError::Checksum { name, .. }) => assert_eq!(&name, names[1]),
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    // The second's recorded hash passed as checked already: the last one is reported.
+    let known: BTreeMap<String, String> =
+        [(names[1].clone(), manifest.files[names[1]].clone())].into();
+    match Bundle::open_with_known_hashes(dir.path(), unpack.path(), &known) {
+        Err(BundleError::Checksum { name, .. }) => assert_eq!(&name, names[names.len() - 1]),
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+}
