@@ -515,6 +515,10 @@ fn start_record(
 ) -> Result<RunRecord, ApplyError> {
     let mut record = RunRecord::new(r, plan, SystemTime::now());
     record.diagnostics = config.engine.diagnostics.in_effect();
+    record.staging = Some(crate::results::records::StagingRecord {
+        seconds: stage.seconds,
+        reused: stage.reused,
+    });
     if reused_state {
         // A probe measured on the state an earlier measurement left is not a fresh start.
         record.cache.label = CacheLabel::WarmCache;

@@ -80,6 +80,8 @@ pub struct Stage {
     pub audit: Audit,
     /// True when an existing, matching snapshot was reused.
     pub reused: bool,
+    /// Seconds the snapshot took: the copy and its audit, or the audit of a reused one.
+    pub seconds: f64,
 }
 
 impl Stage {
@@ -113,12 +115,13 @@ pub fn check_no_symlinked_dirs(dir: &Path) -> Result<(), StagingError> {
 
 /// Creates the snapshot, or reuses an existing one whose audit matches what would be staged.
 pub fn stage(req: &StageRequest) -> Result<Stage, StagingError> {
+    let started = std::time::Instant::now();
     check_no_symlinked_dirs(&req.bundle)?;
     if req.dir.exists() {
         if !req.reuse {
             return Err(StagingError::Exists(req.dir.clone()));
         }
-        return reuse(req);
+        return reuse(req, started);
     }
     let tmp = req.dir.with_extension("staging");
     if tmp.exists() {
@@ -132,10 +135,10 @@ pub fn stage(req: &StageRequest) -> Result<Stage, StagingError> {
     let audit = result?;
     // The snapshot appears under its name only once complete.
     fs::rename(&tmp, &req.dir).map_err(io(&req.dir))?;
-    Ok(done(req, audit, false))
+    Ok(done(req, audit, false, started))
 }
 
-fn done(req: &StageRequest, audit: Audit, reused: bool) -> Stage {
+fn done(req: &StageRequest, audit: Audit, reused: bool, started: std::time::Instant) -> Stage {
     Stage {
         bundle: req.dir.join("bundle"),
         prompts_file: req.dir.join("prompts.txt"),
@@ -143,6 +146,7 @@ fn done(req: &StageRequest, audit: Audit, reused: bool) -> Stage {
         dir: req.dir.clone(),
         audit,
         reused,
+        seconds: started.elapsed().as_secs_f64(),
     }
 }
 
@@ -171,7 +175,7 @@ fn fill(req: &StageRequest, dir: &Path) -> Result<Audit, StagingError> {
     Ok(audit)
 }
 
-fn reuse(req: &StageRequest) -> Result<Stage, StagingError> {
+fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, StagingError> {
     let mismatch = |reason: String| StagingError::AuditMismatch {
         dir: req.dir.clone(),
         reason,
@@ -210,7 +214,7 @@ fn reuse(req: &StageRequest) -> Result<Stage, StagingError> {
     if resolved != req.resolved_manifest {
         return Err(mismatch("the resolved manifest differs".into()));
     }
-    Ok(done(req, recorded, true))
+    Ok(done(req, recorded, true, started))
 }
 
 fn first_difference(a: &Audit, b: &Audit) -> String {

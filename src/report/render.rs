@@ -99,6 +99,9 @@ pub struct Provenance {
     /// measured with them on are not the product's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub diagnostics: Vec<String>,
+    /// The last apply's staging (absent in records of earlier runners).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staging: Option<crate::results::records::StagingRecord>,
 }
 
 fn name_of<T: Serialize>(v: &T) -> String {
@@ -151,6 +154,7 @@ impl Provenance {
             git_dirty: r.git.as_ref().map(|g| g.dirty),
             config_hash: r.config_hash.clone(),
             diagnostics: r.diagnostics.clone(),
+            staging: r.staging.clone(),
         }
     }
 }
@@ -342,6 +346,21 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
         format!("ends at {}", r.timed_region_ends),
     );
     row(t, "warmup", warmup(r));
+    if let Some(staging) = &r.staging {
+        row(
+            t,
+            "staging",
+            format!(
+                "{:.2} s before the first worker ({})",
+                staging.seconds,
+                if staging.reused {
+                    "the kept snapshot hashed again and reused"
+                } else {
+                    "bundle, runner and prompts copied and hashed"
+                }
+            ),
+        );
+    }
     if r.method_overrides.is_empty() {
         row(t, "overrides", "none (method defaults)".into());
     }

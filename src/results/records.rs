@@ -365,6 +365,9 @@ pub struct RunRecord {
     /// measured with any of them on are not the product's. A resumed run keeps every apply's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub diagnostics: Vec<String>,
+    /// The last apply's staging: how long the snapshot took before any worker started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<StagingRecord>,
     pub processes: Vec<ProcessRecord>,
     /// The evaluation settings and the last evaluation's outcome and scores (a generation with
     /// `[evaluation] command`).
@@ -392,6 +395,15 @@ pub struct SweepRecord {
     pub points: usize,
     /// The swept settings and this point's value of each.
     pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// An apply's staging snapshot: the bundle, runner, prompts and manifests copied and each file
+/// hashed (its audit), or a kept snapshot audited again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StagingRecord {
+    pub seconds: f64,
+    /// Whether a kept snapshot was audited and reused rather than made.
+    pub reused: bool,
 }
 
 /// The folders of a run outside its results that are its own: the staging snapshot and the
@@ -579,6 +591,7 @@ impl RunRecord {
             failure: None,
             config_hash: super::config_hash(resolved),
             diagnostics: Vec::new(),
+            staging: None,
             processes,
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),

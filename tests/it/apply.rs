@@ -92,6 +92,15 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     assert_eq!(run["status"], "succeeded");
     assert_eq!(run["cache"]["label"], "fresh");
     assert_eq!(run["execution_provider"], "cpu");
+    // The snapshot was made (not reused), and how long that took is on record and in the report.
+    assert_eq!(run["staging"]["reused"], false, "{run}");
+    assert!(run["staging"]["seconds"].as_f64().unwrap() > 0.0, "{run}");
+    assert!(
+        out.stdout
+            .contains("s before the first worker (bundle, runner and prompts copied and hashed)"),
+        "{}",
+        out.stdout
+    );
     // The bundle the workers opened, as its bundle.toml says.
     let bundle_toml = std::fs::read_to_string(repo().join("assets/tiny/bundle.toml")).unwrap();
     let exporter = bundle_toml
@@ -426,12 +435,16 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
         serde_json::json!(["UNSTEP_CONV_LOG=1"]),
         "{resumed}"
     );
+    assert_eq!(resumed["staging"]["reused"], true, "{resumed}");
     let report = t.cmd().args(["report", "crash"]).run();
     assert!(
         report.stdout.contains("(resumed at ")
             && report
                 .stdout
-                .contains("  diagnostics   UNSTEP_CONV_LOG=1 (times measured with diagnostics on)"),
+                .contains("  diagnostics   UNSTEP_CONV_LOG=1 (times measured with diagnostics on)")
+            && report
+                .stdout
+                .contains("s before the first worker (the kept snapshot hashed again and reused)"),
         "{}",
         report.render()
     );
