@@ -4,7 +4,7 @@
 
 use super::ftfy;
 use super::html;
-use super::tables::PY_SPACE;
+use super::tables::python_chars::PY_SPACE;
 
 /// A cleaned prompt, and whether its text looked like mojibake that the reference's ftfy would
 /// have tried to repair ([`ftfy::looks_like_mojibake`]), which this cleaning does not.

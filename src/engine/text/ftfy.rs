@@ -25,7 +25,8 @@
 use unicode_normalization::UnicodeNormalization;
 
 use super::html::ftfy_unescape;
-use super::tables::{C1_WINDOWS_1252, CONTROL_CHARS, LIGATURES, PY_DECIMAL, WIDTH_MAP};
+use super::tables::ftfy_chars::{C1_WINDOWS_1252, CONTROL_CHARS, LIGATURES, WIDTH_MAP};
+use super::tables::python_chars::PY_DECIMAL;
 
 /// ftfy's `max_decode_length`: the longest segment it fixes at once, in code points.
 const MAX_SEGMENT: usize = 1_000_000;

@@ -3,7 +3,7 @@
 //! legacy names without `;` and the longest-prefix rule) and ftfy's stricter `unescape_html`
 //! (only `&name;` forms of at most 24 letters or digits, and the upper-case names ftfy adds).
 
-use super::tables::{FTFY_ENTITIES, HTML5, INVALID_CHARREFS, INVALID_CODEPOINTS};
+use super::tables::html_entities::{FTFY_ENTITIES, HTML5, INVALID_CHARREFS, INVALID_CODEPOINTS};
 
 /// Python's `html.unescape(s)`.
 ///
