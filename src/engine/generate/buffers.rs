@@ -2,7 +2,8 @@
 //! and write them.
 //!
 //! A [`Buf`] is one allocation where the provider computes (device memory on a GPU, host memory
-//! on the CPU); a [`View`] is a typed tensor over part of it, bound to a session's input or
+//! on the CPU), from an ONNX Runtime allocator or, for memory no arena may keep, the runner's own
+//! device memory ([`Buf::own_device`]); a [`View`] is a typed tensor over part of it, bound to a session's input or
 //! output by a [`Bound`] IoBinding. [`Buf::upload`] and [`Buf::download`] copy between host and
 //! buffer through the runner's identity graph, outside the timed region.
 
@@ -19,7 +20,7 @@ use super::{GenerateError, run_error};
 
 pub(super) type View = DynTensorRefMut<'static>;
 
-pub(super) fn elem_size(ty: TensorElementType) -> usize {
+fn elem_size(ty: TensorElementType) -> usize {
     match ty {
         TensorElementType::Float32 => 4,
         TensorElementType::Float16 | TensorElementType::Bfloat16 => 2,
@@ -31,17 +32,46 @@ pub(super) fn elem_size(ty: TensorElementType) -> usize {
 
 /// One allocation on the device, and typed views into it.
 pub(super) struct Buf {
-    tensor: DynTensor,
+    memory: Memory,
     ty: TensorElementType,
     /// Elements, as asked for (the allocation holds at least one).
     pub(super) len: usize,
+}
+
+/// Where a [`Buf`]'s elements are, and what frees them.
+enum Memory {
+    /// From an ONNX Runtime allocator (an arena on a GPU, which keeps what it once held).
+    Tensor(DynTensor),
+    /// The runner's own device memory, freed when the buffer is dropped.
+    Device(crate::engine::kernels::DeviceMemory),
 }
 
 impl Buf {
     pub(super) fn new(alloc: &Allocator, ty: TensorElementType, len: usize) -> ort::Result<Self> {
         // A zero-length allocation has no pointer; keep every buffer at least one element long.
         let tensor = DynTensor::new(alloc, ty, [len.max(1)])?;
-        Ok(Self { tensor, ty, len })
+        Ok(Self {
+            memory: Memory::Tensor(tensor),
+            ty,
+            len,
+        })
+    }
+
+    /// A buffer of the runner's own on CUDA device `ordinal`, outside ONNX Runtime's arenas and
+    /// freed when dropped: for memory needed once (the decoder's causal caches of its run at
+    /// start), which an arena would keep for the whole process.
+    pub(super) fn own_device(
+        ordinal: i32,
+        ty: TensorElementType,
+        len: usize,
+    ) -> Result<Self, GenerateError> {
+        let memory = crate::engine::kernels::DeviceMemory::new(ordinal, len.max(1) * elem_size(ty))
+            .map_err(|e| run_error("device setup")(ort::Error::new(e)))?;
+        Ok(Self {
+            memory: Memory::Device(memory),
+            ty,
+            len,
+        })
     }
 
     /// [`Buf::new`] for the loop's setup, its error a [`GenerateError`].
@@ -66,10 +96,14 @@ impl Buf {
             "view {offset}+{count} past a buffer of {}",
             self.len
         );
-        let base = self.tensor.data_ptr().cast::<u8>().cast_mut();
+        let base = match &self.memory {
+            Memory::Tensor(tensor) => tensor.data_ptr().cast::<u8>().cast_mut(),
+            Memory::Device(memory) => memory.ptr().cast::<u8>(),
+        };
         // SAFETY: the view lies inside the allocation (checked above), the allocation is owned by
-        // the device loop and outlives every binding made from it (bindings are cleared or
-        // dropped with the loop), and views are only handed to ONNX Runtime.
+        // its user (the device loop, the decoder's run at start) and outlives every binding made
+        // from it (bindings are cleared or dropped first), and views are only handed to ONNX
+        // Runtime.
         unsafe {
             let ptr = base.add(offset * elem_size(self.ty)).cast::<c_void>();
             raw_view(mem, ptr, self.ty, shape)
@@ -120,7 +154,7 @@ impl Buf {
 /// # Safety
 /// `ptr` must point to `shape`'s elements of `ty` in `mem`'s memory, valid for as long as the
 /// view (or a binding of it) is used.
-pub(super) unsafe fn raw_view(
+unsafe fn raw_view(
     mem: &MemoryInfo<'static>,
     ptr: *mut c_void,
     ty: TensorElementType,

@@ -10,7 +10,7 @@ use ort::memory::{Allocator, MemoryInfo};
 use ort::session::{IoBinding, RunOptions, Session};
 use ort::value::{Tensor, TensorElementType};
 
-use super::buffers::{Bound, Buf, View, device_memory_info, elem_size, raw_view};
+use super::buffers::{Bound, Buf, View, device_memory_info};
 use super::capture::CaptureGate;
 use super::dims::Dims;
 use super::{GenerateError, PhaseTimes, run_error};
@@ -174,7 +174,7 @@ fn run_and_shrink(
 /// The causal caches stay where the provider computes: on a GPU they are some 2 GB at 480×832,
 /// and the host copies of them (out of `vae_first`, into and out of `vae_step`) took about as
 /// long as the two runs themselves. They live in memory of the runner's own
-/// ([`DeviceMemory`](crate::engine::kernels::DeviceMemory)), freed at the end, not in an arena,
+/// ([`Buf::own_device`]), freed at the end, not in an arena,
 /// which would keep them for the whole process. On a GPU (`device`), both runs hand their
 /// arenas' free memory back at their end (as `vae_first` does in every prompt,
 /// [`run_and_shrink`]): ONNX Runtime's algorithm searches size their workspaces by the
@@ -193,8 +193,12 @@ pub(super) fn warm_up(
         .iter()
         .map(|s| s.iter().product::<i64>() as usize)
         .sum();
-    // Two sets of caches: `vae_first`'s outputs, which `vae_step` reads, and `vae_step`'s.
-    let scratch = Scratch::new(device, model, 2 * set_len)?;
+    // Two sets of caches: `vae_first`'s outputs, which `vae_step` reads, and `vae_step`'s; on a
+    // GPU in memory of the runner's own, freed at the end.
+    let scratch = match device {
+        Some(ordinal) => Buf::own_device(ordinal, model, 2 * set_len)?,
+        None => Buf::alloc(&Allocator::default(), model, 2 * set_len)?,
+    };
     let mem = device_memory_info(device).map_err(fail)?;
     let set = |start: usize| -> ort::Result<Vec<(usize, View)>> {
         let mut offset = start;
@@ -250,52 +254,6 @@ pub(super) fn warm_up(
     drop((first, step));
     drop(scratch);
     Ok(())
-}
-
-/// The memory of the decoder's run at start: device memory of the runner's own on a GPU, host
-/// memory on the CPU.
-enum Scratch {
-    Host(Buf),
-    Device {
-        memory: crate::engine::kernels::DeviceMemory,
-        ty: TensorElementType,
-        len: usize,
-    },
-}
-
-impl Scratch {
-    fn new(device: Option<i32>, ty: TensorElementType, len: usize) -> Result<Self, GenerateError> {
-        match device {
-            None => Ok(Self::Host(Buf::alloc(&Allocator::default(), ty, len)?)),
-            Some(ordinal) => {
-                let memory =
-                    crate::engine::kernels::DeviceMemory::new(ordinal, len * elem_size(ty))
-                        .map_err(|e| run_error("device setup")(ort::Error::new(e)))?;
-                Ok(Self::Device { memory, ty, len })
-            }
-        }
-    }
-
-    /// A tensor over `shape` starting `offset` elements in.
-    fn view(&self, mem: &MemoryInfo<'static>, offset: usize, shape: &[i64]) -> ort::Result<View> {
-        match self {
-            Self::Host(buf) => buf.view(mem, offset, shape),
-            Self::Device { memory, ty, len } => {
-                let count = shape.iter().product::<i64>() as usize;
-                assert!(offset + count <= *len, "view {offset}+{count} past {len}");
-                // SAFETY: inside the allocation (checked above), which outlives the bindings
-                // of `warm_up` that hold the view.
-                unsafe {
-                    let ptr = memory
-                        .ptr()
-                        .cast::<u8>()
-                        .add(offset * elem_size(*ty))
-                        .cast();
-                    raw_view(mem, ptr, *ty, shape)
-                }
-            }
-        }
-    }
 }
 
 /// Decodes the blocks whose indices arrive on `blocks`, in order, one latent frame per call,
