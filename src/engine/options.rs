@@ -409,7 +409,7 @@ impl Diagnostics {
 }
 
 /// The levels `UNSTEP_ORT_LOG` takes, and ONNX Runtime's for each.
-pub(crate) const ORT_LOG_LEVELS: [(&str, ort::logging::LogLevel); 3] = [
+const ORT_LOG_LEVELS: [(&str, ort::logging::LogLevel); 3] = [
     ("verbose", ort::logging::LogLevel::Verbose),
     ("info", ort::logging::LogLevel::Info),
     ("warning", ort::logging::LogLevel::Warning),
