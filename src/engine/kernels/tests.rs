@@ -70,8 +70,9 @@ fn the_launch_constants_are_the_sources() {
 
 /// kernels.cu compiles with NVRTC, to PTX for compute_90 and to an sm_90 cubin (what sessions
 /// load), with every entry point (every layout of every row operator of the registry) and without
-/// local memory (the rows stay in registers). Needs CUDA 13's NVRTC, not a GPU:
-/// `LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib cargo test --release --lib nvrtc -- --ignored`.
+/// local memory (the rows stay in registers). Needs CUDA 13's NVRTC, not a GPU: `scripts/test`
+/// runs it with the test packages' NVRTC on the library path (by hand:
+/// `LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib cargo test --lib nvrtc -- --ignored`).
 #[test]
 #[ignore = "needs libnvrtc.so.13 on LD_LIBRARY_PATH"]
 fn nvrtc_compiles_the_kernels() {
