@@ -246,6 +246,8 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
         timings: args.timings.clone(),
         run_dir: PathBuf::from("."),
         videos: None,
+        latents: args.save_latents.clone(),
+        frames: args.save_frames.clone(),
         config_hash: String::new(),
         events: false,
         bench: BenchOptions {
@@ -253,8 +255,6 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
             // `--bench` without `--warmup` warms up with a whole unrecorded round.
             warm_rounds: usize::from(args.bench && args.warmup.is_none()),
             latents_only: args.latents_only,
-            save_latents: args.save_latents.clone(),
-            save_frames: args.save_frames.clone(),
             summary: args.bench,
         },
     })

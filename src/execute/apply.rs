@@ -29,6 +29,7 @@ use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, ExecutorKind, Kind, Resolved};
 use crate::plan::{Plan, Process, Role};
 use crate::results::Summary;
+use crate::results::arrays::ArrayKind;
 use crate::results::files::{
     RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL, read_process_timings, repair_timings, write_atomic,
     write_json_atomic,
@@ -480,6 +481,8 @@ fn keep_previous_measurement(run_dir: &Path) -> Result<(), ApplyError> {
         SUMMARY_JSON,
         RUN_JSON,
         crate::results::LATENCY_SVG,
+        ArrayKind::Latents.dir(),
+        ArrayKind::Frames.dir(),
     ];
     if !parts.iter().any(|p| run_dir.join(p).exists()) {
         return Ok(());
@@ -651,6 +654,13 @@ impl JobFactory<'_> {
             .collect()
     }
 
+    /// Where a process of `role` keeps its prompts' arrays of `kind`, when the manifest asks for
+    /// them: the run folder's `latents/` or `frames/`; never for a warmup.
+    fn kept(&self, role: ProcessRole, kind: ArrayKind) -> Option<PathBuf> {
+        (kind.kept_by(&self.r.manifest.outputs) && role != ProcessRole::Warmup)
+            .then(|| self.plan.run_dir.join(kind.dir()))
+    }
+
     /// The job of process `p`, or `None` when it has nothing to do: a resumed shard whose
     /// prompts are complete, its slot's warmup when every shard of the slot is, or a process
     /// whose skip marker exists.
@@ -716,12 +726,14 @@ impl JobFactory<'_> {
                     .join(format!("{:03}.jsonl", p.index)),
             ),
             run_dir: run_dir.clone(),
-            // Warmups never keep videos.
+            // Warmups never keep videos, latents or frames.
             videos: if role == ProcessRole::Warmup {
                 None
             } else {
                 self.videos.clone()
             },
+            latents: self.kept(role, ArrayKind::Latents),
+            frames: self.kept(role, ArrayKind::Frames),
             config_hash: self.config_hash.to_string(),
             events: true,
             bench: BenchOptions::default(),

@@ -59,6 +59,12 @@ pub struct JobSpec {
     pub run_dir: PathBuf,
     /// Where videos go, when they are written.
     pub videos: Option<PathBuf>,
+    /// Where each prompt's final latents go (`latents_<index>.f32`), when they are kept.
+    #[serde(default)]
+    pub latents: Option<PathBuf>,
+    /// Where each prompt's uint8 frames go (`frames_<index>.u8`), when they are kept.
+    #[serde(default)]
+    pub frames: Option<PathBuf>,
     pub config_hash: String,
     /// Write the run's events on standard output (a run's workers do; `runner worker`'s flag
     /// form does not).
@@ -78,10 +84,6 @@ pub struct BenchOptions {
     pub warm_rounds: usize,
     /// Stop after the DiT (no decode, no frames).
     pub latents_only: bool,
-    /// Write each prompt's final latents to `DIR/latents_<index>.f32`.
-    pub save_latents: Option<PathBuf>,
-    /// Write each prompt's uint8 frames to `DIR/frames_<index>.u8`.
-    pub save_frames: Option<PathBuf>,
     /// Print seconds per video over the measured round.
     pub summary: bool,
 }

@@ -10,6 +10,7 @@ use super::preflight::{probe_state_preflight, short_list};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
+use crate::results::arrays::ArrayKind;
 use crate::results::files::{RUN_JSON, read_json, read_process_timings};
 use crate::results::records::{ProcessRole, RunRecord, RunStatus, TimingRecord};
 
@@ -73,8 +74,8 @@ pub(super) fn completed(
         ));
     }
     // A prompt is done when a record of its latest output has this configuration, the prompt's
-    // current text and its video; the latest record decides (a prompt made again after its text
-    // changed has a newer record).
+    // current text, its video and the arrays the manifest keeps; the latest record decides (a
+    // prompt made again after its text changed has a newer record).
     let prompts = r.prompts.as_deref().unwrap_or_default();
     let timings = read_process_timings(run_dir);
     for line in &timings.damaged {
@@ -131,7 +132,17 @@ pub(super) fn completed(
             changed.push(*prompt);
             stale_videos.extend(rec.video.as_ref().map(|v| run_dir.join(v)));
         }
-        if same_config(&rec.config_hash) && video_ok && same_text {
+        // Latents or frames asked for now but not kept then (or lost): the prompt is made again.
+        let arrays_ok = ArrayKind::ALL
+            .into_iter()
+            .filter(|kind| kind.kept_by(&r.manifest.outputs))
+            .all(|kind| {
+                run_dir
+                    .join(kind.dir())
+                    .join(kind.file_name(*prompt))
+                    .is_file()
+            });
+        if same_config(&rec.config_hash) && video_ok && same_text && arrays_ok {
             done.insert(*prompt);
         }
     }

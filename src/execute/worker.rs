@@ -13,6 +13,7 @@ use crate::engine::{
     Generator, Precision, Provider, Schedule, SessionError, StartupTimes,
 };
 use crate::exit;
+use crate::results::arrays::ArrayKind;
 use crate::results::files::append_jsonl;
 use crate::results::names::video_name;
 use crate::results::records::{ProcessStart, TimingRecord};
@@ -183,10 +184,7 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         exclude_final_output_layout: job.exclude_final_output_layout,
         latents_only: job.bench.latents_only,
     };
-    for dir in [&job.bench.save_latents, &job.bench.save_frames]
-        .into_iter()
-        .flatten()
-    {
+    for dir in [&job.latents, &job.frames].into_iter().flatten() {
         std::fs::create_dir_all(dir).map_err(|e| write_error(dir, e))?;
     }
     if let Some(first) = job.prompts.first() {
@@ -282,27 +280,28 @@ fn keep(
     Ok(record)
 }
 
-/// `--save-latents` and `--save-frames`: raw little-endian arrays.
+/// The kept latents and frames (`outputs.save_latents`, `outputs.save_frames`, or `--save-latents`
+/// and `--save-frames`): raw little-endian arrays, each written whole or not at all, so that a
+/// crash leaves no partial array for `runner compare` to read.
 fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError> {
     let write = |path: PathBuf, bytes: &[u8]| {
-        std::fs::write(&path, bytes).map_err(|e| write_error(&path, e))
+        crate::atomic_file::write_with(&path, |w| std::io::Write::write_all(w, bytes))
+            .map_err(|e| write_error(&path, e))
     };
     let index = generated.prompt_index;
-    if let Some(dir) = &job.bench.save_latents {
+    if let Some(dir) = &job.latents {
         let bytes: Vec<u8> = generated
             .latents
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        write(dir.join(format!("latents_{index}.f32")), &bytes)?;
+        write(dir.join(ArrayKind::Latents.file_name(index)), &bytes)?;
     }
-    if let Some(dir) = job
-        .bench
-        .save_frames
-        .as_ref()
-        .filter(|_| !generated.frames.is_empty())
-    {
-        write(dir.join(format!("frames_{index}.u8")), &generated.frames)?;
+    if let Some(dir) = job.frames.as_ref().filter(|_| !generated.frames.is_empty()) {
+        write(
+            dir.join(ArrayKind::Frames.file_name(index)),
+            &generated.frames,
+        )?;
     }
     Ok(())
 }

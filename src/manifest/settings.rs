@@ -315,6 +315,16 @@ pub struct Outputs {
     /// Write MP4s (generation: kept under `videos/`; probe: debug saves, deleted after each
     /// process). Extra arg: `--save-videos`.
     pub save_videos: bool,
+    /// Keep each measured prompt's final latents as `latents/latents_<index>.f32` (raw
+    /// little-endian float32, `[1, 16, latent frames, height / 8, width / 8]`: 8.4 MB a prompt at
+    /// 480×832), so that `runner compare` measures another run against this one on the same
+    /// noise (relative L2 error). Warmup processes keep none.
+    pub save_latents: bool,
+    /// Keep each measured prompt's decoded frames as `frames/frames_<index>.u8` (raw uint8 RGB,
+    /// `[frames, height, width, 3]`: 97 MB a prompt at 81 frames of 480×832), so that `runner
+    /// compare` measures another run against this one on the same noise (PSNR, pixel
+    /// differences), without the videos' compression between them. Warmup processes keep none.
+    pub save_frames: bool,
     /// Video file names: `vbench` (the standard prompt of `prompts.names_file` and its sample
     /// index, `<prompt>-<sample>.mp4`; without a names file, the prompt's first 180 characters and
     /// `-0.mp4`) or `indexed` (`NNNN.mp4`).
@@ -482,6 +492,8 @@ impl Manifest {
             outputs: Outputs {
                 dir: "results".into(),
                 save_videos: !probe,
+                save_latents: false,
+                save_frames: false,
                 video_naming: VideoNaming::Vbench,
             },
             assets: Assets {

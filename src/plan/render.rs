@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, IndexList, Kind, Origin, Resolved};
+use crate::results::arrays::ArrayKind;
 
 use super::build::{Plan, Role};
 
@@ -142,6 +143,18 @@ fn settings(s: &mut String, plan: &Plan, r: &Resolved) {
         "  timed region  {} -> {}",
         plan.timed_region.starts, plan.timed_region.ends
     );
+    let kept: Vec<String> = ArrayKind::ALL
+        .into_iter()
+        .filter(|kind| kind.kept_by(&m.outputs))
+        .map(|kind| format!("{}/", p(&plan.run_dir.join(kind.dir()))))
+        .collect();
+    if !kept.is_empty() {
+        let _ = writeln!(
+            s,
+            "  keeps         {} of every measured prompt (for runner compare's quality)",
+            kept.join(" and ")
+        );
+    }
     let overrides = r.method_overrides();
     if !overrides.is_empty() {
         let list: Vec<String> = overrides

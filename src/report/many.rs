@@ -25,6 +25,10 @@ pub struct ManyComparison {
     /// The runs, the reference first.
     pub runs: Vec<String>,
     pub rows: Vec<ManyRow>,
+    /// Each later run's outputs against the first's on the same noise, for those that kept
+    /// latents or frames like it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quality: Vec<super::quality::Quality>,
     /// Reasons the numbers may not be comparable.
     pub warnings: Vec<String>,
 }
@@ -53,8 +57,14 @@ impl ManyComparison {
             }
         }
         let mut warnings: Vec<String> = Vec::new();
+        let mut quality = Vec::new();
         for other in &runs[1..] {
-            for w in comparison_warnings(&runs[0], other) {
+            let (q, quality_warnings) = super::quality::quality(&runs[0], other);
+            quality.extend(q);
+            for w in comparison_warnings(&runs[0], other)
+                .into_iter()
+                .chain(quality_warnings)
+            {
                 if !warnings.contains(&w) {
                     warnings.push(w);
                 }
@@ -63,6 +73,7 @@ impl ManyComparison {
         ManyComparison {
             runs: runs.iter().map(|r| r.name.clone()).collect(),
             rows,
+            quality,
             warnings,
         }
     }
@@ -107,6 +118,7 @@ impl ManyComparison {
             let values: String = row.iter().map(|c| format!("  {c:>width$}")).collect();
             let _ = writeln!(t, "  {:<12} {:<26}{values}", r.series, r.statistic);
         }
+        super::quality::quality_text(&mut t, &self.quality);
         t
     }
 }

@@ -4,6 +4,7 @@
 pub mod first_prompt;
 pub mod load;
 pub mod many;
+pub mod quality;
 pub mod render;
 pub mod runs;
 pub mod scores;

@@ -498,6 +498,9 @@ pub struct Comparison {
     /// Evaluation scores per dimension, when either run has them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<super::scores::ScoreRow>,
+    /// b's outputs against a's on the same noise, when both kept latents or frames.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<super::quality::Quality>,
     /// Reasons the numbers may not be comparable.
     pub warnings: Vec<String>,
 }
@@ -518,14 +521,17 @@ impl Comparison {
                 });
             }
         }
+        let (quality, quality_warnings) = super::quality::quality(a, b);
         Comparison {
             a: a.name.clone(),
             b: b.name.clone(),
             rows,
             scores: super::scores::score_rows(a, b),
+            quality,
             warnings: [
                 comparison_warnings(a, b),
                 super::scores::score_warnings(a, b),
+                quality_warnings,
             ]
             .concat(),
         }
@@ -556,6 +562,7 @@ impl Comparison {
             );
         }
         super::scores::scores_text(&mut t, &self.scores);
+        super::quality::quality_text(&mut t, self.quality.as_slice());
         t
     }
 }

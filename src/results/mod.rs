@@ -1,6 +1,7 @@
 //! Results of a run under `results/<RUN_NAME>/`: the record types (the file formats), the
 //! statistics, the config hash, and crash-safe writing and reading.
 
+pub mod arrays;
 pub mod files;
 pub mod hash;
 pub mod names;

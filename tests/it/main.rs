@@ -7,6 +7,7 @@ mod hardening;
 mod manifest;
 mod prompts;
 mod properties;
+mod quality;
 mod report;
 mod runs;
 mod slurm;

@@ -1,0 +1,472 @@
+//! How far one run's outputs are from another's on the same noise, from the arrays both kept
+//! (`outputs.save_latents`, `outputs.save_frames`): `runner compare`'s quality section. It is how
+//! a reduced precision, an ablation or another build is measured against a reference run on a
+//! checkpoint of one's own: the latents' relative L2 error and the frames' PSNR, before any
+//! video compression.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::load::LoadedRun;
+use crate::results::arrays::{ArrayKind, kept_files};
+
+/// One run's latents against the reference's, over the prompts both kept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LatentQuality {
+    pub prompts: usize,
+    /// Prompts whose latents are bit for bit the reference's.
+    pub identical: usize,
+    /// The mean over the prompts of ‖b − a‖ / ‖a‖.
+    pub mean_relative_l2: f64,
+    /// The largest of them, and its prompt (none when every prompt is identical).
+    pub max_relative_l2: f64,
+    pub worst_prompt: Option<u32>,
+}
+
+/// One run's frames against the reference's, over the prompts both kept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FrameQuality {
+    pub prompts: usize,
+    /// Prompts whose frames are byte for byte the reference's.
+    pub identical: usize,
+    /// The mean PSNR in dB over the prompts whose frames differ (none when none differ).
+    pub mean_psnr_db: Option<f64>,
+    /// The lowest PSNR, and its prompt.
+    pub min_psnr_db: Option<f64>,
+    pub worst_prompt: Option<u32>,
+    /// The mean absolute difference over every value of every prompt, in levels of 255.
+    pub mean_abs_diff: f64,
+    pub max_abs_diff: u8,
+}
+
+/// A run measured against the reference run (the first of a comparison).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Quality {
+    /// The run measured.
+    pub run: String,
+    /// The reference.
+    pub against: String,
+    pub latents: Option<LatentQuality>,
+    pub frames: Option<FrameQuality>,
+}
+
+/// `b` measured against `a` over the prompts whose arrays both kept, and the reasons a kind of
+/// array was not compared (for the comparison's warnings). Runs that kept no arrays give
+/// neither.
+pub fn quality(a: &LoadedRun, b: &LoadedRun) -> (Option<Quality>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let kinds = [ArrayKind::Latents, ArrayKind::Frames].map(|kind| {
+        let in_a = kept_files(&a.dir.join(kind.dir()), kind);
+        let in_b = kept_files(&b.dir.join(kind.dir()), kind);
+        let common: Vec<u32> = in_a
+            .keys()
+            .filter(|i| in_b.contains_key(i))
+            .copied()
+            .collect();
+        if common.is_empty() && !(in_a.is_empty() && in_b.is_empty()) {
+            warnings.push(format!(
+                "no {} compared: `{}` kept them for {}, `{}` for {}; keep them in both runs \
+                 (outputs.save_{}) over the same prompts",
+                kind.dir(),
+                a.name,
+                prompt_count(in_a.len()),
+                b.name,
+                prompt_count(in_b.len()),
+                kind.dir()
+            ));
+        }
+        (kind, common)
+    });
+    if kinds.iter().all(|(_, common)| common.is_empty()) {
+        return (None, warnings);
+    }
+    if let Some(differs) = noise_differs(a, b) {
+        warnings.push(format!(
+            "no quality compared: `{}` and `{}` drew different noise ({differs}); their arrays \
+             differ by the noise, not only by what the runs changed",
+            a.name, b.name
+        ));
+        return (None, warnings);
+    }
+    let mut result = Quality {
+        run: b.name.clone(),
+        against: a.name.clone(),
+        latents: None,
+        frames: None,
+    };
+    for (kind, common) in kinds {
+        if common.is_empty() {
+            continue;
+        }
+        let pair = |i: u32| {
+            let name = kind.file_name(i);
+            (
+                a.dir.join(kind.dir()).join(&name),
+                b.dir.join(kind.dir()).join(name),
+            )
+        };
+        let compared = match kind {
+            ArrayKind::Latents => common
+                .par_iter()
+                .map(|&i| {
+                    let (x, y) = pair(i);
+                    latent_sums(&x, &y).map(|s| (i, s))
+                })
+                .collect::<Result<Vec<_>, String>>()
+                .map(|v| result.latents = Some(latent_quality(&v))),
+            ArrayKind::Frames => common
+                .par_iter()
+                .map(|&i| {
+                    let (x, y) = pair(i);
+                    frame_sums(&x, &y).map(|s| (i, s))
+                })
+                .collect::<Result<Vec<_>, String>>()
+                .map(|v| result.frames = Some(frame_quality(&v))),
+        };
+        if let Err(why) = compared {
+            warnings.push(format!("no {} compared: {why}", kind.dir()));
+        }
+    }
+    let any = result.latents.is_some() || result.frames.is_some();
+    (any.then_some(result), warnings)
+}
+
+fn prompt_count(n: usize) -> String {
+    match n {
+        0 => "no prompt".into(),
+        1 => "1 prompt".into(),
+        n => format!("{n} prompts"),
+    }
+}
+
+/// The first `noise.*` setting whose recorded value differs between the runs, as a message.
+fn noise_differs(a: &LoadedRun, b: &LoadedRun) -> Option<String> {
+    let (sa, sb) = (&a.record.settings, &b.record.settings);
+    let keys = sa
+        .keys()
+        .chain(sb.keys())
+        .filter(|k| k.starts_with("noise."));
+    for key in keys {
+        let (va, vb) = (sa.get(key).map(|s| &s.value), sb.get(key).map(|s| &s.value));
+        if va != vb {
+            let show = |v: Option<&serde_json::Value>| v.map_or("unset".into(), |v| v.to_string());
+            return Some(format!("{key}: {} against {}", show(va), show(vb)));
+        }
+    }
+    None
+}
+
+/// Reads two files of the same length side by side, a chunk of each at a time, handing the
+/// pairs to `each`; an error names the file and says why.
+fn read_pairs(a: &Path, b: &Path, mut each: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
+    let open = |p: &Path| -> Result<(File, u64), String> {
+        let file = File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let len = file
+            .metadata()
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+            .len();
+        Ok((file, len))
+    };
+    let ((mut fa, la), (mut fb, lb)) = (open(a)?, open(b)?);
+    if la != lb {
+        return Err(format!(
+            "{} holds {la} bytes and {} {lb}: the runs made outputs of other shapes",
+            a.display(),
+            b.display()
+        ));
+    }
+    // A multiple of 4 bytes, so that float32 values never straddle two chunks.
+    const CHUNK: usize = 1 << 20;
+    let (mut xa, mut xb) = (vec![0u8; CHUNK], vec![0u8; CHUNK]);
+    let mut left = la;
+    while left > 0 {
+        let n = CHUNK.min(left as usize);
+        let read = |f: &mut File, buf: &mut [u8], p: &Path| -> Result<(), String> {
+            f.read_exact(buf).map_err(|e: io::Error| {
+                format!("cannot read {}: {e} (changed while read?)", p.display())
+            })
+        };
+        read(&mut fa, &mut xa[..n], a)?;
+        read(&mut fb, &mut xb[..n], b)?;
+        each(&xa[..n], &xb[..n]);
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// Sums over one prompt's latents: Σ(b − a)², Σa².
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct LatentSums {
+    diff2: f64,
+    ref2: f64,
+}
+
+fn latent_sums(a: &Path, b: &Path) -> Result<LatentSums, String> {
+    let mut s = LatentSums::default();
+    let mut len = 0u64;
+    read_pairs(a, b, |xa, xb| {
+        len += xa.len() as u64;
+        for (ca, cb) in xa.chunks_exact(4).zip(xb.chunks_exact(4)) {
+            let va = f64::from(f32::from_le_bytes(ca.try_into().expect("4 bytes")));
+            let vb = f64::from(f32::from_le_bytes(cb.try_into().expect("4 bytes")));
+            s.diff2 += (vb - va) * (vb - va);
+            s.ref2 += va * va;
+        }
+    })?;
+    if !len.is_multiple_of(4) {
+        return Err(format!(
+            "{} holds {len} bytes, not whole float32 values",
+            a.display()
+        ));
+    }
+    Ok(s)
+}
+
+/// ‖b − a‖ / ‖a‖ from the sums: 0 for equal arrays, infinite for a zero reference with a
+/// difference.
+fn relative_l2(s: LatentSums) -> f64 {
+    if s.diff2 == 0.0 {
+        0.0
+    } else if s.ref2 == 0.0 {
+        f64::INFINITY
+    } else {
+        (s.diff2 / s.ref2).sqrt()
+    }
+}
+
+fn latent_quality(per_prompt: &[(u32, LatentSums)]) -> LatentQuality {
+    let errors: Vec<(u32, f64)> = per_prompt
+        .iter()
+        .map(|&(i, s)| (i, relative_l2(s)))
+        .collect();
+    // The worst is the largest error, a NaN (non-finite latents) above all; the first of equals.
+    let worst = errors
+        .iter()
+        .copied()
+        .filter(|e| e.1 != 0.0)
+        .reduce(|x, y| if y.1.total_cmp(&x.1).is_gt() { y } else { x });
+    LatentQuality {
+        prompts: errors.len(),
+        identical: errors.iter().filter(|e| e.1 == 0.0).count(),
+        mean_relative_l2: errors.iter().map(|e| e.1).sum::<f64>() / errors.len().max(1) as f64,
+        max_relative_l2: worst.map_or(0.0, |w| w.1),
+        worst_prompt: worst.map(|w| w.0),
+    }
+}
+
+/// Sums over one prompt's frames: values, Σ|b − a|, Σ(b − a)², max |b − a|.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct FrameSums {
+    values: u64,
+    abs: u64,
+    squares: u64,
+    max: u8,
+}
+
+fn frame_sums(a: &Path, b: &Path) -> Result<FrameSums, String> {
+    let mut s = FrameSums::default();
+    read_pairs(a, b, |xa, xb| {
+        s.values += xa.len() as u64;
+        for (&va, &vb) in xa.iter().zip(xb) {
+            let d = va.abs_diff(vb);
+            s.abs += u64::from(d);
+            s.squares += u64::from(d) * u64::from(d);
+            s.max = s.max.max(d);
+        }
+    })?;
+    Ok(s)
+}
+
+/// PSNR in dB of 8-bit values from their mean squared difference; none for equal frames.
+fn psnr_db(s: FrameSums) -> Option<f64> {
+    (s.squares > 0).then(|| {
+        let mse = s.squares as f64 / s.values as f64;
+        10.0 * (255.0f64 * 255.0 / mse).log10()
+    })
+}
+
+fn frame_quality(per_prompt: &[(u32, FrameSums)]) -> FrameQuality {
+    let psnrs: Vec<(u32, f64)> = per_prompt
+        .iter()
+        .filter_map(|&(i, s)| psnr_db(s).map(|p| (i, p)))
+        .collect();
+    let lowest = psnrs.iter().copied().min_by(|x, y| x.1.total_cmp(&y.1));
+    let values: u64 = per_prompt.iter().map(|(_, s)| s.values).sum();
+    let abs: u64 = per_prompt.iter().map(|(_, s)| s.abs).sum();
+    FrameQuality {
+        prompts: per_prompt.len(),
+        identical: per_prompt.len() - psnrs.len(),
+        mean_psnr_db: (!psnrs.is_empty())
+            .then(|| psnrs.iter().map(|p| p.1).sum::<f64>() / psnrs.len() as f64),
+        min_psnr_db: lowest.map(|p| p.1),
+        worst_prompt: lowest.map(|p| p.0),
+        mean_abs_diff: if values == 0 {
+            0.0
+        } else {
+            abs as f64 / values as f64
+        },
+        max_abs_diff: per_prompt.iter().map(|(_, s)| s.max).max().unwrap_or(0),
+    }
+}
+
+/// ", 2 prompts identical" where some prompts are, for a line that names the worst.
+fn identical_note(identical: usize) -> String {
+    match identical {
+        0 => String::new(),
+        n => format!(", {} identical", prompt_count(n)),
+    }
+}
+
+/// Writes the quality section of a comparison: one block per run measured.
+pub fn quality_text(t: &mut String, quality: &[Quality]) {
+    for q in quality {
+        let _ = writeln!(
+            t,
+            "\nquality of `{}` against `{}` on the same noise (their kept arrays)",
+            q.run, q.against
+        );
+        if let Some(l) = &q.latents {
+            let error = match l.worst_prompt {
+                Some(worst) => format!(
+                    "relative L2 error  mean {:.3e}  max {:.3e} (prompt {worst}{})",
+                    l.mean_relative_l2,
+                    l.max_relative_l2,
+                    identical_note(l.identical)
+                ),
+                None => "identical".into(),
+            };
+            let _ = writeln!(t, "  latents  {:<11}  {error}", prompt_count(l.prompts));
+        }
+        if let Some(f) = &q.frames {
+            let psnr = match (f.mean_psnr_db, f.min_psnr_db, f.worst_prompt) {
+                (Some(mean), Some(min), Some(worst)) => format!(
+                    "PSNR mean {mean:.1} dB  min {min:.1} dB (prompt {worst}{})",
+                    identical_note(f.identical)
+                ),
+                _ => "identical".into(),
+            };
+            let _ = writeln!(
+                t,
+                "  frames   {:<11}  {psnr}  abs diff mean {:.2}  max {} levels",
+                prompt_count(f.prompts),
+                f.mean_abs_diff,
+                f.max_abs_diff
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    fn f32s(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// The latents' relative L2 error of worked examples, from the files.
+    #[test]
+    fn relative_l2_error_of_latents() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for (a, b, expected) in [
+            (vec![3.0, 4.0], vec![3.0, 4.0], 0.0),
+            // ‖(0.3, 0.4)‖ / ‖(3, 4)‖ = 0.5 / 5.
+            (vec![3.0, 4.0], vec![3.3, 4.4], 0.1),
+            (vec![1.0, 0.0, 0.0, 0.0], vec![0.0, 0.0, 0.0, 0.0], 1.0),
+            (vec![0.0, 0.0], vec![0.0, 1.0], f64::INFINITY),
+        ] {
+            let (pa, pb) = (write(d, "a", &f32s(&a)), write(d, "b", &f32s(&b)));
+            let error = relative_l2(latent_sums(&pa, &pb).unwrap());
+            assert!(
+                (error - expected).abs() < 1e-6 || error == expected,
+                "{a:?} {b:?}: {error}"
+            );
+        }
+    }
+
+    /// Files of other lengths are not compared, and the message says why; so is a length that
+    /// is not whole float32 values.
+    #[test]
+    fn arrays_of_other_shapes_are_not_compared() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (pa, pb) = (
+            write(d, "a", &f32s(&[1.0, 2.0])),
+            write(d, "b", &f32s(&[1.0])),
+        );
+        let e = latent_sums(&pa, &pb).unwrap_err();
+        assert!(
+            e.contains("holds 8 bytes and") && e.contains("other shapes"),
+            "{e}"
+        );
+        let (pa, pb) = (write(d, "a", &[0; 6]), write(d, "b", &[0; 6]));
+        let e = latent_sums(&pa, &pb).unwrap_err();
+        assert!(e.contains("not whole float32 values"), "{e}");
+        let e = frame_sums(&pa, &d.join("missing")).unwrap_err();
+        assert!(e.starts_with("cannot read"), "{e}");
+    }
+
+    /// PSNR and the pixel differences of worked examples; identical frames have no PSNR.
+    #[test]
+    fn psnr_and_differences_of_frames() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // One value in four off by 2: MSE 1, PSNR 20·log10(255) = 48.13 dB.
+        let (pa, pb) = (
+            write(d, "a", &[10, 20, 30, 40]),
+            write(d, "b", &[10, 22, 30, 40]),
+        );
+        let off = frame_sums(&pa, &pb).unwrap();
+        assert_eq!(
+            off,
+            FrameSums {
+                values: 4,
+                abs: 2,
+                squares: 4,
+                max: 2
+            }
+        );
+        assert!((psnr_db(off).unwrap() - 48.1308).abs() < 1e-3);
+        let same = frame_sums(&pa, &pa).unwrap();
+        assert_eq!(psnr_db(same), None);
+        let q = frame_quality(&[(3, off), (5, same)]);
+        assert_eq!((q.prompts, q.identical, q.worst_prompt), (2, 1, Some(3)));
+        assert_eq!(q.max_abs_diff, 2);
+        assert!((q.mean_abs_diff - 0.25).abs() < 1e-12);
+        let q = frame_quality(&[(5, same)]);
+        assert_eq!(
+            (q.mean_psnr_db, q.min_psnr_db, q.identical),
+            (None, None, 1)
+        );
+    }
+
+    /// Over several prompts: the mean, and the worst prompt named.
+    #[test]
+    fn the_worst_prompt_is_named() {
+        let sums = |diff2: f64| LatentSums { diff2, ref2: 1.0 };
+        let q = latent_quality(&[(0, sums(0.01)), (7, sums(0.04)), (9, sums(0.0))]);
+        assert_eq!((q.prompts, q.identical, q.worst_prompt), (3, 1, Some(7)));
+        assert!((q.max_relative_l2 - 0.2).abs() < 1e-12);
+        assert!((q.mean_relative_l2 - 0.1).abs() < 1e-12);
+        let q = latent_quality(&[(2, sums(0.0)), (4, sums(0.0))]);
+        assert_eq!(
+            (q.identical, q.worst_prompt, q.max_relative_l2),
+            (2, None, 0.0)
+        );
+        // Non-finite latents are the worst of all.
+        let q = latent_quality(&[(1, sums(0.04)), (5, sums(f64::NAN))]);
+        assert_eq!(q.worst_prompt, Some(5));
+    }
+}
