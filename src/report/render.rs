@@ -171,6 +171,9 @@ pub struct Report<'a> {
     /// Each process's start and first prompt, and where its extra time went.
     pub first_prompts: super::FirstPrompts,
     pub provenance: Provenance,
+    /// How many prompts' latents and frames the run kept (`latents`, `frames`), when it kept any.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept: std::collections::BTreeMap<&'static str, usize>,
     /// The evaluation's settings, outcome and scores, when the run has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evaluation: Option<&'a crate::results::scores::EvaluationRecord>,
@@ -193,6 +196,7 @@ impl<'a> Report<'a> {
             peak_device_memory_bytes: peak_memory(&measured(&run.timings, run.record.kind)),
             first_prompts: super::FirstPrompts::of(&run.timings),
             provenance: Provenance::of(&run.record),
+            kept: crate::results::arrays::kept_counts(&run.dir),
             evaluation: run.record.evaluation.as_ref(),
         }
     }
@@ -224,6 +228,21 @@ pub fn report_text(run: &LoadedRun) -> String {
     );
     runtime_rows(&mut t, r, &p);
     run_rows(&mut t, r, &p);
+    let kept = crate::results::arrays::kept_counts(&run.dir);
+    if !kept.is_empty() {
+        let list: Vec<String> = kept
+            .iter()
+            .map(|(dir, n)| format!("{dir}/ of {n} prompt{}", if *n == 1 { "" } else { "s" }))
+            .collect();
+        row(
+            &mut t,
+            "kept",
+            format!(
+                "{} (runner compare measures other runs against them)",
+                list.join(", ")
+            ),
+        );
+    }
     statistics_table(&mut t, &run.summary);
     let measured = measured(&run.timings, r.kind);
     phase_split(&mut t, &measured);

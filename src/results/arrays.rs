@@ -81,6 +81,20 @@ pub fn kept_files(dir: &Path, kind: ArrayKind) -> BTreeMap<u32, PathBuf> {
         .collect()
 }
 
+/// How many prompts' arrays of each kind the run in `run_dir` kept, for the kinds it kept any of.
+pub fn kept_counts(run_dir: &Path) -> BTreeMap<&'static str, usize> {
+    ArrayKind::ALL
+        .into_iter()
+        .map(|kind| {
+            (
+                kind.dir(),
+                kept_files(&run_dir.join(kind.dir()), kind).len(),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,6 +88,23 @@ fn kept_arrays_measure_a_run_against_another_on_the_same_noise() {
     let latents = std::fs::metadata(run.join("latents/latents_0.f32")).unwrap();
     assert!(latents.len() > 0 && latents.len().is_multiple_of(4));
 
+    // The report says what the run kept.
+    let report = t.cmd().args(["report", "reference"]).run();
+    assert!(
+        report.stdout.contains(
+            "  kept          frames/ of 2 prompts, latents/ of 2 prompts (runner compare \
+             measures other runs against them)\n"
+        ),
+        "{}",
+        report.stdout
+    );
+    let report = t.cmd().args(["report", "reference", "--json"]).run();
+    let report: serde_json::Value = serde_json::from_str(&report.stdout).unwrap();
+    assert_eq!(
+        report["kept"],
+        serde_json::json!({"latents": 2, "frames": 2})
+    );
+
     // The same settings: identical outputs.
     let same = t.cmd().args(["compare", "reference", "again"]).run();
     assert_eq!(same.code, 0, "{}", same.render());
