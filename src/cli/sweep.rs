@@ -96,33 +96,49 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
     code
 }
 
-/// The table over the sweep's runs, as `runner runs` lists them; a run that did not start is
-/// listed as such.
+/// The table over the sweep's runs, as `runner runs` lists them (a run that did not start is
+/// listed as such), then, where the runs kept latents or frames, each later run's quality
+/// against the first's on the same noise, as `runner compare` measures it.
 fn summary(runs: &[(Resolved, Plan)], ended: &[Ended]) -> String {
-    let rows: Vec<RunRow> = runs
+    let loaded: Vec<Option<report::LoadedRun>> = runs
         .iter()
         .enumerate()
-        .map(|(i, (_, plan))| {
-            let status = match ended.get(i) {
-                None => "not started",
-                Some(Ended::Error(_)) => "error",
-                Some(Ended::Ran(_)) => {
-                    return report::load_run(&plan.run_dir).map_or_else(
-                        |_| RunRow::without_record(&plan.run, &plan.run_dir, "unreadable"),
-                        |run| RunRow::of(&run),
-                    );
-                }
+        .map(|(i, (_, plan))| match ended.get(i) {
+            Some(Ended::Ran(_)) => report::load_run(&plan.run_dir).ok(),
+            _ => None,
+        })
+        .collect();
+    let rows: Vec<RunRow> = runs
+        .iter()
+        .zip(&loaded)
+        .enumerate()
+        .map(|(i, ((_, plan), run))| {
+            let status = match (ended.get(i), run) {
+                (None, _) => "not started",
+                (Some(Ended::Error(_)), _) => "error",
+                (Some(Ended::Ran(_)), Some(run)) => return RunRow::of(run),
+                (Some(Ended::Ran(_)), None) => "unreadable",
             };
             RunRow::without_record(&plan.run, &plan.run_dir, status)
         })
         .collect();
+    // Runs over other noise, other sizes or no common prompts are left out here without a
+    // word: `runner compare` of them says why.
+    let mut quality = Vec::new();
+    if let Some(Some(first)) = loaded.first() {
+        for other in loaded[1..].iter().flatten() {
+            quality.extend(report::quality::quality(first, other).0);
+        }
+    }
+    let mut quality_text = String::new();
+    report::quality::quality_text(&mut quality_text, &quality);
     let base = runs[0]
         .0
         .sweep
         .as_ref()
         .map_or(runs[0].1.run.as_str(), |p| p.base.as_str());
     format!(
-        "sweep `{base}`: {} runs\n{}",
+        "sweep `{base}`: {} runs\n{}{quality_text}",
         runs.len(),
         report::runs_table(&rows)
     )

@@ -21,6 +21,14 @@ fn append(path: &std::path::Path, text: &str) {
 fn a_sweep_over_clean_sigma_is_two_runs_with_different_videos_compared_in_one_table() {
     let t = Test::new();
     let path = generation(&t, "sig", "0-1");
+    // The runs keep their latents: the sweep's table ends with the second's error against the
+    // first's.
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("[outputs]\n", "[outputs]\nsave_latents = true\n"),
+    )
+    .unwrap();
     append(&path, SIGMAS);
     let (a, b) = ("sig-clean_sigma=0.005", "sig-clean_sigma=0.01");
 
@@ -72,6 +80,14 @@ fn a_sweep_over_clean_sigma_is_two_runs_with_different_videos_compared_in_one_ta
             .unwrap_or_else(|| panic!("no row for {run}\n{}", out.render()));
         assert!(row.contains("succeeded") && row.contains("2/2"), "{row}");
     }
+    assert!(
+        out.stdout.contains(&format!(
+            "\nquality of `{b}` against `{a}` on the same noise (their kept arrays)\n  \
+             latents  2 prompts    relative L2 error  mean "
+        )),
+        "{}",
+        out.render()
+    );
     let (dir_a, dir_b) = (
         t.path().join("results").join(a),
         t.path().join("results").join(b),
@@ -84,7 +100,7 @@ fn a_sweep_over_clean_sigma_is_two_runs_with_different_videos_compared_in_one_ta
         let setting = &run["settings"]["method.clean_sigma"];
         assert_eq!(setting["layer"], "sweep", "{run}");
         let col = if point == 1 { 25 } else { 32 };
-        assert_eq!(setting["origin"], format!("sig.toml:22:{col}"), "{run}");
+        assert_eq!(setting["origin"], format!("sig.toml:23:{col}"), "{run}");
         assert_eq!(run["sweep"]["base"], "sig");
         assert_eq!(run["sweep"]["point"], point);
         assert_eq!(run["sweep"]["points"], 2);
@@ -131,7 +147,7 @@ fn a_sweep_over_clean_sigma_is_two_runs_with_different_videos_compared_in_one_ta
     assert!(
         diff.stdout.contains("differ in 1 setting:")
             && diff.stdout.contains("method.clean_sigma")
-            && diff.stdout.contains("sweep (sig.toml:22:25)"),
+            && diff.stdout.contains("sweep (sig.toml:23:25)"),
         "{}",
         diff.render()
     );
