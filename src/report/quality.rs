@@ -26,6 +26,24 @@ pub struct LatentQuality {
     /// The largest of them, and its prompt (none when every prompt is identical).
     pub max_relative_l2: f64,
     pub worst_prompt: Option<u32>,
+    /// Each prompt's error, in prompt order (`--json` only).
+    pub per_prompt: Vec<PromptLatents>,
+}
+
+/// One prompt's latents against the reference's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PromptLatents {
+    pub prompt: u32,
+    pub relative_l2: f64,
+}
+
+/// One prompt's frames against the reference's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PromptFrames {
+    pub prompt: u32,
+    /// None for identical frames.
+    pub psnr_db: Option<f64>,
+    pub max_abs_diff: u8,
 }
 
 /// One run's frames against the reference's, over the prompts both kept.
@@ -42,6 +60,8 @@ pub struct FrameQuality {
     /// The mean absolute difference over every value of every prompt, in levels of 255.
     pub mean_abs_diff: f64,
     pub max_abs_diff: u8,
+    /// Each prompt's figures, in prompt order (`--json` only).
+    pub per_prompt: Vec<PromptFrames>,
 }
 
 /// A run measured against the reference run (the first of a comparison).
@@ -256,6 +276,13 @@ fn latent_quality(per_prompt: &[(u32, LatentSums)]) -> LatentQuality {
         mean_relative_l2: errors.iter().map(|e| e.1).sum::<f64>() / errors.len().max(1) as f64,
         max_relative_l2: worst.map_or(0.0, |w| w.1),
         worst_prompt: worst.map(|w| w.0),
+        per_prompt: errors
+            .iter()
+            .map(|&(prompt, relative_l2)| PromptLatents {
+                prompt,
+                relative_l2,
+            })
+            .collect(),
     }
 }
 
@@ -311,6 +338,14 @@ fn frame_quality(per_prompt: &[(u32, FrameSums)]) -> FrameQuality {
             abs as f64 / values as f64
         },
         max_abs_diff: per_prompt.iter().map(|(_, s)| s.max).max().unwrap_or(0),
+        per_prompt: per_prompt
+            .iter()
+            .map(|&(prompt, s)| PromptFrames {
+                prompt,
+                psnr_db: psnr_db(s),
+                max_abs_diff: s.max,
+            })
+            .collect(),
     }
 }
 
@@ -443,6 +478,13 @@ mod tests {
         assert_eq!(psnr_db(same), None);
         let q = frame_quality(&[(3, off), (5, same)]);
         assert_eq!((q.prompts, q.identical, q.worst_prompt), (2, 1, Some(3)));
+        assert_eq!(
+            q.per_prompt
+                .iter()
+                .map(|p| (p.prompt, p.psnr_db.is_some(), p.max_abs_diff))
+                .collect::<Vec<_>>(),
+            [(3, true, 2), (5, false, 0)]
+        );
         assert_eq!(q.max_abs_diff, 2);
         assert!((q.mean_abs_diff - 0.25).abs() < 1e-12);
         let q = frame_quality(&[(5, same)]);
@@ -458,6 +500,11 @@ mod tests {
         let sums = |diff2: f64| LatentSums { diff2, ref2: 1.0 };
         let q = latent_quality(&[(0, sums(0.01)), (7, sums(0.04)), (9, sums(0.0))]);
         assert_eq!((q.prompts, q.identical, q.worst_prompt), (3, 1, Some(7)));
+        assert_eq!(
+            q.per_prompt.iter().map(|p| p.prompt).collect::<Vec<_>>(),
+            [0, 7, 9]
+        );
+        assert!((q.per_prompt[1].relative_l2 - 0.2).abs() < 1e-12);
         assert!((q.max_relative_l2 - 0.2).abs() < 1e-12);
         assert!((q.mean_relative_l2 - 0.1).abs() < 1e-12);
         let q = latent_quality(&[(2, sums(0.0)), (4, sums(0.0))]);

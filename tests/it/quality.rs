@@ -140,6 +140,17 @@ fn kept_arrays_measure_a_run_against_another_on_the_same_noise() {
     let error = q["latents"]["mean_relative_l2"].as_f64().unwrap();
     assert!(error > 0.0 && error.is_finite(), "{q}");
     assert_eq!(q["frames"]["identical"], 0, "{q}");
+    // Each prompt's figures, the worst among them.
+    let per_prompt = q["latents"]["per_prompt"].as_array().unwrap();
+    assert_eq!(per_prompt.len(), 2, "{q}");
+    let worst = q["latents"]["worst_prompt"].as_u64().unwrap();
+    let max = q["latents"]["max_relative_l2"].as_f64().unwrap();
+    assert!(
+        per_prompt
+            .iter()
+            .any(|p| p["prompt"] == worst && p["relative_l2"].as_f64() == Some(max)),
+        "{q}"
+    );
     let psnr = q["frames"]["mean_psnr_db"].as_f64().unwrap();
     assert!(psnr > 0.0 && psnr.is_finite(), "{q}");
     assert!(q["frames"]["max_abs_diff"].as_u64().unwrap() > 0, "{q}");
