@@ -4,6 +4,7 @@
 //! checkpoint of one's own: the latents' relative L2 error and the frames' PSNR, before any
 //! video compression.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, Read};
@@ -14,6 +15,7 @@ use serde::Serialize;
 
 use super::load::LoadedRun;
 use crate::results::arrays::{ArrayKind, kept_files};
+use crate::results::records::ProcessRole;
 
 /// One run's latents against the reference's, over the prompts both kept.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -75,20 +77,37 @@ pub struct Quality {
     pub frames: Option<FrameQuality>,
 }
 
-/// `b` measured against `a` over the prompts whose arrays both kept, and the reasons a kind of
-/// array was not compared (for the comparison's warnings). Runs that kept no arrays give
-/// neither.
+/// The sha256 of the text of each prompt a run measured, from its latest record (warmups left
+/// out; records of runners that did not keep it have none).
+fn prompt_texts(run: &LoadedRun) -> BTreeMap<u32, &str> {
+    run.timings
+        .iter()
+        .filter(|r| r.role != ProcessRole::Warmup)
+        .filter_map(|r| Some((r.prompt, r.prompt_sha256.as_deref()?)))
+        .collect()
+}
+
+/// `b` measured against `a` over the prompts whose arrays both kept (of the same text), and the
+/// reasons a kind of array or a prompt was not compared (for the comparison's warnings). Runs
+/// that kept no arrays give neither.
 pub fn quality(a: &LoadedRun, b: &LoadedRun) -> (Option<Quality>, Vec<String>) {
     let mut warnings = Vec::new();
-    let kinds = [ArrayKind::Latents, ArrayKind::Frames].map(|kind| {
+    let (texts_a, texts_b) = (prompt_texts(a), prompt_texts(b));
+    // The same index with another text (another prompt file) is another prompt.
+    let mut other_text = BTreeSet::new();
+    let kinds = ArrayKind::ALL.map(|kind| {
         let in_a = kept_files(&a.dir.join(kind.dir()), kind);
         let in_b = kept_files(&b.dir.join(kind.dir()), kind);
-        let common: Vec<u32> = in_a
+        let (common, differ): (Vec<u32>, Vec<u32>) = in_a
             .keys()
             .filter(|i| in_b.contains_key(i))
-            .copied()
-            .collect();
-        if common.is_empty() && !(in_a.is_empty() && in_b.is_empty()) {
+            .partition(|i| match (texts_a.get(i), texts_b.get(i)) {
+                (Some(x), Some(y)) => x == y,
+                _ => true,
+            });
+        other_text.extend(differ.iter().copied());
+        let none_in_both = common.is_empty() && differ.is_empty();
+        if none_in_both && !(in_a.is_empty() && in_b.is_empty()) {
             warnings.push(format!(
                 "no {} compared: `{}` kept them for {}, `{}` for {}; keep them in both runs \
                  (outputs.save_{}) over the same prompts",
@@ -102,6 +121,16 @@ pub fn quality(a: &LoadedRun, b: &LoadedRun) -> (Option<Quality>, Vec<String>) {
         }
         (kind, common)
     });
+    if !other_text.is_empty() {
+        let list: Vec<String> = other_text.iter().map(u32::to_string).collect();
+        warnings.push(format!(
+            "{} left out of the quality: `{}` and `{}` made them from other texts (prompt {})",
+            prompt_count(other_text.len()),
+            a.name,
+            b.name,
+            list.join(", ")
+        ));
+    }
     if kinds.iter().all(|(_, common)| common.is_empty()) {
         return (None, warnings);
     }

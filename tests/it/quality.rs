@@ -41,6 +41,13 @@ fn kept_arrays_measure_a_run_against_another_on_the_same_noise() {
     keeping(&t, "again", "");
     keeping(&t, "sigma", "");
     keeping(&t, "seed", "");
+    keeping(&t, "texts", "");
+    // Another prompt file: prompt 0 as in the reference's, prompt 1 another text.
+    let tiny =
+        std::fs::read_to_string(crate::support::repo().join("assets/prompts/tiny.txt")).unwrap();
+    let mut lines: Vec<&str> = tiny.lines().collect();
+    lines[1] = "a lighthouse in a storm at night";
+    std::fs::write(t.path().join("other.txt"), lines.join("\n") + "\n").unwrap();
     let plan = t.cmd().args(["plan", "reference.toml"]).run();
     assert!(
         plan.stdout.contains(
@@ -68,6 +75,12 @@ fn kept_arrays_measure_a_run_against_another_on_the_same_noise() {
         .args(["apply", "--quiet", "seed.toml", "--set", "noise.seed=1"])
         .run();
     assert_eq!(seed.code, 0, "{}", seed.render());
+    let other_file = format!("prompts.file={}", t.path().join("other.txt").display());
+    let texts = t
+        .cmd()
+        .args(["apply", "--quiet", "texts.toml", "--set", &other_file])
+        .run();
+    assert_eq!(texts.code, 0, "{}", texts.render());
 
     // The measured prompts' arrays, whole, and none of the warmups' (they also made prompt 0).
     let run = t.path().join("results/reference");
@@ -170,6 +183,25 @@ fn kept_arrays_measure_a_run_against_another_on_the_same_noise() {
         ),
         "{}",
         other_noise.render()
+    );
+
+    // Prompt 1 of another text is another prompt: left out, with a warning; prompt 0 is the same.
+    let other_texts = t.cmd().args(["compare", "reference", "texts"]).run();
+    assert_eq!(other_texts.code, 0, "{}", other_texts.render());
+    assert!(
+        other_texts.stderr.contains(
+            "warning: 1 prompt left out of the quality: `reference` and `texts` made them from \
+             other texts (prompt 1)"
+        ),
+        "{}",
+        other_texts.render()
+    );
+    assert!(
+        other_texts
+            .stdout
+            .contains("  latents  1 prompt     identical\n"),
+        "{}",
+        other_texts.stdout
     );
 
     // Three runs: each later one against the first.
