@@ -184,9 +184,6 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         exclude_final_output_layout: job.exclude_final_output_layout,
         latents_only: job.bench.latents_only,
     };
-    for dir in [&job.latents, &job.frames].into_iter().flatten() {
-        std::fs::create_dir_all(dir).map_err(|e| write_error(dir, e))?;
-    }
     if let Some(first) = job.prompts.first() {
         for _ in 0..job.bench.warmup {
             generator.generate(first.index, &first.text, &options)?;
@@ -285,8 +282,7 @@ fn keep(
 /// crash leaves no partial array for `runner compare` to read.
 fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError> {
     let write = |path: PathBuf, bytes: &[u8]| {
-        crate::atomic_file::write_with(&path, |w| std::io::Write::write_all(w, bytes))
-            .map_err(|e| write_error(&path, e))
+        crate::atomic_file::write_making_folder(&path, bytes).map_err(|e| write_error(&path, e))
     };
     let index = generated.prompt_index;
     if let Some(dir) = &job.latents {

@@ -152,29 +152,10 @@ pub fn quality(a: &LoadedRun, b: &LoadedRun) -> (Option<Quality>, Vec<String>) {
         if common.is_empty() {
             continue;
         }
-        let pair = |i: u32| {
-            let name = kind.file_name(i);
-            (
-                a.dir.join(kind.dir()).join(&name),
-                b.dir.join(kind.dir()).join(name),
-            )
-        };
         let compared = match kind {
-            ArrayKind::Latents => common
-                .par_iter()
-                .map(|&i| {
-                    let (x, y) = pair(i);
-                    latent_sums(&x, &y).map(|s| (i, s))
-                })
-                .collect::<Result<Vec<_>, String>>()
+            ArrayKind::Latents => per_prompt(a, b, kind, &common, latent_sums)
                 .map(|v| result.latents = Some(latent_quality(&v))),
-            ArrayKind::Frames => common
-                .par_iter()
-                .map(|&i| {
-                    let (x, y) = pair(i);
-                    frame_sums(&x, &y).map(|s| (i, s))
-                })
-                .collect::<Result<Vec<_>, String>>()
+            ArrayKind::Frames => per_prompt(a, b, kind, &common, frame_sums)
                 .map(|v| result.frames = Some(frame_quality(&v))),
         };
         if let Err(why) = compared {
@@ -185,7 +166,29 @@ pub fn quality(a: &LoadedRun, b: &LoadedRun) -> (Option<Quality>, Vec<String>) {
     (any.then_some(result), warnings)
 }
 
-fn prompt_count(n: usize) -> String {
+/// `sums` of each prompt's pair of files of `kind`, the prompts side by side, in their order.
+fn per_prompt<S: Send>(
+    a: &LoadedRun,
+    b: &LoadedRun,
+    kind: ArrayKind,
+    prompts: &[u32],
+    sums: impl Fn(&Path, &Path) -> Result<S, String> + Sync,
+) -> Result<Vec<(u32, S)>, String> {
+    prompts
+        .par_iter()
+        .map(|&i| {
+            let name = kind.file_name(i);
+            sums(
+                &a.dir.join(kind.dir()).join(&name),
+                &b.dir.join(kind.dir()).join(name),
+            )
+            .map(|s| (i, s))
+        })
+        .collect()
+}
+
+/// "no prompt", "1 prompt", "3 prompts".
+pub(super) fn prompt_count(n: usize) -> String {
     match n {
         0 => "no prompt".into(),
         1 => "1 prompt".into(),

@@ -232,7 +232,7 @@ pub fn report_text(run: &LoadedRun) -> String {
     if !kept.is_empty() {
         let list: Vec<String> = kept
             .iter()
-            .map(|(dir, n)| format!("{dir}/ of {n} prompt{}", if *n == 1 { "" } else { "s" }))
+            .map(|(dir, n)| format!("{dir}/ of {}", super::quality::prompt_count(*n)))
             .collect();
         row(
             &mut t,
