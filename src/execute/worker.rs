@@ -10,7 +10,7 @@ use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
 use crate::engine::{
     self, AttentionBackend, Bundle, FusedKernels, GenerateError, GenerateOptions, Generated,
-    Generator, Precision, Provider, Schedule, SessionError, StartupTimes,
+    Generator, Precision, Provider, Schedule, SessionError,
 };
 use crate::exit;
 use crate::results::arrays::ArrayKind;
@@ -122,20 +122,17 @@ fn emit(job: &JobSpec, event: &RunEventKind) {
 
 /// Builds the sessions: the bundle opened and checked against the job's export settings, every
 /// prompt's context encoded first with the text encoder alone on the device, then the DiT and
-/// the decoder (docs/generation.md). Returns the generator and the bundle check's seconds.
-fn build(job: &JobSpec) -> Result<(Generator, f64), WorkerError> {
+/// the decoder (docs/generation.md).
+fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
     // Schedule errors are reported before the (slow) session build.
     Schedule::new(&job.method).map_err(GenerateError::from)?;
-    let started = Instant::now();
     let bundle = Bundle::open_with_known_hashes(&job.bundle, &job.unpack_dir, &job.bundle_sha256)
         .map_err(GenerateError::from)?;
     bundle
         .check_export(&job.export)
         .map_err(GenerateError::from)?;
-    let bundle_check_s = started.elapsed().as_secs_f64();
     let prompts = job.prompts.iter().map(|p| p.text.as_str());
-    let generator = Generator::with_prompts(bundle, &job.engine, prompts)?;
-    Ok((generator, bundle_check_s))
+    Ok(Generator::with_prompts(bundle, &job.engine, prompts)?)
 }
 
 /// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
@@ -153,13 +150,10 @@ pub fn mark_process_start() {
 pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
     let started = *PROCESS_STARTED.get_or_init(Instant::now);
     let ort = engine::ort_lib::runtime(job.engine.ort_library.as_deref())?;
-    let (mut generator, bundle_check_s) = build(job)?;
+    let mut generator = build(job)?;
     let mut process_start = Some(ProcessStart {
         ready_s: started.elapsed().as_secs_f64(),
-        parts: StartupTimes {
-            bundle_check_s,
-            ..generator.startup()
-        },
+        parts: generator.startup(),
         one_time: engine::one_time::take(),
     });
     let facts = facts(job, &generator, &ort.version);

@@ -210,6 +210,9 @@ pub struct Bundle {
     pub manifest: BundleManifest,
     /// Read when the bundle was opened; `None` for a peeked one.
     tokenizer: Option<Arc<PromptTokenizer>>,
+    /// Seconds its opening took: the unpacking, the manifest and every file's check (0 for a
+    /// peeked bundle); a process's start records it as its bundle check.
+    pub opened_in_s: f64,
 }
 
 impl Bundle {
@@ -227,6 +230,7 @@ impl Bundle {
             dir: dir.to_path_buf(),
             manifest: read_manifest(dir)?,
             tokenizer: None,
+            opened_in_s: 0.0,
         })
     }
 
@@ -250,6 +254,7 @@ impl Bundle {
         unpack_dir: &Path,
         known: &BTreeMap<String, String>,
     ) -> Result<Self, BundleError> {
+        let started = std::time::Instant::now();
         let dir = if path.is_dir() {
             path.to_path_buf()
         } else if path.is_file()
@@ -268,11 +273,13 @@ impl Bundle {
             dir,
             manifest,
             tokenizer: None,
+            opened_in_s: 0.0,
         };
         bundle.check_consistency()?;
         bundle.verify_files(known)?;
         // The checksums above include the tokenizer file's.
         bundle.tokenizer = Some(Arc::new(bundle.read_tokenizer(false)?));
+        bundle.opened_in_s = started.elapsed().as_secs_f64();
         Ok(bundle)
     }
 

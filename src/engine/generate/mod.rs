@@ -181,12 +181,7 @@ impl Generator {
         export: &ExportSettings,
         runtime: &RuntimeOptions,
     ) -> Result<Self, GenerateError> {
-        let started = Instant::now();
-        let bundle = Bundle::open_for(bundle_path, unpack_dir, export)?;
-        let bundle_check_s = started.elapsed().as_secs_f64();
-        let mut generator = Self::new(bundle, runtime)?;
-        generator.startup.bundle_check_s = bundle_check_s;
-        Ok(generator)
+        Self::new(Bundle::open_for(bundle_path, unpack_dir, export)?, runtime)
     }
 
     /// Builds the sessions of an opened bundle; prompts are encoded as they are generated.
@@ -245,6 +240,7 @@ impl Generator {
         let started = Instant::now();
         let state = DeviceLoop::new(&bundle, &sessions, runtime)?;
         let startup = StartupTimes {
+            bundle_check_s: bundle.opened_in_s,
             buffers_s: started.elapsed().as_secs_f64(),
             ..sessions.built_in
         };
