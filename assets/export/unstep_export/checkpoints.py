@@ -29,14 +29,8 @@ from pathlib import Path
 import torch
 
 from .config import Config
+from .layout import RELEASED, SELF_FORCING_FILE, WAN_DIR, WAN_FILES
 
-SELF_FORCING_FILE = "self_forcing_dmd.pt"
-# The files of the Wan2.1-T2V-1.3B folder the exporter reads (--wan-dir).
-WAN_FILES = {
-    "vae": "Wan2.1_VAE.pth",
-    "text": "models_t5_umt5-xxl-enc-bf16.pth",
-    "tokenizer": "google/umt5-xxl/tokenizer.json",
-}
 # The DiT entry of a Self-Forcing checkpoint without --ema, as its inference.py without --use_ema.
 DEFAULT_ENTRY = "generator"
 EMA_ENTRY = "generator_ema"
@@ -47,6 +41,7 @@ SEED_DIT, SEED_TEXT, SEED_VAE = 0, 1, 2
 # DataParallel, torch.compile.  Removed only when every name of the file carries the same one.
 WRAPPER_PREFIXES = ("model.", "_fsdp_wrapped_module.", "module.", "_orig_mod.")
 SHOW = 5  # names listed per kind of problem
+RELEASED_NAMES = tuple(f.relative() for f in RELEASED)
 
 
 class CheckpointError(Exception):
@@ -572,26 +567,57 @@ def modules(prep: Prepared):
 # Command-line options -> parts
 # ---------------------------------------------------------------------------------------------
 
+# The options that name a part's file, which --released names all at once.
+FILE_OPTIONS = ("self_forcing", "wan_dir", "checkpoint", "text_checkpoint", "vae_checkpoint", "tokenizer")
+
+
+def released_folder(root) -> tuple:
+    """(self_forcing, wan_dir) of a released folder (layout.py), every file the exporter reads
+    checked to be there."""
+    root = Path(root)
+    if not root.is_dir():
+        raise CheckpointError(f"--released {root}: no such directory; fetch the released weights with "
+                              f"`python -m unstep_export download --out {root}`")
+    missing = [f.relative() for f in RELEASED if not f.local(root).is_file()]
+    if missing:
+        raise CheckpointError(f"--released {root}: {', '.join(missing)} not found there; fetch "
+                              f"{'it' if len(missing) == 1 else 'them'} with `python -m unstep_export download --out {root}` "
+                              "(it skips the files already complete)")
+    return str(RELEASED[0].local(root)), str(root / WAN_DIR)
+
+
 def parts_from_args(args):
-    """(dit, text, vae) Parts from the CLI options: --self-forcing CKPT [--ema], --wan-dir DIR,
-    --checkpoint / --text-checkpoint / --vae-checkpoint (a part's file; over --wan-dir's),
-    --tokenizer FILE (over --wan-dir's), --text-layers N, --dit-layers N."""
+    """(dit, text, vae) Parts from the CLI options: --released DIR (alone: the same as
+    --self-forcing DIR/checkpoints/self_forcing_dmd.pt --ema --wan-dir DIR/Wan2.1-T2V-1.3B),
+    --self-forcing CKPT [--ema], --wan-dir DIR, --checkpoint / --text-checkpoint / --vae-checkpoint
+    (a part's file; over --wan-dir's), --tokenizer FILE (over --wan-dir's), --text-layers N,
+    --dit-layers N."""
     get = lambda name: getattr(args, name, None)  # noqa: E731  (callers with older Namespaces)
+    if get("released"):
+        others = [f"--{o.replace('_', '-')}" for o in FILE_OPTIONS if get(o)]
+        if others:
+            raise CheckpointError(f"--released {get('released')} names every file ({', '.join(RELEASED_NAMES)}); "
+                                  f"{' and '.join(others)} would name {'another' if len(others) == 1 else 'others'}: "
+                                  "give either --released or the files one by one")
+        self_forcing, wan = released_folder(get("released"))
+        ema, sf_flag, wan_flag = True, "--released", "--released"
+    else:
+        self_forcing, wan, ema = get("self_forcing"), get("wan_dir"), get("ema")
+        sf_flag, wan_flag = "--self-forcing", "--wan-dir"
     dit = Part(layers=get("dit_layers"))
-    if get("self_forcing") and get("checkpoint"):
+    if self_forcing and get("checkpoint"):
         raise CheckpointError("--self-forcing and --checkpoint both give the DiT; give one")
-    if get("self_forcing"):
-        dit.path, dit.flag = get("self_forcing"), "--self-forcing"
+    if self_forcing:
+        dit.path, dit.flag = self_forcing, sf_flag
     elif get("checkpoint"):
         dit.path, dit.flag = get("checkpoint"), "--checkpoint"
-    if get("ema"):
+    if ema:
         if not dit.path:
             raise CheckpointError(f"--ema picks the {EMA_ENTRY!r} entry of a Self-Forcing checkpoint: give it with "
                                   f"--self-forcing {SELF_FORCING_FILE}")
         dit.entry = EMA_ENTRY
     text = Part(layers=get("text_layers"))
     vae = Part()
-    wan = get("wan_dir")
     if wan:
         wan = Path(wan)
         if not wan.is_dir():
@@ -602,7 +628,7 @@ def parts_from_args(args):
                                   f"holds {', '.join(WAN_FILES.values())})")
         vae.path, text.path = str(wan / WAN_FILES["vae"]), str(wan / WAN_FILES["text"])
         text.tokenizer, text.tokenizer_source = str(wan / WAN_FILES["tokenizer"]), "released"
-        vae.flag = text.flag = "--wan-dir"
+        vae.flag = text.flag = wan_flag
     if get("vae_checkpoint"):
         vae.path, vae.flag = get("vae_checkpoint"), "--vae-checkpoint"
     if get("text_checkpoint"):

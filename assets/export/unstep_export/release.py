@@ -1,7 +1,8 @@
-"""Seeded random weights in the released files' formats and names (`release-files`), so that the
-whole released-weights path (checkpoints.py, export, parity) runs without the real files:
+"""Seeded random weights in the released files' formats and names (`release-files`), in the layout
+of layout.py (what `download` fetches and `export --released` reads), so that the whole
+released-weights path (download, checkpoints.py, export, parity) runs without the real files:
 
-    DIR/self_forcing_dmd.pt                                   {"generator": {"model." + name: tensor},
+    DIR/checkpoints/self_forcing_dmd.pt                       {"generator": {"model." + name: tensor},
                                                                "generator_ema": {...}}, bf16
     DIR/Wan2.1-T2V-1.3B/Wan2.1_VAE.pth                        encoder.*, conv1.*, conv2.*, decoder.*, fp32
     DIR/Wan2.1-T2V-1.3B/models_t5_umt5-xxl-enc-bf16.pth       the T5 encoder, bf16
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import EMA_ENTRY, DEFAULT_ENTRY, SELF_FORCING_FILE, WAN_FILES, check_tokenizer
+from .checkpoints import EMA_ENTRY, DEFAULT_ENTRY, check_tokenizer
 from .config import Config
+from .layout import released_paths
 
-WAN_DIR = "Wan2.1-T2V-1.3B"
 UMT5_VOCAB = 256384  # rows of the released UMT5-XXL token embedding (the tokenizer has fewer)
 DEFAULT_TOKENIZER = Path(__file__).resolve().parents[2] / "tokenizer" / "tokenizer.json"
 # Seeds of the released-format files; unlike the exporter's own (0, 1, 2), so that a bundle made
@@ -128,10 +129,9 @@ def release_files(cfg: Config, out, text_layers: int | None = None, text_vocab: 
     cfg.text.vocab = text_vocab if text_vocab is not None else (UMT5_VOCAB if cfg.preset == "wan-1.3b" else tok_vocab)
     if cfg.text.vocab < tok_vocab:
         raise SystemExit(f"--text-vocab {cfg.text.vocab}: {tokenizer} has {tok_vocab} tokens; the embedding needs a row each")
-    out = Path(out)
-    wan = out / WAN_DIR
-    paths = {"dit": out / SELF_FORCING_FILE, **{part: wan / f for part, f in WAN_FILES.items()}}
-    paths["tokenizer"].parent.mkdir(parents=True, exist_ok=True)
+    paths = released_paths(out)
+    for p in paths.values():
+        p.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tokenizer, paths["tokenizer"])
     for part, write in (("dit", write_dit), ("vae", write_vae), ("text", write_text)):
         write(cfg, paths[part])
