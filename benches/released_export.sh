@@ -26,6 +26,6 @@ step() {
 }
 step release-files python3 -m unstep_export release-files --preset wan-1.3b --out "$work/release"
 step export python3 -m unstep_export export --preset wan-1.3b --device cuda --out "$work/wan-1.3b-released" \
-  --self-forcing "$work/release/self_forcing_dmd.pt" --ema --wan-dir "$work/release/Wan2.1-T2V-1.3B"
+  --released "$work/release"
 du -sh "$work/release" "$work/wan-1.3b-released"
 ls -l "$work/wan-1.3b-released"

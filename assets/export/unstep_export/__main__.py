@@ -1,6 +1,6 @@
-"""CLI: python -m unstep_export {export,quantize,golden,parity,fused-check,sample,release-files,selftest}
-(run with PYTHONPATH=assets/export).  A checkpoint or tokenizer that cannot be used as given is
-an error (exit status 2) before anything is written."""
+"""CLI: python -m unstep_export {export,quantize,golden,parity,fused-check,sample,release-files,download,
+selftest} (run with PYTHONPATH=assets/export).  A checkpoint or tokenizer that cannot be used as
+given is an error (exit status 2) before anything is written."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from .checkpoints import CheckpointError
+from . import download
 from .config import preset
-from .quantize import QuantizeError
+
+# torch and numpy are imported by the commands that use them: `download` runs where neither is
+# installed (a cluster's login node) and must not import them.
 
 
 def _threads(n):
     if n:
+        import torch
+
         torch.set_num_threads(n)
 
 
@@ -45,7 +46,7 @@ def _match_bundle(args, bundle: Path, meta: dict):
     another tokenizer, a file for a part the bundle has seeded random weights for (or none for a
     released one), the other DiT entry."""
     from . import checkpoints
-    from .checkpoints import EMA_ENTRY, sha256
+    from .checkpoints import EMA_ENTRY, CheckpointError, sha256
 
     problems, filled = [], []
     dit, text, vae = checkpoints.parts_from_args(args)
@@ -137,9 +138,12 @@ def _notes(preset_name: str, precision: str, weights: dict, text_encoder: dict) 
 
 
 def cmd_export(args):
+    import torch
+
     from . import checkpoints
     from . import export as ex
     from .model import factorise
+    from .quantize import QuantizeError
 
     cfg = preset(args.preset)
     precision = args.precision or ("fp32" if args.preset == "tiny" else "fp16")
@@ -251,6 +255,8 @@ def _settings(args):
 
 def _schedule(s):
     """The float32 sigmas and timesteps the loop uses, for debugging a runner against them."""
+    import numpy as np
+
     from .sample import sigma_of
 
     sig64 = [sigma_of(st, s) for st in s.denoising_steps]
@@ -265,6 +271,7 @@ def _schedule(s):
 
 def cmd_golden(args):
     """Reference outputs of the PyTorch model (fp32, CPU) for the Rust runner's parity tests."""
+    import torch
     from safetensors.torch import save_file
 
     from .sample import Settings, TorchBackend, generate
@@ -362,6 +369,9 @@ def cmd_fused_check(args):
 
 
 def cmd_sample(args):
+    import numpy as np
+    import torch
+
     from .sample import OrtBackend, TorchBackend, generate
 
     cfg = preset(args.preset)
@@ -415,8 +425,12 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p):
-        p.add_argument("--preset", default="tiny", choices=["tiny", "wan-1.3b"])
+        p.add_argument("--preset", choices=["tiny", "wan-1.3b"], help="default: wan-1.3b with --released, else tiny")
         w = p.add_argument_group("weights (seeded random for every part not given; checked strictly, exit 2 if unusable)")
+        w.add_argument("--released", metavar="DIR",
+                       help="the released folder `download --out DIR` fills: the same as --self-forcing "
+                            "DIR/checkpoints/self_forcing_dmd.pt --ema --wan-dir DIR/Wan2.1-T2V-1.3B, and given "
+                            "alone (no other weight file or --tokenizer)")
         w.add_argument("--self-forcing", metavar="CKPT",
                        help="Self-Forcing's generator checkpoint (self_forcing_dmd.pt): the DiT, its 'generator' entry "
                             "(with --ema its 'generator_ema')")
@@ -532,10 +546,20 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(fn=cmd_release_files)
 
+    download.add_parser(sub)
+
     p = sub.add_parser("selftest", help="Philox known-answer test")
     p.set_defaults(fn=cmd_selftest, threads=None)
 
     args = ap.parse_args(argv)
+    if args.fn is download.cmd_download:
+        args.fn(args)  # huggingface_hub and the standard library only
+        return
+    from .checkpoints import CheckpointError
+    from .quantize import QuantizeError
+
+    if hasattr(args, "released") and args.preset is None:
+        args.preset = "wan-1.3b" if args.released else "tiny"
     _threads(getattr(args, "threads", None))
     try:
         args.fn(args)

@@ -1,0 +1,267 @@
+"""`download` (download.py) against a stand-in hub on 127.0.0.1 (hub_standin.py) serving the
+`release-files --preset tiny` files in the hub's layout, and `export --released` of what it fetched.
+
+Every download runs as the user runs it: `python -m unstep_export download` in a subprocess, with
+HF_ENDPOINT at the stand-in and HF_HOME in a temporary folder, and with torch and numpy made
+unimportable, so that a download path that needs them fails here."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from helpers import cli_fails
+from hub_standin import StandInHub
+from unstep_export.__main__ import main
+from unstep_export.config import preset
+from unstep_export.layout import RELEASED, SELF_FORCING_REPO, WAN_REPO
+from unstep_export.release import release_files
+
+EXPORT_DIR = Path(__file__).resolve().parents[1]
+TOKENIZER = EXPORT_DIR.parents[0] / "tokenizer" / "tokenizer.json"
+TEXT = next(f for f in RELEASED if f.part == "text")
+DIT = next(f for f in RELEASED if f.part == "dit")
+TOK = next(f for f in RELEASED if f.part == "tokenizer")
+
+# Runs the CLI with torch and numpy unimportable (an import of either raises ImportError).
+REFUSING = """
+import sys
+
+class RefuseHeavy:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("torch", "numpy"):
+            raise ImportError(f"{name} is not importable here")
+        return None
+
+sys.meta_path.insert(0, RefuseHeavy())
+from unstep_export.__main__ import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The tiny released-format files, as the stand-in serves them."""
+    d = tmp_path_factory.mktemp("served")
+    release_files(preset("tiny"), d, tokenizer=TOKENIZER)
+    return d
+
+
+@pytest.fixture
+def hub(served):
+    with StandInHub({(f.repo, f.path): f.local(served) for f in RELEASED}) as h:
+        yield h
+
+
+def run(args, hub_or_endpoint, home: Path, **env):
+    endpoint = getattr(hub_or_endpoint, "endpoint", hub_or_endpoint)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    e = {**base, "PYTHONPATH": str(EXPORT_DIR), "HF_ENDPOINT": endpoint, "HF_HOME": str(home / "hf-home"),
+         "HF_HUB_DISABLE_PROGRESS_BARS": "1", **env}
+    return subprocess.run([sys.executable, "-c", REFUSING, *args], env=e, capture_output=True, text=True, timeout=120)
+
+
+def download(out: Path, hub, home: Path, *extra, **env):
+    return run(["download", "--out", str(out), *extra], hub, home, **env)
+
+
+def same_files(a: Path, b: Path):
+    for f in RELEASED:
+        assert f.local(a).read_bytes() == f.local(b).read_bytes(), f.relative()
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) the files, then a bundle from them
+# ---------------------------------------------------------------------------------------------
+
+def test_download_then_export_released(served, hub, tmp_path):
+    out = tmp_path / "released"
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 0, r.stderr
+    same_files(out, served)
+    for i, f in enumerate(RELEASED, 1):
+        assert f"[{i}/4] {f.repo} {f.path}" in r.stdout
+    assert f"export --released {out}" in r.stdout
+    # The large files' bytes came from the other host, without the token.
+    lfs = hub.requests("GET", "/lfs/")
+    assert len(lfs) == 3 and all(q.host == "localhost" and not q.authorized for q in lfs)
+
+    # Run again: every file is complete, so only HEAD requests.
+    hub.log.clear()
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("already complete") == 4
+    assert hub.requests("HEAD") and not hub.requests("GET", "/resolve/") and not hub.requests("GET", "/lfs/")
+
+    # export --released of the fetched folder == export of the served files given one by one.
+    a, b = tmp_path / "from-released", tmp_path / "from-files"
+    fast = ["--preset", "tiny", "--no-fused-dit", "--no-fused-vae"]
+    main(["export", *fast, "--out", str(a), "--released", str(out)])
+    main(["export", *fast, "--out", str(b), "--self-forcing", str(DIT.local(served)), "--ema",
+          "--wan-dir", str(served / "Wan2.1-T2V-1.3B")])
+    ta, tb = (tomllib.loads((d / "bundle.toml").read_text()) for d in (a, b))
+    assert ta["files"] == tb["files"] and ta["weights"] == tb["weights"]
+    assert ta["weights"]["dit"]["entry"] == "generator_ema"
+    assert ta["weights"]["text_encoder"]["source"] == "released"
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) an interrupted transfer continues where it stopped
+# ---------------------------------------------------------------------------------------------
+
+def test_interrupted_download_resumes(served, tmp_path):
+    """The text encoder's place holds a file of 24 MB here: huggingface_hub writes what it receives
+    in chunks of 10 MB, and a chunk that a broken connection cuts short is lost, so a transfer cut
+    after 17 MB keeps 10 MB."""
+    big = tmp_path / "big.pth"
+    big.write_bytes(bytes(range(256)) * (24 * 4096))
+    size = big.stat().st_size
+    files = {(f.repo, f.path): f.local(served) for f in RELEASED}
+    with StandInHub({**files, (TEXT.repo, TEXT.path): big}) as hub:
+        out = tmp_path / "released"
+        cut = 17 * 2**20 + 123
+        hub.cut[(TEXT.repo, TEXT.path)] = cut
+        r = download(out, hub, tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"error: failed to fetch {TEXT.repo} {TEXT.path}: the connection broke" in r.stderr
+        assert "hint: run the same command again" in r.stderr
+        assert not TEXT.local(out).exists()
+        # The other files are complete; the cut one is kept partial.
+        for f in RELEASED:
+            if f is not TEXT:
+                assert f.local(out).read_bytes() == f.local(served).read_bytes()
+        parts = list((out / TEXT.folder).rglob(f"{Path(TEXT.path).name}.*.part"))
+        assert len(parts) == 1
+        kept = parts[0].stat().st_size
+        assert 0 < kept <= cut and f"{kept} bytes kept in {parts[0]}" in r.stdout
+
+        del hub.cut[(TEXT.repo, TEXT.path)]
+        hub.log.clear()
+        r = download(out, hub, tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert f"resuming at {kept} of" in r.stdout
+        assert TEXT.local(out).read_bytes() == big.read_bytes()
+        # One request for the rest of the file, and no other file fetched again.
+        gets = hub.requests("GET")
+        assert [(q.path, q.range, q.sent) for q in gets if "/api/" not in q.path] == \
+            [(f"/lfs/{hub.files[(TEXT.repo, TEXT.path)].sha256}", f"bytes={kept}-", size - kept)]
+        assert not parts[0].exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) the hub's refusals and an unreachable hub: the file, the reason and what to do
+# ---------------------------------------------------------------------------------------------
+
+def test_missing_file_is_named(hub, tmp_path):
+    hub.missing.add((TOK.repo, TOK.path))
+    r = download(tmp_path / "released", hub, tmp_path)
+    assert r.returncode == 1
+    assert f"error: failed to fetch {WAN_REPO} {TOK.path}: {WAN_REPO} has no file {TOK.path} at revision 'main' " \
+           "(HTTP 404" in r.stderr
+    assert f"hint: HF_ENDPOINT is {hub.endpoint}" in r.stderr
+    # One missing file does not stop the others.
+    assert r.stdout.count("done (") == 3
+
+
+def test_gated_repository_wants_hf_token(served, hub, tmp_path):
+    hub.tokens[SELF_FORCING_REPO] = "tok-123"
+    out = tmp_path / "released"
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 1
+    assert f"error: failed to fetch {SELF_FORCING_REPO} {DIT.path}: {SELF_FORCING_REPO} is gated" in r.stderr
+    assert "HTTP 401" in r.stderr and "hint: set HF_TOKEN" in r.stderr
+
+    hub.log.clear()
+    r = download(out, hub, tmp_path, HF_TOKEN="tok-123")
+    assert r.returncode == 0, r.stderr
+    same_files(out, served)
+    (head,) = hub.requests("HEAD", SELF_FORCING_REPO)
+    (get,) = hub.requests("GET", "/lfs/")
+    assert head.authorized and not get.authorized
+
+
+def test_unknown_revision(hub, tmp_path):
+    r = download(tmp_path / "released", hub, tmp_path, "--wan-revision", "v9")
+    assert r.returncode == 1
+    assert f"error: failed to fetch {WAN_REPO} Wan2.1_VAE.pth: {WAN_REPO} has no revision 'v9'" in r.stderr
+    assert f"[1/4] {SELF_FORCING_REPO} {DIT.path} ->" in r.stdout and "done (" in r.stdout
+
+
+def test_unreachable_hub(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = download(tmp_path / "released", closed, tmp_path)
+    assert r.returncode == 1
+    assert f"error: failed to fetch {SELF_FORCING_REPO} {DIT.path}: cannot reach {closed}" in r.stderr
+    assert "set HF_ENDPOINT to a reachable mirror" in r.stderr
+    assert f"{WAN_REPO} {TOK.path} (not tried)" in r.stderr
+
+
+def test_bad_out_is_exit_2(tmp_path):
+    f = tmp_path / "a-file"
+    f.write_text("")
+    r = download(f, "http://127.0.0.1:9", tmp_path)
+    assert r.returncode == 2
+    assert f"--out {f} is a file, not a directory" in r.stderr and "hint: give a directory" in r.stderr
+
+
+def test_offline(served, hub, tmp_path):
+    out = tmp_path / "released"
+    r = download(out, hub, tmp_path, HF_HUB_OFFLINE="1")
+    assert r.returncode == 1 and "HF_HUB_OFFLINE is set and" in r.stderr and "not there" in r.stderr
+    assert download(out, hub, tmp_path).returncode == 0
+    hub.log.clear()
+    r = download(out, hub, tmp_path, HF_HUB_OFFLINE="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("HF_HUB_OFFLINE is set, so not compared") == 4 and not hub.log
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) the download path imports neither torch nor numpy
+# ---------------------------------------------------------------------------------------------
+
+def test_download_path_does_not_import_torch(hub, tmp_path):
+    r = download(tmp_path / "released", hub, tmp_path)
+    assert r.returncode == 0, r.stderr
+    # The same refusal stops a command that needs torch, so it does bite.
+    r = run(["export", "--out", str(tmp_path / "b")], hub, tmp_path)
+    assert r.returncode != 0 and "torch is not importable here" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# export --released: refusals
+# ---------------------------------------------------------------------------------------------
+
+def test_released_folder_lacking_a_file(served, tmp_path, capsys):
+    d = tmp_path / "partial"
+    for f in RELEASED:
+        if f is not TEXT:
+            f.local(d).parent.mkdir(parents=True, exist_ok=True)
+            f.local(d).write_bytes(f.local(served).read_bytes())
+    out = tmp_path / "b"
+    cli_fails(capsys, ["export", "--preset", "tiny", "--released", str(d), "--out", str(out)],
+              f"--released {d}: {TEXT.relative()} not found there",
+              f"python -m unstep_export download --out {d}")
+    assert not out.exists()
+    cli_fails(capsys, ["export", "--released", str(tmp_path / "nowhere"), "--out", str(out)],
+              "no such directory", "download --out")
+
+
+@pytest.mark.parametrize("other", [["--wan-dir", "W"], ["--self-forcing", "S"], ["--checkpoint", "C"],
+                                   ["--tokenizer", "T"], ["--text-checkpoint", "X", "--vae-checkpoint", "V"]])
+def test_released_conflicts_with_file_options(served, tmp_path, capsys, other):
+    flags = " and ".join(o for o in other if o.startswith("--"))
+    cli_fails(capsys, ["export", "--preset", "tiny", "--released", str(served), *other, "--out", str(tmp_path / "b")],
+              f"{flags} would name", "give either --released or the files one by one")
+
+
+def test_released_defaults_to_the_wan_preset(served, tmp_path, capsys):
+    cli_fails(capsys, ["export", "--released", str(served), "--out", str(tmp_path / "b")],
+              "the preset wan-1.3b expects dim 1536")

@@ -1,0 +1,298 @@
+"""`download`: the released files the exporter reads (layout.py) from the model hub into a released
+folder, with huggingface_hub and the standard library only.  No torch or numpy: it runs where
+neither is installed, such as a cluster's login node.
+
+The hub is huggingface_hub's to find and talk to: HF_ENDPOINT (the hub or a mirror), HF_TOKEN or
+the token `hf auth login` saved under HF_HOME, HF_HUB_OFFLINE, proxies.  Per file:
+
+1. A HEAD request (huggingface_hub's get_hf_file_metadata) gives its ETag, size, commit and the
+   address of its bytes (for a large file a signed address off the hub, which gets no token).
+2. A file already at its place is kept when huggingface_hub's record of a local-folder download
+   (`.cache/huggingface/download/<path>.metadata`, which hf_hub_download(local_dir=...) writes and
+   reads too) has the same ETag, or, without a record, when its sha256 is the ETag of an LFS file.
+3. Otherwise its bytes go into `<name>.<etag>.part` beside that record, which a later run continues
+   with a Range request: hf_hub_download writes into a file unique to its process and deletes it
+   when the transfer fails, so an interrupted 11 GB text encoder would start over.  The transfer
+   is huggingface_hub's http_get (which also retries a broken connection from where it stopped,
+   within one run); the file is then checked (its size, and its sha256 against an LFS ETag),
+   moved into place and recorded as hf_hub_download records it.
+
+With HF_HUB_OFFLINE set nothing is asked of the network: each file is there, or that is an error.
+A file that fails does not stop the others; the command then exits 1 (2 for a bad --out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .layout import RELEASED, SELF_FORCING_REPO, WAN_REPO, ReleasedFile
+
+BAD_INPUT, FAILED = 2, 1
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+REVISION = "main"
+
+
+class DownloadError(Exception):
+    """Why a file could not be fetched: `reason` (a fragment after "failed to fetch ..."),
+    `hint` (what to do, or None) and the exit status (1 for the hub's or the network's answer,
+    2 for bad input).  `unreachable`: the hub cannot be reached at all, so the other files are
+    not tried."""
+
+    def __init__(self, reason: str, hint: str | None = None, status: int = FAILED, unreachable: bool = False):
+        super().__init__(reason)
+        self.reason, self.hint, self.status, self.unreachable = reason, hint, status, unreachable
+
+
+def _size(n) -> str:
+    if n is None:
+        return "size unknown"
+    return f"{n} bytes" if n < 1_000_000 else f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _names(e: BaseException) -> set:
+    """The class names of an exception and its bases: huggingface_hub's HTTP client's errors are
+    told apart by name, so that this module imports no HTTP library of its own."""
+    return {c.__name__ for c in type(e).__mro__}
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def explain(e: BaseException, f: ReleasedFile, revision: str) -> DownloadError:
+    """What a huggingface_hub or network error means for this file, with what to do."""
+    if isinstance(e, DownloadError):
+        return e
+    names = _names(e)
+    endpoint = _endpoint()
+    token_hint = (f"set HF_TOKEN to a token of an account that can read {f.repo} (accept its terms on its page "
+                  "first if it is gated), or log in with `hf auth login`; HF_ENDPOINT is " + endpoint)
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None)
+    message = response.headers.get("X-Error-Message") if response is not None else None
+    said = f"HTTP {status}" + (f": {message}" if message else "")
+    if "GatedRepoError" in names:
+        return DownloadError(f"{f.repo} is gated and this request is not allowed in ({said})", token_hint)
+    if "RepositoryNotFoundError" in names:
+        return DownloadError(f"repository {f.repo} not found, or not readable without a token ({said})", token_hint)
+    if "RevisionNotFoundError" in names:
+        return DownloadError(f"{f.repo} has no revision {revision!r} ({said})",
+                             "give a branch, tag or commit of that repository, or leave the revision out (main)")
+    if "RemoteEntryNotFoundError" in names or status == 404:
+        return DownloadError(f"{f.repo} has no file {f.path} at revision {revision!r} ({said})",
+                             f"HF_ENDPOINT is {endpoint}: a mirror there may lack the file; unset HF_ENDPOINT for "
+                             "huggingface_hub's default hub")
+    if status in (401, 403):
+        return DownloadError(f"not allowed to read {f.repo} ({said})", token_hint)
+    if status is not None:
+        return DownloadError(f"the hub answered {said}",
+                             "try again later" if status >= 500 or status == 429 else f"HF_ENDPOINT is {endpoint}")
+    if "OfflineModeIsEnabled" in names:
+        return DownloadError("HF_HUB_OFFLINE is set", "unset HF_HUB_OFFLINE to download")
+    if names & {"ConnectError", "ConnectTimeout", "ProxyError", "UnsupportedProtocol"}:
+        return DownloadError(f"cannot reach {endpoint}: {e}",
+                             "check the network and proxy (HTTPS_PROXY), or set HF_ENDPOINT to a reachable mirror "
+                             "of the hub (HF_HUB_OFFLINE=1 only checks the files already there)", unreachable=True)
+    if names & {"RemoteProtocolError", "ReadError", "ReadTimeout", "TimeoutException", "NetworkError"}:
+        return DownloadError(f"the connection broke: {e}",
+                             "run the same command again: it continues from the bytes it has")
+    if "FileMetadataError" in names:
+        return DownloadError(f"{endpoint} does not answer like a hub: {e}".splitlines()[0],
+                             "set HF_ENDPOINT to the hub or a mirror of it, or unset it")
+    return DownloadError(f"{type(e).__name__}: {e}".splitlines()[0])
+
+
+def prepare_out(out) -> Path:
+    """The released folder, created; a path that cannot be one is bad input (exit 2)."""
+    root = Path(out).expanduser()
+    if root.exists() and not root.is_dir():
+        raise DownloadError(f"--out {root} is a file, not a directory",
+                            "give a directory for the released files (it is created if missing)", BAD_INPUT)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / ".unstep-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise DownloadError(f"--out {root}: cannot write there ({e.strerror or e})",
+                            "give a directory you can write to", BAD_INPUT) from e
+    return root.resolve()
+
+
+def _record_is_current(local_dir: Path, f: ReleasedFile, etag: str) -> bool:
+    from huggingface_hub._local_folder import read_download_metadata
+
+    record = read_download_metadata(local_dir, f.path)
+    return record is not None and record.etag == etag
+
+
+def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
+    """Brings one file into `root` (see the module's docstring); returns what was done."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    local_dir, dest = root / f.folder, f.local(root)
+    if constants.is_offline_mode():
+        if dest.is_file():
+            return f"present ({_size(dest.stat().st_size)}; HF_HUB_OFFLINE is set, so not compared with the hub)"
+        raise DownloadError(f"HF_HUB_OFFLINE is set and {dest} is not there", "unset HF_HUB_OFFLINE to download it")
+
+    url = hf_hub_url(f.repo, f.path, revision=revision)
+    meta = get_hf_file_metadata(url)
+    if meta.commit_hash is None or meta.etag is None:
+        raise DownloadError(f"{_endpoint()} answered {url} without a commit and an ETag: not a hub",
+                            "set HF_ENDPOINT to the hub or a mirror of it, or unset it")
+    etag, size = meta.etag, meta.size
+    lfs = bool(SHA256.fullmatch(etag))
+
+    if dest.is_file() and (size is None or dest.stat().st_size == size):
+        if _record_is_current(local_dir, f, etag):
+            return f"already complete ({_size(dest.stat().st_size)})"
+        if lfs and _sha256(dest) == etag:
+            write_download_metadata(local_dir=local_dir, filename=f.path, commit_hash=meta.commit_hash, etag=etag)
+            return f"already complete ({_size(dest.stat().st_size)}, sha256 checked)"
+
+    paths = get_local_download_paths(local_dir, f.path)
+    partial = paths.metadata_path.parent / f"{dest.name}.{etag}.part"
+    # A partial file of another version of the file cannot be continued.
+    for stale in partial.parent.glob(f"{dest.name}.*.part"):
+        if stale != partial:
+            stale.unlink(missing_ok=True)
+    headers = build_hf_headers()
+    if urlsplit(meta.location).netloc != urlsplit(url).netloc:
+        # A signed address off the hub: the token stays with the hub.
+        headers.pop("authorization", None)
+
+    with WeakFileLock(partial.with_name(partial.name + ".lock")):
+        have = partial.stat().st_size if partial.is_file() else 0
+        if size is not None and have > size:
+            partial.unlink()
+            have = 0
+        free = shutil.disk_usage(partial.parent).free
+        if size is not None and size - have > free:
+            raise DownloadError(f"{_size(size - have)} to write, {_size(free)} free under {root}",
+                                "make room there or give another --out", BAD_INPUT)
+        say(f"resuming at {have} of {_size(size)}" if have else f"fetching {_size(size)}")
+        try:
+            with open(partial, "ab") as out:
+                http_get(meta.location, out, resume_size=have, headers=headers, expected_size=size,
+                         displayed_filename=dest.name)
+        except BaseException:
+            kept = partial.stat().st_size if partial.is_file() else 0
+            if kept:
+                say(f"{kept} bytes kept in {partial}; the next run continues from there")
+            raise
+        got = partial.stat().st_size
+        if size is not None and got != size:
+            raise DownloadError(f"got {got} bytes, the hub says {size}", "run the same command again")
+        if lfs:
+            digest = _sha256(partial)
+            if digest != etag:
+                partial.unlink()
+                raise DownloadError(f"the bytes received have sha256 {digest}, the hub says {etag}; the partial "
+                                    "file was removed", "run the same command again")
+        os.replace(partial, dest)
+    write_download_metadata(local_dir=local_dir, filename=f.path, commit_hash=meta.commit_hash, etag=etag)
+    return f"done ({_size(got)}{', sha256 checked' if lfs else ''})"
+
+
+def download(out, revisions: dict | None = None, say=print, warn=None) -> int:
+    """Fetches every file of layout.RELEASED into `out`; returns the exit status (0, 1 or 2).
+    `revisions`: {repo: branch, tag or commit} (default main)."""
+    warn = warn or (lambda line: print(line, file=sys.stderr))
+    revisions = revisions or {}
+    try:
+        root = prepare_out(out)
+        import huggingface_hub  # noqa: F401  (only to say clearly when it is missing)
+    except DownloadError as e:
+        _report(warn, f"failed to use --out {out}", e)
+        return e.status
+    except ImportError as e:
+        warn(f"error: failed to import huggingface_hub ({e})")
+        warn("hint: pip install huggingface_hub")
+        return BAD_INPUT
+    failures, status = [], 0
+    n = len(RELEASED)
+    for i, f in enumerate(RELEASED, 1):
+        revision = revisions.get(f.repo) or REVISION
+        at = f" at {revision}" if revision != REVISION else ""
+        say(f"[{i}/{n}] {f.repo} {f.path}{at} -> {f.local(root)}")
+        try:
+            done = fetch(f, root, revision, lambda line: say(f"      {line}"))
+        except KeyboardInterrupt:
+            warn(f"error: interrupted while fetching {f.repo} {f.path}; run the same command again to continue")
+            return 130
+        except Exception as e:  # noqa: BLE001  (every failure is reported with its file, then the next file)
+            err = explain(e, f, revision)
+            _report(warn, f"failed to fetch {f.repo} {f.path}", err)
+            failures.append(f"{f.repo} {f.path}")
+            status = max(status, err.status)
+            if err.unreachable:
+                failures += [f"{g.repo} {g.path} (not tried)" for g in RELEASED[i:]]
+                break
+            continue
+        say(f"      {done}")
+    if failures:
+        warn(f"error: {len(failures)} of {n} files not fetched: {'; '.join(failures)}")
+        return status
+    say(f"all {n} files in {root}; a bundle from them: python -m unstep_export export --released {root} "
+        "--out BUNDLE --device cuda")
+    return 0
+
+
+def _report(warn, what: str, e: DownloadError):
+    warn(f"error: {what}: {e.reason}")
+    if e.hint:
+        warn(f"hint: {e.hint}")
+
+
+def add_parser(sub):
+    """The `download` subcommand's options."""
+    import argparse
+
+    p = sub.add_parser(
+        "download", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="fetch the released weights (Self-Forcing's DiT, Wan2.1's VAE, UMT5 encoder and tokenizer) into the "
+             "folder `export --released` reads; needs only huggingface_hub",
+        description=(
+            "Fetches the files the exporter reads, with huggingface_hub, into DIR:\n"
+            + "".join(f"  {f.relative():52} {f.repo} {f.path}\n" for f in RELEASED)
+            + "A file already complete there is kept; an interrupted run continues where it stopped when run\n"
+            "again. Then: python -m unstep_export export --released DIR --out BUNDLE --device cuda\n\n"
+            "Environment (read by huggingface_hub):\n"
+            "  HF_ENDPOINT     the hub to ask (a mirror, or a stand-in in tests); default: huggingface_hub's\n"
+            "  HF_TOKEN        an access token, for a gated or private repository (or `hf auth login`)\n"
+            "  HF_HOME         huggingface_hub's folder, where `hf auth login` keeps the token\n"
+            "  HF_HUB_OFFLINE  ask nothing: only check that every file is in DIR\n"
+            "  HF_HUB_DISABLE_PROGRESS_BARS  no byte-level progress bars\n\n"
+            "Exit status: 0 every file there, 1 a file not fetched (the hub's or the network's answer),\n"
+            "2 bad input (--out)."))
+    p.add_argument("--out", required=True, metavar="DIR", help="the released folder (created if missing)")
+    p.add_argument("--self-forcing-revision", metavar="REV", default=REVISION,
+                   help=f"branch, tag or commit of {SELF_FORCING_REPO} (default {REVISION})")
+    p.add_argument("--wan-revision", metavar="REV", default=REVISION,
+                   help=f"branch, tag or commit of {WAN_REPO} (default {REVISION})")
+    p.set_defaults(fn=cmd_download, threads=None)
+    return p
+
+
+def cmd_download(args):
+    sys.exit(download(args.out, {SELF_FORCING_REPO: args.self_forcing_revision, WAN_REPO: args.wan_revision}))
