@@ -566,7 +566,7 @@ fn check_run(
     super::names_file::check_evaluation(manifest, &lookup, errors);
     if !run_paths.bundle.exists() {
         warnings.push(format!(
-            "asset bundle {} does not exist yet; export it before `runner apply` (see assets/export/README.md)",
+            "asset bundle {} does not exist yet; download the released weights and export them before `runner apply` (docs/gpu.md, \"Weights\")",
             display_path(&run_paths.bundle)
         ));
     }

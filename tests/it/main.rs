@@ -5,6 +5,7 @@ mod doctor;
 mod engine;
 mod hardening;
 mod manifest;
+mod prompt_lists;
 mod prompts;
 mod properties;
 mod quality;
