@@ -71,6 +71,23 @@ pub fn run(args: &EvaluateArgs) -> i32 {
              with its videos complete, only the evaluation runs",
         );
     }
+    if let Some(weights) = record.weights.as_ref().filter(|w| w.source != "released") {
+        let allowed = record
+            .settings
+            .get("assets.allow_random_weights")
+            .is_some_and(|s| s.value == serde_json::Value::Bool(true));
+        if !allowed {
+            return refuse(
+                format!(
+                    "run `{name}` was made from seeded random weights ({} weights: DiT {}, VAE {}, \
+                     text encoder {}), and its scores would read as the model's",
+                    weights.source, weights.dit, weights.vae, weights.text_encoder
+                ),
+                "generate it again from the released weights (docs/gpu.md), or set \
+                 assets.allow_random_weights = true in its manifest and apply it again",
+            );
+        }
+    }
     if !matches!(
         record.status,
         RunStatus::Succeeded | RunStatus::EvaluationFailed

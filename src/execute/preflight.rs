@@ -30,7 +30,7 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
     if !p.bundle.exists() {
         return Err(ApplyError::refused(
             format!("asset bundle {} does not exist", display_path(&p.bundle)),
-            "export it on a GPU machine with `PYTHONPATH=assets/export python -m unstep_export export --preset wan-1.3b --device cuda --out assets/wan-1.3b` (see assets/export/README.md), or set assets.bundle",
+            RELEASED_BUNDLE_HINT,
         ));
     }
     let m = &r.manifest;
@@ -49,6 +49,7 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
         ));
     }
     bundle_preflight(r, config)?;
+    random_weights_preflight(r)?;
     cpu_precision_preflight(r, config)?;
     fp8_gpu_preflight(r)?;
     fused_kernels_preflight(r, config)?;
@@ -56,7 +57,100 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
     tokenizer_preflight(r)?;
     probe_state_preflight(r)?;
     results_preflight(r)?;
+    space_preflight(r)?;
     provider_preflight(config)
+}
+
+/// The work root's file system must have room for what staging will really copy: the bundle's
+/// files are linked where they share its file system, copied (or unpacked, for a `.zip`)
+/// otherwise. A snapshot that already exists is reused or refused by staging, not copied.
+fn space_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let work_root = &r.paths.work_root;
+    if work_root.join(r.name.as_str()).exists() {
+        return Ok(());
+    }
+    let Ok(runner) = std::env::current_exe() else {
+        return Ok(());
+    };
+    let small: Vec<&Path> = std::iter::once(r.paths.prompts_file.as_path())
+        .chain(r.files.iter().map(|f| f.path.as_path()))
+        .collect();
+    let Some(space) = super::staging::space_needed(work_root, &r.paths.bundle, &runner, &small)
+    else {
+        return Ok(());
+    };
+    if space.needed <= space.available {
+        return Ok(());
+    }
+    Err(ApplyError::refused(
+        format!(
+            "staging needs {} under {} and its file system has {} free",
+            bytes(space.needed),
+            display_path(work_root),
+            bytes(space.available)
+        ),
+        "free that much space, or set staging.work_root (UNSTEP_WORK_ROOT) to a folder on the \
+         bundle's file system, where its files are linked instead of copied",
+    ))
+}
+
+/// A byte count for a message: exact, and in GiB or MiB to read at a glance.
+fn bytes(n: u64) -> String {
+    let gib = n as f64 / f64::from(1u32 << 30);
+    if gib >= 1.0 {
+        format!("{n} bytes ({gib:.1} GiB)")
+    } else {
+        format!("{n} bytes ({:.1} MiB)", n as f64 / f64::from(1u32 << 20))
+    }
+}
+
+/// How to make the released bundle: download the released weights, then export them on a GPU
+/// machine (docs/gpu.md).
+pub(crate) const RELEASED_BUNDLE_HINT: &str = "download the released weights with \
+    `PYTHONPATH=assets/export python -m unstep_export download --out weights`, then export them \
+    on a GPU machine with `PYTHONPATH=assets/export python -m unstep_export export --released \
+    weights --device cuda --out assets/wan-1.3b` (docs/gpu.md), or set assets.bundle";
+
+/// A generation whose `[evaluation]` scores its videos must be of released weights: seeded random
+/// weights make videos that score like real ones and mean nothing. Refused at `assets.bundle`
+/// unless `assets.allow_random_weights = true`. A bundle that is not a readable directory is
+/// left to the worker.
+fn random_weights_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let m = &r.manifest;
+    if m.kind != Kind::Generation || m.evaluation.command.is_none() || m.assets.allow_random_weights
+    {
+        return Ok(());
+    }
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return Ok(());
+    };
+    let weights = bundle.manifest.weights.clone().unwrap_or_default();
+    let random: Vec<&str> = weights
+        .sources()
+        .iter()
+        .filter(|(_, source)| *source != engine::bundle::WeightSource::Released)
+        .map(|(part, _)| *part)
+        .collect();
+    if random.is_empty() {
+        return Ok(());
+    }
+    let origin = r
+        .settings
+        .get("assets.bundle")
+        .map(|s| s.origin.to_string())
+        .unwrap_or_else(|| "assets.bundle".to_string());
+    Err(ApplyError::refused(
+        format!(
+            "{origin}: asset bundle {} has seeded random weights ({}), and the manifest's \
+             [evaluation] would score its videos as if they were the model's",
+            display_path(&r.paths.bundle),
+            random.join(", ")
+        ),
+        format!(
+            "{RELEASED_BUNDLE_HINT}; to score this bundle anyway, set \
+             assets.allow_random_weights = true"
+        ),
+    ))
 }
 
 /// A bundle directory must have a readable `bundle.toml` whose export settings are the run's

@@ -344,6 +344,11 @@ pub enum VideoNaming {
 pub struct Assets {
     /// Asset bundle directory (or .zip), relative to the manifest that sets it.
     pub bundle: String,
+    /// Lets a generation with an `[evaluation]` score a bundle whose weights are not all
+    /// released ones (seeded random weights score like real ones, and mean nothing). Off: such a
+    /// run is refused before anything is written.
+    #[serde(default)]
+    pub allow_random_weights: bool,
 }
 
 /// Scoring after a whole generation (`docs/vbench.md`).
@@ -498,6 +503,7 @@ impl Manifest {
             },
             assets: Assets {
                 bundle: "assets/wan-1.3b".into(),
+                allow_random_weights: false,
             },
             evaluation: Evaluation::default(),
             executor: Executor::default(),

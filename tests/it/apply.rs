@@ -327,7 +327,10 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     let t = Test::new();
     let path = generation(&t, "crash", "0-5");
     // An evaluation follows the complete generation only: not the failed apply, the resumed one.
-    let mut text = std::fs::read_to_string(&path).unwrap();
+    // The tiny bundle's random weights are scored on purpose.
+    let mut text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("[assets]\n", "[assets]\nallow_random_weights = true\n");
     text.push_str(&format!(
         "[evaluation]\ncommand = [\"{}\", \"-c\", \"import json, sys; \
          json.dump({{'color': 0.5}}, open(sys.argv[1], 'w'))\", \"{{scores_file}}\"]\n\

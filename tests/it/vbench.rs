@@ -25,7 +25,9 @@ fn vbench_generation(t: &Test, name: &str, extended: &[&str], standard: &[&str],
             "[prompts]\n",
             &format!("[prompts]\nnames_file = \"{}\"\n", names.display()),
         )
-        .replace("[outputs]\n", "[outputs]\nvideo_naming = \"vbench\"\n");
+        .replace("[outputs]\n", "[outputs]\nvideo_naming = \"vbench\"\n")
+        // The tiny bundle's weights are seeded random ones: these tests score them on purpose.
+        .replace("[assets]\n", "[assets]\nallow_random_weights = true\n");
     std::fs::write(&path, text + extra).unwrap();
 }
 
@@ -599,4 +601,68 @@ fn an_interrupted_evaluation_is_stopped_and_recorded_as_interrupted() {
     );
     assert_eq!(status(&run_dir), ("succeeded".into(), "succeeded".into()));
     assert_eq!(videos(&run_dir), made);
+}
+
+/// A generation of seeded random weights with an `[evaluation]` is refused before anything is
+/// written, at the bundle's setting, with the way to the released weights and the explicit
+/// switch; with `assets.allow_random_weights = true` it runs, and its record says the weights
+/// are random. `runner evaluate` refuses such a run's record without the switch.
+#[test]
+fn random_weights_are_not_scored_unless_the_manifest_says_so() {
+    let t = Test::new();
+    let standard = [BUND, QUOTES];
+    let ext = extended(&standard);
+    vbench_generation(&t, "rnd", &strs(&ext), &standard, &evaluation(&t));
+    mode(&t, "scores 1.0");
+    let path = t.path().join("rnd.toml");
+    let allowed = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, allowed.replace("allow_random_weights = true\n", "")).unwrap();
+    let before = crate::support::tree(t.path());
+    let out = t.cmd().args(["apply", "--quiet", "rnd.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    for needle in [
+        "rnd.toml:",
+        "seeded random weights (dit, vae, text_encoder)",
+        "unstep_export download",
+        "export --released",
+        "assets.allow_random_weights = true",
+    ] {
+        assert!(out.stderr.contains(needle), "{needle}: {}", out.render());
+    }
+    assert_eq!(crate::support::tree(t.path()), before, "nothing written");
+
+    std::fs::write(&path, &allowed).unwrap();
+    let out = t.cmd().args(["apply", "--quiet", "rnd.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let run_dir = t.path().join("results/rnd");
+    let run = crate::apply::read_json(&run_dir.join("run.json"));
+    assert_eq!(run["weights"]["source"], "random", "{run}");
+    assert_eq!(
+        run["settings"]["assets.allow_random_weights"]["value"],
+        true
+    );
+    let report = t.cmd().args(["report", "rnd"]).run();
+    assert!(
+        report
+            .stdout
+            .contains("weights       random (seeded random weights"),
+        "{}",
+        report.render()
+    );
+
+    // A record without the switch (as an older runner wrote it) is not evaluated.
+    let mut edited = run.clone();
+    edited["settings"]
+        .as_object_mut()
+        .unwrap()
+        .remove("assets.allow_random_weights");
+    std::fs::write(run_dir.join("run.json"), edited.to_string()).unwrap();
+    let out = t.cmd().args(["evaluate", "rnd"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("seeded random weights")
+            && out.stderr.contains("assets.allow_random_weights = true"),
+        "{}",
+        out.render()
+    );
 }
