@@ -222,6 +222,7 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
         },
         bundle: args.bundle.clone().expect("clap requires --bundle"),
         bundle_sha256: Default::default(),
+        bundle_stamps: Default::default(),
         unpack_dir: unpack_dir.to_path_buf(),
         prompts: indices
             .into_iter()

@@ -328,7 +328,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     } = events;
 
     if let Some(facts) = facts {
-        record_facts(&mut record, facts, r);
+        record_facts(&mut record, facts, r, &stage);
     }
     let status = {
         // Under the record's lock, the shard apply that ends last sees every other's records:
@@ -521,6 +521,7 @@ fn start_record(
     record.staging = Some(crate::results::records::StagingRecord {
         seconds: stage.seconds,
         reused: stage.reused,
+        placements: (!stage.reused).then(|| stage.placements.clone()),
     });
     if reused_state {
         // A probe measured on the state an earlier measurement left is not a fresh start.
@@ -607,11 +608,13 @@ fn write_statistics(r: &Resolved, run_dir: &Path, label: CacheLabel) -> Result<(
 }
 
 /// What the first worker reported when its sessions were ready, into the run's record.
-fn record_facts(record: &mut RunRecord, facts: WorkerFacts, r: &Resolved) {
+fn record_facts(record: &mut RunRecord, facts: WorkerFacts, r: &Resolved, stage: &Stage) {
     record.bundle = Some(BundleRecord {
         path: r.paths.bundle.display().to_string(),
         preset: facts.bundle_preset,
         exporter_version: facts.bundle_exporter_version,
+        // The audit hashed the staged bundle.toml, which lists the sha256 of every file.
+        bundle_toml_sha256: stage.audit.files.get("bundle/bundle.toml").cloned(),
     });
     record.execution_provider = Some(facts.provider);
     record.versions.onnxruntime = Some(facts.ort_version);
@@ -713,6 +716,7 @@ impl JobFactory<'_> {
             },
             bundle: self.stage.bundle.clone(),
             bundle_sha256: bundle_sha256.clone(),
+            bundle_stamps: self.stage.bundle_stamps.clone(),
             unpack_dir: p.cache_dir.join("bundle_unpacked"),
             prompts: todo,
             engine: self.config.engine_for(&p.cache_dir),

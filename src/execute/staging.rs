@@ -1,7 +1,16 @@
 //! The staging area: a run executes from a snapshot in its work root — the resolved manifest,
 //! the manifest files, the prompt file, the asset bundle and the runner binary — with an audit
 //! (the sha256 of every staged file). Workers read only from the snapshot, so editing the
-//! checkout or re-exporting a bundle mid-run cannot change a run.
+//! checkout or re-exporting a bundle mid-run cannot change a run unnoticed.
+//!
+//! The bundle's files and the runner are large (a released bundle is 27 GB), so they are placed
+//! without a second copy where the file system allows: a reflink (a copy-on-write clone, as
+//! independent as a copy), else a hard link (the same file under a second name), and a copy only
+//! across file systems. A hard-linked file changes when its source is rewritten in place, so each
+//! placed file's size and modification time are kept ([`FileStamp`]) and every worker compares
+//! them before it trusts the audit's hashes. Before anything is staged, [`space_needed`] tells
+//! what will really be copied, and `runner apply` refuses when the work root's file system has
+//! less free.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -9,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+pub use crate::results::records::Placements;
 
 /// The audit file of a staging folder.
 pub const AUDIT_FILE: &str = "audit.json";
@@ -50,6 +61,50 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StagingError + '_ {
     }
 }
 
+/// How a file reached the snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// A copy-on-write clone (`FICLONE`): no data copied, and independent of its source.
+    Reflink,
+    /// A second name of the source file: no data copied.
+    HardLink,
+    /// A copy of the bytes.
+    Copy,
+}
+
+/// Counts one placed file of `bytes`.
+fn count(placements: &mut Placements, how: Placement, bytes: u64) {
+    match how {
+        Placement::Reflink => placements.reflinked += 1,
+        Placement::HardLink => placements.hard_linked += 1,
+        Placement::Copy => {
+            placements.copied += 1;
+            placements.copied_bytes += bytes;
+        }
+    }
+}
+
+/// A placed file's size and modification time: a hard-linked file rewritten in place through its
+/// source changes them, and a worker that finds them changed refuses the file instead of trusting
+/// the audit's hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    pub len: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub modified_ns: i128,
+}
+
+impl FileStamp {
+    pub fn of(path: &Path) -> std::io::Result<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(path)?;
+        Ok(FileStamp {
+            len: meta.len(),
+            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        })
+    }
+}
+
 /// What goes into a snapshot.
 #[derive(Debug, Clone)]
 pub struct StageRequest {
@@ -80,8 +135,13 @@ pub struct Stage {
     pub audit: Audit,
     /// True when an existing, matching snapshot was reused.
     pub reused: bool,
-    /// Seconds the snapshot took: the copy and its audit, or the audit of a reused one.
+    /// Seconds the snapshot took: the placing and its audit, or the audit of a reused one.
     pub seconds: f64,
+    /// How the large files were placed (empty for a reused snapshot).
+    pub placements: Placements,
+    /// Each bundle file's stamp, by its path relative to the bundle, taken before the audit
+    /// hashed it.
+    pub bundle_stamps: BTreeMap<String, FileStamp>,
 }
 
 impl Stage {
@@ -132,13 +192,20 @@ pub fn stage(req: &StageRequest) -> Result<Stage, StagingError> {
     if result.is_err() {
         let _ = fs::remove_dir_all(&tmp);
     }
-    let audit = result?;
+    let (audit, placements, bundle_stamps) = result?;
     // The snapshot appears under its name only once complete.
     fs::rename(&tmp, &req.dir).map_err(io(&req.dir))?;
-    Ok(done(req, audit, false, started))
+    Ok(done(req, audit, placements, bundle_stamps, false, started))
 }
 
-fn done(req: &StageRequest, audit: Audit, reused: bool, started: std::time::Instant) -> Stage {
+fn done(
+    req: &StageRequest,
+    audit: Audit,
+    placements: Placements,
+    bundle_stamps: BTreeMap<String, FileStamp>,
+    reused: bool,
+    started: std::time::Instant,
+) -> Stage {
     Stage {
         bundle: req.dir.join("bundle"),
         prompts_file: req.dir.join("prompts.txt"),
@@ -147,32 +214,70 @@ fn done(req: &StageRequest, audit: Audit, reused: bool, started: std::time::Inst
         audit,
         reused,
         seconds: started.elapsed().as_secs_f64(),
+        placements,
+        bundle_stamps,
     }
 }
 
-fn fill(req: &StageRequest, dir: &Path) -> Result<Audit, StagingError> {
-    copy_file(&req.runner, &dir.join("bin/runner"))?;
+type Filled = (Audit, Placements, BTreeMap<String, FileStamp>);
+
+fn fill(req: &StageRequest, dir: &Path) -> Result<Filled, StagingError> {
+    let mut placements = Placements::default();
+    let runner_len = fs::metadata(&req.runner).map_err(io(&req.runner))?.len();
+    count(
+        &mut placements,
+        place_file(&req.runner, &dir.join("bin/runner"))?,
+        runner_len,
+    );
+    let small = |p: &Path| fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     copy_file(&req.prompts_file, &dir.join("prompts.txt"))?;
+    placements.copied_bytes += small(&req.prompts_file);
     for (i, m) in req.manifests.iter().enumerate() {
         let name = m
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         copy_file(m, &dir.join("manifests").join(format!("{i}-{name}")))?;
+        placements.copied_bytes += small(m);
     }
     let resolved = dir.join("manifest.resolved.toml");
     fs::write(&resolved, &req.resolved_manifest).map_err(io(&resolved))?;
+    placements.copied_bytes += req.resolved_manifest.len() as u64;
     let bundle = dir.join("bundle");
     if is_zip(&req.bundle) {
         unzip(&req.bundle, &bundle)?;
+        placements.unzipped = true;
+        placements.copied_bytes += dir_size(&bundle);
     } else {
-        copy_dir(&req.bundle, &bundle)?;
+        place_dir(&req.bundle, &bundle, &mut placements)?;
     }
+    // Stamps before hashes: a rewrite of a linked file during the audit changes its stamp.
+    let stamps = stamps(&bundle)?;
     let audit = audit(dir)?;
     let path = dir.join(AUDIT_FILE);
     let text = serde_json::to_string_pretty(&audit).expect("audits serialise");
     fs::write(&path, text).map_err(io(&path))?;
-    Ok(audit)
+    Ok((audit, placements, stamps))
+}
+
+/// The stamp of every file below a staged bundle, by path relative to it.
+fn stamps(bundle: &Path) -> Result<BTreeMap<String, FileStamp>, StagingError> {
+    let mut files = Vec::new();
+    walk_files(bundle, bundle, &mut files)?;
+    files
+        .into_iter()
+        .map(|(rel, path)| Ok((rel, FileStamp::of(&path).map_err(io(&path))?)))
+        .collect()
+}
+
+/// The files that differ from their stamps, by path relative to `bundle`: missing, another
+/// size, or another modification time.
+pub fn changed_since_staged(bundle: &Path, stamps: &BTreeMap<String, FileStamp>) -> Vec<String> {
+    stamps
+        .iter()
+        .filter(|(rel, stamp)| FileStamp::of(&bundle.join(rel)).ok().as_ref() != Some(*stamp))
+        .map(|(rel, _)| rel.clone())
+        .collect()
 }
 
 fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, StagingError> {
@@ -214,7 +319,17 @@ fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, Stagi
     if resolved != req.resolved_manifest {
         return Err(mismatch("the resolved manifest differs".into()));
     }
-    Ok(done(req, recorded, true, started))
+    // The audit above read every file; stamps taken now describe what it read (a rewrite during
+    // it is caught by the workers' comparison or the hashes).
+    let stamps = stamps(&req.dir.join("bundle"))?;
+    Ok(done(
+        req,
+        recorded,
+        Placements::default(),
+        stamps,
+        true,
+        started,
+    ))
 }
 
 fn first_difference(a: &Audit, b: &Audit) -> String {
@@ -249,16 +364,158 @@ fn copy_file(src: &Path, dst: &Path) -> Result<(), StagingError> {
     Ok(())
 }
 
-fn copy_dir(src: &Path, dst: &Path) -> Result<(), StagingError> {
+/// Places `src` at `dst` without copying its bytes where the file system allows: a reflink,
+/// else a hard link, else a copy (another file system, or links refused).
+fn place_file(src: &Path, dst: &Path) -> Result<Placement, StagingError> {
+    if let Some(parent) = dst.parent() {
+        fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    if reflink(src, dst).is_ok() {
+        return Ok(Placement::Reflink);
+    }
+    if fs::hard_link(src, dst).is_ok() {
+        return Ok(Placement::HardLink);
+    }
+    copy_file(src, dst)?;
+    Ok(Placement::Copy)
+}
+
+/// A copy-on-write clone of `src` at `dst` (Linux's `FICLONE`, on Btrfs, XFS and the like);
+/// leaves no `dst` behind when the file system cannot clone.
+fn reflink(src: &Path, dst: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // _IOW(0x94, 9, int)
+    const FICLONE: libc::c_ulong = 0x4004_9409;
+    let from = fs::File::open(src)?;
+    let to = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)?;
+    // SAFETY: both descriptors are open for the duration of the call.
+    let rc = unsafe { libc::ioctl(to.as_raw_fd(), FICLONE as _, from.as_raw_fd()) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    drop(to);
+    let _ = fs::remove_file(dst);
+    Err(error)
+}
+
+fn place_dir(src: &Path, dst: &Path, placements: &mut Placements) -> Result<(), StagingError> {
     fs::create_dir_all(dst).map_err(io(dst))?;
     for entry in fs::read_dir(src).map_err(io(src))? {
         let entry = entry.map_err(io(src))?;
         let path = entry.path();
         let target = dst.join(entry.file_name());
         if path.is_dir() {
-            copy_dir(&path, &target)?;
+            place_dir(&path, &target, placements)?;
         } else {
-            copy_file(&path, &target)?;
+            let len = fs::metadata(&path).map_err(io(&path))?.len();
+            count(placements, place_file(&path, &target)?, len);
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of every file below `dir`.
+fn dir_size(dir: &Path) -> u64 {
+    let mut files = Vec::new();
+    let _ = walk_files(dir, dir, &mut files);
+    files
+        .iter()
+        .filter_map(|(_, p)| fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// What staging a request will write into the work root, and what its file system has free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceNeeded {
+    pub needed: u64,
+    pub available: u64,
+}
+
+/// The bytes a new snapshot will really write under `work_root` (files on another file system
+/// than the work root's are copied, those on the same one linked; a `.zip` bundle is unpacked;
+/// the small files are copied), and the bytes free there for this user. `None` when the free
+/// space cannot be read.
+pub fn space_needed(
+    work_root: &Path,
+    bundle: &Path,
+    runner: &Path,
+    small_files: &[&Path],
+) -> Option<SpaceNeeded> {
+    use std::os::unix::fs::MetadataExt;
+    let mut existing = work_root;
+    while !existing.exists() {
+        existing = existing.parent()?;
+    }
+    let device = fs::metadata(existing).ok()?.dev();
+    let available = free_bytes(existing)?;
+    let placed = |path: &Path| -> u64 {
+        fs::metadata(path)
+            .map(|m| if m.dev() == device { 0 } else { m.len() })
+            .unwrap_or(0)
+    };
+    let mut needed: u64 = placed(runner);
+    needed += small_files
+        .iter()
+        .filter_map(|p| fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum::<u64>();
+    if is_zip(bundle) {
+        needed += zip_unpacked_size(bundle).unwrap_or(0);
+    } else {
+        let mut files = Vec::new();
+        let _ = walk_files(bundle, bundle, &mut files);
+        needed += files.iter().map(|(_, p)| placed(p)).sum::<u64>();
+    }
+    Some(SpaceNeeded { needed, available })
+}
+
+/// The bytes a `.zip` bundle unpacks to, as its entries declare them.
+fn zip_unpacked_size(archive: &Path) -> Option<u64> {
+    let mut zip = zip::ZipArchive::new(fs::File::open(archive).ok()?).ok()?;
+    let mut total = 0u64;
+    for i in 0..zip.len() {
+        total = total.saturating_add(zip.by_index_raw(i).ok()?.size());
+    }
+    Some(total)
+}
+
+/// Bytes free for an unprivileged user on the file system of `path` (`statvfs`).
+fn free_bytes(path: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a valid NUL-terminated path and a buffer of the right type.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs succeeded and filled it.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Every file below `dir` (symbolic links to files included), by path relative to `base`, in
+/// name order.
+fn walk_files(
+    base: &Path,
+    dir: &Path,
+    files: &mut Vec<(String, PathBuf)>,
+) -> Result<(), StagingError> {
+    let mut entries: Vec<_> = fs::read_dir(dir)
+        .map_err(io(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        if path.is_dir() {
+            walk_files(base, &path, files)?;
+        } else {
+            let rel = path.strip_prefix(base).expect("below base");
+            files.push((rel.to_string_lossy().into_owned(), path));
         }
     }
     Ok(())
@@ -276,31 +533,8 @@ fn unzip(archive: &Path, dst: &Path) -> Result<(), StagingError> {
 /// (a bundle is a few large files, and one core hashes about 1.4 GB/s).
 pub fn audit(dir: &Path) -> Result<Audit, StagingError> {
     let mut found = Vec::new();
-    fn walk(
-        base: &Path,
-        dir: &Path,
-        files: &mut Vec<(String, PathBuf)>,
-    ) -> Result<(), StagingError> {
-        let mut entries: Vec<_> = fs::read_dir(dir)
-            .map_err(io(dir))?
-            .collect::<Result<_, _>>()
-            .map_err(io(dir))?;
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(base, &path, files)?;
-            } else {
-                let rel = path.strip_prefix(base).expect("below base");
-                let rel = rel.to_string_lossy().into_owned();
-                if rel != AUDIT_FILE {
-                    files.push((rel, path));
-                }
-            }
-        }
-        Ok(())
-    }
-    walk(dir, dir, &mut found)?;
+    walk_files(dir, dir, &mut found)?;
+    found.retain(|(rel, _)| rel != AUDIT_FILE);
     // In the walk's order, so that the first unreadable file is the error whatever finishes first.
     let hashes: Vec<Result<String, StagingError>> = found
         .par_iter()
@@ -375,6 +609,72 @@ mod tests {
         let err = super::stage(&reuse).unwrap_err();
         assert!(err.to_string().contains("bundle/sub/graph.onnx"), "{err}");
         assert!(stage.bundle.join("sub/graph.onnx").is_file());
+    }
+
+    /// On one file system the bundle's files and the runner are placed without a second copy:
+    /// the snapshot's bundle file is the source's inode (or a reflink of it), and only the small
+    /// files are written. A rewrite of the source in place shows in the stamps.
+    #[test]
+    fn bundle_files_on_the_same_file_system_are_linked_not_copied() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        let req = request(root.path(), false);
+        let stage = stage(&req).unwrap();
+        let p = &stage.placements;
+        assert_eq!(p.copied, 0, "{p:?}");
+        assert_eq!(
+            p.hard_linked + p.reflinked,
+            3,
+            "two bundle files and the runner: {p:?}"
+        );
+        let src = fs::metadata(req.bundle.join("sub/graph.onnx")).unwrap();
+        let staged = fs::metadata(stage.bundle.join("sub/graph.onnx")).unwrap();
+        if p.hard_linked == 3 {
+            assert_eq!(src.ino(), staged.ino(), "the same file, not a copy");
+        }
+        let small = "a fox\n".len() + "kind = \"probe\"\n".len() * 2;
+        assert_eq!(
+            p.copied_bytes, small as u64,
+            "only the small files are written"
+        );
+        assert!(changed_since_staged(&stage.bundle, &stage.bundle_stamps).is_empty());
+
+        // Rewritten in place through the source (another size here): the stamp tells.
+        fs::write(req.bundle.join("sub/graph.onnx"), b"a longer graph").unwrap();
+        if p.hard_linked == 3 {
+            assert_eq!(
+                changed_since_staged(&stage.bundle, &stage.bundle_stamps),
+                vec!["sub/graph.onnx".to_string()]
+            );
+        }
+    }
+
+    /// What staging will write is counted by file system: nothing of the bundle on its own file
+    /// system; every byte of it when the work root is elsewhere (here `/dev/shm`, a tmpfs, when
+    /// it is another file system than the test's folder).
+    #[test]
+    fn space_needed_counts_only_what_will_be_copied() {
+        use std::os::unix::fs::MetadataExt;
+        let root = tempfile::tempdir().unwrap();
+        let req = request(root.path(), false);
+        let small = [req.prompts_file.as_path()];
+        let same = space_needed(&req.dir, &req.bundle, &req.runner, &small).unwrap();
+        assert_eq!(same.needed, "a fox\n".len() as u64);
+        assert!(same.available > 0);
+        let shm = Path::new("/dev/shm");
+        let other_fs = shm.is_dir()
+            && fs::metadata(shm).unwrap().dev() != fs::metadata(root.path()).unwrap().dev();
+        if other_fs {
+            let there = space_needed(
+                &shm.join("unstep-test/work"),
+                &req.bundle,
+                &req.runner,
+                &small,
+            )
+            .unwrap();
+            let bundle_and_runner = ("format = 1\n".len() + "graph".len() + "binary".len()) as u64;
+            assert_eq!(there.needed, bundle_and_runner + "a fox\n".len() as u64);
+        }
     }
 
     #[test]

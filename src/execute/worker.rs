@@ -36,6 +36,13 @@ pub enum WorkerError {
     Record(#[from] crate::results::files::RecordError),
     #[error("cannot write {}: {reason}", .path.display())]
     Write { path: PathBuf, reason: String },
+    #[error(
+        "bundle file(s) {} changed after staging (the staged bundle shares its files with the \
+         source bundle by hard link, and the source was rewritten in place); apply again to \
+         stage it anew, and do not export into a bundle a run is using",
+        .0.join(", ")
+    )]
+    BundleChanged(Vec<String>),
 }
 
 impl exit::Failure for WorkerError {
@@ -126,6 +133,10 @@ fn emit(job: &JobSpec, event: &RunEventKind) {
 fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
     // Schedule errors are reported before the (slow) session build.
     Schedule::new(&job.method).map_err(GenerateError::from)?;
+    let changed = super::staging::changed_since_staged(&job.bundle, &job.bundle_stamps);
+    if !changed.is_empty() {
+        return Err(WorkerError::BundleChanged(changed));
+    }
     let bundle = Bundle::open_with_known_hashes(&job.bundle, &job.unpack_dir, &job.bundle_sha256)
         .map_err(GenerateError::from)?;
     bundle

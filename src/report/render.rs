@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::load::LoadedRun;
 use crate::manifest::Kind;
 use crate::manifest::diagnostic::display_path;
+use crate::results::records::WeightsRecord;
 use crate::results::{
     CacheLabel, RunRecord, RunStatus, Statistics, Summary, TimingRecord, measured,
 };
@@ -71,6 +72,9 @@ pub struct Provenance {
     pub cuda_graphs: bool,
     /// "path (preset, exporter X)" of the bundle the workers ran.
     pub bundle: Option<String>,
+    /// Where the bundle's weights came from: `released`, `random` or `mixed` (with each part's
+    /// source when mixed); absent in records of earlier runners.
+    pub weights: Option<String>,
     pub precision: String,
     /// What a reduced precision computes below its float type (fp8: the DiT's matrix multiplies
     /// in float8); absent for full precision.
@@ -104,6 +108,18 @@ pub struct Provenance {
     pub staging: Option<crate::results::records::StagingRecord>,
 }
 
+/// A bundle's weights in a few words: the summary, and each part's source when they differ.
+pub(crate) fn weights_of(w: &WeightsRecord) -> String {
+    if w.source == "mixed" {
+        format!(
+            "mixed (DiT {}, VAE {}, text encoder {})",
+            w.dit, w.vae, w.text_encoder
+        )
+    } else {
+        w.source.clone()
+    }
+}
+
 fn name_of<T: Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
         Ok(serde_json::Value::String(s)) => s,
@@ -129,6 +145,7 @@ impl Provenance {
                 .bundle
                 .as_ref()
                 .map(|b| format!("{} ({}, exporter {})", b.path, b.preset, b.exporter_version)),
+            weights: r.weights.as_ref().map(weights_of),
             precision: name_of(&r.precision),
             precision_note: r.precision.reduced(),
             gpu_model: r.device.gpu_model.clone(),
@@ -308,6 +325,14 @@ fn runtime_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
     if let Some(bundle) = &p.bundle {
         row(t, "bundle", bundle.clone());
     }
+    if let Some(weights) = &p.weights {
+        let note = if weights == "released" {
+            ""
+        } else {
+            " (seeded random weights: videos and scores say nothing of the model)"
+        };
+        row(t, "weights", format!("{weights}{note}"));
+    }
     row(
         t,
         "precision",
@@ -372,11 +397,7 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
             format!(
                 "{:.2} s before the first worker ({})",
                 staging.seconds,
-                if staging.reused {
-                    "the kept snapshot hashed again and reused"
-                } else {
-                    "bundle, runner and prompts copied and hashed"
-                }
+                staging_how(staging)
             ),
         );
     }
@@ -586,6 +607,110 @@ impl Comparison {
     }
 }
 
+/// The attention kernel a run's workers chose, with the one asked for.
+fn attention_of(r: &RunRecord) -> String {
+    format!(
+        "{} (requested {})",
+        opt(r.attention_backend.resolved.as_deref()),
+        name_of(&r.attention_backend.requested)
+    )
+}
+
+/// The kernel sets a run ran: the DiT's and the VAE's, and whether the DiT ran as CUDA graphs.
+fn kernels_of(r: &RunRecord) -> String {
+    let graphs = r
+        .settings
+        .get("runtime.cuda_graphs")
+        .is_some_and(|s| s.value == serde_json::Value::Bool(true));
+    format!(
+        "dit {}, vae {}, CUDA graphs {}",
+        opt(r.dit_kernels.as_deref()),
+        opt(r.vae_kernels.as_deref()),
+        if graphs { "on" } else { "off" }
+    )
+}
+
+/// The libraries a run loaded, and the GPU driver.
+fn versions_of(r: &RunRecord) -> String {
+    format!(
+        "onnxruntime {}, cuda {}, cudnn {}, driver {}",
+        opt(r.versions.onnxruntime.as_deref()),
+        opt(r.versions.cuda.as_deref()),
+        opt(r.versions.cudnn.as_deref()),
+        opt(r.device.driver_version.as_deref())
+    )
+}
+
+/// Whether two runs ran other bundles: by contents where both records have them (the same
+/// bundle may lie in two places), else by path.
+fn bundle_differs(a: &RunRecord, b: &RunRecord) -> bool {
+    match (&a.bundle, &b.bundle) {
+        (Some(x), Some(y)) => match (&x.bundle_toml_sha256, &y.bundle_toml_sha256) {
+            (Some(p), Some(q)) => p != q,
+            _ => x.path != y.path,
+        },
+        (None, None) => false,
+        _ => true,
+    }
+}
+
+/// A bundle by its contents where the record has them (the sha256 of its bundle.toml), else by
+/// its path.
+fn bundle_of(r: &RunRecord) -> String {
+    match &r.bundle {
+        None => "n/a".into(),
+        Some(b) => match &b.bundle_toml_sha256 {
+            Some(sha) => format!(
+                "{} (bundle.toml sha256 {})",
+                b.path,
+                sha.get(..12).unwrap_or(sha)
+            ),
+            None => b.path.clone(),
+        },
+    }
+}
+
+/// How a run's snapshot was made, in words.
+fn staging_how(staging: &crate::results::records::StagingRecord) -> String {
+    if staging.reused {
+        return "the kept snapshot hashed again and reused".into();
+    }
+    let Some(p) = &staging.placements else {
+        return "bundle, runner and prompts copied and hashed".into();
+    };
+    let mut parts = Vec::new();
+    if p.unzipped {
+        parts.push("bundle unpacked".to_string());
+    }
+    for (n, how) in [
+        (p.reflinked, "reflinked"),
+        (p.hard_linked, "hard-linked"),
+        (p.copied, "copied"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n} file(s) {how}"));
+        }
+    }
+    parts.push(format!("{} written", size(p.copied_bytes)));
+    format!("{}; every file hashed", parts.join(", "))
+}
+
+/// A byte count in B, KiB, MiB or GiB.
+pub(crate) fn size(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 /// A run's diagnostic switches as a comparison names them.
 fn switches(on: &[String]) -> String {
     if on.is_empty() {
@@ -653,6 +778,23 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
                 opt(rb.device.gpu_model.as_deref()).to_string(),
             ),
             differs("provider", name_of(&ra.provider), name_of(&rb.provider)),
+            differs("attention backend", attention_of(ra), attention_of(rb)),
+            differs("kernels", kernels_of(ra), kernels_of(rb)),
+            differs("library versions", versions_of(ra), versions_of(rb)),
+            bundle_differs(ra, rb).then(|| {
+                format!(
+                    "bundle differs: `{}` has {}, `{}` has {}",
+                    a.name,
+                    bundle_of(ra),
+                    b.name,
+                    bundle_of(rb)
+                )
+            }),
+            differs(
+                "weights",
+                ra.weights.as_ref().map_or("n/a".into(), weights_of),
+                rb.weights.as_ref().map_or("n/a".into(), weights_of),
+            ),
             precision,
             differs(
                 "timed region end",

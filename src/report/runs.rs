@@ -26,6 +26,8 @@ pub struct RunRow {
     pub prompts_planned: Option<usize>,
     /// The mean timed total over the measured prompts but the first, in seconds.
     pub warm_mean_s: Option<f64>,
+    /// Where the bundle's weights came from: `released`, `random` or `mixed (...)`.
+    pub weights: Option<String>,
     pub started_at: Option<String>,
     pub ended_at: Option<String>,
     pub dir: PathBuf,
@@ -54,6 +56,7 @@ impl RunRow {
             prompts_done: Some(run.summary.count),
             prompts_planned: Some(planned),
             warm_mean_s: run.summary.timed_total.warm_mean_excluding_first,
+            weights: r.weights.as_ref().map(super::render::weights_of),
             started_at: Some(r.started_at.clone()),
             ended_at: r.ended_at.clone(),
             dir: run.dir.clone(),
@@ -70,6 +73,7 @@ impl RunRow {
             prompts_done: None,
             prompts_planned: None,
             warm_mean_s: None,
+            weights: None,
             started_at: None,
             ended_at: None,
             dir: dir.to_path_buf(),
@@ -111,14 +115,21 @@ pub fn list_runs(results: &Path) -> std::io::Result<Vec<RunRow>> {
     Ok(rows)
 }
 
-/// The rows as a table: run, kind, status, prompts done of planned, warm mean, start.
+/// The rows as a table: run, kind, status, prompts done of planned, warm mean, the weights'
+/// source, start.
 pub fn runs_table(rows: &[RunRow]) -> String {
     let width = rows.iter().map(|r| r.run.len()).max().unwrap_or(0).max(3);
+    let weights_width = rows
+        .iter()
+        .map(|r| r.weights.as_deref().unwrap_or("-").len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  started",
-        "run", "kind", "status", "prompts", "warm mean (s)"
+        "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  {:<weights_width$}  started",
+        "run", "kind", "status", "prompts", "warm mean (s)", "weights"
     );
     for r in rows {
         let prompts = match (r.prompts_done, r.prompts_planned) {
@@ -127,13 +138,14 @@ pub fn runs_table(rows: &[RunRow]) -> String {
         };
         let _ = writeln!(
             t,
-            "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  {}",
+            "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  {:<weights_width$}  {}",
             r.run,
             r.kind.as_deref().unwrap_or("-"),
             r.status,
             prompts,
             r.warm_mean_s
                 .map_or_else(|| "n/a".into(), |v| format!("{v:.3}")),
+            r.weights.as_deref().unwrap_or("-"),
             r.started_at.as_deref().unwrap_or("-"),
         );
     }

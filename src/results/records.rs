@@ -202,6 +202,11 @@ pub struct BundleRecord {
     pub path: String,
     pub preset: String,
     pub exporter_version: String,
+    /// The sha256 of the bundle's `bundle.toml`, which lists the sha256 of every file of the
+    /// bundle: two runs with the same one ran the same bundle, wherever it lay. Absent in
+    /// records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle_toml_sha256: Option<String>,
 }
 
 /// The bundle's prompt tokenizer, and how it read the run's prompts.
@@ -404,6 +409,25 @@ pub struct StagingRecord {
     pub seconds: f64,
     /// Whether a kept snapshot was audited and reused rather than made.
     pub reused: bool,
+    /// How a new snapshot's large files (the bundle's, the runner) were placed: reflinked, hard
+    /// linked or copied, and the bytes copied. Absent for a reused snapshot and in records of
+    /// earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placements: Option<Placements>,
+}
+
+/// How a snapshot's large files (the bundle's, the runner) were placed: which placements they
+/// took, and the bytes that were copied.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placements {
+    pub reflinked: usize,
+    pub hard_linked: usize,
+    pub copied: usize,
+    /// Bytes written into the work root: copies, an unpacked `.zip` bundle, the small files.
+    pub copied_bytes: u64,
+    /// Whether the bundle was a `.zip`, unpacked into the snapshot.
+    #[serde(default)]
+    pub unzipped: bool,
 }
 
 /// The folders of a run outside its results that are its own: the staging snapshot and the

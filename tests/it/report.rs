@@ -67,6 +67,7 @@ fn fake_run(
         path: "assets/wan-1.3b".into(),
         preset: "wan-1.3b".into(),
         exporter_version: "0.8.0".into(),
+        bundle_toml_sha256: None,
     });
     record.device = DeviceRecord {
         gpu_model: Some("NVIDIA H200".into()),
