@@ -741,7 +741,13 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
     }
     let (ra, rb) = (&a.record, &b.record);
     let differs = |what: &str, x: String, y: String| {
-        (x != y).then(|| format!("{what} differs: `{}` has {x}, `{}` has {y}", a.name, b.name))
+        // "weights differ", "precision differs".
+        let verb = if what.ends_with('s') {
+            "differ"
+        } else {
+            "differs"
+        };
+        (x != y).then(|| format!("{what} {verb}: `{}` has {x}, `{}` has {y}", a.name, b.name))
     };
     // One side in a reduced precision (fp8) answers another question than the other side: the
     // warning says so rather than only naming the two.

@@ -908,3 +908,107 @@ fn a_prompt_whose_text_changed_is_generated_again_on_resume() {
     );
     assert_eq!(shard_prompts(&run_dir), [0, 1, 1]);
 }
+
+/// A small tmpfs mounted for one test, unmounted when dropped. Mounting needs root (CI runs as
+/// root); elsewhere `None`, and the test says it was skipped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A work root on a file system too small for what staging must copy (the bundle and the runner
+/// live on another file system, so they cannot be linked) is refused before anything is written,
+/// with the bytes needed and free, and a way out.
+#[test]
+fn a_work_root_without_room_for_the_staging_is_refused_before_anything_is_written() {
+    let t = Test::new();
+    let Some(_small) = Tmpfs::mount(&t.path().join("work"), "2m") else {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    };
+    std::fs::write(
+        t.path().join("full.toml"),
+        manifest(&t, "probe", "").replace("[prompts]\n", "[prompts]\nindices = \"0\"\n"),
+    )
+    .unwrap();
+    let out = t.cmd().args(["apply", "--quiet", "full.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("staging needs ")
+            && out.stderr.contains("and its file system has ")
+            && out.stderr.contains("free")
+            && out.stderr.contains("staging.work_root"),
+        "{}",
+        out.render()
+    );
+    assert!(!t.path().join("results").exists(), "{}", out.render());
+    assert_eq!(
+        std::fs::read_dir(t.path().join("work")).unwrap().count(),
+        0,
+        "nothing in the work root"
+    );
+}
+
+/// A bundle on the work root's file system is staged by link, not copied: the run's record says
+/// so, and the work root's file system did not grow by the bundle's size during the run (the
+/// staged bundle shares the source's files).
+#[test]
+fn a_bundle_on_the_work_roots_file_system_is_staged_without_a_second_copy() {
+    use std::os::unix::fs::MetadataExt;
+    let t = Test::new();
+    let bundle = t.path().join("bundle");
+    crate::support::copy_tiny_bundle(&bundle);
+    let text = manifest(&t, "probe", "[warmup]\nrepeats = 0\n")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
+        .replace(
+            &format!("bundle = \"{}\"", repo().join("assets/tiny").display()),
+            &format!("bundle = \"{}\"", bundle.display()),
+        );
+    std::fs::write(t.path().join("linked.toml"), text).unwrap();
+    let files = crate::support::tree(&bundle).len();
+    let out = t.cmd().args(["apply", "--quiet", "linked.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let run = read_json(&t.path().join("results/linked/run.json"));
+    let placements = &run["staging"]["placements"];
+    let linked =
+        placements["hard_linked"].as_u64().unwrap() + placements["reflinked"].as_u64().unwrap();
+    // Every bundle file, and the runner where it shares the file system.
+    let runner_same_fs = std::fs::metadata(env!("CARGO_BIN_EXE_runner"))
+        .unwrap()
+        .dev()
+        == std::fs::metadata(t.path()).unwrap().dev();
+    assert_eq!(
+        linked,
+        files as u64 + u64::from(runner_same_fs),
+        "{placements}"
+    );
+    assert!(
+        placements["copied_bytes"].as_u64().unwrap() < 64 * 1024,
+        "only the prompts and manifests are written: {placements}"
+    );
+    let report = t.cmd().args(["report", "linked"]).run();
+    assert!(
+        report.stdout.contains("file(s) hard-linked") || report.stdout.contains("reflinked"),
+        "{}",
+        report.stdout
+    );
+    // The source bundle's files were linked: their link count went up while staged, and is
+    // back to one now that the successful probe removed its staging.
+    let dit = std::fs::metadata(bundle.join("dit.onnx")).unwrap();
+    assert_eq!(dit.nlink(), 1);
+}

@@ -476,3 +476,83 @@ fn the_report_says_when_the_dit_ran_as_cuda_graphs() {
         "dit unstep, vae onnxruntime"
     );
 }
+
+/// The benchmark guide compares runs that differ in one thing: a comparison names every other
+/// difference in what ran — attention kernel, kernel sets, library versions, bundle (by its
+/// contents, not its path) and the weights' source — and the report shows the weights.
+#[test]
+fn compare_warns_when_kernels_libraries_bundle_or_weights_differ() {
+    use unstep::results::WeightsRecord;
+    let t = Test::new();
+    let weights = |source: &str| WeightsRecord {
+        source: source.into(),
+        dit: source.into(),
+        vae: source.into(),
+        text_encoder: source.into(),
+        tokenizer: None,
+    };
+    let bundle = |path: &str, sha: &str| BundleRecord {
+        path: path.into(),
+        preset: "wan-1.3b".into(),
+        exporter_version: "0.13.0".into(),
+        bundle_toml_sha256: Some(sha.into()),
+    };
+    fake_run(&t, "base", &[], &[5.0, 4.0], true, |r| {
+        r.attention_backend.resolved = Some("cudnn_flash".into());
+        r.dit_kernels = Some("unstep".into());
+        r.versions.onnxruntime = Some("1.31.1".into());
+        r.bundle = Some(bundle("assets/wan-1.3b", &"a".repeat(64)));
+        r.weights = Some(weights("released"));
+    });
+    // The same bundle in another folder is the same bundle.
+    fake_run(&t, "moved", &[], &[5.0, 4.0], true, |r| {
+        r.attention_backend.resolved = Some("cudnn_flash".into());
+        r.dit_kernels = Some("unstep".into());
+        r.versions.onnxruntime = Some("1.31.1".into());
+        r.bundle = Some(bundle("/data/wan-1.3b", &"a".repeat(64)));
+        r.weights = Some(weights("released"));
+    });
+    fake_run(&t, "other", &[], &[5.0, 4.0], true, |r| {
+        r.attention_backend.resolved = Some("fa2".into());
+        r.dit_kernels = Some("onnxruntime".into());
+        r.versions.onnxruntime = Some("1.30.0".into());
+        r.bundle = Some(bundle("assets/wan-1.3b", &"b".repeat(64)));
+        r.weights = Some(weights("random"));
+    });
+    let same = t.cmd().args(["compare", "base", "moved"]).run();
+    assert_eq!(same.code, 0, "{}", same.render());
+    assert_eq!(same.stderr, "", "{}", same.render());
+
+    let out = t.cmd().args(["compare", "base", "other"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    for line in [
+        "warning: attention backend differs: `base` has cudnn_flash (requested auto), `other` has \
+         fa2 (requested auto)",
+        "warning: kernels differ",
+        "warning: library versions differ: `base` has onnxruntime 1.31.1,",
+        "`other` has onnxruntime 1.30.0,",
+        "warning: bundle differs: `base` has assets/wan-1.3b (bundle.toml sha256 aaaaaaaaaaaa), \
+         `other` has assets/wan-1.3b (bundle.toml sha256 bbbbbbbbbbbb)",
+        "warning: weights differ: `base` has released, `other` has random",
+    ] {
+        assert!(out.stderr.contains(line), "{line}\n{}", out.render());
+    }
+    let report = t.cmd().args(["report", "other"]).run();
+    assert!(
+        report
+            .stdout
+            .contains("  weights       random (seeded random weights"),
+        "{}",
+        report.stdout
+    );
+    let runs = t.cmd().args(["runs"]).run();
+    assert_eq!(runs.code, 0, "{}", runs.render());
+    let row: Vec<&str> = runs
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("other "))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert!(row.contains(&"random"), "{}", runs.stdout);
+}

@@ -151,6 +151,11 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// A copy of the tiny bundle's files (not its golden folder) at `dir`.
+pub fn copy_tiny_bundle(dir: &Path) {
+    copy_tiny(dir);
+}
+
 /// Copies the tiny bundle's files (not its golden folder) to `dir`; returns the tiny bundle's path.
 fn copy_tiny(dir: &Path) -> PathBuf {
     let tiny = repo().join("assets/tiny");
