@@ -100,7 +100,8 @@ impl ManifestArgs {
         })?;
         let mut plans = Vec::new();
         let mut failed = false;
-        for resolved in runs {
+        for mut resolved in runs {
+            resolved.driver_gpus = crate::execute::device::driver_gpus_for(&resolved);
             match crate::plan::build(&resolved) {
                 Ok(mut plan) => {
                     if let Some(range) = shards

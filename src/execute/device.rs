@@ -40,6 +40,26 @@ pub fn fp8_unable(gpus: &[GpuInfo], devices: &[String]) -> Option<String> {
         })
 }
 
+/// The indices of the GPUs the driver lists, for a run whose GPUs they decide: a generation run
+/// by local processes on a GPU provider with `CUDA_VISIBLE_DEVICES` unset. `None` for any other
+/// run, and when `nvidia-smi` cannot list them.
+pub fn driver_gpus_for(r: &crate::manifest::Resolved) -> Option<Vec<String>> {
+    let m = &r.manifest;
+    let decides = m.kind == crate::manifest::Kind::Generation
+        && m.runtime.provider != crate::engine::ProviderKind::Cpu
+        && m.executor.kind == crate::manifest::ExecutorKind::Local
+        && m.runtime
+            .visible_devices
+            .as_deref()
+            .is_none_or(|d| d.trim().is_empty());
+    if !decides {
+        return None;
+    }
+    gpus()
+        .ok()
+        .map(|gpus| gpus.into_iter().map(|g| g.index).collect())
+}
+
 /// Every GPU the driver sees, or why none could be listed.
 pub fn gpus() -> Result<Vec<GpuInfo>, String> {
     let out = Command::new("nvidia-smi")

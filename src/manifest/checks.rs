@@ -214,18 +214,6 @@ fn check_prompts(
     if let Some(w) = &m.warmup.indices {
         check_range(w, "warmup.indices");
     }
-    let selected = m.prompts.indices.resolve(count).len() as u64;
-    if m.kind == Kind::Generation && selected < m.shards.count.0 {
-        errors.push(at_keys(
-            Diagnostic::new(format!(
-                "{} shards for {selected} prompts would leave shards empty",
-                m.shards.count.0
-            ))
-            .hint("use at most one shard per prompt"),
-            &["shards.count", "prompts.indices"],
-            lookup,
-        ));
-    }
 }
 
 /// Output, cache and work directories must not overlap a source checkout (`checkouts`: those

@@ -81,6 +81,10 @@ pub struct Resolved {
     pub warnings: Vec<String>,
     /// The sweep point this run is, when the manifest is a sweep.
     pub sweep: Option<SweepPoint>,
+    /// The GPUs the driver lists (their indices), when the command read them: a generation run
+    /// by local processes with `CUDA_VISIBLE_DEVICES` unset uses every one. Loading never reads
+    /// them (it does no device I/O); `None` plans with GPU 0.
+    pub driver_gpus: Option<Vec<String>>,
 }
 
 impl Resolved {
@@ -257,6 +261,7 @@ fn load_point(
         names,
         warnings,
         sweep: point.cloned(),
+        driver_gpus: None,
     })
 }
 

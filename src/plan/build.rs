@@ -88,6 +88,10 @@ pub struct Plan {
     pub prompt_count: Option<u32>,
     pub provider: ProviderKind,
     pub slots: Vec<Slot>,
+    /// Why the run has these GPUs (`CUDA_VISIBLE_DEVICES`, every GPU the driver lists, or GPU
+    /// 0); absent on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpus_from: Option<String>,
     pub seed: u64,
     pub cache_mode: CacheMode,
     pub cache_scope: CacheScope,
@@ -115,9 +119,15 @@ pub fn shard_sizes(n: usize, k: usize) -> Vec<usize> {
     (0..k).map(|i| n / k + usize::from(i < n % k)).collect()
 }
 
-/// The GPUs a run may use, as `CUDA_VISIBLE_DEVICES` lists them (`runtime.visible_devices`; GPU
-/// 0 when unset or empty).
+/// The GPUs a run may use: `CUDA_VISIBLE_DEVICES` (`runtime.visible_devices`) when it lists
+/// some; else, for a generation run by local processes, every GPU the driver lists
+/// (`Resolved::driver_gpus`, read by the command before planning); else GPU 0.
 pub fn visible_devices(r: &Resolved) -> Vec<String> {
+    gpu_choice(r).0
+}
+
+/// [`visible_devices`] and why, in words for the plan.
+fn gpu_choice(r: &Resolved) -> (Vec<String>, String) {
     let devices: Vec<String> = match &r.manifest.runtime.visible_devices {
         Some(list) => list
             .split(',')
@@ -126,10 +136,30 @@ pub fn visible_devices(r: &Resolved) -> Vec<String> {
             .collect(),
         None => Vec::new(),
     };
-    if devices.is_empty() {
-        vec!["0".into()]
-    } else {
-        devices
+    if !devices.is_empty() {
+        let origin = r.settings.get("runtime.visible_devices").map_or_else(
+            || "runtime.visible_devices".into(),
+            |s| s.origin.to_string(),
+        );
+        return (devices, format!("as {origin} lists them"));
+    }
+    let generation = r.kind() == Kind::Generation;
+    match &r.driver_gpus {
+        Some(all) if generation && !all.is_empty() => (
+            all.clone(),
+            format!(
+                "every GPU the driver lists ({}), as CUDA_VISIBLE_DEVICES is unset",
+                all.len()
+            ),
+        ),
+        _ if generation => (
+            vec!["0".into()],
+            "GPU 0: CUDA_VISIBLE_DEVICES is unset and the driver listed no GPUs here".into(),
+        ),
+        _ => (
+            vec!["0".into()],
+            "a probe measures on the first GPU: GPU 0, as CUDA_VISIBLE_DEVICES is unset".into(),
+        ),
     }
 }
 
@@ -169,6 +199,7 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
     let m = &r.manifest;
     let mut warnings = r.warnings.clone();
     let slots = slots(r);
+    let gpus_from = (m.runtime.provider != ProviderKind::Cpu).then(|| gpu_choice(r).1);
     let prompt_count = prompt_count(r, &mut warnings);
     let selected = selected_prompts(&m.prompts.indices, prompt_count);
     let shared = m.cache.mode == CacheMode::Shared;
@@ -178,6 +209,24 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
         Kind::Generation => {
             let shards = generation_shards(r, &slots, &selected)?;
             generation_processes(r, &slots, &shards, prompt_count, &mut list);
+            let empty: Vec<usize> = shards
+                .iter()
+                .filter(|s| s.prompts.is_empty())
+                .map(|s| s.index)
+                .collect();
+            if !empty.is_empty() {
+                warnings.push(format!(
+                    "{} prompt(s) over {} shards leave shard(s) {} without prompts: they are \
+                     skipped (no process), and the others keep their contiguous prompts and noise",
+                    selected.len(),
+                    shards.len(),
+                    empty
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
             shards
         }
     };
@@ -192,6 +241,7 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
         prompt_count,
         provider: m.runtime.provider,
         slots,
+        gpus_from,
         seed: m.noise.seed,
         cache_mode: m.cache.mode,
         cache_scope: m.cache.scope,
@@ -407,7 +457,11 @@ fn generation_processes(
         None => shard.prompts.first().copied().into_iter().collect(),
     };
     for (slot, slot_info) in slots.iter().enumerate() {
-        let mine: Vec<&Shard> = shards.iter().filter(|s| s.slot == slot).collect();
+        // A shard left without prompts (fewer prompts than shards) has no process.
+        let mine: Vec<&Shard> = shards
+            .iter()
+            .filter(|s| s.slot == slot && !s.prompts.is_empty())
+            .collect();
         let Some(first) = mine.first() else { continue };
         match (m.cache.scope, shared) {
             (CacheScope::RunGpu, false) => {

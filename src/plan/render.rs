@@ -121,6 +121,9 @@ fn settings(s: &mut String, plan: &Plan, r: &Resolved) {
             ""
         }
     );
+    if let Some(from) = &plan.gpus_from {
+        let _ = writeln!(s, "  GPUs          {from}");
+    }
     let _ = writeln!(
         s,
         "  noise         seed {}, sequential_global, reseed initial_only",

@@ -1012,3 +1012,25 @@ fn a_bundle_on_the_work_roots_file_system_is_staged_without_a_second_copy() {
     let dit = std::fs::metadata(bundle.join("dit.onnx")).unwrap();
     assert_eq!(dit.nlink(), 1);
 }
+
+/// A generation of fewer prompts than shards runs: the empty shards have no process, the plan
+/// says they are skipped, and the prompt gets the video it gets in any other layout.
+#[test]
+fn a_generation_of_fewer_prompts_than_shards_skips_the_empty_ones() {
+    let t = Test::new();
+    generation(&t, "few", "3");
+    let plan = t.cmd().args(["plan", "few.toml"]).run();
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    assert!(
+        plan.stdout
+            .contains("1 prompt(s) over 2 shards leave shard(s) 1 without prompts"),
+        "{}",
+        plan.stdout
+    );
+    let out = t.cmd().args(["apply", "--quiet", "few.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let run_dir = t.path().join("results/few");
+    assert_eq!(shard_prompts(&run_dir), vec![3]);
+    assert_eq!(videos(&run_dir).len(), 1);
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
+}

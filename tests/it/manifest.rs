@@ -166,6 +166,88 @@ fn full946_makes_eight_contiguous_shards_covering_every_prompt_once() {
     assert_eq!(plan["prompt_count"], 946);
 }
 
+/// A folder with a stand-in `nvidia-smi` that lists `gpus` GPUs as the driver does, and the
+/// `PATH` that finds it first.
+fn fake_driver(t: &Test, gpus: usize) -> String {
+    let bin = t.path().join("fake-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let lines: String = (0..gpus)
+        .map(|i| format!("{i}, NVIDIA H200, 143771, 580.65.06, 9.0\n"))
+        .collect();
+    let script = bin.join("nvidia-smi");
+    std::fs::write(&script, format!("#!/bin/sh\nprintf '{lines}'\n")).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// With `CUDA_VISIBLE_DEVICES` unset, a generation spreads its shards over every GPU the driver
+/// lists, and the plan says so; a probe keeps to GPU 0; `CUDA_VISIBLE_DEVICES` still decides
+/// when set.
+#[test]
+fn a_generation_uses_every_gpu_the_driver_lists_when_none_are_named() {
+    let t = full946_checkout();
+    let path = fake_driver(&t, 4);
+    let plan = |extra: &[(&str, &str)], manifest: &str| {
+        let mut cmd = t.cmd().env("PATH", &path);
+        for (k, v) in extra {
+            cmd = cmd.env(k, v);
+        }
+        let out = cmd.args(["plan", "--json", manifest]).run();
+        assert_eq!(out.code, 0, "{}", out.render());
+        serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let devices = |plan: &serde_json::Value| -> Vec<String> {
+        plan["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["device"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let all = plan(&[], "experiments/full946.toml");
+    assert_eq!(devices(&all), ["0", "1", "2", "3"]);
+    assert!(
+        all["gpus_from"]
+            .as_str()
+            .unwrap()
+            .contains("every GPU the driver lists (4)"),
+        "{all}"
+    );
+    let text = t
+        .cmd()
+        .env("PATH", &path)
+        .args(["plan", "experiments/full946.toml"])
+        .run();
+    assert!(
+        text.stdout.contains(
+            "  GPUs          every GPU the driver lists (4), as CUDA_VISIBLE_DEVICES is unset"
+        ),
+        "{}",
+        text.stdout
+    );
+    let named = plan(&[("CUDA_VISIBLE_DEVICES", "2")], "experiments/full946.toml");
+    assert_eq!(devices(&named), ["2"]);
+    assert!(
+        named["gpus_from"]
+            .as_str()
+            .unwrap()
+            .contains("CUDA_VISIBLE_DEVICES"),
+        "{named}"
+    );
+    let probe = t.path().join("experiments/probe.toml");
+    std::fs::write(
+        &probe,
+        "kind = \"probe\"\n[prompts]\nfile = \"../assets/prompts/vbench_extended.txt\"\n",
+    )
+    .unwrap();
+    let probe = plan(&[], "experiments/probe.toml");
+    assert_eq!(devices(&probe), ["0"]);
+}
+
 #[test]
 fn shards_go_round_robin_over_visible_gpus_with_one_warmup_each() {
     let t = full946_checkout();
