@@ -259,7 +259,7 @@ pub fn gpu_checks() -> Vec<Check> {
 
 /// The CUDA libraries ONNX Runtime's CUDA provider loads, by the sonames it asks for (CUDA 13 or
 /// 12, cuDNN 9): those its library links (the runtime, cuBLAS, cuBLASLt, cuRAND) and cuDNN, which
-/// it opens when it starts. Each is loaded here as the provider would load it: the check names
+/// it opens at run time. Each is loaded here as the provider would load it: the check names
 /// the file the dynamic loader picks (LD_LIBRARY_PATH first, then its cache), which is the one a
 /// run gets.
 const CUDA_LIBRARIES: [(&str, &[&str]); 5] = [
