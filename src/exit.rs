@@ -2,7 +2,8 @@
 
 /// Everything went as asked.
 pub const OK: i32 = 0;
-/// A run started but failed (a worker crashed, a generation error).
+/// A run started but failed (a worker crashed, a generation error), or `runner doctor` found a
+/// check the run in question needs failing.
 pub const FAILURE: i32 = 1;
 /// The user's input is wrong: a manifest, an override, a flag. Nothing was written.
 pub const USAGE: i32 = 2;

@@ -1,49 +1,244 @@
 //! `runner doctor`: what a user checks before a long run. Each line says what was found and,
-//! when something is missing, how to fix it.
+//! when something is missing, how to fix it. The checks that the run in question needs (from a
+//! manifest, or `--provider`) decide the exit status; the others are shown for information.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
+use serde::Serialize;
 
-use crate::engine::{self, Check};
+use crate::engine::{self, Check, FusedKernels, OrtRuntime, OrtSource, Precision, ProviderKind};
 use crate::exit;
+use crate::manifest::Resolved;
+use crate::manifest::diagnostic::display_path;
+
+/// The oldest NVIDIA driver that runs CUDA 13 (the one CUDA 13.0 shipped with); any CUDA 13.x
+/// library runs on it through CUDA's minor version compatibility. The runner's own kernels are
+/// compiled to the GPU's machine code (a cubin), not PTX, so a driver older than the NVRTC does
+/// not have to JIT-compile them.
+pub const MIN_DRIVER: (u32, u32, u32) = (580, 65, 6);
+
+/// The fix for CUDA libraries that do not load.
+const SETUP_FIX: &str = "run `scripts/setup-gpu` (it installs onnxruntime-gpu and the CUDA 13 \
+                         libraries into .cache/gpuenv) and start the runner with `scripts/runner`, \
+                         which puts them on LD_LIBRARY_PATH (docs/gpu.md)";
+
+const REQUIRED_HELP: &str = "\
+Which checks decide the exit status:
+  MANIFEST      what its run needs: ONNX Runtime and its CPU provider, the diagnostic
+                switches and the manifest's bundle; with runtime.provider \"cuda\" or
+                \"tensorrt\" also a GPU with a driver of 580.65.06 or newer, the provider in
+                ONNX Runtime, its library and the CUDA libraries it loads; with \"cuda\" and
+                runtime.dit_kernels or vae_kernels \"auto\" or \"unstep\" on a bundle with the
+                fused graphs (an fp8 bundle always), NVRTC, cuBLASLt and cuDNN
+  --provider P  the same for a run on provider P on a bundle with the fused graphs, with no
+                bundle required
+  neither       ONNX Runtime and its CPU provider only; the other checks are information
+A required check that fails prints FAIL and the status is 1; a failed check that is not
+required prints MISS. A manifest that does not load is status 2.";
 
 #[derive(Debug, Args)]
+#[command(after_long_help = REQUIRED_HELP)]
 pub struct DoctorArgs {
-    /// Asset bundles to verify (default: every folder under assets/ with a bundle.toml).
+    /// A manifest, e.g. experiments/unstep_speed.toml: what its run needs decides the status.
+    #[arg(value_name = "MANIFEST")]
+    pub manifest: Option<PathBuf>,
+    /// Override a setting of the manifest: table.key=value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE", requires = "manifest")]
+    pub set: Vec<String>,
+    /// Without a manifest: what a run on this provider needs decides the status.
+    #[arg(long, value_name = "PROVIDER", conflicts_with = "manifest")]
+    pub provider: Option<ProviderKind>,
+    /// Asset bundles to verify besides the manifest's (default without a manifest: every folder
+    /// under assets/ with a bundle.toml). Information only.
     #[arg(long = "bundle", value_name = "DIR")]
     pub bundles: Vec<PathBuf>,
-    /// libonnxruntime to load instead of the usual search.
+    /// libonnxruntime to load instead of the manifest's runtime.ort_library or the usual search.
     #[arg(long, value_name = "PATH")]
     pub ort_library: Option<PathBuf>,
+    /// Print the checks as JSON: {ready, provider, manifest, checks: [{name, ok, required,
+    /// detail, fix}]}.
+    #[arg(long)]
+    pub json: bool,
 }
 
-/// GPUs as the driver reports them, one check per GPU.
+/// What the checks are asked about: what a run needs, from a manifest (every point of a sweep),
+/// `--provider`, or neither.
+#[derive(Debug, Default)]
+struct Needs {
+    /// The providers of the runs; empty when neither a manifest nor `--provider` was given.
+    providers: Vec<ProviderKind>,
+    /// NVRTC, cuBLASLt and cuDNN, for the runner's fused kernels.
+    fused_kernels: bool,
+    /// The manifest's bundles (one per bundle the runs use).
+    bundles: Vec<PathBuf>,
+    /// The manifest's `runtime.ort_library`.
+    ort_library: Option<PathBuf>,
+    /// The manifest, as given.
+    manifest: Option<PathBuf>,
+}
+
+impl Needs {
+    /// Loads the manifest as `runner plan` does (a bad one is reported, exit status 2).
+    fn of(args: &DoctorArgs) -> Result<Needs, i32> {
+        let Some(manifest) = &args.manifest else {
+            return Ok(match args.provider {
+                None => Needs::default(),
+                Some(provider) => Needs {
+                    providers: vec![provider],
+                    fused_kernels: provider == ProviderKind::Cuda,
+                    ..Needs::default()
+                },
+            });
+        };
+        let manifest_args = super::ManifestArgs {
+            manifest: manifest.clone(),
+            set: args.set.clone(),
+            extra_args: Vec::new(),
+        };
+        let runs = manifest_args.load_plans(None)?;
+        let mut needs = Needs {
+            manifest: Some(manifest.clone()),
+            ort_library: runs[0].0.paths.ort_library.clone(),
+            ..Needs::default()
+        };
+        for (resolved, _) in &runs {
+            let provider = resolved.manifest.runtime.provider;
+            if !needs.providers.contains(&provider) {
+                needs.providers.push(provider);
+            }
+            needs.fused_kernels |= needs_fused_kernels(resolved);
+            if !needs.bundles.contains(&resolved.paths.bundle) {
+                needs.bundles.push(resolved.paths.bundle.clone());
+            }
+        }
+        Ok(needs)
+    }
+
+    fn gpu(&self) -> bool {
+        self.providers.iter().any(|p| *p != ProviderKind::Cpu)
+    }
+
+    fn tensorrt(&self) -> bool {
+        self.providers.contains(&ProviderKind::Tensorrt)
+    }
+
+    /// A manifest or `--provider` was given: the run's own needs are asked about.
+    fn named(&self) -> bool {
+        !self.providers.is_empty()
+    }
+
+    /// The provider the summary names: the GPU one when runs differ.
+    fn provider(&self) -> Option<ProviderKind> {
+        self.providers
+            .iter()
+            .copied()
+            .max_by_key(|p| *p != ProviderKind::Cpu)
+    }
+}
+
+/// Whether the run builds the runner's fused kernels: on CUDA, with `auto` or `unstep` kernels
+/// for a part whose fused graphs the bundle has, and always for an fp8 bundle (its DiT runs only
+/// on them). A bundle that cannot be read (its own check fails) counts as having them, as every
+/// bundle the exporter writes now does.
+fn needs_fused_kernels(r: &Resolved) -> bool {
+    let runtime = &r.manifest.runtime;
+    if runtime.provider != ProviderKind::Cuda {
+        return false;
+    }
+    let asks = |kernels: FusedKernels| kernels != FusedKernels::Onnxruntime;
+    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+        return asks(runtime.dit_kernels) || asks(runtime.vae_kernels);
+    };
+    let m = &bundle.manifest;
+    let graphs = &m.graphs;
+    m.precision == Precision::Fp8
+        || (asks(runtime.dit_kernels) && graphs.dit_fused.is_some())
+        || (asks(runtime.vae_kernels)
+            && graphs.vae_first_fused.is_some()
+            && graphs.vae_step_fused.is_some())
+}
+
+/// One check as the doctor reports it: whether the run in question needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct Row {
+    name: String,
+    ok: bool,
+    required: bool,
+    detail: String,
+    fix: Option<String>,
+}
+
+impl Row {
+    fn of(check: Check, required: bool) -> Row {
+        Row {
+            name: check.name,
+            ok: check.ok,
+            required,
+            detail: check.detail,
+            fix: check.fix,
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.required && !self.ok
+    }
+}
+
+/// The driver's version as numbers ("580.65.06" → (580, 65, 6)); missing parts are 0.
+fn driver_version(text: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = text.trim().split('.').map(|p| p.parse::<u32>());
+    let major = parts.next()?.ok()?;
+    let minor = parts.next().unwrap_or(Ok(0)).ok()?;
+    let patch = parts.next().unwrap_or(Ok(0)).ok()?;
+    Some((major, minor, patch))
+}
+
+fn min_driver_text() -> String {
+    let (major, minor, patch) = MIN_DRIVER;
+    format!("{major}.{minor}.{patch:02}")
+}
+
+/// GPUs as the driver reports them, one check per GPU; a GPU whose driver is older than CUDA 13
+/// needs ([`MIN_DRIVER`]) fails its check.
 pub fn gpu_checks() -> Vec<Check> {
     match crate::execute::device::gpus() {
         Ok(gpus) if !gpus.is_empty() => gpus
             .into_iter()
-            .map(|g| Check {
-                name: format!("gpu {}", g.index),
-                ok: true,
-                detail: format!(
-                    "{}, {} GiB, driver {}{}",
-                    g.name,
-                    g.memory_bytes.map_or("?".into(), |b| (b >> 30).to_string()),
-                    g.driver,
-                    match (g.compute_capability, g.runs_fp8()) {
-                        (Some((major, minor)), Some(fp8)) => format!(
-                            ", compute capability {major}.{minor} (fp8 bundles: {})",
-                            if fp8 {
-                                "yes"
-                            } else {
-                                "no, 9.0 or later needed"
-                            }
-                        ),
-                        _ => String::new(),
-                    }
-                ),
-                fix: None,
+            .map(|g| {
+                let driver_ok = driver_version(&g.driver).is_some_and(|v| v >= MIN_DRIVER);
+                Check {
+                    name: format!("gpu {}", g.index),
+                    ok: driver_ok,
+                    detail: format!(
+                        "{}, {} GiB, driver {}{}{}",
+                        g.name,
+                        g.memory_bytes.map_or("?".into(), |b| (b >> 30).to_string()),
+                        g.driver,
+                        if driver_ok {
+                            String::new()
+                        } else {
+                            format!(" (CUDA 13 needs {} or newer)", min_driver_text())
+                        },
+                        match (g.compute_capability, g.runs_fp8()) {
+                            (Some((major, minor)), Some(fp8)) => format!(
+                                ", compute capability {major}.{minor} (fp8 bundles: {})",
+                                if fp8 {
+                                    "yes"
+                                } else {
+                                    "no, 9.0 or later needed"
+                                }
+                            ),
+                            _ => String::new(),
+                        }
+                    ),
+                    fix: (!driver_ok).then(|| {
+                        format!(
+                            "upgrade the NVIDIA driver to {} or newer (docs/gpu.md)",
+                            min_driver_text()
+                        )
+                    }),
+                }
             })
             .collect(),
         other => vec![Check {
@@ -53,24 +248,45 @@ pub fn gpu_checks() -> Vec<Check> {
                 Err(e) => e,
                 Ok(_) => "the driver lists no GPU".into(),
             },
-            fix: Some(
-                "install the NVIDIA driver, or run CPU manifests (runtime.provider = \"cpu\")"
-                    .into(),
-            ),
+            fix: Some(format!(
+                "install the NVIDIA driver ({} or newer) so that `nvidia-smi` lists the GPUs, or \
+                 run CPU manifests (runtime.provider = \"cpu\")",
+                min_driver_text()
+            )),
         }],
     }
 }
 
 /// The CUDA libraries ONNX Runtime's CUDA provider loads, by the sonames it asks for (CUDA 13 or
-/// 12, cuDNN 9), each loaded here as the provider would load it: the check names the file the
-/// dynamic loader picks (LD_LIBRARY_PATH first, then its cache), which is the one a run gets.
-const CUDA_LIBRARIES: [(&str, &[&str]); 3] = [
+/// 12, cuDNN 9): those its library links (the runtime, cuBLAS, cuBLASLt, cuRAND) and cuDNN, which
+/// it opens at run time. Each is loaded here as the provider would load it: the check names
+/// the file the dynamic loader picks (LD_LIBRARY_PATH first, then its cache), which is the one a
+/// run gets.
+const CUDA_LIBRARIES: [(&str, &[&str]); 5] = [
     ("CUDA runtime", &["libcudart.so.13", "libcudart.so.12"]),
     ("cuBLAS", &["libcublas.so.13", "libcublas.so.12"]),
+    ("cuBLASLt", &["libcublasLt.so.13", "libcublasLt.so.12"]),
+    ("cuRAND", &["libcurand.so.10"]),
     ("cuDNN", &["libcudnn.so.9"]),
 ];
 
-fn cuda_library_checks() -> Vec<Check> {
+/// The fix for a CUDA library that does not load. When ONNX Runtime came from a Python package
+/// whose `nvidia-*` wheels hold the libraries, their folders are what LD_LIBRARY_PATH lacks.
+fn library_fix(cuda_library_dirs: &[PathBuf]) -> String {
+    if cuda_library_dirs.is_empty() {
+        return SETUP_FIX.to_string();
+    }
+    let dirs: Vec<String> = cuda_library_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    format!(
+        "put the CUDA wheels' folders on LD_LIBRARY_PATH ({}), or {SETUP_FIX}",
+        dirs.join(":")
+    )
+}
+
+fn cuda_library_checks(cuda_library_dirs: &[PathBuf]) -> Vec<Check> {
     CUDA_LIBRARIES
         .iter()
         .map(|(what, sonames)| {
@@ -84,32 +300,89 @@ fn cuda_library_checks() -> Vec<Check> {
             Check {
                 name: format!("library {what} ({})", sonames.join(" or ")),
                 ok: found.is_some(),
-                fix: found.is_none().then(|| {
-                    "for the CUDA provider: `pip install onnxruntime-gpu` brings matching CUDA \
-                     and cuDNN wheels, or add their folders to LD_LIBRARY_PATH"
-                        .into()
-                }),
+                fix: found.is_none().then(|| library_fix(cuda_library_dirs)),
                 detail: found.unwrap_or_else(|| reasons.join("; ")),
             }
         })
         .collect()
 }
 
-/// Loads `soname` as the dynamic loader resolves it and returns the path of the file it mapped
-/// ([`engine::mapped_library`]), or the loader's message. The library stays loaded (the doctor
-/// is a short process).
-fn load_library(soname: &str) -> Result<String, String> {
-    // SAFETY: loading runs the library's initialisers; the CUDA and cuDNN libraries have no
-    // initialisers with preconditions, and nothing of the library is called here.
-    let library =
-        unsafe { libloading::Library::new(soname) }.map_err(|e| engine::loader_message(&e))?;
-    std::mem::forget(library);
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    Ok(engine::mapped_library(&maps, soname)
-        .unwrap_or(soname)
-        .to_string())
+/// The provider libraries beside ONNX Runtime (`libonnxruntime_providers_cuda.so`, `…_tensorrt.so`),
+/// each loaded with every library it links, as ONNX Runtime loads it when a session registers the
+/// provider: a missing driver (`libcuda.so.1`), CUDA library or TensorRT shows here, by name. A
+/// build without the file (a CPU build) has no check: its execution provider line says so.
+fn provider_library_checks(ort: &OrtRuntime) -> Vec<(ProviderKind, Check)> {
+    let Some(dir) = ort.location.path.parent() else {
+        return Vec::new();
+    };
+    [ProviderKind::Cuda, ProviderKind::Tensorrt]
+        .into_iter()
+        .filter_map(|provider| {
+            let file = dir.join(format!("libonnxruntime_providers_{}.so", provider.name()));
+            if !file.is_file() {
+                return None;
+            }
+            let name = format!("{} provider library", provider.name());
+            let check = match load_library(&file.display().to_string()) {
+                Ok(path) => Check {
+                    name,
+                    ok: true,
+                    detail: format!("{path} and the libraries it links load"),
+                    fix: None,
+                },
+                Err(reason) => Check {
+                    name,
+                    fix: Some(provider_library_fix(
+                        provider,
+                        &reason,
+                        &ort.location.cuda_library_dirs,
+                    )),
+                    ok: false,
+                    detail: reason,
+                },
+            };
+            Some((provider, check))
+        })
+        .collect()
 }
 
+/// What to do when a provider library does not load, by the library the loader did not find.
+fn provider_library_fix(
+    provider: ProviderKind,
+    reason: &str,
+    cuda_library_dirs: &[PathBuf],
+) -> String {
+    if reason.contains("libcuda.so") {
+        format!(
+            "libcuda.so.1 is the NVIDIA driver's: install the driver, {} or newer (docs/gpu.md)",
+            min_driver_text()
+        )
+    } else if reason.contains("libnvinfer") || reason.contains("libnvonnxparser") {
+        "put TensorRT 10's libraries (libnvinfer.so.10, libnvonnxparser.so.10, for CUDA 13) on \
+         LD_LIBRARY_PATH: `scripts/setup-gpu` does not install TensorRT (docs/gpu.md), or use \
+         runtime.provider = \"cuda\""
+            .to_string()
+    } else if provider == ProviderKind::Cuda {
+        library_fix(cuda_library_dirs)
+    } else {
+        SETUP_FIX.to_string()
+    }
+}
+
+/// Loads `name` (a soname, or a path) as the dynamic loader resolves it and returns the path of
+/// the file it mapped ([`engine::mapped_library`]), or the loader's message. The library stays
+/// loaded (the doctor is a short process).
+fn load_library(name: &str) -> Result<String, String> {
+    // SAFETY: loading runs the library's initialisers; the CUDA, cuDNN and ONNX Runtime provider
+    // libraries have no initialisers with preconditions, and nothing of the library is called here.
+    let library =
+        unsafe { libloading::Library::new(name) }.map_err(|e| engine::loader_message(&e))?;
+    std::mem::forget(library);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    Ok(engine::mapped_library(&maps, engine::file_name(name))
+        .unwrap_or(name)
+        .to_string())
+}
 /// The diagnostic switches set in this environment (docs/settings.md): a run started from it
 /// records them, as its times are not the product's; a misspelt one stops the run.
 fn diagnostics_check() -> Check {
@@ -138,67 +411,173 @@ fn diagnostics_check() -> Check {
     }
 }
 
-fn bundle_checks(bundles: &[PathBuf]) -> Vec<Check> {
-    let found: Vec<PathBuf> = if bundles.is_empty() {
-        std::fs::read_dir("assets")
-            .map(|d| {
-                let mut v: Vec<PathBuf> = d
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| p.join("bundle.toml").is_file())
-                    .collect();
-                v.sort();
-                v
-            })
-            .unwrap_or_default()
-    } else {
-        bundles.to_vec()
-    };
-    if found.is_empty() {
-        return vec![Check {
-            name: "asset bundles".into(),
-            ok: false,
-            detail: "none under assets/".into(),
-            fix: Some("export one with the exporter (see assets/export/README.md)".into()),
-        }];
-    }
-    found
-        .iter()
-        .map(|dir| {
-            let scratch = std::env::temp_dir().join("unstep-doctor-unpack");
-            match engine::Bundle::open(dir, &scratch) {
-                Ok(b) => Check {
-                    name: format!("bundle {}", dir.display()),
-                    ok: true,
-                    detail: format!(
-                        "preset {}, {}, every file matches its sha256",
-                        b.manifest.preset,
-                        b.manifest.precision.name()
-                    ),
-                    fix: None,
-                },
-                Err(e) => Check {
-                    name: format!("bundle {}", dir.display()),
-                    ok: false,
-                    detail: e.to_string(),
-                    fix: Some("re-export the bundle (see assets/export/README.md)".into()),
-                },
-            }
+/// Every folder under assets/ with a bundle.toml, sorted.
+fn bundles_under_assets() -> Vec<PathBuf> {
+    std::fs::read_dir("assets")
+        .map(|d| {
+            let mut v: Vec<PathBuf> = d
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("bundle.toml").is_file())
+                .collect();
+            v.sort();
+            v
         })
+        .unwrap_or_default()
+}
+
+/// Opens the bundle as a worker would, checking every file against its sha256.
+fn bundle_check(dir: &Path) -> Check {
+    let name = format!("bundle {}", display_path(dir));
+    let scratch = std::env::temp_dir().join("unstep-doctor-unpack");
+    match engine::Bundle::open(dir, &scratch) {
+        Ok(b) => Check {
+            name,
+            ok: true,
+            detail: format!(
+                "preset {}, {}, every file matches its sha256",
+                b.manifest.preset,
+                b.manifest.precision.name()
+            ),
+            fix: None,
+        },
+        Err(e) => Check {
+            name,
+            ok: false,
+            detail: e.to_string(),
+            fix: Some(if dir.exists() {
+                "re-export the bundle (see assets/export/README.md)".into()
+            } else {
+                "export it on a GPU machine (see assets/export/README.md), or set assets.bundle \
+                 to a bundle that exists"
+                    .into()
+            }),
+        },
+    }
+}
+
+/// The manifest's bundles (required), then the others asked for with `--bundle` or, with
+/// neither, those under assets/ (information).
+fn bundle_rows(needs: &Needs, asked: &[PathBuf]) -> Vec<Row> {
+    let others = if asked.is_empty() && needs.manifest.is_none() {
+        let found = bundles_under_assets();
+        if found.is_empty() {
+            let none = Check {
+                name: "asset bundles".into(),
+                ok: false,
+                detail: "none under assets/".into(),
+                fix: Some("export one with the exporter (see assets/export/README.md)".into()),
+            };
+            return vec![Row::of(none, false)];
+        }
+        found
+    } else {
+        asked.to_vec()
+    };
+    let required = needs.bundles.iter().map(|dir| (dir, true));
+    let others = others
+        .iter()
+        .filter(|dir| !needs.bundles.contains(dir))
+        .map(|dir| (dir, false));
+    required
+        .chain(others)
+        .map(|(dir, required)| Row::of(bundle_check(dir), required))
         .collect()
+}
+
+/// The fix for a GPU provider missing from the ONNX Runtime that was loaded, by where that
+/// library came from: a path the user gave is the likely mistake.
+fn provider_missing_fix(ort: &OrtRuntime) -> String {
+    let setup = "run `scripts/setup-gpu` and start the runner with `scripts/runner` (docs/gpu.md)";
+    match ort.location.source {
+        OrtSource::EnvVar => format!(
+            "ORT_DYLIB_PATH chooses this ONNX Runtime, a build without the provider: unset it, \
+             or point it at onnxruntime-gpu's libonnxruntime.so.{}; or {setup}",
+            engine::ort_lib::PINNED_ORT_VERSION
+        ),
+        OrtSource::Explicit => format!(
+            "runtime.ort_library (or --ort-library) chooses this ONNX Runtime, a build without \
+             the provider: point it at onnxruntime-gpu's libonnxruntime.so.{}, or leave it unset \
+             and {setup}",
+            engine::ort_lib::PINNED_ORT_VERSION
+        ),
+        _ => setup.to_string(),
+    }
+}
+
+/// Every check, each marked with whether the run in question needs it.
+fn checks(args: &DoctorArgs, needs: &Needs) -> Vec<Row> {
+    let explicit = args.ort_library.as_deref().or(needs.ort_library.as_deref());
+    let (gpu, tensorrt) = (needs.gpu(), needs.tensorrt());
+    let ort = engine::ort_lib::runtime(explicit).ok();
+    let mut rows: Vec<Row> = engine::probe_environment(explicit)
+        .into_iter()
+        .map(|check| {
+            let required = match check.name.as_str() {
+                "onnx runtime" | "execution provider cpu" => true,
+                "execution provider cuda" => gpu,
+                "execution provider tensorrt" => tensorrt,
+                _ => false,
+            };
+            let mut row = Row::of(check, required);
+            if row.failed()
+                && row.name.starts_with("execution provider ")
+                && let Some(ort) = ort
+            {
+                row.fix = Some(provider_missing_fix(ort));
+            }
+            row
+        })
+        .collect();
+    rows.extend(gpu_checks().into_iter().map(|c| Row::of(c, gpu)));
+    let cuda_library_dirs = ort.map_or(&[][..], |o| &o.location.cuda_library_dirs);
+    rows.extend(
+        cuda_library_checks(cuda_library_dirs)
+            .into_iter()
+            .map(|c| Row::of(c, gpu)),
+    );
+    if let Some(ort) = ort {
+        rows.extend(
+            provider_library_checks(ort)
+                .into_iter()
+                .map(|(provider, c)| {
+                    let required = match provider {
+                        ProviderKind::Tensorrt => tensorrt,
+                        _ => gpu,
+                    };
+                    Row::of(c, required)
+                }),
+        );
+    }
+    let mut fused = Row::of(engine::probe::fused_kernels_check(), needs.fused_kernels);
+    if fused.failed() {
+        fused.fix = Some(format!(
+            "{SETUP_FIX}; or set runtime.dit_kernels and runtime.vae_kernels to \"onnxruntime\" \
+             (ONNX Runtime's slower kernels; not for an fp8 bundle)"
+        ));
+    }
+    rows.push(fused);
+    rows.push(Row::of(diagnostics_check(), needs.named()));
+    rows.extend(bundle_rows(needs, &args.bundles));
+    rows
 }
 
 /// The width of the checks' name column.
 const NAME_WIDTH: usize = 34;
 
-/// One line per check, `ok  ` or `MISS`, its name and what was found, and its fix on the next
-/// line. A name wider than its column puts what was found on a line of its own, in the column
-/// where the others start, so that the details stay in one column.
-fn render(checks: &[Check]) -> String {
+/// One line per check, `ok  `, `FAIL` (required) or `MISS` (information), its name and what was
+/// found, and its fix on the next line. A name wider than its column puts what was found on a
+/// line of its own, in the column where the others start, so that the details stay in one
+/// column.
+fn render(rows: &[Row]) -> String {
     let mut text = String::new();
     let indent = " ".repeat(5 + NAME_WIDTH + 1);
-    for c in checks {
-        let status = if c.ok { "ok  " } else { "MISS" };
+    for c in rows {
+        let status = match (c.ok, c.required) {
+            (true, _) => "ok  ",
+            (false, true) => "FAIL",
+            (false, false) => "MISS",
+        };
         if c.name.chars().count() > NAME_WIDTH {
             text.push_str(&format!("{status} {}\n{indent}{}\n", c.name, c.detail));
         } else {
@@ -211,22 +590,68 @@ fn render(checks: &[Check]) -> String {
     text
 }
 
+/// The last lines: what was asked about, and whether every check it needs passed.
+fn summary(needs: &Needs, rows: &[Row]) -> String {
+    let asked = match (&needs.manifest, needs.provider()) {
+        (Some(manifest), Some(provider)) => format!(
+            "a run of {} (provider {})",
+            display_path(manifest),
+            provider.name()
+        ),
+        (None, Some(provider)) => format!("a run on provider {}", provider.name()),
+        _ => "ONNX Runtime on the CPU".to_string(),
+    };
+    let failed = rows.iter().filter(|r| r.failed()).count();
+    let mut text = match failed {
+        0 => format!("\nready for {asked}: every required check passed\n"),
+        1 => format!("\nnot ready for {asked}: 1 required check failed (FAIL above)\n"),
+        n => format!("\nnot ready for {asked}: {n} required checks failed (FAIL above)\n"),
+    };
+    if failed > 0 && needs.gpu() {
+        text.push_str("docs/gpu.md tells what each failure means and how to fix it\n");
+    }
+    if !needs.named() {
+        text.push_str(
+            "the GPU checks are information here: name a manifest (runner doctor MANIFEST) or \
+             --provider cuda to require them\n",
+        );
+    }
+    text
+}
+
+/// The report as JSON, with the fields in a fixed order.
+#[derive(Serialize)]
+struct Report<'a> {
+    ready: bool,
+    provider: Option<&'static str>,
+    manifest: Option<String>,
+    checks: &'a [Row],
+}
+
 pub fn run(args: &DoctorArgs) -> i32 {
-    let mut checks = engine::probe_environment(args.ort_library.as_deref());
-    checks.extend(gpu_checks());
-    checks.extend(cuda_library_checks());
-    checks.push(engine::probe::fused_kernels_check());
-    checks.push(diagnostics_check());
-    checks.extend(bundle_checks(&args.bundles));
-    let code = super::out(&render(&checks));
-    // Only what every run needs decides the status: ONNX Runtime and the CPU provider.
-    let essential_ok = checks
-        .iter()
-        .filter(|c| c.name == "onnx runtime" || c.name == "execution provider cpu")
-        .all(|c| c.ok);
+    let needs = match Needs::of(args) {
+        Ok(needs) => needs,
+        Err(code) => return code,
+    };
+    let rows = checks(args, &needs);
+    let ready = !rows.iter().any(Row::failed);
+    let text = if args.json {
+        let report = Report {
+            ready,
+            provider: needs.provider().map(|p| p.name()),
+            manifest: needs.manifest.as_deref().map(display_path),
+            checks: &rows,
+        };
+        let mut text = serde_json::to_string_pretty(&report).expect("the report serialises");
+        text.push('\n');
+        text
+    } else {
+        render(&rows) + &summary(&needs, &rows)
+    };
+    let code = super::out(&text);
     if code != exit::OK {
         code
-    } else if essential_ok {
+    } else if ready {
         exit::OK
     } else {
         exit::FAILURE
@@ -237,25 +662,30 @@ pub fn run(args: &DoctorArgs) -> i32 {
 mod tests {
     use super::*;
 
-    /// Every detail and fix starts in one column, also after a name wider than its own.
-    #[test]
-    fn details_and_fixes_share_one_column() {
-        let check = |name: &str, ok, fix: Option<&str>| Check {
+    fn row(name: &str, ok: bool, required: bool, fix: Option<&str>) -> Row {
+        Row {
             name: name.into(),
             ok,
+            required,
             detail: format!("detail of {name}"),
             fix: fix.map(Into::into),
-        };
+        }
+    }
+
+    /// Every detail and fix starts in one column, also after a name wider than its own; a
+    /// failed check is FAIL when required and MISS when not.
+    #[test]
+    fn details_and_fixes_share_one_column() {
         let long = "library CUDA runtime (libcudart.so.13 or libcudart.so.12)";
         let text = render(&[
-            check("onnx runtime", true, None),
-            check(long, false, Some("install it")),
-            check("gpus", false, Some("add one")),
+            row("onnx runtime", true, true, None),
+            row(long, false, true, Some("install it")),
+            row("gpus", false, false, Some("add one")),
         ]);
         let column = 5 + NAME_WIDTH + 1;
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 6, "{text}");
-        assert_eq!(lines[1], format!("MISS {long}"));
+        assert_eq!(lines[1], format!("FAIL {long}"));
         for (line, rest) in [
             (lines[0], "detail of onnx runtime"),
             (lines[2], &format!("detail of {long}")),
@@ -268,8 +698,56 @@ mod tests {
         assert!(lines[0].starts_with("ok   onnx runtime") && lines[4].starts_with("MISS gpus"));
     }
 
-    /// A library is loaded as a run would load it and named by the file mapped; a missing one
-    /// gives the loader's message, which names it.
+    /// The summary counts the failed required checks and names what was asked about; failed checks
+    /// that are not required do not count.
+    #[test]
+    fn the_summary_counts_the_failed_required_checks() {
+        let needs = Needs {
+            providers: vec![ProviderKind::Cuda],
+            ..Needs::default()
+        };
+        let rows = [
+            row("onnx runtime", true, true, None),
+            row("gpus", false, true, Some("x")),
+            row("execution provider cuda", false, true, Some("y")),
+            row("bundle assets/other", false, false, Some("z")),
+        ];
+        assert_eq!(
+            summary(&needs, &rows),
+            "\nnot ready for a run on provider cuda: 2 required checks failed (FAIL above)\n\
+             docs/gpu.md tells what each failure means and how to fix it\n"
+        );
+        let cpu = Needs::default();
+        let text = summary(&cpu, &rows[..1]);
+        assert!(
+            text.starts_with("\nready for ONNX Runtime on the CPU: every required check passed\n")
+                && text.contains("--provider cuda to require them"),
+            "{text}"
+        );
+    }
+
+    /// Driver versions compare as numbers, so 580.159 is newer than 580.65.06 and 575 older.
+    #[test]
+    fn driver_versions_compare_as_numbers() {
+        let cases = [
+            ("580.65.06", true),
+            ("580.159.04", true),
+            ("590.44.01", true),
+            ("580.65", false),
+            ("575.57.08", false),
+            ("535.230.02", false),
+        ];
+        for (text, new_enough) in cases {
+            let version = driver_version(text).unwrap();
+            assert_eq!(version >= MIN_DRIVER, new_enough, "{text}");
+        }
+        assert_eq!(driver_version("580"), Some((580, 0, 0)));
+        assert_eq!(driver_version("N/A"), None);
+        assert_eq!(min_driver_text(), "580.65.06");
+    }
+
+    /// A library is loaded as a run would load it and named by the file mapped, by soname or
+    /// by path; a missing one gives the loader's message, which names it.
     #[test]
     fn libraries_are_loaded_and_named_by_their_file() {
         let libc = load_library("libc.so.6").unwrap();
@@ -277,7 +755,37 @@ mod tests {
             libc.starts_with('/') && libc.rsplit('/').next().unwrap().starts_with("libc"),
             "{libc}"
         );
+        assert_eq!(load_library(&libc).unwrap(), libc);
         let missing = load_library("libunstep_absent.so.1").unwrap_err();
         assert!(missing.contains("libunstep_absent.so.1"), "{missing}");
+    }
+
+    /// The missing driver library is told apart from a missing CUDA library and from TensorRT.
+    #[test]
+    fn a_provider_library_fix_names_what_is_missing() {
+        let driver = provider_library_fix(
+            ProviderKind::Cuda,
+            "libcuda.so.1: cannot open shared object file: No such file or directory",
+            &[],
+        );
+        assert!(
+            driver.contains("NVIDIA driver") && driver.contains("580.65.06"),
+            "{driver}"
+        );
+        let cudnn = provider_library_fix(
+            ProviderKind::Cuda,
+            "libcublasLt.so.13: cannot open shared object file",
+            &[PathBuf::from("/venv/nvidia/cu13/lib")],
+        );
+        assert!(
+            cudnn.contains("scripts/setup-gpu") && cudnn.contains("(/venv/nvidia/cu13/lib)"),
+            "{cudnn}"
+        );
+        let trt = provider_library_fix(
+            ProviderKind::Tensorrt,
+            "libnvinfer.so.10: cannot open shared object file",
+            &[],
+        );
+        assert!(trt.contains("TensorRT 10"), "{trt}");
     }
 }
