@@ -33,6 +33,9 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
             RELEASED_BUNDLE_HINT,
         ));
     }
+    // Staging refuses a symbolic link among the bundle's folders too, but only once the run's
+    // locks have made its folders; a refusal writes nothing.
+    super::staging::check_no_symlinked_dirs(&p.bundle)?;
     let m = &r.manifest;
     if m.runtime.provider == ProviderKind::Cpu
         && !matches!(

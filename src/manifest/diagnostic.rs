@@ -46,10 +46,12 @@ impl fmt::Display for Origin {
 }
 
 /// Paths are shown relative to the current directory when they are below it, so messages and
-/// plans read the same on every machine.
+/// plans read the same on every machine; the current directory itself is shown in full (as
+/// relative it would be an empty name).
 pub fn display_path(path: &Path) -> String {
     if let Ok(cwd) = std::env::current_dir()
         && let Ok(rel) = path.strip_prefix(&cwd)
+        && !rel.as_os_str().is_empty()
     {
         return rel.display().to_string();
     }

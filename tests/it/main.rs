@@ -3,6 +3,7 @@
 mod apply;
 mod doctor;
 mod engine;
+mod guide;
 mod hardening;
 mod manifest;
 mod prompt_lists;
