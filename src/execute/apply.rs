@@ -222,9 +222,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         .as_ref()
         .is_some_and(|p| p.status == RunStatus::Running);
     let stage = stage(r, plan, opts.reuse_workdir || killed)?;
-    if m.cache.clear_global {
-        clear_global_caches();
-    }
+    clear_global_caches(&r.paths.global_caches);
     // Read before the run adds state of its own.
     let reused_state = m.kind == Kind::Probe
         && m.cache.reuse_runtime_state
@@ -745,9 +743,18 @@ impl JobFactory<'_> {
     }
 }
 
-/// Purges user-level compiler caches (only on request: other jobs may be using them).
-fn clear_global_caches() {
-    if let Ok(home) = std::env::var("HOME") {
-        let _ = fs::remove_dir_all(Path::new(&home).join(".nv").join("ComputeCache"));
+/// Purges the user-level compiler caches `cache.clear_global` names (none when it is off; other
+/// jobs may be using them, so only on request), saying what it removed. A cache it cannot remove
+/// is a warning: the run's own processes never read it.
+fn clear_global_caches(caches: &[PathBuf]) {
+    for dir in caches {
+        match fs::remove_dir_all(dir) {
+            Ok(()) => eprintln!("purged the global compiler cache {}", display_path(dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!(
+                "warning: cannot purge the global compiler cache {}: {e}",
+                display_path(dir)
+            ),
+        }
     }
 }

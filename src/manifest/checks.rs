@@ -241,6 +241,56 @@ pub(super) fn check_paths(
     let broad = paths::broad_roots(env);
     check_overlaps(&dirs, p, checkouts, env, &broad, lookup, errors);
     check_outside_work_root(&dirs, p, &broad, lookup, errors);
+    check_global_caches(p, checkouts, env, &broad, lookup, errors);
+}
+
+/// The folders `cache.clear_global` removes (CUDA's JIT caches, one of them wherever
+/// `CUDA_CACHE_PATH` points) must hold nothing but a cache: one that is a broad root, overlaps an
+/// installation, or holds a source checkout, the asset bundle or the run's own folders is
+/// refused at `cache.clear_global` before anything is removed.
+fn check_global_caches(
+    p: &RunPaths,
+    checkouts: &[PathBuf],
+    env: &BTreeMap<String, String>,
+    broad: &[PathBuf],
+    lookup: &Lookup<'_>,
+    errors: &mut Vec<Diagnostic>,
+) {
+    let installs = paths::installations(env);
+    let kept = [
+        &p.bundle,
+        &p.outputs_dir,
+        &p.work_root,
+        &p.shared_state_dir,
+        &p.run_state_root,
+    ];
+    for dir in &p.global_caches {
+        let problem = if broad.contains(dir) {
+            Some("a broad root".to_string())
+        } else if let Some(inst) = installs.iter().find(|i| paths::overlaps(dir, i)) {
+            Some(format!("overlapping the installation {}", inst.display()))
+        } else {
+            checkouts
+                .iter()
+                .chain(kept)
+                .find(|k| k.starts_with(dir))
+                .map(|k| format!("holding {}", display_path(k)))
+        };
+        if let Some(problem) = problem {
+            errors.push(at_key(
+                Diagnostic::new(format!(
+                    "cache.clear_global would remove {}, {problem}",
+                    display_path(dir)
+                ))
+                .hint(
+                    "point CUDA_CACHE_PATH at a folder that holds CUDA's JIT cache only, or \
+                     leave cache.clear_global off",
+                ),
+                "cache.clear_global",
+                lookup,
+            ));
+        }
+    }
 }
 
 /// Reports, for each of `dirs`, the first of these it breaks: it is a broad root, it overlaps an

@@ -126,6 +126,25 @@ pub fn installations(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
     out
 }
 
+/// The user-level compiler caches that `cache.clear_global` purges: CUDA's JIT cache at its
+/// default place, `$HOME/.nv/ComputeCache`, and the folder `CUDA_CACHE_PATH` names when it is set
+/// (a relative one against `cwd`). Nothing else is global in this stack: ONNX Runtime's
+/// optimised models, TensorRT's engines and the runner's own kernels live in each process's cache
+/// folder, and workers get a `CUDA_CACHE_PATH` of their own.
+pub fn global_compiler_caches(env: &BTreeMap<String, String>, cwd: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(home) = env.get("HOME").filter(|v| !v.is_empty()) {
+        out.push(normalize(&Path::new(home).join(".nv/ComputeCache")));
+    }
+    if let Some(dir) = env.get("CUDA_CACHE_PATH").filter(|v| !v.is_empty()) {
+        let dir = resolve(cwd, dir);
+        if !out.contains(&dir) {
+            out.push(dir);
+        }
+    }
+    out
+}
+
 /// The checkout a path belongs to: the nearest folder above it with a `.git`.
 pub fn checkout_root(start: &Path) -> Option<PathBuf> {
     start
@@ -151,6 +170,33 @@ mod tests {
         assert_eq!(expand("~/a", &env).unwrap(), "/h/a");
         assert!(expand("${NOPE}/x", &empty).unwrap_err().contains("NOPE"));
         assert!(expand("${NOPE", &empty).is_err());
+    }
+
+    #[test]
+    fn global_compiler_caches_are_cudas_jit_caches() {
+        let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let cwd = Path::new("/w");
+        for (vars, want) in [
+            (&[][..], &[][..]),
+            (&[("HOME", "/h")][..], &["/h/.nv/ComputeCache"][..]),
+            (
+                &[("HOME", "/h"), ("CUDA_CACHE_PATH", "jit")][..],
+                &["/h/.nv/ComputeCache", "/w/jit"][..],
+            ),
+            (
+                &[("HOME", "/h"), ("CUDA_CACHE_PATH", "/h/.nv/ComputeCache/")][..],
+                &["/h/.nv/ComputeCache"][..],
+            ),
+            (&[("HOME", ""), ("CUDA_CACHE_PATH", "")][..], &[][..]),
+        ] {
+            let want: Vec<PathBuf> = want.iter().map(PathBuf::from).collect();
+            assert_eq!(global_compiler_caches(&env(vars), cwd), want, "{vars:?}");
+        }
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct RunPaths {
     pub ort_library: Option<PathBuf>,
     /// `prompts.names_file`, when set.
     pub names_file: Option<PathBuf>,
+    /// The user-level compiler caches apply purges before the run ([`paths::global_compiler_caches`]);
+    /// empty unless `cache.clear_global` is on.
+    pub global_caches: Vec<PathBuf>,
 }
 
 /// The folder the built-in defaults' relative paths (`results`, `assets/wan-1.3b`, …) resolve
@@ -92,6 +95,11 @@ pub(super) fn resolve_paths(
             .names_file
             .clone()
             .map(|p| path_of("prompts.names_file", &p)),
+        global_caches: if manifest.cache.clear_global {
+            paths::global_compiler_caches(&req.env, &req.cwd)
+        } else {
+            Vec::new()
+        },
     }
 }
 

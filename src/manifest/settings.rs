@@ -223,7 +223,10 @@ pub struct Cache {
     /// `run_gpu`: one warmup per GPU, cache reused across its shards; `shard`: per shard.
     /// Env: `UNSTEP_CACHE_SCOPE`.
     pub scope: CacheScope,
-    /// Purge user-level compiler caches first. Env: `UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES`.
+    /// Purge the user-level compiler caches first: CUDA's JIT cache (`~/.nv/ComputeCache`, and
+    /// the folder `CUDA_CACHE_PATH` names when set). Other jobs of this user use them too: opt in
+    /// only when no other jobs use those caches. A run's processes never read them (each has its
+    /// own). Env: `UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES`.
     pub clear_global: bool,
     /// Where shared-mode state lives. Env: `UNSTEP_SHARED_RUNTIME_STATE_DIR`.
     pub shared_state_dir: String,

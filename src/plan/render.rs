@@ -136,7 +136,7 @@ fn settings(s: &mut String, plan: &Plan, r: &Resolved) {
         word(&plan.cache_scope),
         plan.cache_label,
         if m.cache.clear_global {
-            "; global caches purged first"
+            "; global caches purged first (see below)"
         } else {
             ""
         }
@@ -252,6 +252,20 @@ fn notes(s: &mut String, plan: &Plan, r: &Resolved) {
         let _ = writeln!(
             s,
             "\nshared caches: results are labelled warm-cache, never fresh"
+        );
+    }
+    if m.cache.clear_global {
+        let caches: Vec<String> = r.paths.global_caches.iter().map(|c| p(c)).collect();
+        let caches = match caches.len() {
+            0 => "cache: none here (HOME and CUDA_CACHE_PATH are unset)".to_string(),
+            1 => format!("cache {}", caches[0]),
+            _ => format!("caches {}", caches.join(" and ")),
+        };
+        let _ = writeln!(
+            s,
+            "\nglobal caches (cache.clear_global): apply first removes CUDA's JIT {caches}; other \
+             jobs of this user use them too, so opt in only when no other jobs use those caches \
+             (this run's processes never read them: each has its own)"
         );
     }
     if !plan.warnings.is_empty() {

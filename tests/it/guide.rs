@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use crate::apply::read_json;
 use crate::support::{Test, repo, tree};
 
 /// A manifest of `kind` over the tiny bundle, with its results and work root inside the test.
@@ -24,6 +25,146 @@ fn manifest(t: &Test, kind: &str, extra: &str) -> String {
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
+}
+
+/// `cache.clear_global` (`UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES=1`) removes CUDA's JIT caches, at
+/// `~/.nv/ComputeCache` and where `CUDA_CACHE_PATH` points, and nothing beside them; off (the
+/// default, or `=0`) it removes nothing; `runner plan` names the folders and says to opt in only
+/// when no other jobs use them; a `CUDA_CACHE_PATH` that would take more than a cache with it is
+/// refused before anything is written.
+#[test]
+fn clearing_global_caches_removes_cudas_jit_caches_and_nothing_beside_them() {
+    let t = Test::new();
+    let root = t.path();
+    let home = root.join("home");
+    let jit = root.join("jit");
+    let purged = [
+        "home/.nv/ComputeCache/index",
+        "home/.nv/ComputeCache/8f/kernel.bin",
+        "jit/index",
+        "jit/2a/kernel.bin",
+    ];
+    let kept = [
+        "home/.nv/nvidia-application-profile-globals-rc",
+        "home/.nv/ComputeCache.old/kernel.bin",
+        "home/.cache/nvidia/GLCache/shader.bin",
+        "home/.cache/nvidia/ComputeCache/kernel.bin",
+        "home/.cache/torch/kernels/k.bin",
+        "home/.triton/cache/k.bin",
+        "jit-other/index",
+    ];
+    for f in purged.iter().chain(&kept) {
+        write(&root.join(f), "cache entry");
+    }
+    write(
+        &root.join("p.toml"),
+        &manifest(&t, "probe", "[warmup]\nrepeats = 0\n"),
+    );
+    let home_s = home.display().to_string();
+    let xdg = home.join(".cache").display().to_string();
+    let jit_s = jit.display().to_string();
+    let with_env = |clear: &str, args: &[&str]| {
+        t.cmd()
+            .args(args.iter().copied())
+            .env("HOME", &home_s)
+            .env("XDG_CACHE_HOME", &xdg)
+            .env("CUDA_CACHE_PATH", &jit_s)
+            .env("UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES", clear)
+            .run()
+    };
+    // Which of the files put there are still there (ONNX Runtime may add files of its own
+    // under the home folder, which are no concern here).
+    let all_files = || {
+        let mut files: Vec<String> = purged
+            .iter()
+            .chain(&kept)
+            .filter(|f| root.join(f).exists())
+            .map(|f| f.to_string())
+            .collect();
+        files.sort();
+        files
+    };
+    let mut everything: Vec<String> = purged.iter().chain(&kept).map(|f| f.to_string()).collect();
+    everything.sort();
+    assert_eq!(all_files(), everything);
+
+    // The plan names what would go, and when to opt in.
+    let plan = with_env("1", &["plan", "p.toml"]);
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    let note = plan
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("global caches"))
+        .unwrap_or_else(|| panic!("no note on global caches:\n{}", plan.stdout));
+    // Paths below the current folder (the test's) are shown relative to it.
+    assert!(
+        note.contains("CUDA's JIT caches home/.nv/ComputeCache and jit;")
+            && note.contains("opt in only when no other jobs use those caches"),
+        "{note}"
+    );
+    assert!(
+        plan.stdout.contains("global caches purged first"),
+        "{}",
+        plan.stdout
+    );
+    let off = with_env("0", &["plan", "p.toml"]);
+    assert!(!off.stdout.contains("global caches"), "{}", off.stdout);
+
+    // Off: nothing global is touched.
+    let out = with_env("0", &["apply", "--quiet", "p.toml"]);
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(all_files(), everything);
+
+    // A CUDA_CACHE_PATH that is $HOME itself would take the home folder with it: refused at the
+    // setting, before anything is written or removed.
+    write(
+        &root.join("q.toml"),
+        &manifest(&t, "probe", "[warmup]\nrepeats = 0\n"),
+    );
+    let refused = t
+        .cmd()
+        .args(["apply", "--quiet", "q.toml"])
+        .env("HOME", &home_s)
+        .env("CUDA_CACHE_PATH", &home_s)
+        .env("UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES", "1")
+        .run();
+    assert_eq!(refused.code, 2, "{}", refused.render());
+    assert!(
+        refused
+            .stderr
+            .contains("cache.clear_global would remove home, a broad root")
+            && refused
+                .stderr
+                .contains("env UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES")
+            && refused
+                .stderr
+                .contains("hint: point CUDA_CACHE_PATH at a folder"),
+        "{}",
+        refused.render()
+    );
+    assert!(!root.join("results/q").exists() && !root.join("work/q").exists());
+    assert_eq!(all_files(), everything);
+
+    // On: exactly the two JIT caches go.
+    let out = with_env(
+        "1",
+        &["apply", "--quiet", "--set", "name=cleared", "p.toml"],
+    );
+    assert_eq!(out.code, 0, "{}", out.render());
+    for dir in ["home/.nv/ComputeCache", "jit"] {
+        assert!(
+            out.stderr
+                .contains(&format!("purged the global compiler cache {dir}\n")),
+            "{}",
+            out.render()
+        );
+        assert!(!root.join(dir).exists(), "{dir} removed");
+    }
+    let mut left: Vec<String> = kept.iter().map(|f| f.to_string()).collect();
+    left.sort();
+    assert_eq!(all_files(), left);
+    let run = read_json(&root.join("results/cleared/run.json"));
+    assert_eq!(run["cache"]["clear_global"], true, "{run}");
 }
 
 /// A folder that overlaps the checkout the command runs in names the checkout's path (not an
