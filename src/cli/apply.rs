@@ -5,6 +5,9 @@ use clap::Args;
 use super::ManifestArgs;
 use crate::execute::{self, ApplyOptions};
 use crate::exit;
+use crate::manifest::diagnostic::display_path;
+use crate::manifest::{Kind, Origin, Resolved};
+use crate::plan::Plan;
 use crate::results::records::RunStatus;
 
 #[derive(Debug, Args)]
@@ -86,10 +89,123 @@ pub fn run(args: &ApplyArgs) -> i32 {
             for f in &outcome.failures {
                 eprintln!("error: {f}");
             }
-            eprintln!(
-                "run failed; completed prompts are kept, and applying again resumes (with --reuse-workdir, since the staging is kept for diagnosis)"
-            );
+            eprint!("{}", after_failure(args, &resolved, &plan));
             exit::FAILURE
         }
+    }
+}
+
+/// What to run after a failed run, as commands to copy: this apply's own (the variables that
+/// set its settings, the manifest, its flags) with what the next apply needs to go on. The
+/// failed run keeps its staging, which is refused without `--reuse-workdir`. A probe also keeps
+/// its compiler state, which is refused unless `cache.reuse_runtime_state` is set, and is
+/// measured afresh, never resumed: with fresh caches under a new name, or with the kept state
+/// (setting that changes what is staged, so the kept staging is cleaned away first).
+fn after_failure(args: &ApplyArgs, r: &Resolved, plan: &Plan) -> String {
+    let staged = plan.work_root.join(&plan.run).exists();
+    let again = rerun_command(args, r, None);
+    if r.manifest.kind != Kind::Probe {
+        return if staged {
+            format!(
+                "run failed; completed prompts are kept, and its staging for diagnosis; resume \
+                 it with\n  {again} --reuse-workdir\n"
+            )
+        } else {
+            format!("run failed; completed prompts are kept; resume it with\n  {again}\n")
+        };
+    }
+    let mut options = Vec::new();
+    // A new name gives fresh caches where the state lives in the run's own folder (the default).
+    if r.paths.run_state_root.starts_with(&plan.run_dir) {
+        let fresh = (2..)
+            .map(|n| format!("{}-{n}", plan.run))
+            .find(|name| {
+                !plan.run_dir.with_file_name(name).exists() && !plan.work_root.join(name).exists()
+            })
+            .expect("an unused name");
+        options.push(format!(
+            "with fresh caches under a new name:\n  {}\n",
+            rerun_command(args, r, Some(&fresh))
+        ));
+    }
+    let has_state =
+        std::fs::read_dir(&r.paths.run_state_root).is_ok_and(|mut d| d.next().is_some());
+    let warm = match (has_state, r.manifest.cache.reuse_runtime_state, staged) {
+        (true, false, true) => format!(
+            "runner clean {} && {again} --set cache.reuse_runtime_state=true",
+            shell_quote(&display_path(&plan.run_dir))
+        ),
+        (true, false, false) => format!("{again} --set cache.reuse_runtime_state=true"),
+        (_, _, true) => format!("{again} --reuse-workdir"),
+        (_, _, false) => again,
+    };
+    options.push(format!(
+        "with its kept compiler state (its results say warm-cache{}):\n  {warm}\n",
+        if warm.starts_with("runner clean") {
+            "; the kept staging goes first, as the setting changes what is staged"
+        } else {
+            ""
+        }
+    ));
+    format!(
+        "probe failed; its staging and compiler state are kept for diagnosis, and a probe is \
+         measured afresh, not resumed. Measure it again {}",
+        options.join("or ")
+    )
+}
+
+/// `runner apply` as this one was given (with `name` replaced by `new_name` when given),
+/// preceded by the environment variables that set its settings, quoted for a POSIX shell.
+fn rerun_command(args: &ApplyArgs, r: &Resolved, new_name: Option<&str>) -> String {
+    let mut vars: Vec<&str> = r
+        .settings
+        .values()
+        .filter_map(|s| match &s.origin {
+            Origin::Env { var } => Some(var.as_str()),
+            _ => None,
+        })
+        .collect();
+    vars.sort_unstable();
+    vars.dedup();
+    let mut words: Vec<String> = vars
+        .iter()
+        .filter_map(|var| {
+            let value = std::env::var(var).ok()?;
+            Some(format!("{var}={}", shell_quote(&value)))
+        })
+        .collect();
+    words.push("runner apply".into());
+    if args.quiet {
+        words.push("--quiet".into());
+    }
+    if let Some(range) = args.shard {
+        words.push(format!("--shard {}", range.label()));
+    }
+    for set in args
+        .manifest
+        .set
+        .iter()
+        .filter(|s| new_name.is_none() || !s.starts_with("name="))
+    {
+        words.push(format!("--set {}", shell_quote(set)));
+    }
+    if let Some(name) = new_name {
+        words.push(format!("--set name={}", shell_quote(name)));
+    }
+    for extra in &args.manifest.extra_args {
+        words.push(format!("--extra-args {}", shell_quote(extra)));
+    }
+    words.push(shell_quote(&args.manifest.manifest.to_string_lossy()));
+    words.join(" ")
+}
+
+/// `word` as one word of a POSIX shell: unchanged when it has no special characters, else in
+/// single quotes.
+fn shell_quote(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./=:,+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }

@@ -412,11 +412,18 @@ fn a_killed_worker_fails_the_run_and_re_applying_resumes_to_identical_videos() {
     // prompts are generated. This apply runs with a diagnostic switch on (one that changes
     // nothing on the CPU), which the run's record then names.
     assert!(run.get("diagnostics").is_none(), "{run}");
-    let again = t
-        .cmd()
-        .args(["apply", "--quiet", "--reuse-workdir", "crash.toml"])
-        .env("UNSTEP_CONV_LOG", "1")
-        .run();
+    // The failure printed the command that resumes it, and that is what runs.
+    let resume: Vec<&str> = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("  runner "))
+        .unwrap_or_else(|| panic!("no command to resume: {stderr}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        resume,
+        ["apply", "--quiet", "crash.toml", "--reuse-workdir"]
+    );
+    let again = t.cmd().args(resume).env("UNSTEP_CONV_LOG", "1").run();
     assert_eq!(again.code, 0, "{}", again.render());
     let after = shard_prompts(&run_dir);
     assert_eq!(

@@ -1,8 +1,9 @@
 //! Clauses of the benchmark guide, each against real `runner` processes on the tiny bundle.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use crate::apply::read_json;
+use crate::apply::{read_json, spawn_apply, worker_pid};
 use crate::support::{Test, repo, tree};
 
 /// A manifest of `kind` over the tiny bundle, with its results and work root inside the test.
@@ -199,6 +200,85 @@ fn an_overlap_with_the_checkout_one_stands_in_names_its_path() {
         );
     }
     assert!(!project.join("tmp").exists() && !t.path().join("results").exists());
+}
+
+/// The commands a failed probe prints work as said: measuring it again with its kept compiler
+/// state (labelled warm-cache), or with fresh caches under a new name; the plain re-apply they
+/// replace is refused.
+#[test]
+fn a_failed_probe_prints_the_commands_that_work_next() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
+        .replace("indices = \"0\"\n", "indices = \"0-3\"\n");
+    write(&t.path().join("probe.toml"), &text);
+    let run_dir = t.path().join("results/probe");
+    // Kill the measurement (process 1) once it has started.
+    let child = spawn_apply(&t, "probe.toml");
+    let spec = run_dir.join("specs/001.json");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the measurement never started");
+        if let Some(pid) = worker_pid(&spec) {
+            // SAFETY: killing a process this test started (through the runner).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "failed");
+    assert!(
+        !stderr.contains("resumes"),
+        "a probe is not resumed: {stderr}"
+    );
+    // Each printed command line, as the argument lists of its `runner` commands.
+    let lines: Vec<Vec<Vec<String>>> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("  runner "))
+        .map(|line| {
+            line.split(" && runner ")
+                .map(|c| c.split_whitespace().map(str::to_string).collect())
+                .collect()
+        })
+        .collect();
+    let words = |c: &str| c.split(' ').map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(
+        lines,
+        [
+            vec![words("apply --quiet --set name=probe-2 probe.toml")],
+            vec![
+                words("clean results/probe"),
+                words("apply --quiet probe.toml --set cache.reuse_runtime_state=true"),
+            ],
+        ],
+        "{stderr}"
+    );
+
+    // What they replace is refused: the kept state, and then the kept staging.
+    let again = t.cmd().args(["apply", "--quiet", "probe.toml"]).run();
+    assert_eq!(again.code, 2, "{}", again.render());
+    let again = t
+        .cmd()
+        .args(["apply", "--quiet", "probe.toml", "--reuse-workdir"])
+        .args(["--set", "cache.reuse_runtime_state=true"])
+        .run();
+    assert_eq!(again.code, 2, "{}", again.render());
+
+    let fresh = t.cmd().args(&lines[0][0]).run();
+    assert_eq!(fresh.code, 0, "{}", fresh.render());
+    let fresh_run = read_json(&t.path().join("results/probe-2/run.json"));
+    assert_eq!(fresh_run["status"], "succeeded");
+    assert_eq!(fresh_run["cache"]["label"], "fresh", "{fresh_run}");
+    for command in &lines[1] {
+        let out = t.cmd().args(command).run();
+        assert_eq!(out.code, 0, "{}", out.render());
+    }
+    let warm_run = read_json(&run_dir.join("run.json"));
+    assert_eq!(warm_run["status"], "succeeded");
+    assert_eq!(warm_run["cache"]["label"], "warm-cache", "{warm_run}");
+    assert!(run_dir.join("previous/1/run.json").is_file());
 }
 
 /// A bundle folder that is a symbolic link is refused before anything is written: no results
