@@ -35,7 +35,9 @@ use crate::results::files::{
     write_json_atomic,
 };
 use crate::results::names::VideoNames;
-use crate::results::records::{BundleRecord, CacheLabel, ProcessRole, RunRecord, RunStatus};
+use crate::results::records::{
+    BundleRecord, CacheLabel, ProcessRole, ProcessSkip, RunRecord, RunStatus,
+};
 use crate::results::video_index;
 
 /// How `apply` behaves beyond the manifest.
@@ -250,6 +252,14 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         names: &VideoNames::of(r),
     }
     .jobs();
+    // Warmups that the shared cache's markers skip: the record says so, and the report with it.
+    for p in plan.processes.iter().filter(|p| plan.selects(p)) {
+        if p.skip_if_marker.as_ref().is_some_and(|m| m.exists())
+            && let Some(q) = record.processes.iter_mut().find(|q| q.index == p.index)
+        {
+            q.skipped = Some(ProcessSkip::WarmupMarker);
+        }
+    }
     let skipped = plan
         .selected_shards()
         .flat_map(|sh| &sh.prompts)

@@ -11,7 +11,8 @@ use crate::manifest::Kind;
 use crate::manifest::diagnostic::display_path;
 use crate::results::records::WeightsRecord;
 use crate::results::{
-    CacheLabel, RunRecord, RunStatus, Statistics, Summary, TimingRecord, measured,
+    CacheLabel, ProcessRecord, ProcessRole, ProcessSkip, RunRecord, RunStatus, Statistics, Summary,
+    TimingRecord, measured,
 };
 
 /// The three series every summary has, with the names reports show.
@@ -244,7 +245,7 @@ pub fn report_text(run: &LoadedRun) -> String {
         r.status.as_str()
     );
     runtime_rows(&mut t, r, &p);
-    run_rows(&mut t, r, &p);
+    run_rows(&mut t, r, &p, &run.timings);
     let kept = crate::results::arrays::kept_counts(&run.dir);
     if !kept.is_empty() {
         let list: Vec<String> = kept
@@ -373,7 +374,7 @@ fn runtime_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
 
 /// Writes the provenance lines on how the run went: the caches, the timed region, the warmup,
 /// the method overrides, the host, the times, the git commit and the failure if any.
-fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
+fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance, timings: &[TimingRecord]) {
     row(
         t,
         "cache",
@@ -389,7 +390,7 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
         "timed region",
         format!("ends at {}", r.timed_region_ends),
     );
-    row(t, "warmup", warmup(r));
+    row(t, "warmup", warmup(r, timings));
     if let Some(staging) = &r.staging {
         row(
             t,
@@ -459,9 +460,10 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance) {
     }
 }
 
-/// The warmup line's value: how many warmup processes ran before measurement, and on which
-/// prompts.
-fn warmup(r: &RunRecord) -> String {
+/// The warmup line's value, from the records: how many of the plan's warmup processes ran
+/// (those with timing records) before measurement, and on which prompts; those the shared
+/// cache's markers skipped; and those that recorded no prompt (a run that failed or stopped).
+fn warmup(r: &RunRecord, timings: &[TimingRecord]) -> String {
     // Where no indices are given, the plan's defaults (plan::build): a probe warms up on the
     // prompts it measures, a generation's slot on the first prompt of its first shard.
     let warmup_prompts = match (&r.warmup.indices, r.kind) {
@@ -472,10 +474,48 @@ fn warmup(r: &RunRecord) -> String {
         (None, Kind::Probe) => "the prompts measured".to_string(),
         (None, Kind::Generation) => "the first prompt of each slot's first shard".to_string(),
     };
-    match r.warmup.repeats {
-        0 => "none".to_string(),
-        1 => format!("1 process before measurement, on {warmup_prompts}"),
-        n => format!("{n} processes before measurement, on {warmup_prompts}"),
+    let planned: Vec<&ProcessRecord> = r
+        .processes
+        .iter()
+        .filter(|p| p.role == ProcessRole::Warmup)
+        .collect();
+    let recorded = |p: &ProcessRecord| {
+        timings
+            .iter()
+            .any(|t| t.process == p.index && t.role == ProcessRole::Warmup)
+    };
+    let ran = planned.iter().filter(|p| recorded(p)).count();
+    let by_marker = planned
+        .iter()
+        .filter(|p| !recorded(p) && p.skipped == Some(ProcessSkip::WarmupMarker))
+        .count();
+    let unrecorded = planned.len() - ran - by_marker;
+    let processes = |n: usize| format!("{n} process{}", if n == 1 { "" } else { "es" });
+    let mut parts = Vec::new();
+    if ran > 0 {
+        parts.push(format!(
+            "{} before measurement, on {warmup_prompts}",
+            processes(ran)
+        ));
+    }
+    if by_marker > 0 {
+        let what = if by_marker == planned.len() {
+            "skipped".to_string()
+        } else {
+            format!("{} skipped", processes(by_marker))
+        };
+        parts.push(format!(
+            "{what}: the shared cache's warmup marker{} present",
+            if by_marker == 1 { " was" } else { "s were" }
+        ));
+    }
+    if unrecorded > 0 {
+        parts.push(format!("{} recorded no prompt", processes(unrecorded)));
+    }
+    if parts.is_empty() {
+        "none".to_string()
+    } else {
+        parts.join("; ")
     }
 }
 

@@ -311,6 +311,18 @@ pub struct ProcessRecord {
     /// whether they share a folder). Absent in records of earlier runners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_key_tag: Option<String>,
+    /// Why the last apply started no worker for this process though it had one to start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<ProcessSkip>,
+}
+
+/// Why an apply did not start a process of its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessSkip {
+    /// A warmup whose marker in the shared cache (`cache.mode = "shared"`) was present: an
+    /// earlier run warmed that cache up.
+    WarmupMarker,
 }
 
 /// `run.json`: where a run's numbers came from.
@@ -555,6 +567,7 @@ impl RunRecord {
                 prompts: p.prompts.len(),
                 first_prompt: p.prompts.first().copied(),
                 last_prompt: p.prompts.last().copied(),
+                skipped: None,
             })
             .collect();
         RunRecord {

@@ -303,3 +303,52 @@ fn a_symlinked_bundle_folder_is_refused_before_anything_is_written() {
     assert!(!t.path().join("results").exists(), "{:?}", tree(t.path()));
     assert!(!t.path().join("work").exists(), "{:?}", tree(t.path()));
 }
+
+/// A shared-cache run whose warmup its marker skipped reports that, not a warmup process.
+#[test]
+fn a_run_whose_warmup_the_shared_marker_skipped_reports_it_skipped() {
+    let t = Test::new();
+    let shared = format!(
+        "[shards]\ncount = 1\n[cache]\nmode = \"shared\"\nshared_state_dir = \"{}/shared\"\n",
+        t.path().display()
+    );
+    for name in ["warm1", "warm2"] {
+        write(
+            &t.path().join(format!("{name}.toml")),
+            &manifest(&t, "generation", &shared),
+        );
+    }
+    let warmup_line = |run: &str| {
+        let out = t
+            .cmd()
+            .args(["apply", "--quiet", &format!("{run}.toml")])
+            .run();
+        assert_eq!(out.code, 0, "{}", out.render());
+        let report = t.cmd().args(["report", run]).run();
+        assert_eq!(report.code, 0, "{}", report.render());
+        report
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("warmup "))
+            .unwrap_or_else(|| panic!("{}", report.stdout))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        warmup_line("warm1"),
+        "warmup        1 process before measurement, on the first prompt of each slot's first shard"
+    );
+    assert_eq!(
+        warmup_line("warm2"),
+        "warmup        skipped: the shared cache's warmup marker was present"
+    );
+    let run = read_json(&t.path().join("results/warm2/run.json"));
+    let warmups: Vec<&serde_json::Value> = run["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "warmup")
+        .collect();
+    assert_eq!(warmups.len(), 1, "{run}");
+    assert_eq!(warmups[0]["skipped"], "warmup_marker", "{run}");
+}
