@@ -225,7 +225,12 @@ pub struct Cache {
     pub scope: CacheScope,
     /// Purge user-level compiler caches first. Env: `UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES`.
     pub clear_global: bool,
-    /// Where shared-mode state lives. Env: `UNSTEP_SHARED_RUNTIME_STATE_DIR`.
+    /// Where shared-mode state lives, per shard. Env: `UNSTEP_SHARED_RUNTIME_STATE_DIR`. The
+    /// default, `.runtime_state/full946_generation`, is one folder for every generation, as the
+    /// benchmark guide has it: an ablation (`sigma001`) starts warm from the state `full946`
+    /// left, and is labelled warm-cache. The runner's caches there are keyed by the bundle's
+    /// contents (prompt contexts) or by kernel and shape (compiled kernels, convolution and
+    /// attention plans), so a run of another bundle does not take its state as its own.
     pub shared_state_dir: String,
     /// Where a probe's compiler state lives. Env: `UNSTEP_RUN_STATE_ROOT`.
     pub run_state_root: String,
@@ -416,6 +421,10 @@ pub enum ExecutorKind {
     Slurm,
 }
 
+/// The default `cache.shared_state_dir`: one folder every shared-cache generation warms and
+/// reuses (the benchmark guide's default).
+pub const SHARED_STATE_DIR: &str = ".runtime_state/full946_generation";
+
 impl Manifest {
     /// The built-in defaults for a kind of run named `name`: the lowest layer.
     pub fn defaults(kind: Kind, name: &str) -> Manifest {
@@ -468,7 +477,7 @@ impl Manifest {
                 mode: CacheMode::Isolated,
                 scope: CacheScope::RunGpu,
                 clear_global: false,
-                shared_state_dir: format!(".runtime_state/{name}"),
+                shared_state_dir: SHARED_STATE_DIR.into(),
                 run_state_root: format!("results/{name}/runtime_state"),
                 reuse_runtime_state: false,
             },
