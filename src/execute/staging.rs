@@ -293,7 +293,8 @@ pub fn audit(dir: &Path) -> Result<Audit, StagingError> {
             } else {
                 let rel = path.strip_prefix(base).expect("below base");
                 let rel = rel.to_string_lossy().into_owned();
-                if rel != AUDIT_FILE {
+                // The owner mark is written after the audit, by the apply that uses the snapshot.
+                if rel != AUDIT_FILE && rel != crate::results::owner::OWNER_FILE {
                     files.push((rel, path));
                 }
             }
