@@ -55,8 +55,8 @@ pub fn mark(folder: &Path, run: &str, run_dir: &Path) -> Result<(), RecordError>
     )
 }
 
-/// Whether `folder` is the run `run`'s to remove, the run's results folder being `run_dir`:
-/// `Err` says why not.
+/// Whether `folder` (which exists) is the run `run`'s to remove, the run's results folder
+/// being `run_dir`: `Err` says why not.
 pub fn check(folder: &Path, run: &str, run_dir: &Path) -> Result<(), String> {
     // Inside the run's folder, also once symbolic links are resolved.
     if folder.starts_with(run_dir)
@@ -112,6 +112,7 @@ mod tests {
         let name = check(&staging, "s", &run_dir).unwrap_err();
         assert!(name.contains("names run `r`"), "{name}");
         // Inside the run's own folder, no mark is needed.
+        std::fs::create_dir(run_dir.join("runtime_state")).unwrap();
         assert_eq!(check(&run_dir.join("runtime_state"), "r", &run_dir), Ok(()));
     }
 }
