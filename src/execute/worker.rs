@@ -168,7 +168,7 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         one_time: engine::one_time::take(),
     });
     let facts = facts(job, &generator, &ort.version);
-    eprintln!(
+    crate::say!(
         "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}{}",
         ort.version,
         ort.location.path.display(),
@@ -254,7 +254,7 @@ fn keep(
         }
         _ => None,
     };
-    save_outputs(job, generated)?;
+    let kept_bytes = save_outputs(job, generated)?;
     let t = &generated.times;
     let record = TimingRecord {
         process: job.label.process,
@@ -273,6 +273,7 @@ fn keep(
         config_hash: job.config_hash.clone(),
         prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
         video,
+        kept_bytes,
         process_start,
         one_time: Some(generated.one_time).filter(|w| !w.is_empty()),
     };
@@ -284,8 +285,13 @@ fn keep(
 
 /// The kept latents and frames (`outputs.save_latents`, `outputs.save_frames`, or `--save-latents`
 /// and `--save-frames`): raw little-endian arrays, each written whole or not at all, so that a
-/// crash leaves no partial array for `runner compare` to read.
-fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError> {
+/// crash leaves no partial array for `runner compare` to read. Gives the size of each written,
+/// by kind, for the prompt's timing record.
+fn save_outputs(
+    job: &JobSpec,
+    generated: &Generated,
+) -> Result<std::collections::BTreeMap<String, u64>, WorkerError> {
+    let mut sizes = std::collections::BTreeMap::new();
     let write = |path: PathBuf, bytes: &[u8]| {
         crate::atomic_file::write_making_folder(&path, bytes).map_err(|e| write_error(&path, e))
     };
@@ -297,14 +303,19 @@ fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError>
             .flat_map(|v| v.to_le_bytes())
             .collect();
         write(dir.join(ArrayKind::Latents.file_name(index)), &bytes)?;
+        sizes.insert(ArrayKind::Latents.dir().to_string(), bytes.len() as u64);
     }
     if let Some(dir) = job.frames.as_ref().filter(|_| !generated.frames.is_empty()) {
         write(
             dir.join(ArrayKind::Frames.file_name(index)),
             &generated.frames,
         )?;
+        sizes.insert(
+            ArrayKind::Frames.dir().to_string(),
+            generated.frames.len() as u64,
+        );
     }
-    Ok(())
+    Ok(sizes)
 }
 
 /// `--bench`'s line: means over the measured round.
