@@ -38,6 +38,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a manifest (warmups, then measurement or shards) into results/<name>/; applying again resumes.
+    #[command(
+        after_help = "Settings come from the manifest, the environment and --set / --extra-args \
+                      (docs/settings.md, with the table of which method settings are flags, \
+                      config-only, or fixed by the export). `runner worker --help` documents the \
+                      per-process flags of a worker, a broader set than --extra-args accepts."
+    )]
     Apply(apply::ApplyArgs),
     /// Show what `apply` would do: processes, shards, GPUs, caches, and whether it resumes a run. Nothing is written.
     Plan(plan::PlanArgs),

@@ -820,6 +820,26 @@ fn worker_is_hidden_from_the_top_level_help_and_documents_its_flags() {
     ] {
         assert!(text.contains(flag), "worker --help lacks {flag}");
     }
+    // `apply --help` points at the broader worker flags and at the method table.
+    let apply = runner(&["apply", "--help"]);
+    let text = String::from_utf8_lossy(&apply.stdout);
+    assert!(
+        text.contains("`runner worker --help`") && text.contains("docs/settings.md"),
+        "{text}"
+    );
+    let settings =
+        std::fs::read_to_string(crate::support::repo().join("docs/settings.md")).unwrap();
+    for key in [
+        "clean_sigma",
+        "timestep_shift",
+        "frames_per_block",
+        "svd_rank",
+    ] {
+        assert!(
+            settings.contains(&format!("| `{key}` |")),
+            "docs/settings.md's method table lacks {key}"
+        );
+    }
 }
 
 #[test]
