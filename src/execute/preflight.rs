@@ -221,19 +221,20 @@ fn writable_preflight(target: &Path, what: &str, hint: &str) -> Result<(), Apply
     }
 }
 
-/// A GPU provider must be in the ONNX Runtime the workers will load: asked here, before
-/// anything is written, rather than when the first worker builds its sessions.
+/// ONNX Runtime must be found for every provider, and a GPU provider must be in the build the
+/// workers will load: asked here, before anything is written, rather than when the first worker
+/// builds its sessions (a run failing there has staged a snapshot that blocks the next apply).
 fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
     let kind = config.engine.provider.kind();
-    if kind == ProviderKind::Cpu {
-        return Ok(());
-    }
     let ort = engine::ort_lib::runtime(config.engine.ort_library.as_deref()).map_err(|e| {
         ApplyError::refused(
             e.to_string(),
             "see `runner doctor` for where ONNX Runtime is looked for",
         )
     })?;
+    if kind == ProviderKind::Cpu {
+        return Ok(());
+    }
     let available = engine::session::available_providers()
         .into_iter()
         .find(|(name, _)| *name == kind.name())
