@@ -18,7 +18,7 @@ export UNSTEP_ORT_CACHE_DIR=${UNSTEP_ORT_CACHE_DIR:-$repo/.cache/onnxruntime}
 mkdir -p "$scratch"
 scratch=$(realpath "$scratch")
 bundle=$scratch/bundle
-rm -rf "$bundle" "$scratch/results" "$scratch/work"
+rm -rf "$bundle" "$scratch/results" "$scratch/work" "$scratch/state"
 cp -r "$repo/assets/tiny" "$bundle"
 rm -rf "$bundle/golden"
 echo "writing $size of padding into the bundle ..." >&2
@@ -42,6 +42,8 @@ precision = "fp32"
 dir = "$scratch/results"
 [staging]
 work_root = "$2"
+[cache]
+run_state_root = "$scratch/state/$1"
 [assets]
 bundle = "$bundle"
 TOML
@@ -68,4 +70,4 @@ if [ -n "$copy_root" ]; then
   copied=$(python3 -c "import json;print(json.load(open('$scratch/results/copied/run.json'))['staging']['seconds'])")
   python3 -c "print(f'copy / link: {$copied / $linked:.2f}x')"
 fi
-rm -rf "$bundle" "$scratch/results" "$scratch/work"
+rm -rf "$bundle" "$scratch/results" "$scratch/work" "$scratch/state"
