@@ -402,3 +402,69 @@ print(sum(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initiali
     let (_, from_external) = latents(Bundle::peek(copy.path()).unwrap(), true);
     assert_eq!(from_external, rewritten);
 }
+
+/// On a GPU, the rewritten self-attention in float16 at the DiT's sizes (12 heads of 128, a
+/// block's 4,680 rows over two blocks' keys) with ONNX Runtime's FlashAttention-2 and
+/// memory-efficient kernels gives the runner's cuDNN call's output.
+#[test]
+#[ignore = "needs a CUDA GPU, ONNX Runtime's CUDA provider, cuDNN and NVRTC on LD_LIBRARY_PATH"]
+fn on_a_gpu_rewritten_attention_matches_the_runner_cudnn_call() {
+    use half::f16;
+    use ort::ep::{self, cuda::AttentionBackend as B};
+    let f16_ = TensorElementType::Float16;
+    let inputs = [("Q", f16_), ("K", f16_), ("V", f16_)];
+    let model = onnx_graph::custom_node(
+        DOMAIN,
+        "Attention",
+        f16_,
+        &inputs,
+        &["O"],
+        &[Attr::Int("num_heads", 12)],
+    );
+    let rewritten = attention_to_multi_head_attention(&model).unwrap();
+    let (s, l, d) = (4680usize, 9360usize, 1536usize);
+    let mut rng = Rng(38);
+    // Queries large enough that each row's softmax is far from uniform.
+    let q: Vec<f16> = rng.vec(s * d, -4.0, 4.0);
+    let k: Vec<f16> = rng.vec(l * d, -1.0, 1.0);
+    let v: Vec<f16> = rng.vec(l * d, -1.0, 1.0);
+    let runtime = ort_lib::runtime(None).unwrap();
+    let run = |model: &[u8], backend: B, runner: bool| -> Vec<f32> {
+        let cuda = ep::CUDA::default()
+            .with_attention_backend(backend)
+            .build()
+            .error_on_failure();
+        let mut builder = Session::builder(&runtime.environment)
+            .unwrap()
+            .with_execution_providers([cuda])
+            .unwrap();
+        if runner {
+            builder = builder
+                .with_operators(operator_domain(true).unwrap())
+                .unwrap();
+        }
+        let mut session = builder.commit_from_memory(model).unwrap();
+        let tensor = |rows: usize, data: &[f16]| {
+            Tensor::from_array((vec![1, rows as i64, d as i64], data.to_vec())).unwrap()
+        };
+        let outputs = session
+            .run(ort::inputs! {
+                "Q" => tensor(s, &q),
+                "K" => tensor(l, &k),
+                "V" => tensor(l, &v),
+            })
+            .unwrap();
+        let (_, o) = outputs["O"].try_extract_tensor::<f16>().unwrap();
+        o.iter().map(|x| x.to_f32()).collect()
+    };
+    let cudnn = run(&model, B::CUDNN_FLASH_ATTENTION, true);
+    for (name, backend) in [
+        ("FlashAttention-2", B::FLASH_ATTENTION),
+        ("memory-efficient", B::EFFICIENT_ATTENTION),
+    ] {
+        let got = run(&rewritten, backend, false);
+        let worst = max_abs_diff(&cudnn, &got);
+        eprintln!("{name} against the runner's cuDNN call: max abs difference {worst:e}");
+        assert!(worst <= 2e-3, "{name}: outputs differ by {worst:e}");
+    }
+}
