@@ -465,8 +465,8 @@ fn fp8_gpu_preflight(r: &Resolved) -> Result<(), ApplyError> {
 
 /// The runner's fused kernels asked for by name (`runtime.dit_kernels` / `runtime.vae_kernels` =
 /// "unstep") that the provider or the bundle cannot run (TensorRT, a bundle without the fused
-/// graphs or in bf16, a fused DiT whose self-attention is cuDNN's with an fp32 bundle or another
-/// attention backend), and any DiT kernels an fp8 bundle cannot run with (it has no others than
+/// graphs or in bf16, a fused DiT whose self-attention is the runner's with an fp32 bundle on
+/// CUDA), and any DiT kernels an fp8 bundle cannot run with (it has no others than
 /// the runner's): refused here, with the setting's location, instead of when the first worker
 /// builds its sessions. A bundle that is not a readable directory is left to the worker.
 fn fused_kernels_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {

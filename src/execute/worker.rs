@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
 use crate::engine::{
-    self, AttentionBackend, Bundle, FusedKernels, GenerateError, GenerateOptions, Generated,
-    Generator, Precision, Provider, Schedule, SessionError,
+    self, AttentionBackend, Bundle, GenerateError, GenerateOptions, Generated, Generator,
+    Precision, Provider, Schedule, SessionError,
 };
 use crate::exit;
 use crate::results::arrays::ArrayKind;
@@ -71,17 +71,14 @@ fn loaded_version(maps: &str, stem: &str) -> Option<String> {
 }
 
 /// The attention kernel a generator's provider was configured with, as results record it; with a
-/// fused DiT whose self-attention is the runner's own call of cuDNN, also that.
+/// fused DiT whose self-attention is the runner's own call of cuDNN, or ONNX Runtime's
+/// `MultiHeadAttention` in its place, also that.
 pub fn attention_name(provider: &Provider, generator: &Generator) -> String {
-    let manifest = &generator.bundle().manifest;
-    let name = provider_attention_name(provider, manifest.precision);
-    let runner = matches!(provider, Provider::Cuda(_))
-        && generator.dit_kernels() == FusedKernels::Unstep
-        && manifest.fused_dit_has_runner_attention();
-    if runner {
-        format!("{name}, self-attention the runner's own cuDNN call")
-    } else {
-        name
+    let precision = generator.bundle().manifest.precision;
+    let name = provider_attention_name(provider, precision);
+    match generator.dit_attention().describe(provider, precision) {
+        Some(self_attention) => format!("{name}, {self_attention}"),
+        None => name,
     }
 }
 

@@ -203,8 +203,10 @@ pub struct Runtime {
     /// first layer with GELU and (exporter 0.10.0 and later) its self-attention: `unstep` (the
     /// runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime` (the
     /// stock kernels, on `dit`), or `auto` (the runner's on CUDA when the bundle has `dit_fused`
-    /// and NVRTC, cuBLASLt and cuDNN load; with a 0.10.0 bundle, only for fp16 and
-    /// `attention_backend` auto or cudnn_flash).
+    /// and NVRTC, cuBLASLt and cuDNN load; with a 0.10.0 bundle, not for fp32 bundles). The
+    /// fused DiT's self-attention is the runner's call of cuDNN's flash attention with
+    /// `attention_backend` auto or cudnn_flash, and ONNX Runtime's `MultiHeadAttention` with the
+    /// kernel the setting selects otherwise.
     pub dit_kernels: FusedKernels,
     /// Kernels for the VAE decoder's norms and SiLU: `unstep` (the runner's own fused kernels,
     /// on the bundle's `vae_first_fused` / `vae_step_fused` graphs), `onnxruntime`, or `auto`

@@ -1236,9 +1236,9 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         assert_eq!(ok(Auto, part, &Provider::Cpu, bundle), Onnxruntime);
         assert_eq!(ok(Auto, part, &trt, bundle), Onnxruntime);
     }
-    // The fused DiT's self-attention is cuDNN's flash attention: `auto` keeps the standard graph
-    // (every attention ONNX Runtime's) for an fp32 bundle or another attention backend, and
-    // `unstep` asked for by name says why not. Exporter 0.9.0's fused DiT had ONNX Runtime's.
+    // The fused DiT's self-attention runs on CUDA for fp16 bundles: `auto` keeps the standard
+    // graph (every attention ONNX Runtime's) for an fp32 bundle, and `unstep` asked for by name
+    // says why not. Exporter 0.9.0's fused DiT had ONNX Runtime's.
     use unstep::engine::AttentionBackend;
     let cuda_with = |attention| {
         Provider::Cuda(CudaOptions {
@@ -1254,17 +1254,19 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
             && e.contains("--dit-kernels onnxruntime"),
         "{e}"
     );
+    // Another attention backend keeps the fused DiT with an fp16 bundle: its self-attention is
+    // then ONNX Runtime's MultiHeadAttention in place of the runner's call.
     for kernel in [
         AttentionBackend::Flash,
+        AttentionBackend::Fa2,
         AttentionBackend::Efficient,
         AttentionBackend::Math,
     ] {
-        assert_eq!(ok(Auto, Dit, &cuda_with(kernel), &fp16), Onnxruntime);
-        let e = error(Dit, &cuda_with(kernel), &fp16);
-        assert!(
-            e.contains(&format!("attention_backend = \"{}\"", kernel.name()))
-                && e.contains("\"cudnn_flash\""),
-            "{e}"
+        assert_eq!(ok(Auto, Dit, &cuda_with(kernel), &fp16), auto_on_cuda);
+        assert_eq!(ok(Unstep, Dit, &cuda_with(kernel), &fp16), Unstep);
+        assert_eq!(
+            unstep::engine::DitAttention::of(Unstep, &cuda_with(kernel), &fp16.manifest),
+            unstep::engine::DitAttention::OnnxRuntimeInFused
         );
     }
     assert_eq!(
