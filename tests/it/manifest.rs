@@ -624,7 +624,10 @@ fn quoted_set_values_are_the_text_inside_the_quotes() {
     let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(plan["run"], "quoted");
     assert!(
-        plan["run_dir"].as_str().unwrap().ends_with("out dir/quoted"),
+        plan["run_dir"]
+            .as_str()
+            .unwrap()
+            .ends_with("out dir/quoted"),
         "{plan}"
     );
 }
