@@ -12,6 +12,25 @@ pub const INTERNAL: i32 = 3;
 /// The run was interrupted (Ctrl-C); state is consistent and a re-apply resumes.
 pub const INTERRUPTED: i32 = 130;
 
+/// Writes `text` to stderr as it is. A stderr that cannot be written is no reason to stop:
+/// when its reader is gone (`runner apply 2>&1 | head -1`) the text is dropped and the work goes
+/// on, where `eprint!` would panic and leave a run's records half written.
+pub fn to_stderr(text: &str) {
+    use std::io::Write;
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(text.as_bytes());
+    let _ = stderr.flush();
+}
+
+/// `eprintln!` that survives a closed stderr ([`to_stderr`]): what every command prints its
+/// progress, warnings and errors with.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::exit::to_stderr(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// An error as every command reports it: its message, what to do about it, and its exit status.
 pub trait Failure: std::fmt::Display {
     /// One of this module's statuses.
@@ -25,9 +44,9 @@ pub trait Failure: std::fmt::Display {
 /// Prints `error: …` and, when there is one, the `  = hint: …` line (the form manifest
 /// diagnostics use), and gives the error's exit status.
 pub fn report(error: &dyn Failure) -> i32 {
-    eprintln!("error: {error}");
+    crate::say!("error: {error}");
     if let Some(hint) = error.hint() {
-        eprintln!("  = hint: {hint}");
+        crate::say!("  = hint: {hint}");
     }
     error.exit_code()
 }

@@ -49,7 +49,7 @@ pub fn run(args: &ApplyArgs) -> i32 {
     };
     if let (RunStatus::Running, Some(job)) = (outcome.status, &outcome.slurm_job) {
         // `--detach`: the job runs on; its id is the output.
-        eprintln!(
+        crate::say!(
             "submitted Slurm job {job}; `runner status {}` shows where the run stands, and applying \
              the manifest again once the job has ended writes its summary",
             outcome.run_dir.display()
@@ -64,7 +64,7 @@ pub fn run(args: &ApplyArgs) -> i32 {
     match outcome.status {
         RunStatus::Succeeded => code,
         RunStatus::Partial => {
-            eprintln!(
+            crate::say!(
                 "the selected shards are done; the run is complete once every shard is (`runner status {}`)",
                 outcome.run_dir.display()
             );
@@ -72,9 +72,9 @@ pub fn run(args: &ApplyArgs) -> i32 {
         }
         RunStatus::EvaluationFailed => {
             for f in &outcome.failures {
-                eprintln!("error: {f}");
+                crate::say!("error: {f}");
             }
-            eprintln!(
+            crate::say!(
                 "every video is made and kept, and the evaluation failed; fix it and apply again \
                  (only the evaluation runs) or run `runner evaluate {}`",
                 plan.run
@@ -82,14 +82,14 @@ pub fn run(args: &ApplyArgs) -> i32 {
             exit::FAILURE
         }
         RunStatus::Interrupted => {
-            eprintln!("interrupted; apply the same manifest again to resume");
+            crate::say!("interrupted; apply the same manifest again to resume");
             exit::INTERRUPTED
         }
         _ => {
             for f in &outcome.failures {
-                eprintln!("error: {f}");
+                crate::say!("error: {f}");
             }
-            eprint!("{}", after_failure(args, &resolved, &plan));
+            crate::say!("{}", after_failure(args, &resolved, &plan).trim_end());
             exit::FAILURE
         }
     }

@@ -19,6 +19,10 @@ pub struct EvaluateArgs {
     /// The results folder run names are looked up in.
     #[arg(long, value_name = "DIR", default_value = "results")]
     pub results: PathBuf,
+    /// Score the videos there are even when some prompts of the run are not complete (the
+    /// scores are then recorded as the run's, of an incomplete set).
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn refuse(message: String, hint: &str) -> i32 {
@@ -105,6 +109,32 @@ pub fn run(args: &EvaluateArgs) -> i32 {
             "apply its manifest again to finish the generation; the evaluation follows",
         );
     }
+    // The videos must be every prompt's, whole and of its current text, as `runner status`
+    // counts them: scores of an incomplete set would pass for the run's.
+    if let Some(state) = crate::results::completeness::of_record(&dir, &record) {
+        let missing = state.missing();
+        if !missing.is_empty() && !args.force {
+            return refuse(
+                format!(
+                    "run `{name}` has {} of its {} prompts not complete: {}; their videos would \
+                     be missing from the scores",
+                    missing.len(),
+                    state.planned.len(),
+                    state.missing_text()
+                ),
+                "apply its manifest again to make them (the evaluation follows), or pass \
+                 --force to score the videos there are",
+            );
+        }
+        if !missing.is_empty() {
+            crate::say!(
+                "warning: {} of the {} prompts of run `{name}` are not complete; the scores are \
+                 of the videos there are (--force)",
+                missing.len(),
+                state.planned.len()
+            );
+        }
+    }
     let status = match crate::execute::evaluate::evaluate_run(&dir, &mut record) {
         Ok(s) => s,
         Err(e) => {
@@ -121,7 +151,7 @@ pub fn run(args: &EvaluateArgs) -> i32 {
     match status {
         RunStatus::Succeeded => code,
         RunStatus::Interrupted => {
-            eprintln!(
+            crate::say!(
                 "interrupted; the videos are kept, and `runner evaluate {}` runs the evaluation \
                  again",
                 args.run
@@ -129,11 +159,11 @@ pub fn run(args: &EvaluateArgs) -> i32 {
             exit::INTERRUPTED
         }
         _ => {
-            eprintln!(
+            crate::say!(
                 "error: {}",
                 record.failure.as_deref().unwrap_or("the evaluation failed")
             );
-            eprintln!(
+            crate::say!(
                 "  = hint: the videos are kept; fix the evaluation and run `runner evaluate {}` \
                  again",
                 args.run

@@ -38,6 +38,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a manifest (warmups, then measurement or shards) into results/<name>/; applying again resumes.
+    #[command(
+        after_help = "Settings come from the manifest, the environment and --set / --extra-args \
+                      (docs/settings.md, with the table of which method settings are flags, \
+                      config-only, or fixed by the export). `runner worker --help` documents the \
+                      per-process flags of a worker, a broader set than --extra-args accepts."
+    )]
     Apply(apply::ApplyArgs),
     /// Show what `apply` would do: processes, shards, GPUs, caches, and whether it resumes a run. Nothing is written.
     Plan(plan::PlanArgs),
@@ -95,7 +101,7 @@ impl ManifestArgs {
         shards: Option<crate::plan::ShardRange>,
     ) -> Result<Vec<(crate::manifest::Resolved, crate::plan::Plan)>, i32> {
         let runs = crate::manifest::load_sweep(&self.request()).map_err(|diags| {
-            eprint!("{diags}");
+            exit::to_stderr(&diags.to_string());
             exit::USAGE
         })?;
         let mut plans = Vec::new();
@@ -107,8 +113,8 @@ impl ManifestArgs {
                     if let Some(range) = shards
                         && let Err(e) = plan.select_shards(range)
                     {
-                        eprintln!("error: {e}");
-                        eprintln!(
+                        crate::say!("error: {e}");
+                        crate::say!(
                             "  = hint: `runner plan {}` lists the shards",
                             self.manifest.display()
                         );
@@ -118,8 +124,8 @@ impl ManifestArgs {
                 }
                 Err(e) => {
                     match &resolved.sweep {
-                        Some(_) => eprintln!("error: run `{}`: {e}", resolved.name),
-                        None => eprintln!("error: {e}"),
+                        Some(_) => crate::say!("error: run `{}`: {e}", resolved.name),
+                        None => crate::say!("error: {e}"),
                     }
                     failed = true;
                 }
@@ -150,7 +156,7 @@ pub(crate) fn out(text: &str) -> i32 {
         Ok(()) => exit::OK,
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => exit::OK,
         Err(e) => {
-            eprintln!("error: cannot write output: {e}");
+            crate::say!("error: cannot write output: {e}");
             exit::INTERNAL
         }
     }
@@ -176,7 +182,7 @@ pub fn main() -> i32 {
         Command::Apply(_) | Command::Worker(_) | Command::SlurmTask(_)
     ) && let Err(e) = crate::engine::check_diagnostics_env()
     {
-        eprintln!("error: {e}");
+        crate::say!("error: {e}");
         return exit::USAGE;
     }
     match cli.command {

@@ -51,7 +51,7 @@ pub fn run(args: &PromptsArgs) -> i32 {
     let tokenizer = match open_tokenizer(&args.bundle) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("error: bundle {}: {e}", display_path(&args.bundle));
+            crate::say!("error: bundle {}: {e}", display_path(&args.bundle));
             return exit::USAGE;
         }
     };
@@ -76,7 +76,7 @@ pub fn run(args: &PromptsArgs) -> i32 {
                 ids: tokens.prompt_ids().to_vec(),
             }),
             Err(e) => {
-                eprintln!("error: prompt {index}: {e}");
+                crate::say!("error: prompt {index}: {e}");
                 return exit::FAILURE;
             }
         }
@@ -94,7 +94,7 @@ pub fn run(args: &PromptsArgs) -> i32 {
         prompts: entries,
     };
     for index in &report.mojibake {
-        eprintln!(
+        crate::say!(
             "warning: prompt {index} looks like mojibake (UTF-8 read as Latin-1 or Windows-1252): \
              the reference pipeline's ftfy repairs such text before tokenizing and this runner \
              does not, so its tokens may differ"

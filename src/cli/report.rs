@@ -54,7 +54,7 @@ pub fn run_report(args: &ReportArgs) -> i32 {
     if !run.dir.join(LATENCY_SVG).exists()
         && let Err(e) = report::write_latency_svg(&run.dir, &run.timings)
     {
-        eprintln!("warning: {e}");
+        crate::say!("warning: {e}");
     }
     if args.json {
         out(&json_text(&Report::of(&run)))
@@ -74,7 +74,7 @@ pub fn run_compare(args: &CompareArgs) -> i32 {
     if let [a, b] = runs.as_slice() {
         let comparison = Comparison::of(a, b);
         for w in &comparison.warnings {
-            eprintln!("warning: {w}");
+            crate::say!("warning: {w}");
         }
         return if args.json {
             out(&json_text(&comparison))
@@ -84,7 +84,7 @@ pub fn run_compare(args: &CompareArgs) -> i32 {
     }
     let comparison = ManyComparison::of(&runs);
     for w in &comparison.warnings {
-        eprintln!("warning: {w}");
+        crate::say!("warning: {w}");
     }
     if args.json {
         out(&json_text(&comparison))

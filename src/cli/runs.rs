@@ -11,6 +11,7 @@ use crate::execute::lock::{Lock, LockError};
 use crate::exit::{self, Failure};
 use crate::manifest::diagnostic::display_path;
 use crate::report::{self, ReportError, SettingsDiff};
+use crate::results::owner::{self, OWNER_FILE};
 use crate::results::{RUN_JSON, RunRecord, read_json};
 
 #[derive(Debug, Args)]
@@ -67,6 +68,30 @@ enum CleanError {
         pid: String,
         dir: PathBuf,
     },
+    #[error(
+        "{} holds the record of run `{recorded}`, not of a run `{folder}`: it is a copy of a run \
+         folder, or one moved under another name, and the staging and runtime state its record \
+         names are `{recorded}`'s; nothing was removed",
+        display_path(.dir)
+    )]
+    NotThisRun {
+        dir: PathBuf,
+        folder: String,
+        recorded: String,
+    },
+    #[error(
+        "{} is a symbolic link to {}: `--all` would remove the link and leave the run; nothing \
+         was removed",
+        display_path(.dir),
+        display_path(.target)
+    )]
+    Symlinked { dir: PathBuf, target: PathBuf },
+    #[error(
+        "run `{run}` does not own {}: {}; nothing was removed",
+        if .folders.len() == 1 { "a folder its record names" } else { "folders its record names" },
+        .folders.join("; ")
+    )]
+    NotOwned { run: String, folders: Vec<String> },
     #[error("{0}")]
     Report(#[from] ReportError),
     #[error("{0}")]
@@ -86,6 +111,20 @@ impl Failure for CleanError {
                  removed"
                     .into(),
             ),
+            CleanError::NotThisRun { dir, recorded, .. } => Some(format!(
+                "remove the copy itself with `rm -r {}`; `runner clean {recorded}` cleans the \
+                 run `{recorded}`",
+                display_path(dir)
+            )),
+            CleanError::Symlinked { target, .. } => Some(format!(
+                "clean the run where it is, `runner clean {} --all`, then remove the link",
+                display_path(target)
+            )),
+            CleanError::NotOwned { .. } => Some(format!(
+                "an apply marks each folder of its run outside the results folder \
+                 ({OWNER_FILE}); a folder that carries another run's mark is that run's (clean \
+                 that run), and one without a mark, if it is no run's, is yours to remove"
+            )),
             CleanError::Report(e) => e.hint(),
             _ => None,
         }
@@ -93,7 +132,10 @@ impl Failure for CleanError {
 
     fn exit_code(&self) -> i32 {
         match self {
-            CleanError::InProgress { .. } => exit::USAGE,
+            CleanError::InProgress { .. }
+            | CleanError::NotThisRun { .. }
+            | CleanError::Symlinked { .. }
+            | CleanError::NotOwned { .. } => exit::USAGE,
             CleanError::Report(e) => e.exit_code(),
             _ => exit::FAILURE,
         }
@@ -104,11 +146,11 @@ pub fn run_runs(args: &RunsArgs) -> i32 {
     let rows = match report::list_runs(&args.results) {
         Ok(rows) => rows,
         Err(e) => {
-            eprintln!(
+            crate::say!(
                 "error: cannot read the results folder {}: {e}",
                 display_path(&args.results)
             );
-            eprintln!("hint: run `runner runs` where results/ is, or pass --results DIR");
+            crate::say!("hint: run `runner runs` where results/ is, or pass --results DIR");
             return exit::USAGE;
         }
     };
@@ -145,7 +187,9 @@ pub fn run_clean(args: &CleanArgs) -> i32 {
 }
 
 /// Removes what `args` asks for, holding the run's lock so that no apply of it starts
-/// meanwhile; returns what it did, a line each.
+/// meanwhile; returns what it did, a line each. Before anything is removed, every folder to
+/// remove is checked to be the run's own (`results::owner`): inside its results folder, or
+/// marked as that folder's run's; otherwise nothing is removed.
 fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
     let dir = report::locate(&args.run, &args.results)?;
     // Recorded folders are absolute: so is the run's, for telling which are inside it.
@@ -157,6 +201,23 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
         }
         Err(e) => return Err(ReportError::Record(e).into()),
     };
+    // A run's folder has the run's name: a folder of another name holding its record is a
+    // copy, whose record names the original's folders.
+    let folder = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if folder != record.run {
+        return Err(CleanError::NotThisRun {
+            dir,
+            folder,
+            recorded: record.run,
+        });
+    }
+    if args.all && dir.is_symlink() {
+        let target = dir.canonicalize().unwrap_or_else(|_| dir.clone());
+        return Err(CleanError::Symlinked { dir, target });
+    }
     let _lock = match Lock::acquire(&dir, &record.run) {
         Ok(lock) => lock,
         Err(LockError::Held { pid, .. }) => {
@@ -170,14 +231,9 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
     };
     let mut done = Vec::new();
     let (staging, state) = places(&record, &dir);
-    match &staging {
-        Some(staging) if is_own(staging, &record.run, &dir) => {
-            remove(staging, "staging", &mut done)?;
-        }
-        Some(staging) => done.push(format!(
-            "kept {}: a staging folder carries its run's name\n",
-            display_path(staging)
-        )),
+    let mut removals: Vec<(PathBuf, &str)> = Vec::new();
+    match staging {
+        Some(staging) => removals.push((staging, "staging")),
         None => done.push(format!(
             "note: the record of run `{}` does not say where its staging is (an earlier \
              runner wrote it); remove `<staging.work_root>/{}` yourself\n",
@@ -185,27 +241,38 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
         )),
     }
     if args.state || args.all {
-        for folder in &state {
-            if is_own(folder, &record.run, &dir) {
-                remove(folder, "runtime state", &mut done)?;
-                // `runtime_state/` of the results folder, once its last slot's folder is gone.
-                if let Some(parent) = folder.parent().filter(|p| p.starts_with(&dir) && *p != dir) {
-                    let _ = std::fs::remove_dir(parent);
-                }
-            } else {
-                done.push(format!(
-                    "kept runtime state {}: it is outside the run's results folder and does not \
-                     carry the run's name\n",
-                    display_path(folder)
-                ));
-            }
+        removals.extend(state.into_iter().map(|f| (f, "runtime state")));
+    }
+    let refused: Vec<String> = removals
+        .iter()
+        .filter(|(path, _)| std::fs::symlink_metadata(path).is_ok())
+        .filter_map(|(path, what)| {
+            let why = owner::check(path, &record.run, &dir).err()?;
+            Some(format!("its {what} {} ({why})", display_path(path)))
+        })
+        .collect();
+    if !refused.is_empty() {
+        return Err(CleanError::NotOwned {
+            run: record.run.clone(),
+            folders: refused,
+        });
+    }
+    for (path, what) in &removals {
+        remove(path, what, &mut done)?;
+        // `runtime_state/` of the results folder, once its last slot's folder is gone.
+        if *what == "runtime state"
+            && let Some(parent) = path.parent().filter(|p| p.starts_with(&dir) && *p != dir)
+        {
+            let _ = std::fs::remove_dir(parent);
         }
-        if let Some(shared) = record.places.as_ref().and_then(|p| p.shared_state.as_ref()) {
-            done.push(format!(
-                "kept shared runtime state {}: other runs use it too\n",
-                display_path(shared)
-            ));
-        }
+    }
+    if (args.state || args.all)
+        && let Some(shared) = record.places.as_ref().and_then(|p| p.shared_state.as_ref())
+    {
+        done.push(format!(
+            "kept shared runtime state {}: other runs use it too\n",
+            display_path(shared)
+        ));
     }
     if args.all {
         remove(&dir, "results", &mut done)?;
@@ -220,15 +287,6 @@ fn places(record: &RunRecord, dir: &Path) -> (Option<PathBuf>, Vec<PathBuf>) {
         // Records of earlier runners: a generation's isolated state is inside its folder.
         None => (None, vec![dir.join("runtime_state")]),
     }
-}
-
-/// Whether `folder` is the run's own to remove: inside its results folder, or with the run's
-/// name as one of its path's parts (as `<work_root>/<run>` has).
-fn is_own(folder: &Path, run: &str, dir: &Path) -> bool {
-    folder.starts_with(dir)
-        || folder
-            .components()
-            .any(|c| c.as_os_str() == std::ffi::OsStr::new(run))
 }
 
 /// Removes `path` (a folder) if it exists, saying so in `done`.

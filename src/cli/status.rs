@@ -12,7 +12,9 @@ use super::out;
 use crate::execute::lock::Lock;
 use crate::execute::slurm::{self, TaskState};
 use crate::exit;
+use crate::manifest::Kind;
 use crate::results::RUN_JSON;
+use crate::results::completeness::record_counts;
 use crate::results::files::{read_json, read_process_timings};
 use crate::results::records::{ProcessRole, RunRecord, RunStatus};
 
@@ -43,8 +45,10 @@ pub struct SlurmTaskArgs {
 struct Status {
     run: String,
     dir: PathBuf,
-    /// `running`, `succeeded`, `failed`, `interrupted`, `partial`, `queued`, or `ended` (a
-    /// Slurm job that has ended and whose results no apply has collected yet).
+    /// `running`, `succeeded`, `failed`, `interrupted`, `partial`, `queued`, `ended` (a
+    /// Slurm job that has ended and whose results no apply has collected yet), or `incomplete`
+    /// (a generation whose record says it succeeded and some of whose prompts are not complete
+    /// now).
     state: String,
     detail: String,
     prompts_done: usize,
@@ -76,7 +80,7 @@ pub fn run(args: &StatusArgs) -> i32 {
     let record: RunRecord = match read_json(&dir.join(RUN_JSON)) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!(
+            crate::say!(
                 "error: {} has no readable run record: {e}",
                 dir.join(RUN_JSON).display()
             );
@@ -93,18 +97,28 @@ pub fn run(args: &StatusArgs) -> i32 {
 }
 
 fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
-    let prompts: usize = record
-        .processes
-        .iter()
-        .filter(|p| p.role == ProcessRole::Shard)
-        .map(|p| p.prompts)
-        .sum();
-    let done: BTreeSet<u32> = read_process_timings(dir)
-        .records
-        .iter()
-        .filter(|r| r.role == ProcessRole::Shard && r.config_hash == record.config_hash)
-        .map(|r| r.prompt)
-        .collect();
+    // A prompt is done when it is complete (`results::completeness`), as `runner plan` and
+    // `runner apply` tell it: a deleted or damaged video is not done, whatever its record says.
+    let (done, prompts) = match record.kind {
+        Kind::Generation => record_counts(dir, record),
+        Kind::Probe => {
+            let prompts = record
+                .processes
+                .iter()
+                .filter(|p| p.role == ProcessRole::Measurement)
+                .map(|p| p.prompts)
+                .sum();
+            let done: BTreeSet<u32> = read_process_timings(dir)
+                .records
+                .iter()
+                .filter(|r| {
+                    r.role == ProcessRole::Measurement && r.config_hash == record.config_hash
+                })
+                .map(|r| r.prompt)
+                .collect();
+            (done.len(), prompts)
+        }
+    };
     let held = Lock::is_held(dir);
     let mut slurm_status = None;
     let (state, detail) = match (&record.slurm, record.status) {
@@ -190,6 +204,23 @@ fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
                 });
             }
             let detail = match s {
+                RunStatus::Succeeded | RunStatus::EvaluationFailed if done < prompts => {
+                    return Status {
+                        run: record.run.clone(),
+                        dir: dir.to_path_buf(),
+                        state: "incomplete".into(),
+                        detail: format!(
+                            "its record says {}, and {} of its {prompts} prompts are not complete \
+                             now (a video or kept array deleted or damaged, or a prompt's text \
+                             changed); apply its manifest again to make them",
+                            s.as_str(),
+                            prompts - done
+                        ),
+                        prompts_done: done,
+                        prompts,
+                        slurm: slurm_status,
+                    };
+                }
                 RunStatus::Partial if held => "other shards' applies are running".into(),
                 RunStatus::Partial => "some shards are done; apply the others (--shard)".into(),
                 _ => record
@@ -205,7 +236,7 @@ fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
         dir: dir.to_path_buf(),
         state,
         detail,
-        prompts_done: done.len(),
+        prompts_done: done,
         prompts,
         slurm: slurm_status,
     }

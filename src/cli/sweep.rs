@@ -32,7 +32,7 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
         }
     }
     if refused {
-        eprintln!("the sweep was not started; nothing was written");
+        crate::say!("the sweep was not started; nothing was written");
         return exit::USAGE;
     }
     let mut ended: Vec<Ended> = Vec::new();
@@ -46,7 +46,7 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
                 .as_ref()
                 .map(|p| p.describe())
                 .unwrap_or_default();
-            eprintln!(
+            crate::say!(
                 "sweep: run {} of {}, `{}` ({values})",
                 i + 1,
                 runs.len(),
@@ -56,7 +56,7 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
         match execute::apply(resolved, plan, opts) {
             Ok(outcome) => {
                 for f in &outcome.failures {
-                    eprintln!("error: run `{}`: {f}", plan.run);
+                    crate::say!("error: run `{}`: {f}", plan.run);
                 }
                 let status = outcome.status;
                 ended.push(Ended::Ran(status));
@@ -78,7 +78,7 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
     let code = super::out(&summary(runs, &ended));
     let ran = |s: RunStatus| ended.iter().any(|e| matches!(e, Ended::Ran(x) if *x == s));
     if ran(RunStatus::Interrupted) || execute::apply::interrupted() {
-        eprintln!("interrupted; apply the same manifest again to resume the sweep");
+        crate::say!("interrupted; apply the same manifest again to resume the sweep");
         return exit::INTERRUPTED;
     }
     if let Some(Ended::Error(c)) = ended.last() {
@@ -86,7 +86,7 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
         return if ended.len() == 1 { *c } else { exit::FAILURE };
     }
     if ran(RunStatus::Failed) {
-        eprintln!(
+        crate::say!(
             "a run of the sweep failed; completed prompts are kept, and applying the sweep \
              again resumes it (with --reuse-workdir, since a failed run's staging is kept for \
              diagnosis)"

@@ -31,6 +31,7 @@
 pub mod bundle;
 mod cuda_memory;
 pub mod generate;
+pub(crate) mod graph_rewrite;
 pub(crate) mod kernels;
 pub mod noise;
 pub mod one_time;
@@ -50,7 +51,7 @@ pub use generate::{
 pub use noise::fill_normal;
 pub use one_time::OneTimeWork;
 pub use options::{
-    CudaOptions, Diagnostics, FusedPart, Provider, RuntimeOptions, TensorRtOptions,
+    CudaOptions, Diagnostics, DitAttention, FusedPart, Provider, RuntimeOptions, TensorRtOptions,
     check_diagnostics_env,
 };
 pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};

@@ -13,6 +13,19 @@ use super::settings::{
 };
 
 impl AttentionBackend {
+    /// The kernel ONNX Runtime's `MultiHeadAttention` runs on CUDA with this setting (its
+    /// `sdpa_kernel`), in words: its flash attention is FlashAttention-2, which `flash` and `fa2`
+    /// both select.
+    pub fn onnxruntime_kernel(self) -> &'static str {
+        match self {
+            AttentionBackend::Auto => "ONNX Runtime's default choice of kernel",
+            AttentionBackend::Flash | AttentionBackend::Fa2 => "ONNX Runtime's FlashAttention-2",
+            AttentionBackend::CudnnFlash => "cuDNN's flash attention through ONNX Runtime",
+            AttentionBackend::Efficient => "ONNX Runtime's memory-efficient attention",
+            AttentionBackend::Math => "ONNX Runtime's unfused attention",
+        }
+    }
+
     /// The kernel `auto` stands for, for a bundle of this precision: cuDNN's flash attention for
     /// fp16/bf16 (and fp8, whose attention is fp16's), the fastest measured on an H200
     /// (benches/README.md); ONNX Runtime's default for fp32, where the flash kernels cannot run.
@@ -125,6 +138,70 @@ impl Provider {
     }
 }
 
+/// Which kernel runs the DiT's self-attention, decided from the DiT's kernels, the provider and
+/// the bundle alone (no CUDA library is loaded to decide it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DitAttention {
+    /// ONNX Runtime's `MultiHeadAttention` as the graph has it (`dit.onnx`, and `dit_fused.onnx`
+    /// before exporter 0.10.0), with the kernel of the provider's attention setting.
+    OnnxRuntime,
+    /// The runner's `ai.unstep::Attention` of `dit_fused.onnx` (exporter 0.10.0 and later): its
+    /// call of cuDNN's flash attention on CUDA, its CPU kernel on the CPU.
+    Runner,
+    /// The same `dit_fused.onnx` with each `ai.unstep::Attention` node rewritten to ONNX Runtime's
+    /// `com.microsoft::MultiHeadAttention` when the session is built
+    /// ([`super::graph_rewrite`]): the CUDA provider runs it with the kernel `attention_backend`
+    /// selects, inside the fused DiT with the runner's other kernels and CUDA graphs. On CUDA for
+    /// every attention backend but `auto` and `cudnn_flash`, which are the runner's call.
+    OnnxRuntimeInFused,
+}
+
+impl DitAttention {
+    /// The self-attention of a DiT session built with `kernels` (resolved: `Unstep` or
+    /// `Onnxruntime`) on `provider` for a bundle with this manifest.
+    pub fn of(
+        kernels: FusedKernels,
+        provider: &Provider,
+        manifest: &super::bundle::BundleManifest,
+    ) -> DitAttention {
+        let fused = kernels == FusedKernels::Unstep && manifest.graphs.dit_fused.is_some();
+        if !fused || !manifest.fused_dit_has_runner_attention() {
+            return DitAttention::OnnxRuntime;
+        }
+        match provider {
+            Provider::Cuda(c)
+                if c.attention.resolve(manifest.precision) != AttentionBackend::CudnnFlash =>
+            {
+                DitAttention::OnnxRuntimeInFused
+            }
+            #[cfg(test)]
+            Provider::Cpu if tests::REWRITE_ON_CPU.get() => DitAttention::OnnxRuntimeInFused,
+            _ => DitAttention::Runner,
+        }
+    }
+
+    /// What runs the self-attention, as a run's records add it to the attention kernel's name;
+    /// `None` where the kernel's name says it all (ONNX Runtime's attention as exported, the
+    /// runner's CPU kernel).
+    pub fn describe(self, provider: &Provider, precision: Precision) -> Option<String> {
+        match (self, provider) {
+            (DitAttention::Runner, Provider::Cuda(_)) => {
+                Some("self-attention the runner's own cuDNN call".into())
+            }
+            (DitAttention::OnnxRuntimeInFused, Provider::Cuda(c)) => Some(format!(
+                "self-attention {} in the fused DiT (MultiHeadAttention in place of the \
+                 runner's cuDNN call)",
+                c.attention.resolve(precision).onnxruntime_kernel()
+            )),
+            (DitAttention::OnnxRuntimeInFused, _) => {
+                Some("self-attention ONNX Runtime's MultiHeadAttention in the fused DiT".into())
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The graphs a [`FusedKernels`] setting is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FusedPart {
@@ -200,29 +277,20 @@ impl FusedKernels {
         let present = part.present(&m.graphs);
         let unavailable = |reason: String| Err(part.unavailable(provider, m.precision, reason));
         // From exporter 0.10.0 the fused DiT's self-attention is the runner's own (cuDNN's flash
-        // attention, fp16, on CUDA): another attention backend asked for, or an fp32 bundle, keeps
-        // the standard graph, whose every attention is ONNX Runtime's and follows the setting.
-        let attention_conflict = match provider {
-            Provider::Cuda(c) if part == FusedPart::Dit && m.fused_dit_has_runner_attention() => {
-                match c.attention.resolve(m.precision) {
-                    AttentionBackend::CudnnFlash => None,
-                    _ if m.precision == Precision::Fp32 => Some(
-                        "the fused DiT's self-attention (exporter 0.10.0 and later) is cuDNN's \
-                         flash attention, which runs fp16 bundles; this one is fp32"
-                            .to_string(),
-                    ),
-                    kernel => Some(format!(
-                        "the fused DiT's self-attention (exporter 0.10.0 and later) is the \
-                         runner's own call of cuDNN's flash attention, and attention_backend = \
-                         \"{}\" asks for ONNX Runtime's {} kernel; use attention_backend = \
-                         \"auto\" or \"cudnn_flash\" with them",
-                        c.attention.name(),
-                        kernel.name()
-                    )),
-                }
-            }
-            _ => None,
-        };
+        // attention, fp16, on CUDA), or ONNX Runtime's `MultiHeadAttention` in its place for
+        // another attention backend; an fp32 bundle has neither on CUDA and keeps the standard
+        // graph, whose every attention is ONNX Runtime's and follows the setting.
+        let attention_conflict = (part == FusedPart::Dit
+            && m.precision == Precision::Fp32
+            && matches!(provider, Provider::Cuda(_))
+            && DitAttention::of(FusedKernels::Unstep, provider, m)
+                == DitAttention::OnnxRuntimeInFused)
+            .then(|| {
+                "the fused DiT's self-attention (exporter 0.10.0 and later) runs on CUDA for fp16 \
+                 and fp8 bundles (the runner's call of cuDNN's flash attention, or ONNX Runtime's \
+                 MultiHeadAttention in its place); this one is fp32"
+                    .to_string()
+            });
         if part == FusedPart::Dit && m.precision == Precision::Fp8 {
             return self.resolve_fp8_dit(provider, bundle, attention_conflict);
         }
@@ -473,8 +541,16 @@ impl RuntimeOptions {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    thread_local! {
+        /// Tests only: the CPU provider takes [`DitAttention::OnnxRuntimeInFused`] too (whose
+        /// session is built on the thread that builds the generator), so that the rewritten
+        /// fused DiT can be compared with the runner's on a machine without a GPU. Users' CPU
+        /// runs keep the runner's attention kernel.
+        pub(crate) static REWRITE_ON_CPU: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
 
     /// The switches a run's record keeps, named by their variables, in a fixed order; none
     /// when none is on (an empty optimizer list is a switch: it turns every optimizer on).
@@ -571,7 +647,7 @@ mod tests {
         );
     }
 
-    /// `auto` and `unstep` need the CUDA provider and an attention the fused DiT runs; `auto`
+    /// `auto` and `unstep` need the CUDA provider; `auto`
     /// never falls back to ONNX Runtime's kernels for an fp8 bundle's DiT.
     #[test]
     fn fp8_dit_kernels_need_cuda_and_the_fused_attention() {
@@ -589,13 +665,15 @@ mod tests {
                     "{kernels}: {message}"
                 );
             }
-            let flash = cuda(AttentionBackend::Flash);
-            let message = fp8_refusal(kernels.resolve(FusedPart::Dit, &flash, &bundle));
-            assert!(
-                message.contains("attention_backend = \"auto\" or \"cudnn_flash\""),
-                "{kernels}: {message}"
-            );
         }
+        // Another attention backend keeps the fused DiT, with ONNX Runtime's attention in it.
+        let flash = cuda(AttentionBackend::Flash);
+        assert_eq!(
+            FusedKernels::Unstep
+                .resolve(FusedPart::Dit, &flash, &bundle)
+                .unwrap(),
+            FusedKernels::Unstep
+        );
         let auto = cuda(AttentionBackend::Auto);
         assert_eq!(
             FusedKernels::Unstep
@@ -657,5 +735,92 @@ mod tests {
                 "{part:?} {precision}: {other}"
             );
         }
+    }
+
+    /// On CUDA an fp16 or fp8 bundle's fused DiT runs with every attention backend: `auto` and
+    /// `cudnn_flash` are the runner's cuDNN call, the others ONNX Runtime's `MultiHeadAttention`
+    /// in its place, and the records say which. An fp32 bundle keeps the standard graph for those
+    /// (`auto` falls back, `unstep` is refused); the CPU keeps the runner's CPU kernel; a fused
+    /// DiT of an exporter before 0.10.0 has ONNX Runtime's attention as exported.
+    #[test]
+    fn the_fused_dit_runs_every_attention_backend_on_cuda() {
+        use AttentionBackend::{Auto, CudnnFlash, Fa2};
+        for precision in [Precision::Fp16, Precision::Fp8] {
+            let mut bundle = fp8_bundle();
+            bundle.manifest.precision = precision;
+            for &kernel in <AttentionBackend as strum::VariantArray>::VARIANTS {
+                let provider = cuda(kernel);
+                let kernels = FusedKernels::Unstep
+                    .resolve(FusedPart::Dit, &provider, &bundle)
+                    .unwrap();
+                assert_eq!(kernels, FusedKernels::Unstep, "{precision} {kernel}");
+                let attention = DitAttention::of(kernels, &provider, &bundle.manifest);
+                let described = attention.describe(&provider, precision).unwrap();
+                if matches!(kernel, Auto | CudnnFlash) {
+                    assert_eq!(attention, DitAttention::Runner, "{precision} {kernel}");
+                    assert!(described.contains("runner's own cuDNN call"), "{described}");
+                } else {
+                    assert_eq!(attention, DitAttention::OnnxRuntimeInFused, "{kernel}");
+                    assert!(
+                        described.contains(kernel.onnxruntime_kernel())
+                            && described.contains("in the fused DiT"),
+                        "{described}"
+                    );
+                }
+            }
+            let described = DitAttention::OnnxRuntimeInFused
+                .describe(&cuda(Fa2), precision)
+                .unwrap();
+            assert!(
+                described.contains("ONNX Runtime's FlashAttention-2 in the fused DiT"),
+                "{described}"
+            );
+        }
+
+        let mut fp32 = fp8_bundle();
+        fp32.manifest.precision = Precision::Fp32;
+        for kernel in [AttentionBackend::Efficient, AttentionBackend::Math, Auto] {
+            let provider = cuda(kernel);
+            let message = FusedKernels::Unstep
+                .resolve(FusedPart::Dit, &provider, &fp32)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                message.contains("this one is fp32") && message.contains("--dit-kernels"),
+                "{kernel}: {message}"
+            );
+            assert_eq!(
+                FusedKernels::Auto
+                    .resolve(FusedPart::Dit, &provider, &fp32)
+                    .unwrap(),
+                FusedKernels::Onnxruntime
+            );
+        }
+
+        let mut fp16 = fp8_bundle();
+        fp16.manifest.precision = Precision::Fp16;
+        let m = &fp16.manifest;
+        assert_eq!(
+            DitAttention::of(FusedKernels::Unstep, &Provider::Cpu, m),
+            DitAttention::Runner
+        );
+        assert_eq!(
+            DitAttention::Runner.describe(&Provider::Cpu, m.precision),
+            None
+        );
+        assert_eq!(
+            DitAttention::of(FusedKernels::Onnxruntime, &cuda(Fa2), m),
+            DitAttention::OnnxRuntime
+        );
+        let mut older = fp16.clone();
+        older.manifest.exporter_version = "0.9.0".into();
+        assert_eq!(
+            DitAttention::of(FusedKernels::Unstep, &cuda(Fa2), &older.manifest),
+            DitAttention::OnnxRuntime
+        );
+        assert_eq!(
+            DitAttention::OnnxRuntime.describe(&cuda(Fa2), m.precision),
+            None
+        );
     }
 }

@@ -10,7 +10,9 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{Outlet, TensorElementType};
 
 use super::bundle::{Bundle, BundleError};
-pub use super::options::{CudaOptions, FusedPart, Provider, RuntimeOptions, TensorRtOptions};
+pub use super::options::{
+    CudaOptions, DitAttention, FusedPart, Provider, RuntimeOptions, TensorRtOptions,
+};
 use super::ort_lib::{self, OrtLoadError, OrtRuntime};
 pub use super::settings::{
     ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
@@ -55,6 +57,14 @@ pub enum SessionError {
     Fp8NeedsRunnerKernels { reason: String },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
+    #[error(
+        "rewrite graph {graph}'s self-attention as ONNX Runtime's MultiHeadAttention (attention_backend = \"{backend}\"): {source}; use attention_backend = \"auto\" or \"cudnn_flash\" for the runner's own"
+    )]
+    AttentionRewrite {
+        graph: String,
+        backend: &'static str,
+        source: super::graph_rewrite::RewriteError,
+    },
 }
 
 /// The sessions of a bundle. The text encoder's is `None` when the prompts were encoded before
@@ -64,6 +74,8 @@ pub struct GraphSessions {
     pub dit: Session,
     /// The kernels the DiT session runs with (`Unstep` or `Onnxruntime`).
     pub dit_kernels: FusedKernels,
+    /// What runs the DiT's self-attention.
+    pub dit_attention: DitAttention,
     pub vae_first: Session,
     pub vae_step: Session,
     /// The kernels the decoder's sessions run with (`Unstep` or `Onnxruntime`).
@@ -204,12 +216,19 @@ struct GraphNames<'a> {
     dit: &'a str,
     /// Whether `dit` is the bundle's fused DiT graph.
     dit_is_fused: bool,
+    /// Whether `dit`'s self-attention nodes are rewritten to ONNX Runtime's when it is loaded.
+    dit_attention: DitAttention,
     vae_first: &'a str,
     vae_step: &'a str,
 }
 
 impl<'a> GraphNames<'a> {
-    fn of(bundle: &'a Bundle, dit: FusedKernels, vae: FusedKernels) -> Self {
+    fn of(
+        bundle: &'a Bundle,
+        dit: FusedKernels,
+        vae: FusedKernels,
+        dit_attention: DitAttention,
+    ) -> Self {
         let g = &bundle.manifest.graphs;
         let pick = |kernels: FusedKernels, fused: &'a Option<String>, stock: &'a String| match (
             kernels, fused,
@@ -220,6 +239,7 @@ impl<'a> GraphNames<'a> {
         Self {
             dit: pick(dit, &g.dit_fused, &g.dit),
             dit_is_fused: dit == FusedKernels::Unstep && g.dit_fused.is_some(),
+            dit_attention,
             vae_first: pick(vae, &g.vae_first_fused, &g.vae_first),
             vae_step: pick(vae, &g.vae_step_fused, &g.vae_step),
         }
@@ -254,7 +274,8 @@ impl GraphSessions {
         let vae_kernels = options
             .vae_kernels
             .resolve(FusedPart::Vae, &options.provider, bundle)?;
-        let names = GraphNames::of(bundle, dit_kernels, vae_kernels);
+        let dit_attention = DitAttention::of(dit_kernels, &options.provider, &bundle.manifest);
+        let names = GraphNames::of(bundle, dit_kernels, vae_kernels, dit_attention);
         super::kernels::configure(super::kernels::KernelSettings {
             cache_dir: options.kernel_cache_dir.clone(),
             conv_log: options.diagnostics.conv_log,
@@ -317,6 +338,7 @@ impl GraphSessions {
             kv_interface: KvInterface::of(&dit),
             dit,
             dit_kernels,
+            dit_attention,
             vae_first,
             vae_step,
             vae_kernels,
@@ -352,7 +374,8 @@ impl GraphSessions {
         let (dit, context) = std::thread::scope(|scope| {
             let context = beside.map(|graph| scope.spawn(move || context_session(graph)));
             let dit = operators().and_then(|ops| {
-                build_graph_session(runtime, bundle, names.dit, dit_options, false, ops)
+                let builder = graph_session_builder(runtime, names.dit, dit_options, false, ops)?;
+                load_dit(builder, bundle, names, &dit_options.provider)
             });
             let context = context.map(|thread| {
                 thread
@@ -403,7 +426,12 @@ impl GraphSessions {
         let timestep_ty = TensorElementType::Float32;
         let i64_ = TensorElementType::Int64;
 
-        let names = GraphNames::of(bundle, self.dit_kernels, self.vae_kernels);
+        let names = GraphNames::of(
+            bundle,
+            self.dit_kernels,
+            self.vae_kernels,
+            self.dit_attention,
+        );
         let mut dit = Contract::new("dit", names.dit);
         dit.input("x", f32_, 5)
             .input("timestep", timestep_ty, 2)
@@ -595,6 +623,18 @@ fn build_graph_session(
     decoder: bool,
     operators: Option<ort::operator::OperatorDomain>,
 ) -> Result<Session, SessionError> {
+    let builder = graph_session_builder(runtime, graph, options, decoder, operators)?;
+    load_model(builder, graph, &bundle.graph_path(graph))
+}
+
+/// The session builder of one of the bundle's graphs, as [`build_graph_session`] builds it.
+fn graph_session_builder(
+    runtime: &OrtRuntime,
+    graph: &str,
+    options: &RuntimeOptions,
+    decoder: bool,
+    operators: Option<ort::operator::OperatorDomain>,
+) -> Result<ort::session::builder::SessionBuilder, SessionError> {
     let load = |e: ort::Error| SessionError::Load {
         graph: graph.to_string(),
         message: e.to_string(),
@@ -612,10 +652,89 @@ fn build_graph_session(
     if let Some(domain) = operators {
         builder = builder.with_operators(domain).map_err(|e| load(e.into()))?;
     }
-    builder
-        .commit_from_file(bundle.graph_path(graph))
-        .map_err(load)
+    Ok(builder)
 }
+
+/// The DiT's session from `builder`: the graph's file as it is, or, for
+/// [`DitAttention::OnnxRuntimeInFused`], the rewritten model from memory, with its external data
+/// found in the file's folder.
+fn load_dit(
+    builder: ort::session::builder::SessionBuilder,
+    bundle: &Bundle,
+    names: &GraphNames,
+    provider: &Provider,
+) -> Result<Session, SessionError> {
+    let path = bundle.graph_path(names.dit);
+    if names.dit_attention != DitAttention::OnnxRuntimeInFused {
+        return load_model(builder, names.dit, &path);
+    }
+    let backend = match provider {
+        Provider::Cuda(c) => c.attention.name(),
+        _ => AttentionBackend::Math.name(),
+    };
+    load_attention_rewritten(builder, names.dit, &path, backend)
+}
+
+/// The session of the model at `path` with its self-attention as ONNX Runtime's
+/// `MultiHeadAttention` ([`super::graph_rewrite`]), loaded from memory with the folder of its
+/// external data (the model file's). The rewrite reads the model file whole: a full-size DiT's
+/// holds its graph alone (a few megabytes), its weights being external data.
+fn load_attention_rewritten(
+    builder: ort::session::builder::SessionBuilder,
+    graph: &str,
+    path: &Path,
+    backend: &'static str,
+) -> Result<Session, SessionError> {
+    let load = |message: String| SessionError::Load {
+        graph: graph.to_string(),
+        message,
+    };
+    let bytes = std::fs::read(path).map_err(|e| load(format!("read {}: {e}", path.display())))?;
+    let rewritten =
+        super::graph_rewrite::attention_to_multi_head_attention(&bytes).map_err(|source| {
+            SessionError::AttentionRewrite {
+                graph: graph.to_string(),
+                backend,
+                source,
+            }
+        })?;
+    drop(bytes);
+    let folder = path
+        .parent()
+        .map(|dir| {
+            if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            }
+        })
+        .and_then(Path::to_str)
+        .ok_or_else(|| load(format!("the folder of {} is not UTF-8", path.display())))?;
+    builder
+        .with_config_entry(EXTERNAL_INITIALIZERS_FOLDER, folder)
+        .map_err(|e| load(e.to_string()))?
+        .commit_from_memory(&rewritten)
+        .map_err(|e| load(e.to_string()))
+}
+
+fn load_model(
+    mut builder: ort::session::builder::SessionBuilder,
+    graph: &str,
+    path: &Path,
+) -> Result<Session, SessionError> {
+    builder
+        .commit_from_file(path)
+        .map_err(|e| SessionError::Load {
+            graph: graph.to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// ONNX Runtime's session option for where a model loaded from memory finds its external data
+/// (`kOrtSessionOptionsModelExternalInitializersFileFolderPath`): each file's location is taken
+/// relative to that folder, as it is relative to the model file's own folder when the model is
+/// loaded from its file.
+const EXTERNAL_INITIALIZERS_FOLDER: &str = "session.model_external_initializers_file_folder_path";
 
 /// The decoder's sessions prefer NHWC convolutions on CUDA: cuDNN's fp16 convolutions run
 /// channels-last, and the exported norms are channels-last permutations that ONNX Runtime's

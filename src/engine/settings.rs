@@ -75,7 +75,10 @@ setting_enum! {
     /// The attention kernel. On the CUDA provider it is ONNX Runtime's `sdpa_kernel` option of
     /// `MultiHeadAttention`, which uses that kernel where it supports the inputs and its unfused
     /// kernel elsewhere; a kernel that can never run for the provider and precision is refused
-    /// before any work.
+    /// before any work. In the runner's fused DiT (`dit_kernels`, exporter 0.10.0 and later) the
+    /// self-attention is the runner's own call of cuDNN's flash attention with `auto` and
+    /// `cudnn_flash`; any other kernel keeps the fused DiT, its other kernels and CUDA graphs,
+    /// and runs its self-attention as ONNX Runtime's `MultiHeadAttention` with that kernel.
     pub enum AttentionBackend {
         /// The fastest measured for the GPU and precision.
         #[default]
@@ -84,7 +87,8 @@ setting_enum! {
         Flash,
         /// FA2-class flash attention, the Blackwell (GB200) path of `gb200_speed.toml`; on ONNX
         /// Runtime it selects the same fused flash kernels as `flash` (its flash attention is
-        /// FlashAttention-2), and results record that it was asked for.
+        /// FlashAttention-2), also for the fused DiT's self-attention, and results record that
+        /// it was asked for.
         Fa2,
         /// cuDNN's flash attention.
         CudnnFlash,
@@ -101,8 +105,8 @@ setting_enum! {
     /// operators (`ai.unstep`), or the standard graphs with ONNX Runtime's stock kernels.
     pub enum FusedKernels {
         /// The runner's own on CUDA when the bundle has the fused graphs and NVRTC, cuBLASLt and
-        /// cuDNN load (for a DiT whose self-attention is the runner's cuDNN call, also only with
-        /// an fp16 bundle and `attention_backend` auto or cudnn_flash); ONNX Runtime's otherwise.
+        /// cuDNN load (for a DiT whose self-attention is the runner's, exporter 0.10.0 and later,
+        /// not with an fp32 bundle); ONNX Runtime's otherwise.
         #[default]
         Auto,
         /// The runner's own, on any provider but TensorRT (on the CPU, for tests and

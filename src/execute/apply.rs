@@ -18,8 +18,7 @@ use super::preflight::{bundle_facts, preflight, tokenizer_warnings};
 use super::progress::{Progress, SlotWork};
 use super::resume::{Completed, completed};
 use super::shard_apply::{
-    every_prompt_done, merge_concurrent, record_guard, shard_lock_dir, timing_file_selected,
-    write_record,
+    merge_concurrent, record_guard, shard_lock_dir, timing_file_selected, write_record,
 };
 use super::slots::{Workers, process_name};
 use super::slurm::SlurmWork;
@@ -175,7 +174,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         stale_videos,
         damaged_timings,
         notes,
-    } = completed(r, &run_dir, &config_hash)?;
+    } = completed(r, plan, &config_hash)?;
     super::slurm::check_no_live_job(&run_dir, previous.as_ref().and_then(|p| p.slurm.as_ref()))?;
 
     // Nothing has been written so far; from here on the run holds its locks: its results
@@ -205,12 +204,22 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     INTERRUPTED.store(false, Ordering::SeqCst);
     // Told once the run is this apply's: what they announce happens now.
     for note in &notes {
-        eprintln!("{note}");
+        crate::say!("{note}");
     }
-    // Another shard's apply may be appending to its own timing files meanwhile.
+    // Another shard's apply may be appending to its own timing files meanwhile, and the other
+    // shards' videos are theirs to make again: an apply of some shards mends only its own.
     let damaged_timings: Vec<PathBuf> = damaged_timings
         .into_iter()
         .filter(|f| !shard_apply || timing_file_selected(plan, f))
+        .collect();
+    let selected: BTreeSet<u32> = plan
+        .selected_shards()
+        .flat_map(|sh| sh.prompts.iter().copied())
+        .collect();
+    let stale_videos: Vec<PathBuf> = stale_videos
+        .into_iter()
+        .filter(|(prompt, _)| !shard_apply || selected.contains(prompt))
+        .map(|(_, video)| video)
         .collect();
     mend(&damaged_timings, &stale_videos)?;
     if let Some(previous) = &previous
@@ -224,6 +233,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         .as_ref()
         .is_some_and(|p| p.status == RunStatus::Running);
     let stage = stage(r, plan, opts.reuse_workdir || killed)?;
+    mark_owned(r, plan, &stage)?;
     clear_global_caches(&r.paths.global_caches);
     // Read before the run adds state of its own.
     let reused_state = m.kind == Kind::Probe
@@ -307,7 +317,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
                 });
             }
             if !opts.quiet {
-                eprintln!(
+                crate::say!(
                     "submitted Slurm job {job_id} ({} task(s)); Ctrl-C cancels it",
                     tasks.len()
                 );
@@ -332,7 +342,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     }
     progress.finish();
     let Events {
-        facts, failures, ..
+        facts,
+        mut failures,
+        ..
     } = events;
 
     if let Some(facts) = facts {
@@ -343,12 +355,25 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         // it is the one that calls the run succeeded. The statistics cover every process's
         // records, other shard applies' included.
         let _guard = record_guard(&run_dir, shard_apply)?;
+        // A generation has succeeded only when every prompt of the whole run is complete, by
+        // the one test `runner status` and `runner plan` use too: a prompt of another shard
+        // whose video was deleted after its apply keeps the run from succeeding.
+        let incomplete = (m.kind == Kind::Generation)
+            .then(|| incomplete_prompts(r, plan, &config_hash))
+            .flatten();
         let status = if INTERRUPTED.load(Ordering::SeqCst) {
             RunStatus::Interrupted
         } else if !failures.is_empty() {
             RunStatus::Failed
-        } else if shard_apply && !every_prompt_done(plan, &run_dir) {
-            RunStatus::Partial
+        } else if let Some(missing) = &incomplete {
+            if shard_apply {
+                RunStatus::Partial
+            } else {
+                failures.push(format!(
+                    "the workers ended and prompt(s) of the run are still not complete: {missing}"
+                ));
+                RunStatus::Failed
+            }
         } else {
             RunStatus::Succeeded
         };
@@ -384,6 +409,16 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         failures,
         slurm_job,
     })
+}
+
+/// The incomplete prompts of the whole run (every shard, whichever apply makes it), in words;
+/// `None` when every one is complete.
+fn incomplete_prompts(r: &Resolved, plan: &Plan, config_hash: &str) -> Option<String> {
+    let legacy = crate::results::hash::legacy_config_hash(r);
+    let expected = super::resume::expected_of(r, config_hash, &legacy);
+    let planned = plan.shards.iter().flat_map(|sh| sh.prompts.iter().copied());
+    let state = crate::results::completeness::Completeness::of(&plan.run_dir, planned, &expected);
+    (!state.missing().is_empty()).then(|| state.missing_text())
 }
 
 /// Repairs the damaged timing files and removes the videos to be made again (made from a
@@ -447,6 +482,26 @@ fn stage(r: &Resolved, plan: &Plan, reuse: bool) -> Result<Stage, ApplyError> {
         runner,
         reuse,
     })?)
+}
+
+/// Marks the run's folders outside its results folder as its own (`results::owner`): its staging
+/// snapshot and its isolated runtime state elsewhere, which `runner clean` removes only then.
+fn mark_owned(r: &Resolved, plan: &Plan, stage: &Stage) -> Result<(), ApplyError> {
+    let run_dir = &plan.run_dir;
+    fs::create_dir_all(run_dir)
+        .map_err(|e| ApplyError::Io(format!("cannot create {}: {e}", display_path(run_dir))))?;
+    let mut folders = vec![stage.dir.clone()];
+    if r.manifest.cache.mode == CacheMode::Isolated {
+        for p in &plan.processes {
+            if !p.cache_dir.starts_with(run_dir) && !folders.contains(&p.cache_dir) {
+                folders.push(p.cache_dir.clone());
+            }
+        }
+    }
+    for folder in folders {
+        crate::results::owner::mark(&folder, &plan.run, run_dir)?;
+    }
+    Ok(())
 }
 
 /// Creates the run folder's parts; returns where videos go, when they are written.
@@ -566,7 +621,7 @@ fn start_record(
     if let Ok((tokenizer, weights)) = bundle_facts(&stage.bundle, plan, prompts) {
         if !opts.quiet {
             for warning in tokenizer_warnings(&tokenizer, r) {
-                eprintln!("warning: {warning}");
+                crate::say!("warning: {warning}");
             }
         }
         record.tokenizer = Some(tokenizer);
@@ -759,9 +814,9 @@ impl JobFactory<'_> {
 fn clear_global_caches(caches: &[PathBuf]) {
     for dir in caches {
         match fs::remove_dir_all(dir) {
-            Ok(()) => eprintln!("purged the global compiler cache {}", display_path(dir)),
+            Ok(()) => crate::say!("purged the global compiler cache {}", display_path(dir)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => eprintln!(
+            Err(e) => crate::say!(
                 "warning: cannot purge the global compiler cache {}: {e}",
                 display_path(dir)
             ),

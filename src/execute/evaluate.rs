@@ -9,7 +9,6 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -209,11 +208,8 @@ fn run(
 const SCORES_LIMIT: u64 = 256 << 20;
 
 fn read_limited(path: &Path) -> Result<String, String> {
-    let mut text = String::new();
-    fs::File::open(path)
-        .and_then(|f| f.take(SCORES_LIMIT).read_to_string(&mut text))
-        .map_err(|e| format!("cannot read the scores file {}: {e}", display_path(path)))?;
-    Ok(text)
+    crate::results::files::read_bounded_text(path, SCORES_LIMIT)
+        .map_err(|e| format!("the scores file: {e}"))
 }
 
 /// The files of `eval_dir` that `scores` names: the one file, or those its `*` matches.
@@ -300,7 +296,7 @@ pub(super) fn evaluate_only(
     let mut record = previous.clone();
     if settings.scored(&record) {
         if !opts.quiet {
-            eprintln!(
+            crate::say!(
                 "note: every prompt has its video and the evaluation has its scores; nothing to \
                  do (`runner evaluate {}` scores the videos again)",
                 plan.run
@@ -314,7 +310,7 @@ pub(super) fn evaluate_only(
         }));
     }
     if !opts.quiet {
-        eprintln!("note: every prompt has its video; only the evaluation runs");
+        crate::say!("note: every prompt has its video; only the evaluation runs");
     }
     if saves_videos(r) {
         video_index::write(

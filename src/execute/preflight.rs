@@ -224,19 +224,20 @@ fn writable_preflight(target: &Path, what: &str, hint: &str) -> Result<(), Apply
     }
 }
 
-/// A GPU provider must be in the ONNX Runtime the workers will load: asked here, before
-/// anything is written, rather than when the first worker builds its sessions.
+/// ONNX Runtime must be found for every provider, and a GPU provider must be in the build the
+/// workers will load: asked here, before anything is written, rather than when the first worker
+/// builds its sessions (a run failing there has staged a snapshot that blocks the next apply).
 fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
     let kind = config.engine.provider.kind();
-    if kind == ProviderKind::Cpu {
-        return Ok(());
-    }
     let ort = engine::ort_lib::runtime(config.engine.ort_library.as_deref()).map_err(|e| {
         ApplyError::refused(
             e.to_string(),
             "see `runner doctor` for where ONNX Runtime is looked for",
         )
     })?;
+    if kind == ProviderKind::Cpu {
+        return Ok(());
+    }
     let available = engine::session::available_providers()
         .into_iter()
         .find(|(name, _)| *name == kind.name())
@@ -467,8 +468,8 @@ fn fp8_gpu_preflight(r: &Resolved) -> Result<(), ApplyError> {
 
 /// The runner's fused kernels asked for by name (`runtime.dit_kernels` / `runtime.vae_kernels` =
 /// "unstep") that the provider or the bundle cannot run (TensorRT, a bundle without the fused
-/// graphs or in bf16, a fused DiT whose self-attention is cuDNN's with an fp32 bundle or another
-/// attention backend), and any DiT kernels an fp8 bundle cannot run with (it has no others than
+/// graphs or in bf16, a fused DiT whose self-attention is the runner's with an fp32 bundle on
+/// CUDA), and any DiT kernels an fp8 bundle cannot run with (it has no others than
 /// the runner's): refused here, with the setting's location, instead of when the first worker
 /// builds its sessions. A bundle that is not a readable directory is left to the worker.
 fn fused_kernels_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {

@@ -28,7 +28,7 @@ impl Progress {
         }
         if skipped > 0 {
             let left: usize = slots.iter().map(|s| s.prompts).sum();
-            eprintln!("resuming: {skipped} prompts already complete, {left} to go");
+            crate::say!("resuming: {skipped} prompts already complete, {left} to go");
         }
         if !std::io::stderr().is_terminal() {
             return Progress::Lines;
@@ -54,9 +54,12 @@ impl Progress {
     pub fn event(&self, slot: usize, what: &str, warmup: bool, event: &RunEventKind) {
         match (self, event) {
             (Progress::Quiet, _) => {}
-            (Progress::Lines, RunEventKind::Ready(facts)) => eprintln!(
+            (Progress::Lines, RunEventKind::Ready(facts)) => crate::say!(
                 "{what}: sessions ready on {}, attention {}, kernels dit {}, vae {}",
-                facts.provider, facts.attention_backend, facts.dit_kernels, facts.vae_kernels
+                facts.provider,
+                facts.attention_backend,
+                facts.dit_kernels,
+                facts.vae_kernels
             ),
             (
                 Progress::Lines,
@@ -65,7 +68,7 @@ impl Progress {
                     timed_total_s,
                 },
             ) => {
-                eprintln!("{what}: prompt {prompt} done in {timed_total_s:.3} s")
+                crate::say!("{what}: prompt {prompt} done in {timed_total_s:.3} s")
             }
             (Progress::Bars(_, bars), RunEventKind::Ready(_)) => {
                 if let Some(bar) = bars.get(slot) {

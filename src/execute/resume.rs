@@ -1,8 +1,8 @@
 //! What an earlier apply of the same run left: the prompts already complete (resume), and what
 //! `runner plan` says an apply would do with it.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use super::apply::ApplyError;
 use super::lock::Lock;
@@ -11,8 +11,9 @@ use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
 use crate::results::arrays::ArrayKind;
-use crate::results::files::{RUN_JSON, read_json, read_process_timings};
-use crate::results::records::{ProcessRole, RunRecord, RunStatus, TimingRecord};
+use crate::results::completeness::{Completeness, Expected, PromptState};
+use crate::results::files::{RUN_JSON, read_json};
+use crate::results::records::{RunRecord, RunStatus};
 
 /// What a previous apply of the same run left.
 #[derive(Default)]
@@ -21,9 +22,9 @@ pub(super) struct Completed {
     pub done: BTreeSet<u32>,
     /// Its run record (a generation's, which this apply resumes; a probe is measured afresh).
     pub previous: Option<RunRecord>,
-    /// Videos to remove before their prompts are made again: made from a prompt's earlier text,
-    /// or cut short.
-    pub stale_videos: Vec<PathBuf>,
+    /// Videos to remove before their prompts are made again (made from a prompt's earlier text,
+    /// under another name, or cut short), with their prompts.
+    pub stale_videos: Vec<(u32, PathBuf)>,
     /// Timing files with lines that do not parse, to be repaired once the run holds its lock.
     pub damaged_timings: Vec<PathBuf>,
     /// What an apply tells before it starts (`note: …` / `warning: …`); `runner plan`, which
@@ -33,9 +34,10 @@ pub(super) struct Completed {
 
 pub(super) fn completed(
     r: &Resolved,
-    run_dir: &Path,
+    plan: &Plan,
     config_hash: &str,
 ) -> Result<Completed, ApplyError> {
+    let run_dir = plan.run_dir.as_path();
     let run_json = run_dir.join(RUN_JSON);
     if !run_json.exists() {
         return Ok(Completed::default());
@@ -73,77 +75,32 @@ pub(super) fn completed(
             "give this configuration its own run name (`name = \"…\"` or --set name=…)",
         ));
     }
-    // A prompt is done when a record of its latest output has this configuration, the prompt's
-    // current text, its video and the arrays the manifest keeps; the latest record decides (a
-    // prompt made again after its text changed has a newer record).
-    let prompts = r.prompts.as_deref().unwrap_or_default();
-    let timings = read_process_timings(run_dir);
-    for line in &timings.damaged {
+    // Whether each prompt is complete is decided in one place (`results::completeness`), as
+    // `runner status`, `runner runs` and `runner evaluate` decide it.
+    let expected = expected_of(r, config_hash, &legacy);
+    let planned = plan.shards.iter().flat_map(|sh| sh.prompts.iter().copied());
+    let state = Completeness::of(run_dir, planned, &expected);
+    for line in &state.damaged {
         notes.push(format!(
             "warning: {line}: not a timing record; the line is skipped (its prompt is made again) and the file repaired"
         ));
     }
-    let mut latest: BTreeMap<u32, TimingRecord> = BTreeMap::new();
-    for rec in timings.records {
-        if rec.role == ProcessRole::Shard {
-            latest.insert(rec.prompt, rec);
-        }
-    }
-    let mut done = BTreeSet::new();
+    let done = state.complete();
     let mut changed = Vec::new();
     let mut stale_videos = Vec::new();
-    let names = crate::results::names::VideoNames::of(r);
     let mut renamed = Vec::new();
-    for (prompt, rec) in &latest {
-        // A video under another name than the prompt's now (the names file or the naming
-        // changed) is made again under its name, and the old file goes.
-        let expected = names.name(*prompt).map(|n| format!("videos/{n}"));
-        let text = prompts
-            .get(*prompt as usize)
-            .map(|t| crate::results::prompt_hash(t));
-        if let Some(v) = &rec.video
-            && expected.as_ref().is_some_and(|e| e != v)
-            && rec.prompt_sha256 == text
-        {
-            renamed.push(*prompt);
-            stale_videos.push(run_dir.join(v));
-            continue;
+    for (&prompt, s) in &state.states {
+        match s {
+            PromptState::Renamed { .. } => renamed.push(prompt),
+            PromptState::OtherText { .. } => changed.push(prompt),
+            PromptState::DamagedVideo { video, why } => notes.push(format!(
+                "warning: the video of prompt {prompt}, {}, is damaged ({why}); it is made again",
+                display_path(&run_dir.join(video))
+            )),
+            _ => {}
         }
-        let video_ok = match &rec.video {
-            Some(v) => match crate::video::check_mp4(&run_dir.join(v)) {
-                Ok(()) => true,
-                Err(_) if !run_dir.join(v).exists() => false,
-                Err(e) => {
-                    notes.push(format!(
-                        "warning: the video of prompt {prompt}, {}, is damaged ({e}); it is made again",
-                        display_path(&run_dir.join(v))
-                    ));
-                    stale_videos.push(run_dir.join(v));
-                    false
-                }
-            },
-            None => !r.manifest.outputs.save_videos,
-        };
-        let text = prompts
-            .get(*prompt as usize)
-            .map(|t| crate::results::prompt_hash(t));
-        let same_text = rec.prompt_sha256.is_some() && rec.prompt_sha256 == text;
-        if rec.prompt_sha256.is_some() && !same_text {
-            changed.push(*prompt);
-            stale_videos.extend(rec.video.as_ref().map(|v| run_dir.join(v)));
-        }
-        // Latents or frames asked for now but not kept then (or lost): the prompt is made again.
-        let arrays_ok = ArrayKind::ALL
-            .into_iter()
-            .filter(|kind| kind.kept_by(&r.manifest.outputs))
-            .all(|kind| {
-                run_dir
-                    .join(kind.dir())
-                    .join(kind.file_name(*prompt))
-                    .is_file()
-            });
-        if same_config(&rec.config_hash) && video_ok && same_text && arrays_ok {
-            done.insert(*prompt);
+        if let Some(v) = s.stale_video() {
+            stale_videos.push((prompt, run_dir.join(v)));
         }
     }
     if !renamed.is_empty() {
@@ -167,9 +124,25 @@ pub(super) fn completed(
         done,
         previous: Some(previous),
         stale_videos,
-        damaged_timings: timings.damaged_files,
+        damaged_timings: state.damaged_files,
         notes,
     })
+}
+
+/// What a complete prompt of the run `r` has: a record of this configuration (or its legacy
+/// form) and the prompt's current text, its video under its current name, the arrays kept.
+pub(super) fn expected_of(r: &Resolved, config_hash: &str, legacy: &str) -> Expected {
+    let m = &r.manifest;
+    Expected {
+        config_hashes: vec![config_hash.to_string(), legacy.to_string()],
+        prompts: Some(r.prompts.clone().unwrap_or_default()),
+        videos: m.kind == Kind::Generation && m.outputs.save_videos,
+        names: Some(crate::results::names::VideoNames::of(r)),
+        arrays: ArrayKind::ALL
+            .into_iter()
+            .filter(|kind| kind.kept_by(&m.outputs))
+            .collect(),
+    }
 }
 
 /// What an `apply` of a plan finds under its results folder, as `runner plan` tells it.
@@ -210,7 +183,7 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
     if let Err(e) = probe_state_preflight(r) {
         return refused(e);
     }
-    match completed(r, &plan.run_dir, &crate::results::config_hash(r)) {
+    match completed(r, plan, &crate::results::config_hash(r)) {
         Err(e) => refused(e),
         Ok(Completed {
             done,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::apply::ApplyError;
 use crate::manifest::diagnostic::display_path;
 use crate::plan::Plan;
-use crate::results::files::{RUN_JSON, read_process_timings, write_json_atomic};
+use crate::results::files::{RUN_JSON, write_json_atomic};
 use crate::results::records::RunRecord;
 
 /// The folder of shard `shard`'s own lock: the applies of one run's shards share the run's lock
@@ -24,20 +24,6 @@ pub(super) fn timing_file_selected(plan: &Plan, file: &Path) -> bool {
         .and_then(|s| s.parse::<usize>().ok())
         .and_then(|i| plan.processes.get(i))
         .is_some_and(|p| plan.selects(p))
-}
-
-/// Whether every prompt of the plan's shards has a record (whichever apply made it).
-pub(super) fn every_prompt_done(plan: &Plan, run_dir: &Path) -> bool {
-    let made: BTreeSet<u32> = read_process_timings(run_dir)
-        .records
-        .iter()
-        .filter(|rec| rec.role == crate::results::records::ProcessRole::Shard)
-        .map(|rec| rec.prompt)
-        .collect();
-    plan.shards
-        .iter()
-        .flat_map(|sh| &sh.prompts)
-        .all(|i| made.contains(i))
 }
 
 /// Holds the run record's own lock while a shard apply reads and writes `run.json` (other

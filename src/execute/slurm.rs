@@ -641,12 +641,12 @@ pub fn run_task(path: &Path, task: usize) -> i32 {
     let list: TaskList = match read_json(path) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: cannot read the task list {}: {e}", path.display());
+            crate::say!("error: cannot read the task list {}: {e}", path.display());
             return crate::exit::INTERNAL;
         }
     };
     let Some(procs) = list.tasks.get(&task) else {
-        eprintln!("error: {} has no task {task}", path.display());
+        crate::say!("error: {} has no task {task}", path.display());
         return crate::exit::INTERNAL;
     };
     let report_path = task_report_path(&list.run_dir, task);
@@ -668,7 +668,7 @@ pub fn run_task(path: &Path, task: usize) -> i32 {
         let _ = write_json_atomic(&report_path, &report);
         match failure {
             Some(f) => {
-                eprintln!("error: {f}");
+                crate::say!("error: {f}");
                 crate::exit::FAILURE
             }
             None => crate::exit::OK,

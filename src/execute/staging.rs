@@ -534,7 +534,8 @@ fn unzip(archive: &Path, dst: &Path) -> Result<(), StagingError> {
 pub fn audit(dir: &Path) -> Result<Audit, StagingError> {
     let mut found = Vec::new();
     walk_files(dir, dir, &mut found)?;
-    found.retain(|(rel, _)| rel != AUDIT_FILE);
+    // The owner mark is written after the audit, by the apply that uses the snapshot.
+    found.retain(|(rel, _)| rel != AUDIT_FILE && rel != crate::results::owner::OWNER_FILE);
     // In the walk's order, so that the first unreadable file is the error whatever finishes first.
     let hashes: Vec<Result<String, StagingError>> = found
         .par_iter()

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
 use crate::engine::{
-    self, AttentionBackend, Bundle, FusedKernels, GenerateError, GenerateOptions, Generated,
-    Generator, Precision, Provider, Schedule, SessionError,
+    self, AttentionBackend, Bundle, GenerateError, GenerateOptions, Generated, Generator,
+    Precision, Provider, Schedule, SessionError,
 };
 use crate::exit;
 use crate::results::arrays::ArrayKind;
@@ -71,17 +71,14 @@ fn loaded_version(maps: &str, stem: &str) -> Option<String> {
 }
 
 /// The attention kernel a generator's provider was configured with, as results record it; with a
-/// fused DiT whose self-attention is the runner's own call of cuDNN, also that.
+/// fused DiT whose self-attention is the runner's own call of cuDNN, or ONNX Runtime's
+/// `MultiHeadAttention` in its place, also that.
 pub fn attention_name(provider: &Provider, generator: &Generator) -> String {
-    let manifest = &generator.bundle().manifest;
-    let name = provider_attention_name(provider, manifest.precision);
-    let runner = matches!(provider, Provider::Cuda(_))
-        && generator.dit_kernels() == FusedKernels::Unstep
-        && manifest.fused_dit_has_runner_attention();
-    if runner {
-        format!("{name}, self-attention the runner's own cuDNN call")
-    } else {
-        name
+    let precision = generator.bundle().manifest.precision;
+    let name = provider_attention_name(provider, precision);
+    match generator.dit_attention().describe(provider, precision) {
+        Some(self_attention) => format!("{name}, {self_attention}"),
+        None => name,
     }
 }
 
@@ -168,7 +165,7 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         one_time: engine::one_time::take(),
     });
     let facts = facts(job, &generator, &ort.version);
-    eprintln!(
+    crate::say!(
         "worker: onnx runtime {} from {} ({}), provider {}, attention {}, DiT kernels {}, VAE kernels {}{}",
         ort.version,
         ort.location.path.display(),
@@ -254,7 +251,7 @@ fn keep(
         }
         _ => None,
     };
-    save_outputs(job, generated)?;
+    let kept_bytes = save_outputs(job, generated)?;
     let t = &generated.times;
     let record = TimingRecord {
         process: job.label.process,
@@ -273,6 +270,7 @@ fn keep(
         config_hash: job.config_hash.clone(),
         prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
         video,
+        kept_bytes,
         process_start,
         one_time: Some(generated.one_time).filter(|w| !w.is_empty()),
     };
@@ -284,8 +282,13 @@ fn keep(
 
 /// The kept latents and frames (`outputs.save_latents`, `outputs.save_frames`, or `--save-latents`
 /// and `--save-frames`): raw little-endian arrays, each written whole or not at all, so that a
-/// crash leaves no partial array for `runner compare` to read.
-fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError> {
+/// crash leaves no partial array for `runner compare` to read. Gives the size of each written,
+/// by kind, for the prompt's timing record.
+fn save_outputs(
+    job: &JobSpec,
+    generated: &Generated,
+) -> Result<std::collections::BTreeMap<String, u64>, WorkerError> {
+    let mut sizes = std::collections::BTreeMap::new();
     let write = |path: PathBuf, bytes: &[u8]| {
         crate::atomic_file::write_making_folder(&path, bytes).map_err(|e| write_error(&path, e))
     };
@@ -297,14 +300,19 @@ fn save_outputs(job: &JobSpec, generated: &Generated) -> Result<(), WorkerError>
             .flat_map(|v| v.to_le_bytes())
             .collect();
         write(dir.join(ArrayKind::Latents.file_name(index)), &bytes)?;
+        sizes.insert(ArrayKind::Latents.dir().to_string(), bytes.len() as u64);
     }
     if let Some(dir) = job.frames.as_ref().filter(|_| !generated.frames.is_empty()) {
         write(
             dir.join(ArrayKind::Frames.file_name(index)),
             &generated.frames,
         )?;
+        sizes.insert(
+            ArrayKind::Frames.dir().to_string(),
+            generated.frames.len() as u64,
+        );
     }
-    Ok(())
+    Ok(sizes)
 }
 
 /// `--bench`'s line: means over the measured round.

@@ -192,7 +192,26 @@ pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, String> {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(toml::Value::Array),
-        ValueType::Text => Ok(toml::Value::String(t.to_string())),
+        ValueType::Text => Ok(toml::Value::String(unquote(t)?)),
+    }
+}
+
+/// A text value as given, or the string inside TOML quotes (`"x"`, `'x'`), as the value would be
+/// written in a manifest: `--set name="abc"` is the name `abc`, not `"abc"`.
+pub(super) fn unquote(t: &str) -> Result<String, String> {
+    let quoted = t.len() >= 2
+        && ((t.starts_with('"') && t.ends_with('"')) || (t.starts_with('\'') && t.ends_with('\'')));
+    if !quoted {
+        return Ok(t.to_string());
+    }
+    match toml::from_str::<toml::Table>(&format!("v = {t}")) {
+        Ok(table) => match table.get("v") {
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            _ => Err(format!("`{t}` is not a quoted string")),
+        },
+        Err(_) => Err(format!(
+            "`{t}` is not a TOML string; write it without quotes, or as a TOML string"
+        )),
     }
 }
 
@@ -694,6 +713,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn quoted_text_values_lose_their_quotes() {
+        let mut errors = vec![];
+        let layer = flag_layer(
+            &[
+                "staging.work_root='/tmp/x y'".into(),
+                "outputs.dir=plain".into(),
+            ],
+            &[],
+            &mut errors,
+        );
+        assert!(errors.is_empty(), "{errors:?}");
+        let text = |k: &str| layer.entries[k].value.as_str().unwrap().to_string();
+        assert_eq!(text("staging.work_root"), "/tmp/x y");
+        assert_eq!(text("outputs.dir"), "plain");
+        let mut errors = vec![];
+        flag_layer(&["outputs.dir=\"a\"b\"".into()], &[], &mut errors);
+        assert_eq!(errors.len(), 1, "{errors:?}");
     }
 
     #[test]

@@ -319,7 +319,8 @@ fn run_name(
     let flag_name = req.sets.iter().find_map(|s| s.strip_prefix("name="));
     let (name_text, name_origin, name_excerpt) = match (flag_name, top.leaves.get("name")) {
         (Some(n), _) => (
-            n.to_string(),
+            // Quoted as in a manifest (`--set name="x"`) is the name inside the quotes.
+            super::layers::unquote(n.trim()).unwrap_or_else(|_| n.to_string()),
             Origin::Flag {
                 arg: format!("--set name={n}"),
             },

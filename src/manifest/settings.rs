@@ -203,8 +203,10 @@ pub struct Runtime {
     /// first layer with GELU and (exporter 0.10.0 and later) its self-attention: `unstep` (the
     /// runner's own fused CUDA kernels, on the bundle's `dit_fused` graph), `onnxruntime` (the
     /// stock kernels, on `dit`), or `auto` (the runner's on CUDA when the bundle has `dit_fused`
-    /// and NVRTC, cuBLASLt and cuDNN load; with a 0.10.0 bundle, only for fp16 and
-    /// `attention_backend` auto or cudnn_flash).
+    /// and NVRTC, cuBLASLt and cuDNN load; with a 0.10.0 bundle, not for fp32 bundles). The
+    /// fused DiT's self-attention is the runner's call of cuDNN's flash attention with
+    /// `attention_backend` auto or cudnn_flash, and ONNX Runtime's `MultiHeadAttention` with the
+    /// kernel the setting selects otherwise.
     pub dit_kernels: FusedKernels,
     /// Kernels for the VAE decoder's norms and SiLU: `unstep` (the runner's own fused kernels,
     /// on the bundle's `vae_first_fused` / `vae_step_fused` graphs), `onnxruntime`, or `auto`
@@ -228,7 +230,12 @@ pub struct Cache {
     /// only when no other jobs use those caches. A run's processes never read them (each has its
     /// own). Env: `UNSTEP_CLEAR_GLOBAL_RUNTIME_CACHES`.
     pub clear_global: bool,
-    /// Where shared-mode state lives. Env: `UNSTEP_SHARED_RUNTIME_STATE_DIR`.
+    /// Where shared-mode state lives, per shard. Env: `UNSTEP_SHARED_RUNTIME_STATE_DIR`. The
+    /// default, `.runtime_state/full946_generation`, is one folder for every generation, as the
+    /// benchmark guide has it: an ablation (`sigma001`) starts warm from the state `full946`
+    /// left, and is labelled warm-cache. The runner's caches there are keyed by the bundle's
+    /// contents (prompt contexts) or by kernel and shape (compiled kernels, convolution and
+    /// attention plans), so a run of another bundle does not take its state as its own.
     pub shared_state_dir: String,
     /// Where a probe's compiler state lives. Env: `UNSTEP_RUN_STATE_ROOT`.
     pub run_state_root: String,
@@ -419,6 +426,10 @@ pub enum ExecutorKind {
     Slurm,
 }
 
+/// The default `cache.shared_state_dir`: one folder every shared-cache generation warms and
+/// reuses (the benchmark guide's default).
+pub const SHARED_STATE_DIR: &str = ".runtime_state/full946_generation";
+
 impl Manifest {
     /// The built-in defaults for a kind of run named `name`: the lowest layer.
     pub fn defaults(kind: Kind, name: &str) -> Manifest {
@@ -471,7 +482,7 @@ impl Manifest {
                 mode: CacheMode::Isolated,
                 scope: CacheScope::RunGpu,
                 clear_global: false,
-                shared_state_dir: format!(".runtime_state/{name}"),
+                shared_state_dir: SHARED_STATE_DIR.into(),
                 run_state_root: format!("results/{name}/runtime_state"),
                 reuse_runtime_state: false,
             },

@@ -15,6 +15,8 @@ pub enum ReportError {
     NoRun { name: String, results: PathBuf },
     #[error("no run directory at {}", path.display())]
     NoRunDir { path: PathBuf },
+    #[error("the run name is empty")]
+    EmptyName,
     #[error("{} has no {RUN_JSON}", dir.display())]
     NoRunRecord { dir: PathBuf },
     #[error(transparent)]
@@ -32,6 +34,10 @@ impl crate::exit::Failure for ReportError {
             ReportError::NoRunDir { .. } => {
                 Some("pass a run name under --results DIR, or a run directory".into())
             }
+            ReportError::EmptyName => Some(
+                "pass a run's name (`runner runs` lists them) or the path of a run directory"
+                    .into(),
+            ),
             ReportError::NoRunRecord { .. } => Some(format!(
                 "a run directory holds {RUN_JSON} from its start on; this one is not a run, or \
                  its run never started: re-run `runner apply`"
@@ -67,6 +73,9 @@ pub struct LoadedRun {
 
 /// Finds the directory of `run`: a run name under `results`, else a path to a run directory.
 pub fn locate(run: &str, results: &Path) -> Result<PathBuf, ReportError> {
+    if run.trim().is_empty() {
+        return Err(ReportError::EmptyName);
+    }
     let by_name = results.join(run);
     if run.parse::<crate::manifest::RunName>().is_ok() && by_name.is_dir() {
         return Ok(by_name);

@@ -217,12 +217,7 @@ fn noise_differs(a: &LoadedRun, b: &LoadedRun) -> Option<String> {
 /// pairs to `each`; an error names the file and says why.
 fn read_pairs(a: &Path, b: &Path, mut each: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
     let open = |p: &Path| -> Result<(File, u64), String> {
-        let file = File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-        let len = file
-            .metadata()
-            .map_err(|e| format!("cannot read {}: {e}", p.display()))?
-            .len();
-        Ok((file, len))
+        crate::results::files::open_regular(p, u64::MAX).map_err(|e| e.to_string())
     };
     let ((mut fa, la), (mut fb, lb)) = (open(a)?, open(b)?);
     if la != lb {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::load::{LoadedRun, ReportError, load_run};
-use crate::results::records::{ProcessRole, SettingRecord};
+use crate::results::records::{ProcessRole, RunStatus, SettingRecord};
 use crate::results::{RUN_JSON, RunRecord};
 
 /// One run of a results folder, as `runner runs` lists it.
@@ -17,8 +17,9 @@ pub struct RunRow {
     pub run: String,
     /// `probe` or `generation`; absent when the record cannot be read.
     pub kind: Option<String>,
-    /// `running`, `succeeded`, `failed`, `interrupted` (as `runner report` tells them), or
-    /// `unreadable` when `run.json` cannot be read.
+    /// `running`, `succeeded`, `failed`, `interrupted` (as `runner report` tells them),
+    /// `incomplete` (a generation recorded as succeeded some of whose prompts are not complete
+    /// now), or `unreadable` when `run.json` cannot be read.
     pub status: String,
     /// Prompts measured (a probe) or generated (a generation) so far.
     pub prompts_done: Option<usize>,
@@ -34,6 +35,11 @@ pub struct RunRow {
     /// Why the record cannot be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The run its record names, when that is not the folder's name: the folder is a copy of a
+    /// run (or a run moved under another name), whose record still names the original's
+    /// folders.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy_of: Option<String>,
 }
 
 impl RunRow {
@@ -49,11 +55,25 @@ impl RunRow {
             .filter(|p| p.role == role)
             .map(|p| p.prompts)
             .sum();
+        // A generation's prompts are done when complete (`results::completeness`), as
+        // `runner status` and `runner plan` count them; a probe's when measured.
+        let (done, planned) = match r.kind {
+            crate::manifest::Kind::Generation => {
+                crate::results::completeness::record_counts(&run.dir, r)
+            }
+            crate::manifest::Kind::Probe => (run.summary.count, planned),
+        };
+        let status = match r.status {
+            RunStatus::Succeeded | RunStatus::EvaluationFailed if done < planned => {
+                "incomplete".to_string()
+            }
+            s => s.as_str().to_string(),
+        };
         RunRow {
             run: run.name.clone(),
             kind: Some(r.kind.as_str().to_string()),
-            status: r.status.as_str().to_string(),
-            prompts_done: Some(run.summary.count),
+            status,
+            prompts_done: Some(done),
             prompts_planned: Some(planned),
             warm_mean_s: run.summary.timed_total.warm_mean_excluding_first,
             weights: r.weights.as_ref().map(super::render::weights_of),
@@ -61,6 +81,7 @@ impl RunRow {
             ended_at: r.ended_at.clone(),
             dir: run.dir.clone(),
             error: None,
+            copy_of: None,
         }
     }
 
@@ -78,12 +99,14 @@ impl RunRow {
             ended_at: None,
             dir: dir.to_path_buf(),
             error: None,
+            copy_of: None,
         }
     }
 }
 
-/// The runs under `results`: every folder holding a `run.json`, oldest start first (runs whose
-/// record cannot be read last, by name).
+/// The runs under `results`: every folder holding a `run.json`, each under the folder's name,
+/// oldest start first (runs whose record cannot be read last, by name). A folder whose record
+/// names another run (a copy) is marked with the run it names.
 pub fn list_runs(results: &Path) -> std::io::Result<Vec<RunRow>> {
     let mut rows = Vec::new();
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(results)?
@@ -98,7 +121,13 @@ pub fn list_runs(results: &Path) -> std::io::Result<Vec<RunRow>> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         rows.push(match load_run(&dir) {
-            Ok(run) => RunRow::of(&run),
+            Ok(run) => {
+                let mut row = RunRow::of(&run);
+                if row.run != name {
+                    row.copy_of = Some(std::mem::replace(&mut row.run, name));
+                }
+                row
+            }
             Err(e) => RunRow {
                 error: Some(e.to_string()),
                 ..RunRow::without_record(&name, &dir, "unreadable")
@@ -116,9 +145,21 @@ pub fn list_runs(results: &Path) -> std::io::Result<Vec<RunRow>> {
 }
 
 /// The rows as a table: run, kind, status, prompts done of planned, warm mean, the weights'
-/// source, start.
+/// source, start; a copy's name is marked `*` and explained below.
 pub fn runs_table(rows: &[RunRow]) -> String {
-    let width = rows.iter().map(|r| r.run.len()).max().unwrap_or(0).max(3);
+    let shown = |r: &RunRow| {
+        if r.copy_of.is_some() {
+            format!("{}*", r.run)
+        } else {
+            r.run.clone()
+        }
+    };
+    let width = rows
+        .iter()
+        .map(|r| shown(r).len())
+        .max()
+        .unwrap_or(0)
+        .max(3);
     let weights_width = rows
         .iter()
         .map(|r| r.weights.as_deref().unwrap_or("-").len())
@@ -139,7 +180,7 @@ pub fn runs_table(rows: &[RunRow]) -> String {
         let _ = writeln!(
             t,
             "  {:<width$}  {:<10}  {:<11}  {:>9}  {:>13}  {:<weights_width$}  {}",
-            r.run,
+            shown(r),
             r.kind.as_deref().unwrap_or("-"),
             r.status,
             prompts,
@@ -152,6 +193,14 @@ pub fn runs_table(rows: &[RunRow]) -> String {
     for r in rows {
         if let Some(e) = &r.error {
             let _ = writeln!(t, "note: `{}`: {e}", r.run);
+        }
+        if let Some(original) = &r.copy_of {
+            let _ = writeln!(
+                t,
+                "note: `{}`*: its record is of run `{original}` (a copy, or a run folder moved \
+                 under another name); its staging and runtime state are `{original}`'s",
+                r.run
+            );
         }
     }
     t

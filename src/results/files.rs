@@ -35,6 +35,10 @@ pub enum RecordError {
         line: usize,
         source: serde_json::Error,
     },
+    /// A record's path names something that is not a regular file (a FIFO, a device, a
+    /// folder), or a file larger than any record the runner writes.
+    #[error("cannot read {}: {reason}", path.display())]
+    NotARecord { path: PathBuf, reason: String },
 }
 
 impl RecordError {
@@ -119,12 +123,100 @@ fn cut_torn_tail(f: &mut File) -> io::Result<()> {
     f.set_len(keep)
 }
 
-/// Reads a JSON file written by [`write_json_atomic`].
-pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, RecordError> {
-    let text = fs::read_to_string(path).map_err(|source| RecordError::Read {
+/// The largest JSON record read (`run.json`, `summary.json`, `videos.json`, a task report).
+pub const RECORD_LIMIT: u64 = 64 << 20;
+/// The largest timing file read (a process's records; a 946-prompt shard writes under 1 MiB).
+pub const TIMINGS_LIMIT: u64 = 256 << 20;
+
+/// Opens the file at `path` for reading, which must be a regular file (a symbolic link to one
+/// is followed) of at most `limit` bytes; gives it with its length. Every reader of a run's
+/// records and outputs opens them here, so that one replaced by a FIFO or a device fails at
+/// once instead of blocking the reader, and a huge one is refused instead of filling memory.
+///
+/// The type is checked before the file is opened, and again on the opened file: the open is
+/// non-blocking, so a FIFO swapped in between the two does not block it either.
+pub fn open_regular(path: &Path, limit: u64) -> Result<(File, u64), RecordError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let read_err = |source| RecordError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let check = |meta: &fs::Metadata| -> Result<u64, RecordError> {
+        let t = meta.file_type();
+        let kind = if t.is_file() {
+            None
+        } else if t.is_dir() {
+            Some("a folder")
+        } else if t.is_fifo() {
+            Some("a named pipe")
+        } else if t.is_char_device() || t.is_block_device() {
+            Some("a device")
+        } else if t.is_socket() {
+            Some("a socket")
+        } else {
+            Some("not a plain file")
+        };
+        if let Some(kind) = kind {
+            return Err(RecordError::NotARecord {
+                path: path.to_path_buf(),
+                reason: format!("it is {kind}, not a regular file"),
+            });
+        }
+        if meta.len() > limit {
+            return Err(RecordError::NotARecord {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "it holds {} bytes, more than the {limit} a file of a run may have",
+                    meta.len()
+                ),
+            });
+        }
+        Ok(meta.len())
+    };
+    check(&fs::metadata(path).map_err(read_err)?)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read_err)?;
+    let len = check(&file.metadata().map_err(read_err)?)?;
+    Ok((file, len))
+}
+
+/// Reads a whole file opened by [`open_regular`].
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, RecordError> {
+    let (file, len) = open_regular(path, limit)?;
+    // A file that grows while it is read stops at the limit too.
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| RecordError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if bytes.len() as u64 > limit {
+        return Err(RecordError::NotARecord {
+            path: path.to_path_buf(),
+            reason: format!("it grew past {limit} bytes while it was read"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// [`read_bounded`] of a UTF-8 text file.
+pub fn read_bounded_text(path: &Path, limit: u64) -> Result<String, RecordError> {
+    String::from_utf8(read_bounded(path, limit)?).map_err(|e| RecordError::NotARecord {
+        path: path.to_path_buf(),
+        reason: format!(
+            "it is not UTF-8 text (byte {})",
+            e.utf8_error().valid_up_to()
+        ),
+    })
+}
+
+/// Reads a JSON file written by [`write_json_atomic`].
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, RecordError> {
+    let text = read_bounded_text(path, RECORD_LIMIT)?;
     serde_json::from_str(&text).map_err(|source| RecordError::Json {
         path: path.to_path_buf(),
         source,
@@ -155,11 +247,13 @@ pub fn read_process_timings(run_dir: &Path) -> ProcessTimings {
     files.sort();
     let mut out = ProcessTimings::default();
     for file in files {
-        let Ok(text) = fs::read_to_string(&file) else {
-            out.damaged
-                .push(format!("{}: not readable as UTF-8 text", file.display()));
-            out.damaged_files.push(file);
-            continue;
+        let text = match read_bounded_text(&file, TIMINGS_LIMIT) {
+            Ok(text) => text,
+            Err(e) => {
+                out.damaged.push(e.to_string());
+                out.damaged_files.push(file);
+                continue;
+            }
         };
         let (records, bad) = parse_timing_lines(&text);
         out.records.extend(records);
@@ -176,10 +270,7 @@ pub fn read_process_timings(run_dir: &Path) -> ProcessTimings {
 /// Rewrites a timing file with only its lines that parse (atomically); the damaged original is
 /// kept beside it as `<name>.damaged` for inspection.
 pub fn repair_timings(path: &Path) -> Result<(), RecordError> {
-    let text = fs::read(path).map_err(|source| RecordError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = read_bounded(path, TIMINGS_LIMIT)?;
     let text = String::from_utf8_lossy(&text);
     let good: String = text
         .lines()
@@ -195,10 +286,7 @@ pub fn repair_timings(path: &Path) -> Result<(), RecordError> {
 /// Reads `timings.jsonl`. An unparseable final line is what a crash in the middle of an append
 /// leaves, so it is ignored; an unparseable line anywhere else is an error.
 pub fn read_timings(path: &Path) -> Result<Vec<TimingRecord>, RecordError> {
-    let text = fs::read_to_string(path).map_err(|source| RecordError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = read_bounded_text(path, TIMINGS_LIMIT)?;
     match parse_timing_lines(&text) {
         (records, bad) if bad.is_empty() => Ok(records),
         (_, mut bad) => {
@@ -256,6 +344,7 @@ pub(crate) mod tests {
             config_hash: "abc".into(),
             prompt_sha256: None,
             video: None,
+            kept_bytes: Default::default(),
             process_start: None,
             one_time: None,
         }

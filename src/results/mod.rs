@@ -2,9 +2,11 @@
 //! statistics, the config hash, and crash-safe writing and reading.
 
 pub mod arrays;
+pub mod completeness;
 pub mod files;
 pub mod hash;
 pub mod names;
+pub mod owner;
 pub mod records;
 pub mod scores;
 pub mod stats;

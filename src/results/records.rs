@@ -109,6 +109,11 @@ pub struct TimingRecord {
     pub prompt_sha256: Option<String>,
     /// The video, relative to the run directory, when one was kept.
     pub video: Option<String>,
+    /// The size in bytes of each array kept for the prompt, by kind (`latents`, `frames`), as
+    /// written: a kept array of another size is not this prompt's whole output. Absent when none
+    /// was kept, and in records of earlier runners.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kept_bytes: BTreeMap<String, u64>,
     /// On the first prompt a process recorded: how long the process took to get its sessions
     /// ready, and where that went. Absent on the others, and in records of earlier runners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -305,6 +310,10 @@ pub struct ProcessRecord {
     pub prompts: usize,
     pub first_prompt: Option<u32>,
     pub last_prompt: Option<u32>,
+    /// The process's prompts, when they are not every index from the first to the last (a
+    /// shard of a sparse `prompts.indices`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indices: Vec<u32>,
     /// The plan's cache key tag of the process (`run/gpu0/shard3`): which run, slot and shard
     /// its cache entries belong to. A label for provenance; the entries a process keeps are keyed
     /// by graph and shape, so the shards of one slot reuse them (the cache scope decides
@@ -396,6 +405,11 @@ pub struct RunRecord {
     /// The sweep point this run is, when its manifest has a `[sweep]` table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepRecord>,
+    /// The prompt file the run read (resolved), which `runner status`, `runner runs` and
+    /// `runner evaluate` read again: a prompt whose text changed since its video was made is not
+    /// complete. Absent in records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts_file: Option<PathBuf>,
     /// Where the run keeps what is not results (`runner clean` removes it). Absent in records
     /// of earlier runners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -568,6 +582,12 @@ impl RunRecord {
                 first_prompt: p.prompts.first().copied(),
                 last_prompt: p.prompts.last().copied(),
                 skipped: None,
+                indices: match (p.prompts.first(), p.prompts.last()) {
+                    (Some(a), Some(b)) if (b - a) as usize + 1 != p.prompts.len() => {
+                        p.prompts.clone()
+                    }
+                    _ => Vec::new(),
+                },
             })
             .collect();
         RunRecord {
@@ -632,6 +652,10 @@ impl RunRecord {
             processes,
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),
+            prompts_file: (m.kind == Kind::Generation).then(|| {
+                std::path::absolute(&resolved.paths.prompts_file)
+                    .unwrap_or_else(|_| resolved.paths.prompts_file.clone())
+            }),
             slurm: None,
             evaluation: super::scores::EvaluationRecord::of(resolved),
         }

@@ -22,6 +22,9 @@ pub const VIDEOS_JSON: &str = "videos.json";
 /// The folder of a generation's videos, in the run folder.
 pub const VIDEOS_DIR: &str = "videos";
 
+/// The largest video hashed into the index.
+const VIDEO_LIMIT: u64 = 4 << 30;
+
 /// One complete video.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VideoEntry {
@@ -73,10 +76,10 @@ pub fn write(
             continue;
         }
         let path = run_dir.join(video);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match super::files::read_bounded(&path, VIDEO_LIMIT) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(RecordError::Read { path, source }),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e),
         };
         index.videos.push(VideoEntry {
             index: prompt,

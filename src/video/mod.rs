@@ -139,10 +139,14 @@ fn write_atomically(
     })
 }
 
+/// The largest video checked: far above what the runner writes (81 frames of 480×832 take a few
+/// MB), small enough to read into memory.
+const MP4_LIMIT: u64 = 4 << 30;
+
 /// Checks that the file at `path` is a whole MP4 (what [`write_mp4`] leaves): a file cut short
 /// or emptied by a crash, or not an MP4 at all, is an error saying what is wrong.
 pub fn check_mp4(path: &Path) -> Result<(), String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let bytes = crate::results::files::read_bounded(path, MP4_LIMIT).map_err(|e| e.to_string())?;
     mp4::check_complete(&bytes)
 }
 

@@ -1041,3 +1041,32 @@ fn a_generation_of_fewer_prompts_than_shards_skips_the_empty_ones() {
     assert_eq!(videos(&run_dir).len(), 1);
     assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
 }
+
+/// Without an ONNX Runtime to load, an apply is refused before anything is written (not failed in
+/// its workers after staging, whose snapshot would then block the next apply).
+#[test]
+fn a_missing_onnx_runtime_is_refused_before_staging() {
+    let t = Test::new();
+    std::fs::write(
+        t.path().join("no_ort.toml"),
+        manifest(&t, "probe", "").replace("[prompts]\n", "[prompts]\nindices = \"0\"\n"),
+    )
+    .unwrap();
+    let empty = t.path().join("no-onnxruntime-here");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = t
+        .cmd()
+        .env("UNSTEP_ORT_CACHE_DIR", empty.to_str().unwrap())
+        .env("ORT_DYLIB_PATH", "")
+        .env("PATH", "/usr/bin:/bin")
+        .args(["apply", "--quiet", "no_ort.toml"])
+        .run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("ONNX Runtime") && out.stderr.contains("runner doctor"),
+        "{}",
+        out.render()
+    );
+    assert!(!t.path().join("results").exists(), "{}", out.render());
+    assert!(!t.path().join("work").exists(), "{}", out.render());
+}

@@ -820,6 +820,26 @@ fn worker_is_hidden_from_the_top_level_help_and_documents_its_flags() {
     ] {
         assert!(text.contains(flag), "worker --help lacks {flag}");
     }
+    // `apply --help` points at the broader worker flags and at the method table.
+    let apply = runner(&["apply", "--help"]);
+    let text = String::from_utf8_lossy(&apply.stdout);
+    assert!(
+        text.contains("`runner worker --help`") && text.contains("docs/settings.md"),
+        "{text}"
+    );
+    let settings =
+        std::fs::read_to_string(crate::support::repo().join("docs/settings.md")).unwrap();
+    for key in [
+        "clean_sigma",
+        "timestep_shift",
+        "frames_per_block",
+        "svd_rank",
+    ] {
+        assert!(
+            settings.contains(&format!("| `{key}` |")),
+            "docs/settings.md's method table lacks {key}"
+        );
+    }
 }
 
 #[test]
@@ -1216,9 +1236,9 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
         assert_eq!(ok(Auto, part, &Provider::Cpu, bundle), Onnxruntime);
         assert_eq!(ok(Auto, part, &trt, bundle), Onnxruntime);
     }
-    // The fused DiT's self-attention is cuDNN's flash attention: `auto` keeps the standard graph
-    // (every attention ONNX Runtime's) for an fp32 bundle or another attention backend, and
-    // `unstep` asked for by name says why not. Exporter 0.9.0's fused DiT had ONNX Runtime's.
+    // The fused DiT's self-attention runs on CUDA for fp16 bundles: `auto` keeps the standard
+    // graph (every attention ONNX Runtime's) for an fp32 bundle, and `unstep` asked for by name
+    // says why not. Exporter 0.9.0's fused DiT had ONNX Runtime's.
     use unstep::engine::AttentionBackend;
     let cuda_with = |attention| {
         Provider::Cuda(CudaOptions {
@@ -1234,17 +1254,19 @@ fn fused_kernels_the_bundle_or_provider_cannot_run_are_refused_before_any_work()
             && e.contains("--dit-kernels onnxruntime"),
         "{e}"
     );
+    // Another attention backend keeps the fused DiT with an fp16 bundle: its self-attention is
+    // then ONNX Runtime's MultiHeadAttention in place of the runner's call.
     for kernel in [
         AttentionBackend::Flash,
+        AttentionBackend::Fa2,
         AttentionBackend::Efficient,
         AttentionBackend::Math,
     ] {
-        assert_eq!(ok(Auto, Dit, &cuda_with(kernel), &fp16), Onnxruntime);
-        let e = error(Dit, &cuda_with(kernel), &fp16);
-        assert!(
-            e.contains(&format!("attention_backend = \"{}\"", kernel.name()))
-                && e.contains("\"cudnn_flash\""),
-            "{e}"
+        assert_eq!(ok(Auto, Dit, &cuda_with(kernel), &fp16), auto_on_cuda);
+        assert_eq!(ok(Unstep, Dit, &cuda_with(kernel), &fp16), Unstep);
+        assert_eq!(
+            unstep::engine::DitAttention::of(Unstep, &cuda_with(kernel), &fp16.manifest),
+            unstep::engine::DitAttention::OnnxRuntimeInFused
         );
     }
     assert_eq!(

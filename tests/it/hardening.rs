@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::apply::{generation, read_json, shard_prompts, spawn_apply, videos};
-use crate::support::{Test, processes_with};
+use crate::support::{Test, processes_with, repo};
 
 /// Waits until `path` holds at least `lines` lines.
 fn wait_for_lines(path: &std::path::Path, lines: usize, what: &str) {
@@ -505,4 +505,223 @@ fn staging_inside_the_manifests_checkout_is_refused() {
     );
     assert!(!t.path().join("project/stage").exists());
     assert!(!t.path().join("project/results").exists());
+}
+
+/// A generation of prompts 0-3 in two shards (0-1 and 2-3) read from a copy of the tiny prompt
+/// file, with an evaluation that counts its runs in `evaluations.txt` and scores one dimension;
+/// returns the prompt file.
+fn counted_generation(t: &Test, name: &str) -> std::path::PathBuf {
+    let tiny = std::fs::read_to_string(repo().join("assets/prompts/tiny.txt")).unwrap();
+    let prompts = t.path().join("p.txt");
+    std::fs::write(&prompts, tiny).unwrap();
+    let path = generation(t, name, "0-3");
+    // The script writes `{"color": 0.5}` (braces as octal escapes: they mark placeholders).
+    let evaluation = format!(
+        "[evaluation]\ncommand = [\"sh\", \"-c\", \"echo run >> \\\"$1\\\"; printf \
+         '\\\\173\\\"color\\\": 0.5\\\\175' > \\\"$2/out.json\\\"\", \"sh\", \"{}\", \
+         \"{{eval_dir}}\"]\ndimensions = [\"color\"]\nscores_file = \"out.json\"\n",
+        t.path().join("evaluations.txt").display()
+    );
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        &repo().join("assets/prompts/tiny.txt").display().to_string(),
+        &prompts.display().to_string(),
+    ) + &evaluation;
+    std::fs::write(&path, text).unwrap();
+    prompts
+}
+
+fn evaluations(t: &Test) -> usize {
+    std::fs::read_to_string(t.path().join("evaluations.txt")).map_or(0, |s| s.lines().count())
+}
+
+/// Whether a prompt is complete is one test that `apply --shard`, `status`, `runs`, `plan` and
+/// `evaluate` share: after shard 1 loses a video and a prompt's text changes, an apply of shard
+/// 0 leaves the run partial, runs no evaluation and touches none of shard 1's files, and every
+/// command counts the same prompts done.
+#[test]
+fn a_shard_apply_never_calls_a_run_with_a_lost_video_complete() {
+    let t = Test::new();
+    let prompts = counted_generation(&t, "gen");
+    let run_dir = t.path().join("results/gen");
+    let first = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
+    assert_eq!(first.code, 0, "{}", first.render());
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
+    assert_eq!(evaluations(&t), 1);
+
+    // Shard 1 (prompts 2 and 3): prompt 3's video is deleted, prompt 2's text edited.
+    let made = videos(&run_dir);
+    let tiny = std::fs::read_to_string(&prompts).unwrap();
+    let mut lines: Vec<&str> = tiny.lines().collect();
+    let (old2, old3) = (lines[2].to_string(), lines[3].to_string());
+    let video_of = |text: &str| {
+        made.iter()
+            .map(|(n, _)| n.clone())
+            .find(|n| n.starts_with(text))
+            .unwrap_or_else(|| panic!("no video of {text}"))
+    };
+    let (video2, video3) = (video_of(&old2), video_of(&old3));
+    std::fs::remove_file(run_dir.join("videos").join(&video3)).unwrap();
+    lines[2] = "a red kite over a grey sea";
+    std::fs::write(&prompts, lines.join("\n") + "\n").unwrap();
+
+    let shard0 = t
+        .cmd()
+        .args(["apply", "--quiet", "gen.toml", "--shard", "0"])
+        .run();
+    assert_eq!(shard0.code, 0, "{}", shard0.render());
+    let run = read_json(&run_dir.join("run.json"));
+    assert_eq!(run["status"], "partial", "{}", run["failure"]);
+    assert_eq!(evaluations(&t), 1, "no evaluation of an incomplete set");
+    // Shard 1's stale video is shard 1's apply's to replace.
+    assert!(run_dir.join("videos").join(&video2).is_file());
+
+    let status = t.cmd().args(["status", "gen", "--json"]).run();
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(
+        (status["prompts_done"].as_u64(), status["prompts"].as_u64()),
+        (Some(2), Some(4))
+    );
+    let runs = t.cmd().args(["runs", "--json"]).run();
+    let runs: serde_json::Value = serde_json::from_str(&runs.stdout).unwrap();
+    assert_eq!(runs[0]["prompts_done"], 2, "{runs}");
+    let plan = t.cmd().args(["plan", "gen.toml", "--json"]).run();
+    let plan: serde_json::Value = serde_json::from_str(&plan.stdout).unwrap();
+    assert_eq!(
+        plan["results_state"]["done"], 2,
+        "{}",
+        plan["results_state"]
+    );
+
+    // `runner evaluate` refuses the incomplete set with the count, and scores it when forced.
+    // The record says partial: make it say succeeded, as the apply above used to.
+    let mut record = run.clone();
+    record["status"] = "succeeded".into();
+    std::fs::write(run_dir.join("run.json"), record.to_string()).unwrap();
+    let status = t.cmd().args(["status", "gen"]).run();
+    assert!(
+        status.stdout.contains("status   incomplete") && status.stdout.contains("2 of 4 done"),
+        "{}",
+        status.render()
+    );
+    let refused = t.cmd().args(["evaluate", "gen"]).run();
+    assert_eq!(refused.code, 2, "{}", refused.render());
+    assert!(
+        refused
+            .stderr
+            .contains("has 2 of its 4 prompts not complete")
+            && refused.stderr.contains("--force"),
+        "{}",
+        refused.render()
+    );
+    assert_eq!(evaluations(&t), 1);
+    let forced = t.cmd().args(["evaluate", "gen", "--force"]).run();
+    assert_eq!(forced.code, 0, "{}", forced.render());
+    assert_eq!(evaluations(&t), 2);
+
+    // Shard 1's apply makes its two prompts again; the run is complete and evaluated.
+    let shard1 = t
+        .cmd()
+        .args(["apply", "--quiet", "gen.toml", "--shard", "1"])
+        .run();
+    assert_eq!(shard1.code, 0, "{}", shard1.render());
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
+    assert!(!run_dir.join("videos").join(&video2).exists());
+    assert_eq!(shard_prompts(&run_dir), [0, 1, 2, 2, 3, 3]);
+    let status = t.cmd().args(["status", "gen"]).run();
+    assert!(status.stdout.contains("4 of 4 done"), "{}", status.render());
+}
+
+/// Runs `runner ARGS` in `t`, failing when it takes longer than `limit`.
+fn within(t: &Test, args: &[&str], limit: Duration) -> (Option<i32>, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .current_dir(t.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            return (out.status.code(), text);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`runner {}` still runs after {limit:?}", args.join(" "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A run.json that is a FIFO (or another non-file) fails every reader at once, saying what it
+/// is; `runner runs` lists that run as unreadable and goes on with the others.
+#[test]
+fn records_that_are_not_regular_files_fail_their_readers_at_once() {
+    let t = Test::new();
+    let run_dir = t.path().join("results/pipe");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let fifo = std::ffi::CString::new(run_dir.join("run.json").display().to_string()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let limit = Duration::from_secs(20);
+    for args in [
+        vec!["report", "pipe"],
+        vec!["status", "pipe"],
+        vec!["compare", "pipe", "pipe"],
+        vec!["diff", "pipe", "pipe"],
+        vec!["evaluate", "pipe"],
+        vec!["clean", "pipe"],
+    ] {
+        let (code, text) = within(&t, &args, limit);
+        assert!(matches!(code, Some(2 | 3)), "{args:?}: {code:?} {text}");
+        assert!(
+            text.contains("it is a named pipe, not a regular file"),
+            "{args:?}: {text}"
+        );
+    }
+    let (code, text) = within(&t, &["runs"], limit);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("pipe ") && l.contains("unreadable")),
+        "{text}"
+    );
+}
+
+/// `runner apply … 2>&1 | head -1`: the reader of its output goes away after the first line;
+/// the apply finishes the run and its records all the same, and exits as the run did.
+#[test]
+fn an_apply_whose_output_pipe_closes_finishes_its_run() {
+    let t = Test::new();
+    generation(&t, "gen", "0-3");
+    let run_dir = t.path().join("results/gen");
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            "\"$0\" apply gen.toml 2>&1 | head -1; echo \"apply exited ${PIPESTATUS[0]}\"",
+            env!("CARGO_BIN_EXE_runner"),
+        ])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("apply exited 0"), "{stdout}");
+    let run = read_json(&run_dir.join("run.json"));
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert!(run_dir.join("summary.json").is_file() && run_dir.join("videos.json").is_file());
+    assert_eq!(videos(&run_dir).len(), 4);
+    assert!(
+        !t.path().join("work/gen").exists(),
+        "the staging is removed"
+    );
 }

@@ -602,3 +602,32 @@ fn the_docs_list_every_environment_variable() {
         .collect();
     assert_eq!(listed, known, "the other environment variables");
 }
+
+/// A text setting given on the command line as a TOML string is the text inside the quotes, as
+/// it would be in a manifest: `--set name="x"` names the run `x`.
+#[test]
+fn quoted_set_values_are_the_text_inside_the_quotes() {
+    let t = full946_checkout();
+    let out = t
+        .cmd()
+        .args([
+            "plan",
+            "--json",
+            "experiments/full946.toml",
+            "--set",
+            "name=\"quoted\"",
+            "--set",
+            "outputs.dir='out dir'",
+        ])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(plan["run"], "quoted");
+    assert!(
+        plan["run_dir"]
+            .as_str()
+            .unwrap()
+            .ends_with("out dir/quoted"),
+        "{plan}"
+    );
+}

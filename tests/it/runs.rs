@@ -241,3 +241,146 @@ fn clean_refuses_a_run_in_progress_and_removes_staging_state_or_the_whole_run() 
     assert_eq!(gone.code, 2, "{}", gone.render());
     assert!(gone.stderr.contains("no run `gen`"), "{}", gone.render());
 }
+
+/// `cp -a` of a run folder under another name: its record names the original's staging and
+/// runtime state by absolute path. Cleaning the copy removes nothing of the original's, also
+/// while the original is being applied; the copy is listed once, under its folder's name,
+/// marked. A run folder reached through a symbolic link is not "removed" by removing the link,
+/// a same-named copy in another results folder does not own the original's folders, and an
+/// empty name is refused as such.
+#[test]
+fn clean_removes_only_what_the_run_folder_itself_owns() {
+    let t = Test::new();
+    generation(&t, "gen", "0-3");
+    let run_dir = t.path().join("results/gen");
+    let staging = t.path().join("work/gen");
+    let state = run_dir.join("runtime_state");
+    let first = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
+    assert_eq!(first.code, 0, "{}", first.render());
+    assert!(state.is_dir());
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let out = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    copy(&run_dir, &t.path().join("results/gen-backup"));
+
+    // The original is applied again (two lost videos to make) while the copy is cleaned.
+    for (name, _) in crate::apply::videos(&run_dir).into_iter().take(2) {
+        std::fs::remove_file(run_dir.join("videos").join(name)).unwrap();
+    }
+    let child = spawn_apply(&t, "gen.toml");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !(staging.is_dir() && Lock::is_held(&run_dir)) {
+        assert!(Instant::now() < deadline, "the apply never staged its run");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for flags in [vec!["--state"], vec!["--all"], vec![]] {
+        let out = t
+            .cmd()
+            .args(["clean", "gen-backup"])
+            .args(flags.clone())
+            .run();
+        assert_eq!(out.code, 2, "{flags:?}: {}", out.render());
+        assert!(
+            out.stderr
+                .contains("holds the record of run `gen`, not of a run `gen-backup`")
+                && out.stderr.contains("nothing was removed")
+                && out.stderr.contains("runner clean gen"),
+            "{}",
+            out.render()
+        );
+        assert!(staging.is_dir() && state.is_dir(), "{flags:?}");
+        assert!(t.path().join("results/gen-backup/run.json").is_file());
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
+    assert_eq!(crate::apply::videos(&run_dir).len(), 4);
+
+    // `runs`: each folder once, under its own name; the copy marked with the run it names.
+    let runs = t.cmd().args(["runs"]).run();
+    assert_eq!(runs.code, 0, "{}", runs.render());
+    assert_eq!(
+        runs.stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with("gen "))
+            .count(),
+        1,
+        "{}",
+        runs.stdout
+    );
+    assert!(
+        row(&runs.stdout, "gen-backup*").contains("generation"),
+        "{}",
+        runs.stdout
+    );
+    assert!(
+        runs.stdout
+            .contains("note: `gen-backup`*: its record is of run `gen`"),
+        "{}",
+        runs.stdout
+    );
+    let json = t.cmd().args(["runs", "--json"]).run();
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let names: Vec<(&str, Option<&str>)> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["run"].as_str().unwrap(), r["copy_of"].as_str()))
+        .collect();
+    assert_eq!(names, [("gen", None), ("gen-backup", Some("gen"))]);
+
+    // The same name in another results folder: the recorded state is not inside it.
+    copy(&run_dir, &t.path().join("other/gen"));
+    let out = t
+        .cmd()
+        .args(["clean", "gen", "--results", "other", "--state"])
+        .run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("does not own") && out.stderr.contains("carries no owner mark"),
+        "{}",
+        out.render()
+    );
+    assert!(state.is_dir());
+
+    // A run folder behind a symbolic link: `--all` is refused, naming where the run is.
+    std::fs::create_dir_all(t.path().join("linked")).unwrap();
+    std::os::unix::fs::symlink(&run_dir, t.path().join("linked/gen")).unwrap();
+    let out = t
+        .cmd()
+        .args(["clean", "gen", "--results", "linked", "--all"])
+        .run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("is a symbolic link to") && out.stderr.contains("nothing was removed"),
+        "{}",
+        out.render()
+    );
+    assert!(run_dir.join("run.json").is_file() && state.is_dir());
+
+    let out = t.cmd().args(["clean", ""]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("the run name is empty"),
+        "{}",
+        out.render()
+    );
+
+    // The run itself is cleaned as before, its state and all.
+    let out = t.cmd().args(["clean", "gen", "--all"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(!run_dir.exists());
+    assert!(t.path().join("results/gen-backup/run.json").is_file());
+}

@@ -260,6 +260,11 @@ impl Generator {
         self.sessions.dit_kernels
     }
 
+    /// What runs the DiT's self-attention.
+    pub fn dit_attention(&self) -> super::DitAttention {
+        self.sessions.dit_attention
+    }
+
     /// The kernels the VAE decoder runs with (never `Auto`).
     pub fn vae_kernels(&self) -> super::FusedKernels {
         self.sessions.vae_kernels

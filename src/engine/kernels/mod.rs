@@ -69,7 +69,7 @@ mod ops;
 mod row_launch;
 mod rows;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
 

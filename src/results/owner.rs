@@ -1,0 +1,118 @@
+//! Which folders a run owns, by identity. A run owns its results folder and what lies inside it;
+//! a folder of it elsewhere (its staging snapshot `<work_root>/<run>`, runtime state under
+//! another `cache.run_state_root`) carries an owner mark, written by the apply that uses it:
+//! the run's name and the identity of its results folder (device and inode, which a copy of the
+//! folder does not share, and its path for people). `runner clean` removes a folder only when it
+//! is inside the run's folder or its mark names that very folder; a recorded absolute path alone
+//! never suffices, since a copied `run.json` names the original's folders.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::files::{RecordError, read_json, write_json_atomic};
+
+/// The owner mark inside a folder a run owns outside its results folder.
+pub const OWNER_FILE: &str = ".unstep-owner.json";
+
+/// What an owner mark says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerMark {
+    pub run: String,
+    /// The run's results folder when the mark was written (for people; the identity decides).
+    pub run_dir: PathBuf,
+    /// The device and inode of the run's results folder.
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// The device and inode of `dir` (a symbolic link followed).
+fn identity(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let meta = std::fs::metadata(dir)?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// Marks `folder` as the run `run`'s, whose results folder is `run_dir`.
+pub fn mark(folder: &Path, run: &str, run_dir: &Path) -> Result<(), RecordError> {
+    let (dev, ino) = identity(run_dir).map_err(|source| RecordError::Read {
+        path: run_dir.to_path_buf(),
+        source,
+    })?;
+    let run_dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
+    std::fs::create_dir_all(folder).map_err(|source| RecordError::Write {
+        path: folder.to_path_buf(),
+        source,
+    })?;
+    write_json_atomic(
+        &folder.join(OWNER_FILE),
+        &OwnerMark {
+            run: run.to_string(),
+            run_dir,
+            dev,
+            ino,
+        },
+    )
+}
+
+/// Whether `folder` (which exists) is the run `run`'s to remove, the run's results folder
+/// being `run_dir`: `Err` says why not.
+pub fn check(folder: &Path, run: &str, run_dir: &Path) -> Result<(), String> {
+    // Inside the run's folder, also once symbolic links are resolved.
+    if folder.starts_with(run_dir)
+        && let (Ok(f), Ok(d)) = (folder.canonicalize(), run_dir.canonicalize())
+        && f.starts_with(&d)
+    {
+        return Ok(());
+    }
+    let mark: OwnerMark = match read_json(&folder.join(OWNER_FILE)) {
+        Ok(m) => m,
+        Err(e) if e.is_not_found() => {
+            return Err(format!(
+                "it is outside the run's results folder and carries no owner mark ({OWNER_FILE})"
+            ));
+        }
+        Err(e) => return Err(format!("its owner mark cannot be read: {e}")),
+    };
+    if mark.run != run {
+        return Err(format!(
+            "its owner mark names run `{}` of {}",
+            mark.run,
+            mark.run_dir.display()
+        ));
+    }
+    match identity(run_dir) {
+        Ok((dev, ino)) if (dev, ino) == (mark.dev, mark.ino) => Ok(()),
+        Ok(_) => Err(format!(
+            "its owner mark names the results folder {} of run `{run}`, and this folder is \
+             another (a copy, or another run of the same name)",
+            mark.run_dir.display()
+        )),
+        Err(e) => Err(format!("the run's folder cannot be read: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marked_folder_is_its_runs_and_not_a_copys() {
+        let root = tempfile::tempdir().unwrap();
+        let run_dir = root.path().join("results/r");
+        let copy = root.path().join("results-copy/r");
+        std::fs::create_dir_all(&run_dir).unwrap();
+        std::fs::create_dir_all(&copy).unwrap();
+        let staging = root.path().join("work/r");
+        assert!(check(&staging, "r", &run_dir).is_err(), "no mark yet");
+        mark(&staging, "r", &run_dir).unwrap();
+        assert_eq!(check(&staging, "r", &run_dir), Ok(()));
+        let other = check(&staging, "r", &copy).unwrap_err();
+        assert!(other.contains("this folder is another"), "{other}");
+        let name = check(&staging, "s", &run_dir).unwrap_err();
+        assert!(name.contains("names run `r`"), "{name}");
+        // Inside the run's own folder, no mark is needed.
+        std::fs::create_dir(run_dir.join("runtime_state")).unwrap();
+        assert_eq!(check(&run_dir.join("runtime_state"), "r", &run_dir), Ok(()));
+    }
+}
