@@ -1,6 +1,7 @@
 //! The one integration-test binary; each module covers one part of the product.
 
 mod apply;
+mod cli;
 mod doctor;
 mod engine;
 mod hardening;
