@@ -5,6 +5,7 @@ mod cli;
 mod doctor;
 mod engine;
 mod hardening;
+mod html;
 mod manifest;
 mod prompt_lists;
 mod prompts;
