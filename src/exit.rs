@@ -31,6 +31,30 @@ macro_rules! say {
     };
 }
 
+/// Every status with what it means, as `runner --help` lists them.
+pub const STATUSES: [(i32, &str); 5] = [
+    (OK, "done"),
+    (
+        FAILURE,
+        "a run failed, or `runner doctor` found a check the run needs failing",
+    ),
+    (
+        USAGE,
+        "bad input (a manifest, an override, a flag); nothing was written",
+    ),
+    (INTERNAL, "an internal error (a bug, an I/O error)"),
+    (INTERRUPTED, "interrupted (Ctrl-C); applying again resumes"),
+];
+
+/// The exit statuses section of `runner --help`, from [`STATUSES`].
+pub fn statuses_help() -> String {
+    let mut text = String::from("Exit statuses:");
+    for (code, meaning) in STATUSES {
+        text.push_str(&format!("\n  {code:<5}{meaning}"));
+    }
+    text
+}
+
 /// An error as every command reports it: its message, what to do about it, and its exit status.
 pub trait Failure: std::fmt::Display {
     /// One of this module's statuses.

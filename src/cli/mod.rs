@@ -1,6 +1,7 @@
 //! The command line: argument parsing, and the mapping of errors to exit statuses.
 
 mod apply;
+mod completions;
 mod doctor;
 mod evaluate;
 mod plan;
@@ -26,7 +27,8 @@ use crate::exit;
     long_about = "Run speed probes, ablations and generations of a block-causal text-to-video \
                   model over ONNX Runtime.\n\nExperiments are TOML manifests (experiments/*.toml). \
                   Settings are layered, lowest first: built-in defaults < the manifest chain \
-                  (extends) < environment variables < --set / --extra-args."
+                  (extends) < environment variables < --set / --extra-args.",
+    after_help = exit::statuses_help()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -73,6 +75,8 @@ pub enum Command {
     SlurmTask(status::SlurmTaskArgs),
     /// Run a generation's evaluation (its `[evaluation]` command) on its videos and record the scores.
     Evaluate(evaluate::EvaluateArgs),
+    /// Print a shell completion script: `runner completions bash > /etc/bash_completion.d/runner`.
+    Completions(completions::CompletionsArgs),
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -200,5 +204,6 @@ pub fn main() -> i32 {
         Command::Status(args) => status::run(&args),
         Command::SlurmTask(args) => crate::execute::slurm::run_task(&args.tasks, args.task),
         Command::Evaluate(args) => evaluate::run(&args),
+        Command::Completions(args) => completions::run(&args),
     }
 }

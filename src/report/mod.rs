@@ -1,7 +1,9 @@
 //! Reading runs back: `runner report` (statistics, phase split, provenance), `runner compare`,
-//! `runner runs` and `runner diff`, and the latency plot a run leaves beside its records.
+//! `runner runs` and `runner diff`, the latency plot a run leaves beside its records, and the
+//! HTML pages of a report or a comparison.
 
 pub mod first_prompt;
+pub mod html;
 pub mod load;
 pub mod many;
 pub mod quality;

@@ -1,10 +1,12 @@
 //! The one integration-test binary; each module covers one part of the product.
 
 mod apply;
+mod cli;
 mod doctor;
 mod engine;
 mod guide;
 mod hardening;
+mod html;
 mod manifest;
 mod prompt_lists;
 mod prompts;
