@@ -539,6 +539,7 @@ fn fake_generation(t: &Test, name: &str, count: usize, video: Option<&Path>) -> 
             video: Some(format!("videos/{file}")),
             process_start: None,
             one_time: None,
+            kept_bytes: Default::default(),
         });
         if let Some(mp4) = video {
             std::fs::hard_link(mp4, run_dir.join("videos").join(&file)).unwrap();
