@@ -522,10 +522,15 @@ fn counted_generation(t: &Test, name: &str) -> std::path::PathBuf {
          \"{{eval_dir}}\"]\ndimensions = [\"color\"]\nscores_file = \"out.json\"\n",
         t.path().join("evaluations.txt").display()
     );
-    let text = std::fs::read_to_string(&path).unwrap().replace(
-        &repo().join("assets/prompts/tiny.txt").display().to_string(),
-        &prompts.display().to_string(),
-    ) + &evaluation;
+    // The tiny bundle's random weights are scored on purpose.
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(
+            &repo().join("assets/prompts/tiny.txt").display().to_string(),
+            &prompts.display().to_string(),
+        )
+        .replace("[assets]\n", "[assets]\nallow_random_weights = true\n")
+        + &evaluation;
     std::fs::write(&path, text).unwrap();
     prompts
 }
