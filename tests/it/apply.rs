@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::support::{Test, processes_with, repo};
 
 /// A manifest over the tiny bundle with its results, work root and caches inside the test.
-fn manifest(t: &Test, kind: &str, extra: &str) -> String {
+pub(crate) fn manifest(t: &Test, kind: &str, extra: &str) -> String {
     let root = t.path();
     format!(
         "kind = \"{kind}\"\n\

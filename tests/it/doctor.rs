@@ -1,6 +1,6 @@
 //! `runner doctor` with the real ONNX Runtime: what it finds and how it reports a broken bundle.
 
-use crate::support::{Test, filtered, repo, tree};
+use crate::support::{Test, fake_nvidia_smi, filtered, repo, tree};
 
 #[test]
 fn doctor_finds_onnx_runtime_and_tells_a_good_bundle_from_a_tampered_one() {
@@ -87,30 +87,6 @@ fn doctor_names_the_diagnostic_switches_and_a_misspelt_one() {
         bad.starts_with("MISS") && bad.contains("UNSTEP_ORT_LOG=\"loud\" is not a log level"),
         "{bad}"
     );
-}
-
-/// A folder holding an `nvidia-smi` that answers as the driver would: `gpus` is its CSV answer
-/// to the doctor's query, or `None` for the answer of a machine whose driver is not loaded. Put
-/// first on PATH, it stands in for the machine's own, so that the GPU checks read the same on
-/// every test machine.
-fn fake_nvidia_smi(t: &Test, gpus: Option<&str>) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = t.path().join("driver");
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = match gpus {
-        Some(csv) => format!("#!/bin/sh\nprintf '%s\\n' '{csv}'\n"),
-        None => "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with \
-                 the NVIDIA driver.\" >&2\nexit 9\n"
-            .to_string(),
-    };
-    let path = dir.join("nvidia-smi");
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!(
-        "{}:{}",
-        dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
 }
 
 /// A manifest on the tiny bundle with `provider`, written as `name` in the scratch folder.

@@ -6,21 +6,10 @@ use std::time::{Duration, Instant};
 use crate::apply::{read_json, spawn_apply, worker_pid};
 use crate::support::{Test, repo, tree};
 
-/// A manifest of `kind` over the tiny bundle, with its results and work root inside the test.
+/// A one-prompt manifest of `kind` over the tiny bundle, with its results and work root inside
+/// the test.
 fn manifest(t: &Test, kind: &str, extra: &str) -> String {
-    format!(
-        "kind = \"{kind}\"\n\
-         [prompts]\nfile = \"{prompts}\"\nindices = \"0\"\n\
-         [runtime]\nprovider = \"cpu\"\ncpu_threads_per_process = 1\n\
-         [method]\nheight = 64\nwidth = 112\nprecision = \"fp32\"\n\
-         [outputs]\ndir = \"{root}/results\"\n\
-         [staging]\nwork_root = \"{root}/work\"\n\
-         [assets]\nbundle = \"{bundle}\"\n\
-         {extra}",
-        prompts = repo().join("assets/prompts/tiny.txt").display(),
-        bundle = repo().join("assets/tiny").display(),
-        root = t.path().display(),
-    )
+    crate::apply::manifest(t, kind, extra).replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
 }
 
 fn write(path: &Path, text: &str) {

@@ -166,22 +166,12 @@ fn full946_makes_eight_contiguous_shards_covering_every_prompt_once() {
     assert_eq!(plan["prompt_count"], 946);
 }
 
-/// A folder with a stand-in `nvidia-smi` that lists `gpus` GPUs as the driver does, and the
-/// `PATH` that finds it first.
+/// The `PATH` of a stand-in `nvidia-smi` that lists `gpus` GPUs as the driver does.
 fn fake_driver(t: &Test, gpus: usize) -> String {
-    let bin = t.path().join("fake-bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let lines: String = (0..gpus)
-        .map(|i| format!("{i}, NVIDIA H200, 143771, 580.65.06, 9.0\n"))
+    let lines: Vec<String> = (0..gpus)
+        .map(|i| format!("{i}, NVIDIA H200, 143771, 580.65.06, 9.0"))
         .collect();
-    let script = bin.join("nvidia-smi");
-    std::fs::write(&script, format!("#!/bin/sh\nprintf '{lines}'\n")).unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
+    crate::support::fake_nvidia_smi(t, Some(&lines.join("\n")))
 }
 
 /// With `CUDA_VISIBLE_DEVICES` unset, a generation spreads its shards over every GPU the driver

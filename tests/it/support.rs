@@ -272,3 +272,27 @@ pub fn processes_with(needle: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+/// A folder holding an `nvidia-smi` that answers as the driver would: `gpus` is its CSV answer
+/// to the runner's `--query-gpu` (one line a GPU), or `None` for the answer of a machine whose driver is not loaded. Put
+/// first on PATH, it stands in for the machine's own, so that the GPU checks read the same on
+/// every test machine.
+pub fn fake_nvidia_smi(t: &Test, gpus: Option<&str>) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = t.path().join("driver");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = match gpus {
+        Some(csv) => format!("#!/bin/sh\nprintf '%s\\n' '{csv}'\n"),
+        None => "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with \
+                 the NVIDIA driver.\" >&2\nexit 9\n"
+            .to_string(),
+    };
+    let path = dir.join("nvidia-smi");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
