@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::load::LoadedRun;
-use super::render::{comparison_warnings, seconds, series};
+use super::render::{seconds, series};
+use super::warnings::comparison_warnings;
 
 /// One statistic of every run.
 #[derive(Debug, Clone, Serialize)]

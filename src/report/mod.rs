@@ -11,6 +11,7 @@ pub mod render;
 pub mod runs;
 pub mod scores;
 pub mod svg;
+pub mod warnings;
 
 pub use first_prompt::{FirstPrompt, FirstPrompts};
 pub use load::{LoadedRun, ReportError, load_run, locate};
