@@ -3,7 +3,7 @@
 //! processes in order (slots in parallel) as worker processes of the staged binary, and records
 //! timings, the summary and provenance. Re-applying a run resumes it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +12,8 @@ use std::time::SystemTime;
 use super::config::RunConfig;
 use super::evaluate::{evaluate_only, evaluated, saves_videos};
 use super::events::{RunEvent, RunEventKind, WorkerFacts};
-use super::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
+use super::job::JobSpec;
+use super::jobs::JobFactory;
 use super::lock::{Lock, LockError};
 use super::preflight::{bundle_facts, preflight, tokenizer_warnings};
 use super::progress::{Progress, SlotWork};
@@ -26,7 +27,7 @@ use super::staging::{self, Stage, StageRequest, StagingError};
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, ExecutorKind, Kind, Resolved};
-use crate::plan::{Plan, Process, Role};
+use crate::plan::Plan;
 use crate::results::Summary;
 use crate::results::arrays::ArrayKind;
 use crate::results::files::{
@@ -34,9 +35,7 @@ use crate::results::files::{
     write_json_atomic,
 };
 use crate::results::names::VideoNames;
-use crate::results::records::{
-    BundleRecord, CacheLabel, ProcessRole, ProcessSkip, RunRecord, RunStatus,
-};
+use crate::results::records::{BundleRecord, CacheLabel, ProcessSkip, RunRecord, RunStatus};
 use crate::results::video_index;
 
 /// How `apply` behaves beyond the manifest.
@@ -686,126 +685,6 @@ fn record_facts(record: &mut RunRecord, facts: WorkerFacts, r: &Resolved, stage:
     record.attention_backend.resolved = Some(facts.attention_backend);
     record.dit_kernels = Some(facts.dit_kernels);
     record.vae_kernels = Some(facts.vae_kernels);
-}
-
-/// Builds each process's job from the run's configuration.
-struct JobFactory<'a> {
-    r: &'a Resolved,
-    plan: &'a Plan,
-    config: &'a RunConfig,
-    stage: &'a Stage,
-    videos: &'a Option<PathBuf>,
-    config_hash: &'a str,
-    done: &'a BTreeSet<u32>,
-    /// The name of each prompt's video.
-    names: &'a VideoNames,
-}
-
-impl JobFactory<'_> {
-    fn jobs(&self) -> Vec<Option<JobSpec>> {
-        // The audit hashed every staged file; workers take the bundle's hashes from it.
-        let bundle_sha256: BTreeMap<String, String> = self
-            .stage
-            .audit
-            .files
-            .iter()
-            .filter_map(|(path, hash)| {
-                Some((path.strip_prefix("bundle/")?.to_string(), hash.clone()))
-            })
-            .collect();
-        self.plan
-            .processes
-            .iter()
-            .map(|p| self.job(p, &bundle_sha256))
-            .collect()
-    }
-
-    /// Where a process of `role` keeps its prompts' arrays of `kind`, when the manifest asks for
-    /// them: the run folder's `latents/` or `frames/`; never for a warmup.
-    fn kept(&self, role: ProcessRole, kind: ArrayKind) -> Option<PathBuf> {
-        (kind.kept_by(&self.r.manifest.outputs) && role != ProcessRole::Warmup)
-            .then(|| self.plan.run_dir.join(kind.dir()))
-    }
-
-    /// The job of process `p`, or `None` when it has nothing to do: a resumed shard whose
-    /// prompts are complete, its slot's warmup when every shard of the slot is, or a process
-    /// whose skip marker exists.
-    fn job(&self, p: &Process, bundle_sha256: &BTreeMap<String, String>) -> Option<JobSpec> {
-        // `--shard`: the other shards, and the warmups only they use, are other applies'.
-        if !self.plan.selects(p) {
-            return None;
-        }
-        let prompts = self.r.prompts.as_deref().unwrap_or_default();
-        let todo: Vec<PromptSpec> = p
-            .prompts
-            .iter()
-            .filter(|i| !matches!(p.role, Role::Shard { .. }) || !self.done.contains(i))
-            .map(|&i| PromptSpec {
-                index: i,
-                text: prompts.get(i as usize).cloned().unwrap_or_default(),
-                video: self.names.name(i).map(str::to_string),
-            })
-            .collect();
-        let (role, shard) = match p.role {
-            Role::Warmup { .. } => (ProcessRole::Warmup, None),
-            Role::Measurement => (ProcessRole::Measurement, Some(0)),
-            Role::Shard { shard } => (ProcessRole::Shard, Some(shard)),
-        };
-        if role == ProcessRole::Shard && todo.is_empty() {
-            return None;
-        }
-        if role == ProcessRole::Warmup && self.r.manifest.kind == Kind::Generation {
-            let slot_busy = self.plan.processes.iter().any(|q| {
-                q.slot == p.slot
-                    && matches!(q.role, Role::Shard { .. })
-                    && self.plan.selects(q)
-                    && q.prompts.iter().any(|i| !self.done.contains(i))
-            });
-            if !slot_busy {
-                return None;
-            }
-        }
-        if p.skip_if_marker.as_ref().is_some_and(|m| m.exists()) {
-            return None;
-        }
-        let run_dir = &self.plan.run_dir;
-        Some(JobSpec {
-            label: JobLabel {
-                run: self.plan.run.clone(),
-                process: p.index,
-                role,
-                shard,
-                slot: self.plan.slots[p.slot].label.clone(),
-            },
-            bundle: self.stage.bundle.clone(),
-            bundle_sha256: bundle_sha256.clone(),
-            bundle_stamps: self.stage.bundle_stamps.clone(),
-            unpack_dir: p.cache_dir.join("bundle_unpacked"),
-            prompts: todo,
-            engine: self.config.engine_for(&p.cache_dir),
-            method: self.config.method.clone(),
-            export: self.config.export.clone(),
-            exclude_final_output_layout: self.config.exclude_final_output_layout,
-            video_naming: self.config.video_naming,
-            timings: Some(
-                run_dir
-                    .join("timings")
-                    .join(format!("{:03}.jsonl", p.index)),
-            ),
-            run_dir: run_dir.clone(),
-            // Warmups never keep videos, latents or frames.
-            videos: if role == ProcessRole::Warmup {
-                None
-            } else {
-                self.videos.clone()
-            },
-            latents: self.kept(role, ArrayKind::Latents),
-            frames: self.kept(role, ArrayKind::Frames),
-            config_hash: self.config_hash.to_string(),
-            events: true,
-            bench: BenchOptions::default(),
-        })
-    }
 }
 
 /// Purges the user-level compiler caches `cache.clear_global` names (none when it is off; other

@@ -7,6 +7,7 @@ pub mod device;
 pub mod evaluate;
 pub mod events;
 pub mod job;
+mod jobs;
 pub mod lock;
 mod preflight;
 pub mod progress;
