@@ -36,8 +36,8 @@ video{display:block;width:300px;max-width:100%;aspect-ratio:16/9;background:#222
 pub(super) const SCRIPT: &str = r#"
 (() => {
 "use strict";
-pub(super) const all = (sel, root) => Array.from((root || document).querySelectorAll(sel));
-pub(super) const params = new URLSearchParams(location.hash.slice(1));
+const all = (sel, root) => Array.from((root || document).querySelectorAll(sel));
+const params = new URLSearchParams(location.hash.slice(1));
 for (const table of all("table.sortable")) {
   const body = table.tBodies[0], heads = all("thead th", table);
   heads.forEach((th, col) => {
@@ -57,8 +57,8 @@ for (const table of all("table.sortable")) {
   });
 }
 if (params.has("only")) for (const s of all("section")) s.hidden = s.id !== params.get("only");
-pub(super) const rows = all("tr.prompt");
-pub(super) const load = tr => {
+const rows = all("tr.prompt");
+const load = tr => {
   for (const v of all("video[data-src]", tr)) {
     if (!v.getAttribute("src")) { v.preload = "metadata"; v.src = v.dataset.src; }
   }
@@ -100,7 +100,7 @@ for (const tr of rows) {
     if (lead.readyState >= 1) go(); else lead.addEventListener("loadedmetadata", go, { once: true });
   });
 }
-pub(super) const filter = document.getElementById("filter"), shown = document.getElementById("shown");
+const filter = document.getElementById("filter"), shown = document.getElementById("shown");
 if (filter) {
   const texts = rows.map(tr => all("td.text p", tr).map(p => p.textContent).join("\n").toLowerCase());
   const apply = () => {
