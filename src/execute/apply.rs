@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::SystemTime;
 
 use super::config::RunConfig;
@@ -120,13 +120,19 @@ pub struct Outcome {
 /// Set by the SIGINT/SIGTERM/SIGHUP handler; checked between processes and while waiting.
 pub(super) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-/// Whether an interrupt arrived since the last `apply` started: a caller that applies several
-/// runs in turn starts no further run after one.
+/// How many interrupts arrived: a second one stops what the first asked to end gracefully
+/// (an evaluation command that does not end on SIGTERM) at once.
+pub(super) static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
+
+/// Whether an interrupt arrived since the first `apply` of this process installed its handlers:
+/// a caller that applies several runs in turn starts no further run after one.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
 extern "C" fn on_signal(_: libc::c_int) {
+    // Counted first: whoever sees INTERRUPTED sees this interrupt counted.
+    INTERRUPTS.fetch_add(1, Ordering::SeqCst);
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
@@ -199,8 +205,9 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     } else {
         None
     };
+    // Never cleared: an interrupt that arrives between the runs of a sweep, while the next one
+    // prepares, ends that run as soon as it starts instead of being forgotten.
     install_signal_handlers();
-    INTERRUPTED.store(false, Ordering::SeqCst);
     // Told once the run is this apply's: what they announce happens now.
     for note in &notes {
         crate::say!("{note}");

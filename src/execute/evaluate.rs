@@ -9,16 +9,19 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::apply::{ApplyError, ApplyOptions, Outcome};
+use super::lock::{Lock, LockError};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
-use crate::results::files::{RUN_JSON, write_json_atomic};
+use crate::results::files::{RUN_JSON, read_json, write_json_atomic};
 use crate::results::names::VideoNames;
 use crate::results::records::{RunRecord, RunStatus};
 use crate::results::scores::{
@@ -137,36 +140,53 @@ fn run(
         .map_err(|e| format!("cannot write {}: {e}", display_path(&log_path)))?;
     let words: Vec<String> = argv.iter().map(|a| quote(a)).collect();
     let shown = words.join(" ");
-    let mut child = Command::new(&argv[0])
+    let mut command = Command::new(&argv[0]);
+    command
         .args(&argv[1..])
         .current_dir(&run_dir)
         .stdin(Stdio::null())
         .stdout(log)
-        .stderr(err_log)
-        .spawn()
-        .map_err(|e| {
-            format!(
-                "cannot start the evaluation command `{shown}`: {e}; install `{}` (docs/vbench.md) \
-                 or fix evaluation.command",
-                argv[0]
-            )
-        })?;
-    // Waited for in steps, so that an interruption stops the command (SIGTERM) rather than
-    // waiting out a scoring that may take hours.
+        .stderr(err_log);
+    own_process_group(&mut command);
+    let mut child = command.spawn().map_err(|e| {
+        format!(
+            "cannot start the evaluation command `{shown}`: {e}; install `{}` (docs/vbench.md) \
+             or fix evaluation.command",
+            argv[0]
+        )
+    })?;
+    let group = Group(child.id() as libc::pid_t);
+    let deadline = eval
+        .timeout_seconds
+        .map(|s| Instant::now() + Duration::from_secs(s));
+    // Waited for in steps, so that an interruption or the time limit stops the command and
+    // whatever it started, rather than waiting out a scoring that may take hours.
     let status = loop {
-        let waited = child.try_wait();
-        match waited {
+        match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if super::apply::INTERRUPTED.load(Ordering::SeqCst) => {
-                // SAFETY: signalling our own child, which has not been waited for yet.
-                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-                let _ = child.wait();
+                group.stop(&mut child);
                 return Err(format!("the evaluation command `{shown}` was interrupted"));
             }
-            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(100)),
-            Err(e) => return Err(format!("cannot wait for the evaluation command: {e}")),
+            Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                group.stop(&mut child);
+                return Err(format!(
+                    "the evaluation command `{shown}` ran past evaluation.timeout_seconds ({} s) \
+                     and was stopped{}; its output is in {}",
+                    eval.timeout_seconds.unwrap_or_default(),
+                    log_tail(&log_path),
+                    display_path(&log_path)
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => {
+                group.stop(&mut child);
+                return Err(format!("cannot wait for the evaluation command: {e}"));
+            }
         }
     };
+    // What the command left running (a scorer's workers) would go on writing into the run.
+    group.stop_rest();
     if !status.success() {
         return Err(format!(
             "the evaluation command `{shown}` failed ({status}){}; its output is in {}",
@@ -202,6 +222,66 @@ fn run(
     write_json_atomic(&eval_dir.join(SCORES_JSON), &scores)
         .map_err(|e| format!("cannot keep the scores: {e}"))?;
     Ok(scores)
+}
+
+/// How long the command's process group has to end after SIGTERM before it is killed, unless
+/// a second interrupt asks for it at once.
+const GRACE: Duration = Duration::from_secs(15);
+
+/// Puts the command in a process group of its own, whose members the runner stops together,
+/// and kills it if the runner dies first (even by SIGKILL).
+fn own_process_group(command: &mut Command) {
+    command.process_group(0);
+    // SAFETY: only prctl, async-signal-safe, between the fork and the exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The evaluation command's process group: its leader's pid.
+struct Group(libc::pid_t);
+
+impl Group {
+    fn signal(&self, signal: libc::c_int) -> bool {
+        // SAFETY: signalling the group of a child of ours (the leader is not reaped yet, or the
+        // call fails with ESRCH once no member is left).
+        unsafe { libc::killpg(self.0, signal) == 0 }
+    }
+
+    /// Stops the whole group: SIGTERM, then SIGKILL after [`GRACE`] (or at a second interrupt),
+    /// and reaps the leader.
+    fn stop(&self, leader: &mut Child) {
+        let interrupts = super::apply::INTERRUPTS.load(Ordering::SeqCst);
+        self.signal(libc::SIGTERM);
+        let until = Instant::now() + GRACE;
+        while Instant::now() < until
+            && super::apply::INTERRUPTS.load(Ordering::SeqCst) <= interrupts
+            && self.signal(0)
+        {
+            let _ = leader.try_wait();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.signal(libc::SIGKILL);
+        let _ = leader.wait();
+    }
+
+    /// Stops what is left of the group once its leader has ended.
+    fn stop_rest(&self) {
+        if !self.signal(0) {
+            return;
+        }
+        self.signal(libc::SIGTERM);
+        let until = Instant::now() + GRACE;
+        while Instant::now() < until && self.signal(0) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.signal(libc::SIGKILL);
+    }
 }
 
 /// The largest scores file read (VBench's holds every video's result as well).
@@ -261,14 +341,38 @@ fn log_tail(log: &Path) -> String {
 }
 
 /// Runs the evaluation of a run whose videos are complete; its outcome is the run's.
+/// The applies of a run's different shards may each find every video made: the evaluation's own
+/// lock (in `logs/`) lets one of them run it, and the others say where it runs.
 pub(super) fn evaluated(run_dir: &Path, record: &mut RunRecord) -> Result<Outcome, ApplyError> {
-    let status = super::evaluate::evaluate_run(run_dir, record)?;
-    Ok(Outcome {
+    let outcome = |status, failures| Outcome {
         status,
         run_dir: run_dir.to_path_buf(),
-        failures: record.failure.iter().cloned().collect(),
+        failures,
         slurm_job: None,
-    })
+    };
+    let _lock = match Lock::acquire(&run_dir.join("logs"), &record.run) {
+        Ok(lock) => lock,
+        Err(LockError::Held { pid, .. }) => {
+            crate::say!(
+                "note: every prompt has its video; the evaluation runs in another apply of this \
+                 run (pid {pid}): `runner status {}` shows its outcome",
+                record.run
+            );
+            return Ok(outcome(record.status, Vec::new()));
+        }
+        Err(e) => return Err(ApplyError::Io(e.to_string())),
+    };
+    // Another apply's evaluation may have ended while this one waited for its shards.
+    if let Some(settings) = &record.evaluation
+        && let Ok(now) = read_json::<RunRecord>(&run_dir.join(RUN_JSON))
+        && settings.scored(&now)
+    {
+        crate::say!("note: every prompt has its video and another apply of this run scored them");
+        *record = now;
+        return Ok(outcome(record.status, Vec::new()));
+    }
+    let status = super::evaluate::evaluate_run(run_dir, record)?;
+    Ok(outcome(status, record.failure.iter().cloned().collect()))
 }
 
 /// A generation with an evaluation whose selected prompts all have their videos already: only

@@ -381,6 +381,10 @@ pub struct Evaluation {
     /// hold one `*` (VBench's `results_<time>_eval_results.json`).
     #[serde(default)]
     pub scores_file: ScoresFile,
+    /// Seconds the command may run; past them it is stopped (SIGTERM to its process group, then
+    /// SIGKILL) and the run ends `evaluation_failed`, its videos kept. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<std::num::NonZeroU64>,
 }
 
 /// Where the workers run: local processes, or the tasks of one Slurm job array.

@@ -57,6 +57,9 @@ pub struct EvaluationRecord {
     pub scores_file: String,
     /// The names file, resolved, for `{names_file}`.
     pub names_file: Option<PathBuf>,
+    /// `evaluation.timeout_seconds`: how long the command may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
     pub status: EvaluationStatus,
     /// The arguments the last evaluation ran with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -79,6 +82,7 @@ impl EvaluationRecord {
             dimensions: e.dimensions.0.clone(),
             scores_file: e.scores_file.to_string(),
             names_file: r.paths.names_file.clone(),
+            timeout_seconds: e.timeout_seconds.map(|t| t.get()),
             status: EvaluationStatus::NotRun,
             argv: Vec::new(),
             started_at: None,

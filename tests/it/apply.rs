@@ -301,8 +301,14 @@ fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
 
 /// Starts `runner apply --quiet MANIFEST` in the test's folder without waiting for it.
 pub(crate) fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
+    spawn_apply_with(t, &[manifest])
+}
+
+/// `runner apply --quiet ARGS` started in the background, its stderr piped.
+pub(crate) fn spawn_apply_with(t: &Test, args: &[&str]) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["apply", "--quiet", manifest])
+        .args(["apply", "--quiet"])
+        .args(args)
         .current_dir(t.path())
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())

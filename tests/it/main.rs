@@ -4,6 +4,7 @@ mod apply;
 mod cli;
 mod doctor;
 mod engine;
+mod evaluation;
 mod guide;
 mod hardening;
 mod html;

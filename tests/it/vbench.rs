@@ -11,7 +11,13 @@ use crate::support::{Test, python, sha256_hex};
 
 /// A generation of every line of `extended` in two shards, its videos named after `standard`
 /// (the names file), with `extra` appended to the manifest; written to `<name>.toml`.
-fn vbench_generation(t: &Test, name: &str, extended: &[&str], standard: &[&str], extra: &str) {
+pub(crate) fn vbench_generation(
+    t: &Test,
+    name: &str,
+    extended: &[&str],
+    standard: &[&str],
+    extra: &str,
+) {
     let path = generation(t, name, &format!("0-{}", extended.len() - 1));
     let prompts = t.path().join(format!("{name}-extended.txt"));
     let names = t.path().join(format!("{name}-standard.txt"));
@@ -32,7 +38,9 @@ fn vbench_generation(t: &Test, name: &str, extended: &[&str], standard: &[&str],
 }
 
 /// The stand-in evaluation: it reads its mode from `mode.txt` in the test folder (`scores F`,
-/// `fail`, `garbage`, `nothing`, `sleep`). With `scores F` it looks the videos up as VBench's standard
+/// `fail`, `garbage`, `nothing`, `sleep`; `slow S`: `scores 1.0` after S seconds; `family`: a
+/// child of its own that sleeps, and itself deaf to SIGTERM) and appends its pid to `ran.txt`
+/// there. With `scores F` it looks the videos up as VBench's standard
 /// mode does (the extension of the folder's first entry; `<prompt>-<i><ext>` for i in 0..4 for
 /// every distinct standard prompt) and writes, in VBench's `[score, per-video results]` form,
 /// for the k-th dimension: F × (share of the names file's lines whose video it found) − k/100.
@@ -41,6 +49,17 @@ import json, os, sys
 mode_file, videos, names_file, dimensions, eval_dir = sys.argv[1:6]
 mode = open(mode_file).read().split()
 print("stand-in evaluation:", " ".join(mode), "over", len(dimensions.split()), "dimensions", flush=True)
+open(os.path.join(os.path.dirname(mode_file), "ran.txt"), "a").write("%d\n" % os.getpid())
+if mode[0] == "slow":
+    import time
+    time.sleep(float(mode[1]))
+    mode = ["scores", "1.0"]
+if mode[0] == "family":
+    import signal, subprocess, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "stand-in-grandchild"])
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("family started", flush=True)
+    time.sleep(600)
 if mode[0] == "sleep":
     import time
     time.sleep(600)
@@ -68,7 +87,7 @@ json.dump(scores, open(out, "w"))
 "#;
 
 /// The `[evaluation]` table that runs [`STAND_IN`] on `subject_consistency` and `color`.
-fn evaluation(t: &Test) -> String {
+pub(crate) fn evaluation(t: &Test) -> String {
     let script = t.path().join("stand_in.py");
     std::fs::write(&script, STAND_IN).unwrap();
     let arg = |p: &Path| format!("\"{}\"", p.display());
@@ -83,7 +102,7 @@ fn evaluation(t: &Test) -> String {
     )
 }
 
-fn mode(t: &Test, mode: &str) {
+pub(crate) fn mode(t: &Test, mode: &str) {
     std::fs::write(t.path().join("mode.txt"), mode).unwrap();
 }
 
@@ -93,11 +112,11 @@ fn names(run_dir: &Path) -> BTreeSet<String> {
 
 const BEACH: &str =
     "A beautiful coastal beach in spring, waves lapping on sand by Hokusai, in the style of Ukiyo";
-const BUND: &str = "The bund Shanghai, oil painting";
-const QUOTES: &str = "a person's \"quoted\" words (loud); 100% sure? yes! -- [ok], {x}";
+pub(crate) const BUND: &str = "The bund Shanghai, oil painting";
+pub(crate) const QUOTES: &str = "a person's \"quoted\" words (loud); 100% sure? yes! -- [ok], {x}";
 
 /// Extended prompts of the pair shape: a long rewrite of each standard prompt.
-fn extended(standard: &[&str]) -> Vec<String> {
+pub(crate) fn extended(standard: &[&str]) -> Vec<String> {
     standard
         .iter()
         .enumerate()
@@ -111,7 +130,7 @@ fn extended(standard: &[&str]) -> Vec<String> {
         .collect()
 }
 
-fn strs(v: &[String]) -> Vec<&str> {
+pub(crate) fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
@@ -338,7 +357,7 @@ fn names_files_are_checked_before_anything_is_written() {
     assert!(!t.path().join("results").exists(), "nothing written");
 }
 
-fn status(run_dir: &Path) -> (String, String) {
+pub(crate) fn status(run_dir: &Path) -> (String, String) {
     let run = read_json(&run_dir.join("run.json"));
     (
         run["status"].as_str().unwrap().to_string(),
