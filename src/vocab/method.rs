@@ -19,8 +19,8 @@ macro_rules! method_table {
         #[class = $class:literal $(, flag = $long:literal)?]
         $key:ident: $ty:ty = $default:expr;
     )+) => {
-        /// Method settings. Each has a class: `flag` (anywhere, extra args too), `config` (manifest
-        /// or `--set` only) or `export` (fixed by the asset bundle; a differing value is refused).
+        /// Method settings. Each has a class: `flag` (anywhere, extra args too), `config` (manifest or
+        /// `--set` only) or `export` (fixed by the asset bundle; a differing value is refused).
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
         #[serde(deny_unknown_fields)]
         pub struct Method {
