@@ -3,7 +3,8 @@
 //!
 //! The modules follow the passes of a run: [`manifest`] (wire types, layers, validation) →
 //! [`plan`] (processes, shards, caches) → [`engine`] (ONNX Runtime and the generation loop) →
-//! [`results`] → [`report`]. [`cli`] is the edge that turns errors into exit codes.
+//! [`results`] → [`report`]. [`cli`] is the edge that turns errors into exit codes; [`vocab`] holds
+//! the words they share, below all of them.
 
 pub mod atomic_file;
 pub mod cli;
@@ -11,8 +12,11 @@ pub mod engine;
 pub mod env_vars;
 pub mod execute;
 pub mod exit;
+#[cfg(test)]
+mod layering;
 pub mod manifest;
 pub mod plan;
 pub mod report;
 pub mod results;
 pub mod video;
+pub mod vocab;

@@ -8,15 +8,15 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::engine::{
-    ArenaExtend, AttentionBackend, ConvAlgoSearch, CudaOptions, Diagnostics, Emit, ExportSettings,
-    FusedKernels, MethodSettings, Precision, Provider, ProviderKind, RuntimeOptions, SvdRank,
-    TensorRtOptions,
+    ArenaExtend, ConvAlgoSearch, CudaOptions, Diagnostics, ExportSettings, FusedKernels,
+    MethodSettings, Provider, ProviderKind, RuntimeOptions, TensorRtOptions,
 };
 use crate::execute::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
 use crate::execute::worker::{self, WorkerError};
 use crate::exit;
 use crate::manifest::VideoNaming;
 use crate::results::records::ProcessRole;
+use crate::vocab::{Method, MethodFlags};
 
 /// Generate prompts with one set of ONNX Runtime sessions (started by `runner apply`).
 // The doc comments are the flags' help text, where `<index>` is a placeholder, not HTML.
@@ -41,24 +41,10 @@ pub struct WorkerArgs {
     /// Noise seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Noise level of the clean-cache pass (default 0.02).
-    #[arg(long, value_name = "SIGMA")]
-    pub clean_sigma_override: Option<f32>,
-    /// Denoising steps on the 1000-step scale, highest first (default 1000,750,500,250).
-    #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub denoising_steps: Option<Vec<u32>>,
-    /// Warp the denoising steps with the timestep shift (default true).
-    #[arg(long, value_name = "BOOL")]
-    pub warp_denoising_steps: Option<bool>,
-    /// Timestep shift of the warped schedule (default 5.0).
-    #[arg(long, value_name = "SHIFT")]
-    pub timestep_shift: Option<f64>,
-    /// Which prediction becomes a block's output (default cache_pass).
-    #[arg(long, value_enum)]
-    pub emit: Option<Emit>,
-    /// Latent frames of past keys and values a block attends to; -1 = all (default).
-    #[arg(long, value_name = "FRAMES", allow_negative_numbers = true)]
-    pub attention_window: Option<i64>,
+    // The method settings, each over its default; the export settings given are checked
+    // against the bundle's.
+    #[command(flatten)]
+    pub method: MethodFlags,
     /// End the timed region after the VAE output, before the uint8 layout.
     #[arg(long)]
     pub exclude_final_output_layout: bool,
@@ -99,9 +85,6 @@ pub struct WorkerArgs {
     /// them.
     #[arg(long)]
     pub cuda_graphs: bool,
-    /// CUDA: kernel for the attention op (auto, flash, fa2, cudnn_flash, efficient, math).
-    #[arg(long, value_name = "NAME", value_enum, default_value_t = AttentionBackend::Auto)]
-    pub attention_backend: AttentionBackend,
     /// CUDA: cuDNN convolution algorithm search (exhaustive, heuristic, default).
     #[arg(long, value_name = "MODE", value_enum, default_value_t = ConvAlgoSearch::Exhaustive)]
     pub conv_algo_search: ConvAlgoSearch,
@@ -141,25 +124,6 @@ pub struct WorkerArgs {
     /// Where a .zip bundle is unpacked (default: a temporary folder removed at exit).
     #[arg(long, value_name = "DIR")]
     pub unpack_dir: Option<PathBuf>,
-    /// Refuse a bundle not exported with this many latent frames per block.
-    #[arg(long, value_name = "N")]
-    pub frames_per_block: Option<usize>,
-    /// Refuse a bundle not exported with this many latent frames.
-    #[arg(long, value_name = "N")]
-    pub latent_frames: Option<usize>,
-    /// Refuse a bundle not exported at this pixel height.
-    #[arg(long, value_name = "PX")]
-    pub height: Option<usize>,
-    /// Refuse a bundle not exported at this pixel width.
-    #[arg(long, value_name = "PX")]
-    pub width: Option<usize>,
-    /// Refuse a bundle not exported at this precision (fp32, fp16, bf16, or fp8: the opt-in
-    /// reduced precision whose DiT matrix multiplies run in float8, on CUDA alone).
-    #[arg(long, value_name = "DTYPE", value_enum)]
-    pub precision: Option<Precision>,
-    /// Refuse a bundle not exported with this SVD rank ("none" or an integer).
-    #[arg(long, value_name = "RANK")]
-    pub svd_rank: Option<SvdRank>,
     /// Benchmark: generate the prompts once to warm up, then again measured, and print seconds
     /// per video and the share of the timed region spent outside ONNX Runtime's `run`.
     #[arg(long)]
@@ -202,6 +166,7 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
                 .into(),
         ));
     }
+    let method = args.method.over(Method::default());
     let path = args.prompts.as_deref().expect("clap requires --prompts");
     let prompts = crate::manifest::inputs::read_prompt_file(path)
         .map_err(|e| WorkerError::Usage(format!("prompt file {} {e}", path.display())))?;
@@ -232,16 +197,9 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
                 video: None,
             })
             .collect(),
-        engine: runtime_options(args),
-        method: method_settings(args),
-        export: ExportSettings {
-            frames_per_block: args.frames_per_block,
-            latent_frames: args.latent_frames,
-            height: args.height,
-            width: args.width,
-            precision: args.precision,
-            svd_rank: args.svd_rank,
-        },
+        engine: runtime_options(args, &method),
+        method: MethodSettings::of(&method, args.seed),
+        export: ExportSettings::asked(&args.method),
         exclude_final_output_layout: args.exclude_final_output_layout,
         video_naming: VideoNaming::Indexed,
         timings: args.timings.clone(),
@@ -275,32 +233,14 @@ fn prompt_indices(list: &str, prompt_count: usize) -> Result<Vec<u32>, String> {
     }
 }
 
-fn method_settings(args: &WorkerArgs) -> MethodSettings {
-    let defaults = MethodSettings::default();
-    MethodSettings {
-        clean_sigma: args.clean_sigma_override.unwrap_or(defaults.clean_sigma),
-        denoising_steps: args
-            .denoising_steps
-            .clone()
-            .unwrap_or(defaults.denoising_steps),
-        warp_denoising_steps: args
-            .warp_denoising_steps
-            .unwrap_or(defaults.warp_denoising_steps),
-        timestep_shift: args.timestep_shift.unwrap_or(defaults.timestep_shift),
-        emit: args.emit.unwrap_or_default(),
-        attention_window: args.attention_window.unwrap_or(defaults.attention_window),
-        seed: args.seed,
-    }
-}
-
-fn runtime_options(args: &WorkerArgs) -> RuntimeOptions {
+fn runtime_options(args: &WorkerArgs, method: &Method) -> RuntimeOptions {
     let provider = match args.provider {
         ProviderKind::Cpu => Provider::Cpu,
         ProviderKind::Cuda => Provider::Cuda(CudaOptions {
             device_id: args.device_id,
             cuda_graphs: args.cuda_graphs,
             prefer_nhwc: args.prefer_nhwc,
-            attention: args.attention_backend,
+            attention: method.attention_backend,
             conv_algo_search: args.conv_algo_search,
             arena_extend: args.cuda_arena,
             conv_max_workspace: !args.conv_workspace_cap,

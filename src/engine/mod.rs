@@ -41,7 +41,7 @@ pub mod ort_lib;
 pub mod probe;
 pub mod schedule;
 pub mod session;
-pub mod settings;
+pub use crate::vocab::settings;
 pub mod text;
 
 pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings};

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+pub use crate::vocab::OneTimeWork;
 
 /// A kind of one-time work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub(crate) enum Work {
     CaptureWait,
 }
 
-const KINDS: usize = 6;
+const KINDS: usize = OneTimeWork::KINDS;
 
 static NANOS: [AtomicU64; KINDS] = [const { AtomicU64::new(0) }; KINDS];
 
@@ -59,49 +59,6 @@ pub fn take() -> OneTimeWork {
         gemm_choices_s: take(Work::GemmChoices),
         graph_capture_s: take(Work::GraphCapture),
         capture_wait_s: take(Work::CaptureWait),
-    }
-}
-
-/// Seconds of each kind of one-time work (see the module doc for what overlaps what).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct OneTimeWork {
-    /// NVRTC compiling the runner's CUDA kernels, or reading the image a process kept.
-    #[serde(default)]
-    pub kernel_compile_s: f64,
-    /// cuDNN's attention plans: built, or read back from the cache folder.
-    #[serde(default)]
-    pub attention_plans_s: f64,
-    /// The decoder convolutions' engine choices.
-    #[serde(default)]
-    pub conv_choices_s: f64,
-    /// cuBLASLt's algorithm choices of the fused matmuls.
-    #[serde(default)]
-    pub gemm_choices_s: f64,
-    /// The DiT passes that captured a CUDA graph, from their start (not their wait).
-    #[serde(default)]
-    pub graph_capture_s: f64,
-    /// The capturing passes' wait for the decoder's run in progress (absent in records of
-    /// earlier runners, whose `graph_capture_s` holds it).
-    #[serde(default)]
-    pub capture_wait_s: f64,
-}
-
-impl OneTimeWork {
-    /// Each kind by its name in reports, in a fixed order.
-    pub fn named(&self) -> [(&'static str, f64); KINDS] {
-        [
-            ("kernel compile", self.kernel_compile_s),
-            ("attention plans", self.attention_plans_s),
-            ("conv choices", self.conv_choices_s),
-            ("gemm choices", self.gemm_choices_s),
-            ("graph capture", self.graph_capture_s),
-            ("capture wait", self.capture_wait_s),
-        ]
-    }
-
-    /// Whether any work was done (CPU processes do none of these kinds).
-    pub fn is_empty(&self) -> bool {
-        self.named().iter().all(|(_, s)| *s == 0.0)
     }
 }
 

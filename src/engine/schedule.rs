@@ -1,9 +1,11 @@
 //! Method settings that change what is generated, and the denoising schedule they imply.
 //!
-//! `MethodSettings` is a plain struct so that the manifest layer can build it from a resolved
-//! manifest; the defaults are Self-Forcing's released sampling settings.
+//! `MethodSettings` is what the generation loop reads of the method table
+//! ([`crate::vocab::Method`], where each setting and its default is declared), in the loop's own
+//! number types, with the noise seed.
 
 pub use super::settings::Emit;
+use crate::vocab::Method;
 
 /// The method settings the generation loop reads (the flag and config classes).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -22,17 +24,25 @@ pub struct MethodSettings {
     pub seed: u64,
 }
 
-impl Default for MethodSettings {
-    fn default() -> Self {
+impl MethodSettings {
+    /// The settings of a method table and a noise seed.
+    pub fn of(method: &Method, seed: u64) -> Self {
         Self {
-            clean_sigma: 0.02,
-            denoising_steps: vec![1000, 750, 500, 250],
-            warp_denoising_steps: true,
-            timestep_shift: 5.0,
-            emit: Emit::CachePass,
-            attention_window: -1,
-            seed: 0,
+            clean_sigma: method.clean_sigma.0 as f32,
+            denoising_steps: method.denoising_steps.0.clone(),
+            warp_denoising_steps: method.warp_denoising_steps,
+            timestep_shift: method.timestep_shift.0,
+            emit: method.emit,
+            attention_window: method.attention_window.0,
+            seed,
         }
+    }
+}
+
+impl Default for MethodSettings {
+    /// The method table's defaults, with seed 0.
+    fn default() -> Self {
+        Self::of(&Method::default(), 0)
     }
 }
 

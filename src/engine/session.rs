@@ -17,6 +17,7 @@ use super::ort_lib::{self, OrtLoadError, OrtRuntime};
 pub use super::settings::{
     ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
 };
+pub use crate::vocab::StartupTimes;
 
 mod builder;
 mod providers;
@@ -90,31 +91,6 @@ pub struct GraphSessions {
     pub dit_context: Option<Session>,
     /// How long the DiT's sessions and the decoder's took to build (the other parts 0).
     pub built_in: StartupTimes,
-}
-
-/// Where a generator's construction went, in seconds: the sessions' part of a process's start
-/// (`timings.jsonl`'s `process_start`).
-#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
-pub struct StartupTimes {
-    /// Opening the bundle and checking its files against `bundle.toml`'s sha256: the whole read
-    /// of every file, unless the caller passed hashes it checked already (`runner apply`'s
-    /// workers, whose staging the orchestrator audits); 0 in records of earlier runners.
-    #[serde(default)]
-    pub bundle_check_s: f64,
-    /// The text encoder's session and the encoding of the process's prompts (or the reading of
-    /// their kept contexts); 0 when prompts are encoded as they are generated.
-    pub text_encoder_s: f64,
-    /// The DiT's sessions (with `dit_context`'s).
-    pub dit_sessions_s: f64,
-    /// The decoder's sessions and, on CUDA, its first run on zeros, on a second thread beside
-    /// the DiT's.
-    pub decoder_sessions_s: f64,
-    /// Of `decoder_sessions_s`, the decoder's first run on zeros (0 on the CPU, and in records of
-    /// earlier runners).
-    #[serde(default)]
-    pub decoder_first_run_s: f64,
-    /// The generation loop's buffers and small graphs.
-    pub buffers_s: f64,
 }
 
 impl GraphSessions {

@@ -67,23 +67,8 @@ impl RunConfig {
         .with_diagnostics_from_env();
         RunConfig {
             engine,
-            method: MethodSettings {
-                clean_sigma: m.method.clean_sigma.0 as f32,
-                denoising_steps: m.method.denoising_steps.0.clone(),
-                warp_denoising_steps: m.method.warp_denoising_steps,
-                timestep_shift: m.method.timestep_shift.0,
-                emit: m.method.emit,
-                attention_window: m.method.attention_window.0,
-                seed: m.noise.seed,
-            },
-            export: ExportSettings {
-                frames_per_block: Some(m.method.frames_per_block.0 as usize),
-                latent_frames: Some(m.method.latent_frames.0 as usize),
-                height: Some(m.method.height.0 as usize),
-                width: Some(m.method.width.0 as usize),
-                precision: Some(m.method.precision),
-                svd_rank: Some(m.method.svd_rank),
-            },
+            method: MethodSettings::of(&m.method, m.noise.seed),
+            export: ExportSettings::of(&m.method),
             exclude_final_output_layout: m.timing.exclude_final_output_layout,
             // A probe's debug videos go to `indexed_videos`, named by prompt index.
             video_naming: match m.kind {

@@ -6,10 +6,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use super::evaluation::{CommandTemplate, Dimensions, ScoresFile};
-use super::values::{
-    AttentionWindow, Bounded, DenoisingSteps, IndexList, Positive, RunName, Sigma,
-};
-pub use crate::engine::settings::{
+use super::values::{Bounded, IndexList, RunName};
+pub use crate::vocab::Method;
+pub use crate::vocab::settings::{
     ArenaExtend, AttentionBackend, ConvAlgoSearch, Emit, FusedKernels, Precision, ProviderKind,
     SvdRank,
 };
@@ -265,55 +264,6 @@ pub struct Staging {
     pub work_root: String,
 }
 
-/// Method settings. Each has a class: `flag` (anywhere, extra args too), `config` (manifest or
-/// `--set` only) or `export` (fixed by the asset bundle; a differing value is refused).
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Method {
-    /// Clean-cache noise level: re-noising of the clean input and the emitted prediction.
-    /// Extra arg: `--clean-sigma-override`.
-    #[schemars(extend("x-unstep-class" = "flag"))]
-    pub clean_sigma: Sigma,
-    /// Timesteps of the denoising steps of each block. Extra arg: `--denoising-steps`.
-    #[schemars(extend("x-unstep-class" = "flag"))]
-    pub denoising_steps: DenoisingSteps,
-    /// Warp the steps onto the flow-matching schedule with `timestep_shift`.
-    /// Extra args: `--warp-denoising-steps`, `--no-warp-denoising-steps`.
-    #[schemars(extend("x-unstep-class" = "flag"))]
-    pub warp_denoising_steps: bool,
-    /// Shift of the flow-matching schedule.
-    #[schemars(extend("x-unstep-class" = "config"))]
-    pub timestep_shift: Positive,
-    /// Attention kernel. Env: `UNSTEP_ATTENTION_BACKEND`. Extra arg: `--attention-backend`.
-    #[schemars(extend("x-unstep-class" = "flag"))]
-    pub attention_backend: AttentionBackend,
-    /// Latent frames of past context each block attends to; -1 = all.
-    #[schemars(extend("x-unstep-class" = "config"))]
-    pub attention_window: AttentionWindow,
-    /// What a block emits: `cache_pass` (the clean-cache pass's prediction) or `denoised`.
-    #[schemars(extend("x-unstep-class" = "config"))]
-    pub emit: Emit,
-    /// Latent frames per block (export-time).
-    #[schemars(extend("x-unstep-class" = "export"))]
-    pub frames_per_block: Bounded<1, 64>,
-    /// Latent frames per video (export-time).
-    #[schemars(extend("x-unstep-class" = "export"))]
-    pub latent_frames: Bounded<1, 1024>,
-    /// Video height in pixels (export-time).
-    #[schemars(extend("x-unstep-class" = "export"))]
-    pub height: Bounded<16, 4096>,
-    /// Video width in pixels (export-time).
-    #[schemars(extend("x-unstep-class" = "export"))]
-    pub width: Bounded<16, 4096>,
-    /// Float precision of the exported graphs (export-time): fp32, fp16, bf16, or fp8 (opt-in
-    /// reduced precision: fp16 tensors, the DiT's block matrix multiplies in float8, CUDA only).
-    #[schemars(extend("x-unstep-class" = "export"))]
-    pub precision: Precision,
-    /// Low-rank factorisation of DiT linear layers (export-time).
-    #[schemars(extend("x-unstep-class" = "export"))]
-    pub svd_rank: SvdRank,
-}
-
 /// What a run keeps.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -497,21 +447,7 @@ impl Manifest {
                     "${TMPDIR:-/tmp}/unstep_full946_generation".into()
                 },
             },
-            method: Method {
-                clean_sigma: Sigma(0.02),
-                denoising_steps: DenoisingSteps::default(),
-                warp_denoising_steps: true,
-                timestep_shift: Positive(5.0),
-                attention_backend: AttentionBackend::Auto,
-                attention_window: AttentionWindow(-1),
-                emit: Emit::CachePass,
-                frames_per_block: Bounded(3),
-                latent_frames: Bounded(21),
-                height: Bounded(480),
-                width: Bounded(832),
-                precision: Precision::Fp16,
-                svd_rank: SvdRank::None,
-            },
+            method: Method::default(),
             outputs: Outputs {
                 dir: "results".into(),
                 save_videos: !probe,

@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::engine::OneTimeWork;
 use crate::results::{ProcessRole, ProcessStart, TimingRecord};
+use crate::vocab::OneTimeWork;
 
 /// One process's first recorded prompt.
 #[derive(Debug, Clone, Serialize)]
@@ -146,8 +146,8 @@ fn work_list(work: &OneTimeWork) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::StartupTimes;
     use crate::results::files::tests::record;
+    use crate::vocab::StartupTimes;
 
     /// Each process's first record is its first prompt; the steady time is the mean of the
     /// others; the section splits the difference into the recorded work and the rest.

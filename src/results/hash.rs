@@ -11,54 +11,113 @@
 //!   the same bundle does not (a `.zip` bundle, whose `bundle.toml` is not read here, by its
 //!   path).
 //!
+//! A setting added to `method` or `noise` after the hash took its present form is hashed only
+//! when its value differs from its default ([`ALWAYS_HASHED`]): a run recorded before the setting
+//! existed generated with that default, so it keeps its hash and resumes.
+//!
 //! Left out on purpose: the prompt file and indices (a prompt's output depends only on its own
 //! text and global index, which the resume check compares directly), sharding, caches, runtime
 //! threads and timing switches (they change how fast, not what), and output naming.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::manifest::Resolved;
 use crate::manifest::load::hex;
+use crate::manifest::{Manifest, Resolved};
 
 /// Bumped when the hashed content changes shape, so old records do not match by accident.
 const VERSION: u32 = 2;
 
+/// The keys of `method` and `noise` hashed whatever their value: every key those tables had
+/// when the hash took its present form (version 2). Any other key is hashed only when its value
+/// differs from its default.
+const ALWAYS_HASHED: [(&str, &[&str]); 2] = [
+    (
+        "method",
+        &[
+            "attention_backend",
+            "attention_window",
+            "clean_sigma",
+            "denoising_steps",
+            "emit",
+            "frames_per_block",
+            "height",
+            "latent_frames",
+            "precision",
+            "svd_rank",
+            "timestep_shift",
+            "warp_denoising_steps",
+            "width",
+        ],
+    ),
+    ("noise", &["mode", "reseed", "seed"]),
+];
+
+/// The hashed tables of a manifest: `method` and `noise`, each as [`hashed_table`] keeps it.
+fn hashed_tables(m: &Manifest) -> [(&'static str, Value); 2] {
+    let defaults = Manifest::defaults(m.kind, "defaults");
+    [
+        ("method", json!(m.method), json!(defaults.method)),
+        ("noise", json!(m.noise), json!(defaults.noise)),
+    ]
+    .map(|(table, value, default)| (table, hashed_table(table, value, &default)))
+}
+
+/// A table of settings as the hash covers it: its keys of [`ALWAYS_HASHED`], and every other key
+/// whose value differs from its default.
+fn hashed_table(table: &str, value: Value, defaults: &Value) -> Value {
+    let always = ALWAYS_HASHED
+        .iter()
+        .find(|(name, _)| *name == table)
+        .map_or(&[][..], |(_, keys)| keys);
+    match value {
+        Value::Object(mut settings) => {
+            settings.retain(|key, value| {
+                always.contains(&key.as_str()) || defaults.get(key) != Some(value)
+            });
+            Value::Object(settings)
+        }
+        other => other,
+    }
+}
+
+/// The sha256 (hex) of an identity object: `tables` and `fields` as its keys. serde_json's maps
+/// are sorted, so the text is canonical.
+fn digest(tables: [(&str, Value); 2], fields: Value) -> String {
+    let mut identity = fields;
+    for (table, value) in tables {
+        identity[table] = value;
+    }
+    hex(&Sha256::digest(identity.to_string().as_bytes()))
+}
+
 /// The sha256 (hex) of the output-deciding settings of `resolved`.
 pub fn config_hash(resolved: &Resolved) -> String {
-    let m = &resolved.manifest;
-    let bundle = &resolved.paths.bundle;
-    let identity = match bundle_toml_sha256(resolved) {
-        Some(sha) => json!({
-            "version": VERSION,
-            "method": m.method,
-            "noise": m.noise,
-            "bundle_toml_sha256": sha,
-        }),
+    let tables = hashed_tables(&resolved.manifest);
+    match bundle_toml_sha256(resolved) {
+        Some(sha) => digest(
+            tables,
+            json!({ "version": VERSION, "bundle_toml_sha256": sha }),
+        ),
         // A .zip bundle is hashed by its path: reading gigabytes here would slow every plan.
-        None => json!({
-            "version": VERSION,
-            "method": m.method,
-            "noise": m.noise,
-            "bundle": bundle.to_string_lossy(),
-        }),
-    };
-    // serde_json's maps are sorted, so the text is canonical.
-    hex(&Sha256::digest(identity.to_string().as_bytes()))
+        None => digest(
+            tables,
+            json!({ "version": VERSION, "bundle": resolved.paths.bundle.to_string_lossy() }),
+        ),
+    }
 }
 
 /// The hash runners before version 2 recorded (it also covered the bundle's path), so that a run
 /// they started still resumes when nothing but the hash's form has changed.
 pub fn legacy_config_hash(resolved: &Resolved) -> String {
-    let m = &resolved.manifest;
-    let identity = json!({
-        "version": 1,
-        "method": m.method,
-        "noise": m.noise,
-        "bundle": resolved.paths.bundle.to_string_lossy(),
-        "bundle_toml_sha256": bundle_toml_sha256(resolved),
-    });
-    hex(&Sha256::digest(identity.to_string().as_bytes()))
+    digest(
+        hashed_tables(&resolved.manifest),
+        json!({
+            "version": 1,
+            "bundle": resolved.paths.bundle.to_string_lossy(),
+            "bundle_toml_sha256": bundle_toml_sha256(resolved),
+        }),
+    )
 }
 
 fn bundle_toml_sha256(resolved: &Resolved) -> Option<String> {
@@ -141,5 +200,65 @@ mod tests {
         assert_eq!(config_hash(&ra), config_hash(&rb));
         assert_ne!(legacy_config_hash(&ra), legacy_config_hash(&rb));
         assert_ne!(config_hash(&ra), legacy_config_hash(&ra));
+    }
+
+    /// The hash of a fixed configuration, pinned: a change to what the hash covers or how it is
+    /// written changes every recorded run's hash, and would stop them resuming.
+    #[test]
+    fn the_hash_of_a_fixed_configuration_is_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("bundle")).unwrap();
+        std::fs::write(d.join("bundle/bundle.toml"), "dit_sha256 = \"aa\"\n").unwrap();
+        let pinned = [
+            (
+                vec![],
+                "17bf45f99d13ce796cd14f255f8727410d8fa590acbb7b446166345e2b0b7df5",
+            ),
+            (
+                vec!["method.clean_sigma=0.01", "noise.seed=7"],
+                "54f3ea4b167749099c0c8363f68d166a7fd39cda1178645d60020e1896665a11",
+            ),
+        ];
+        for (sets, hash) in pinned {
+            assert_eq!(
+                config_hash(&resolve(d, "p", PROBE, &sets)),
+                hash,
+                "{sets:?}"
+            );
+        }
+    }
+
+    /// A setting added to `method` at its default leaves the hash as it was before the setting
+    /// existed, so a run recorded then still resumes; set to anything else, it changes the hash.
+    /// A setting of [`ALWAYS_HASHED`] at its default stays in the hash.
+    #[test]
+    fn a_new_setting_at_its_default_keeps_the_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("bundle")).unwrap();
+        std::fs::write(d.join("bundle/bundle.toml"), "dit_sha256 = \"aa\"\n").unwrap();
+        let r = resolve(d, "p", PROBE, &[]);
+        let defaults = Manifest::defaults(r.manifest.kind, "defaults");
+        let fields = json!({ "version": VERSION, "bundle_toml_sha256": bundle_toml_sha256(&r) });
+        let with_new = |value: Value| {
+            let (mut method, mut method_defaults) =
+                (json!(r.manifest.method), json!(defaults.method));
+            method["future_setting"] = value;
+            method_defaults["future_setting"] = json!(3);
+            let noise = json!(r.manifest.noise);
+            let tables = [
+                ("method", hashed_table("method", method, &method_defaults)),
+                (
+                    "noise",
+                    hashed_table("noise", noise, &json!(defaults.noise)),
+                ),
+            ];
+            digest(tables, fields.clone())
+        };
+        assert_eq!(with_new(json!(3)), config_hash(&r));
+        assert_ne!(with_new(json!(4)), config_hash(&r));
+        let kept = hashed_table("method", json!(defaults.method), &json!(defaults.method));
+        assert_eq!(kept["clean_sigma"], json!(0.02));
     }
 }

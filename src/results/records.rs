@@ -9,11 +9,11 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{OneTimeWork, StartupTimes};
 use crate::manifest::{
     AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
 use crate::plan::{Plan, Role};
+use crate::vocab::{OneTimeWork, StartupTimes};
 
 /// The role of the process that produced a timing record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,7 +47,7 @@ impl From<Role> for ProcessRole {
     }
 }
 
-pub use crate::engine::settings::TimedRegionEnd;
+pub use crate::vocab::TimedRegionEnd;
 
 /// Whether compiler caches started empty. Warm-cache times are not comparable with fresh ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -136,6 +136,26 @@ pub struct ExportSettings {
     pub svd_rank: Option<SvdRank>,
 }
 
+impl ExportSettings {
+    /// What a manifest's method table asks of a bundle: every export setting.
+    pub fn of(method: &crate::vocab::Method) -> Self {
+        Self::asked(&crate::vocab::MethodFlags::all(method))
+    }
+
+    /// What the given method flags ask of a bundle: the export settings among them.
+    pub fn asked(flags: &crate::vocab::MethodFlags) -> Self {
+        let size = |v: Option<u64>| v.map(|v| v as usize);
+        ExportSettings {
+            frames_per_block: size(flags.frames_per_block.map(|b| b.0)),
+            latent_frames: size(flags.latent_frames.map(|b| b.0)),
+            height: size(flags.height.map(|b| b.0)),
+            width: size(flags.width.map(|b| b.0)),
+            precision: flags.precision,
+            svd_rank: flags.svd_rank,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
     #[error("read {path}: {source}")]

@@ -1,5 +1,5 @@
-//! The engine's settings as values: each concept is one type, defined here and reused by the
-//! manifest (its schema and TOML form), the worker's command line (clap's `ValueEnum`) and the
+//! The settings' values: each concept is one type, defined here and reused by the manifest (its
+//! schema and TOML form), the engine, the worker's command line (clap's `ValueEnum`) and the
 //! records (`Display`). A setting's spelling is `snake_case` everywhere.
 
 use std::borrow::Cow;
