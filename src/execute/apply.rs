@@ -126,18 +126,19 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
+/// Sets [`INTERRUPTED`] on SIGINT, SIGTERM and SIGHUP (a closed terminal stops the run as
+/// Ctrl-C does); installed once per process.
 pub(super) fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        // A closed terminal stops the run as Ctrl-C does.
-        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
-    }
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        for signal in [SIGINT, SIGTERM, SIGHUP] {
+            // The handler only stores to the atomic. Registering fails only for the signals
+            // that cannot be caught, which these are not.
+            signal_hook::flag::register(signal, &INTERRUPTED)
+                .expect("SIGINT, SIGTERM and SIGHUP can be caught");
+        }
+    });
 }
 
 /// Where a probe's `--save-videos` debug videos go (deleted after each probe process).
