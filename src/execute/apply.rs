@@ -130,20 +130,26 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
-extern "C" fn on_signal(_: libc::c_int) {
-    // Counted first: whoever sees INTERRUPTED sees this interrupt counted.
+/// Counts the interrupt and sets [`INTERRUPTED`]; counted first, so that whoever sees
+/// [`INTERRUPTED`] sees this interrupt counted.
+fn on_signal() {
     INTERRUPTS.fetch_add(1, Ordering::SeqCst);
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
+/// Runs [`on_signal`] on SIGINT, SIGTERM and SIGHUP (a closed terminal stops the run as Ctrl-C
+/// does); installed once per process.
 pub(super) fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        // A closed terminal stops the run as Ctrl-C does.
-        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
-    }
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        for signal in [SIGINT, SIGTERM, SIGHUP] {
+            // SAFETY: the action only touches atomics, which is async-signal-safe. Registering
+            // fails only for the signals that cannot be caught, which these are not.
+            unsafe { signal_hook::low_level::register(signal, on_signal) }
+                .expect("SIGINT, SIGTERM and SIGHUP can be caught");
+        }
+    });
 }
 
 /// Where a probe's `--save-videos` debug videos go (deleted after each probe process).

@@ -18,30 +18,20 @@ pub(crate) fn nal_type(nal: &[u8]) -> u8 {
 /// The NAL units of an Annex-B stream, without their start codes. Bytes before the first start
 /// code (none, for a well-formed stream) are ignored, as are empty units.
 pub(crate) fn split_nal_units(stream: &[u8]) -> Vec<&[u8]> {
-    // Positions just past each `00 00 01`.
-    let mut starts = Vec::new();
-    let mut i = 0;
-    while i + 3 <= stream.len() {
-        if stream[i] == 0 && stream[i + 1] == 0 && stream[i + 2] == 1 {
-            starts.push(i + 3);
-            i += 3;
-        } else {
-            i += 1;
-        }
-    }
-    let mut units = Vec::with_capacity(starts.len());
-    for (k, &start) in starts.iter().enumerate() {
-        let mut end = starts.get(k + 1).map_or(stream.len(), |&next| next - 3);
-        // A 4-byte start code's leading zero, and any trailing_zero_8bits, belong to neither
-        // unit: a NAL unit never ends in a zero byte (it ends in the RBSP stop bit).
-        while end > start && stream[end - 1] == 0 {
-            end -= 1;
-        }
-        if end > start {
-            units.push(&stream[start..end]);
-        }
-    }
-    units
+    // OpenH264's splitter gives each unit with its `00 00 01` in front and everything up to the
+    // next one behind it.
+    openh264::nal_units(stream)
+        .filter_map(|unit| {
+            let unit = unit.strip_prefix(&[0, 0, 1][..])?;
+            // A 4-byte start code's leading zero, and any trailing_zero_8bits, belong to neither
+            // unit: a NAL unit never ends in a zero byte (it ends in the RBSP stop bit).
+            let end = unit
+                .iter()
+                .rposition(|&b| b != 0)
+                .map_or(0, |last| last + 1);
+            (end > 0).then(|| &unit[..end])
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -73,5 +63,20 @@ mod tests {
         assert!(split_nal_units(&[]).is_empty());
         assert!(split_nal_units(&[1, 2, 3]).is_empty());
         assert!(split_nal_units(&[0, 0, 0, 1]).is_empty());
+        assert!(split_nal_units(&[0, 0, 1, 0, 0, 0, 1]).is_empty());
+    }
+
+    #[test]
+    fn skips_leading_bytes_and_drops_trailing_zeros() {
+        let stream = [
+            7, 7, 0, // before the first start code
+            0, 0, 1, 0x09, 0xF0, 0,
+            0, // AUD, then a 4-byte start code's zero and a trailing zero
+            0, 0, 1, 0x67, 0x42, 0, // SPS with a trailing zero at the end of the stream
+        ];
+        assert_eq!(
+            split_nal_units(&stream),
+            vec![&[0x09, 0xF0][..], &[0x67, 0x42][..]]
+        );
     }
 }

@@ -45,9 +45,6 @@ use super::cudnn::{
     Attr, Desc, Kind, check_aligned, check_cudnn, deserialize_plan, device_kind, engine_configs,
     execute_plan, execution_plan, handle, scratch, serialize_plan,
 };
-use super::operator::CudaKernel;
-use super::ops::Attention;
-use super::ops::attention::{AttentionSizes, HeadsAttrs};
 use crate::engine::one_time::{self, Work};
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
@@ -302,6 +299,20 @@ struct Prepared {
     stats_offset: usize,
 }
 
+/// The sizes of an `Attention` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AttentionSizes {
+    /// The rows of Q, all batch entries.
+    pub(crate) rows: usize,
+    /// D, the last axis of Q, K and V.
+    pub(crate) d: usize,
+    /// hd / 2.
+    pub(crate) half_hd: usize,
+    /// S and L, the rows of one batch entry in Q and in K / V.
+    pub(crate) block_rows: usize,
+    pub(crate) cache_rows: usize,
+}
+
 /// An `Attention` node's CUDA kernel.
 pub(crate) struct AttentionKernel {
     ordinal: i32,
@@ -319,8 +330,9 @@ pub(crate) struct AttentionKernel {
     pub(crate) max_parts: usize,
 }
 
-impl CudaKernel<Attention> for AttentionKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl AttentionKernel {
+    /// The kernel of element type `ty` on device `ordinal`: float16 only.
+    pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if ty != TensorElementType::Float16 {
             return Err(format!(
                 "{DOMAIN} Attention: element type {ty:?} is not supported on CUDA (cuDNN's fused \
@@ -345,18 +357,6 @@ impl CudaKernel<Attention> for AttentionKernel {
         })
     }
 
-    fn launch(
-        &mut self,
-        _: &HeadsAttrs,
-        sizes: &AttentionSizes,
-        pointers: &[u64],
-        stream: sys::CUstream,
-    ) -> Result<(), String> {
-        self.launch_attention(sizes, pointers, stream)
-    }
-}
-
-impl AttentionKernel {
     /// The split this kernel uses for a call of these sizes.
     pub(crate) fn split_of(&self, sizes: &AttentionSizes) -> Split {
         let heads = sizes.d / (2 * sizes.half_hd);

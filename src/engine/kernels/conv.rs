@@ -46,9 +46,6 @@ use super::cudnn::{
     Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, deserialize_plan,
     device_kind, engine_configs, execute_plan, execution_plan, serialize_plan, set_stream,
 };
-use super::operator::CudaKernel;
-use super::ops::CausalConv3d;
-use super::ops::causal_conv3d::ConvDims;
 use crate::engine::one_time::{self, Work};
 
 /// The tensors of a call, by unique id.
@@ -128,6 +125,33 @@ impl Device {
     }
 }
 
+/// The sizes of a `CausalConv3d` call: X `[n, t, h, w, c]`, W `[k, kt, kh, kw, c]`, Y
+/// `[n, t − kt + 1, h, w, k]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub(crate) struct ConvDims {
+    pub(crate) n: usize,
+    pub(crate) t: usize,
+    pub(crate) h: usize,
+    pub(crate) w: usize,
+    pub(crate) c: usize,
+    pub(crate) k: usize,
+    pub(crate) kt: usize,
+    pub(crate) kh: usize,
+    pub(crate) kw: usize,
+}
+
+impl ConvDims {
+    /// The output's frames: `t − kt + 1`.
+    pub(crate) fn out_t(&self) -> usize {
+        self.t + 1 - self.kt
+    }
+
+    /// The output's pixels (rows of K).
+    pub(crate) fn rows(&self) -> usize {
+        self.n * self.out_t() * self.h * self.w
+    }
+}
+
 /// A `CausalConv3d` node's CUDA kernel.
 pub(crate) struct ConvKernel {
     ty: TensorElementType,
@@ -135,8 +159,9 @@ pub(crate) struct ConvKernel {
     context: Handle<sys::CUcontext>,
 }
 
-impl CudaKernel<CausalConv3d> for ConvKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl ConvKernel {
+    /// The kernel of element type `ty` (float32 or float16) on device `ordinal`.
+    pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if !matches!(ty, TensorElementType::Float16 | TensorElementType::Float32) {
             return Err(format!(
                 "{DOMAIN} CausalConv3d: element type {ty:?} is not supported (float32 and float16 \
@@ -151,18 +176,6 @@ impl CudaKernel<CausalConv3d> for ConvKernel {
         })
     }
 
-    fn launch(
-        &mut self,
-        _: &(),
-        sizes: &ConvDims,
-        pointers: &[u64],
-        stream: sys::CUstream,
-    ) -> Result<(), String> {
-        self.launch_conv(sizes, pointers, stream)
-    }
-}
-
-impl ConvKernel {
     /// Queues `Y = conv(X, W)` on `stream` over `pointers` (X, W, Y: device addresses of this
     /// device) with the sizes `dims`.
     pub(crate) fn launch_conv(

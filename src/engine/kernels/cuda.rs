@@ -12,28 +12,85 @@
 //!   PTX of a newer ISA. With a kernel cache folder the cubin is kept under its `nvrtc/`
 //!   ([`image_file`]): a later process loads it instead of compiling, and compiles only when the
 //!   kept image does not load.
-//! - [`prepare`] checks a call of any operator against the contract and its CUDA needs (element
-//!   types, tensors on the kernel's device, shapes, alignment to element pairs), allocates its
-//!   outputs, and reads the device pointers of its inputs and outputs (`Tensor::data_ptr`: ONNX
-//!   Runtime allocates them on the device, as the operators are registered for
-//!   `CUDAExecutionProvider`) and the provider's `cudaStream_t`
-//!   (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]); the operator's
-//!   [`CudaKernel`](super::operator::CudaKernel) then queues its work on that stream. Nothing
-//!   synchronises: ONNX Runtime orders the stream.
 
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use crate::engine::one_time::{self, Work};
+
+/// An error of the CUDA driver, NVRTC or the module of `kernels.cu`, in the words a user reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum CudaError {
+    /// The CUDA driver library does not load.
+    #[error(
+        "unstep CUDA kernels: could not load the CUDA driver library (libcuda.so.1): {reason}; \
+         install the NVIDIA driver, {REMEDY}"
+    )]
+    NoDriver { reason: String },
+    /// NVRTC does not load.
+    #[error(
+        "unstep CUDA kernels: could not load NVRTC (libnvrtc.so.13): {reason}; put CUDA 13's \
+         NVRTC on LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc==13.*` puts it in \
+         site-packages/nvidia/cu13/lib), {REMEDY}"
+    )]
+    NoNvrtc { reason: String },
+    #[error("unstep CUDA kernels: cuInit failed: {0}; {REMEDY}")]
+    Init(driver::DriverError),
+    /// A driver call on a device failed.
+    #[error("{call} on CUDA device {ordinal}: {source}")]
+    Driver {
+        call: String,
+        ordinal: i32,
+        source: driver::DriverError,
+    },
+    #[error("cuCtxPushCurrent: {0}")]
+    PushContext(driver::DriverError),
+    #[error("cuMemAlloc of {mib} MiB on CUDA device {ordinal}: {source}")]
+    Alloc {
+        mib: usize,
+        ordinal: i32,
+        source: driver::DriverError,
+    },
+    /// An NVRTC call failed; `log` is the compile log of a failed compile.
+    #[error(
+        "unstep CUDA kernels: NVRTC {version} could not {what} for {arch}: {source}{}",
+        log.as_deref().map(|log| format!(":\n{log}")).unwrap_or_default()
+    )]
+    Nvrtc {
+        version: String,
+        what: &'static str,
+        arch: String,
+        source: nvrtc::NvrtcError,
+        log: Option<String>,
+    },
+    /// The compiled image does not load.
+    #[error(
+        "{load}; the driver may be older than NVRTC {version} (use the NVRTC of the driver's CUDA \
+         version), {REMEDY}"
+    )]
+    LoadImage {
+        load: Box<CudaError>,
+        version: String,
+    },
+    #[error("unstep CUDA kernels: kernels.cu has no entry point {0}")]
+    NoEntryPoint(String),
+    /// An error of the kernels' setup, said as theirs.
+    #[error("unstep CUDA kernels: {0}")]
+    Kernels(Box<CudaError>),
+    /// An error with the remedy after it.
+    #[error("{0}; {REMEDY}")]
+    WithRemedy(Box<CudaError>),
+}
+
+/// The modules whose errors are still messages take a [`CudaError`] as its message.
+impl From<CudaError> for String {
+    fn from(e: CudaError) -> Self {
+        e.to_string()
+    }
+}
 use cudarc::driver::{result as driver, sys};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
-use ort::memory::AllocationDevice;
-use ort::operator::ComputeContext;
-use ort::value::{DynTensorValueType, TensorElementType};
-
-use super::operator::{UnstepOp, check, op_error};
-use super::row_launch::{Layout, elem_bytes, entry_point};
-use crate::engine::one_time::{self, Work};
 
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
@@ -44,38 +101,32 @@ pub(crate) const REMEDY: &str =
     "or run with `--dit-kernels onnxruntime` (runtime.dit_kernels = \"onnxruntime\")";
 
 /// Loads the CUDA driver and NVRTC libraries and initialises the driver, once per process.
-pub(super) fn check_libraries() -> Result<(), String> {
-    static CHECK: OnceLock<Result<(), String>> = OnceLock::new();
+pub(super) fn check_libraries() -> Result<(), CudaError> {
+    static CHECK: OnceLock<Result<(), CudaError>> = OnceLock::new();
     CHECK
         .get_or_init(|| {
             // SAFETY: as in `check_nvrtc`.
             if !unsafe { sys::is_culib_present() } {
-                return Err(format!(
-                    "unstep CUDA kernels: could not load the CUDA driver library (libcuda.so.1): {}; \
-                     install the NVIDIA driver, {REMEDY}",
-                    open_error("libcuda.so.1")
-                ));
+                return Err(CudaError::NoDriver {
+                    reason: open_error("libcuda.so.1"),
+                });
             }
             check_nvrtc()?;
-            driver::init()
-                .map_err(|e| format!("unstep CUDA kernels: cuInit failed: {e}; {REMEDY}"))
+            driver::init().map_err(CudaError::Init)
         })
         .clone()
 }
 
 /// Loads NVRTC (enough to compile; no GPU needed).
-pub(crate) fn check_nvrtc() -> Result<(), String> {
+pub(crate) fn check_nvrtc() -> Result<(), CudaError> {
     // SAFETY: only opens the library (its initialisers have no preconditions); cudarc keeps its
     // own handle, opened by the same names, for the calls.
     if unsafe { nvrtc_sys::is_culib_present() } {
         return Ok(());
     }
-    Err(format!(
-        "unstep CUDA kernels: could not load NVRTC (libnvrtc.so.13): {}; put CUDA 13's NVRTC on \
-         LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc==13.*` puts it in \
-         site-packages/nvidia/cu13/lib), {REMEDY}",
-        open_error("libnvrtc.so.13")
-    ))
+    Err(CudaError::NoNvrtc {
+        reason: open_error("libnvrtc.so.13"),
+    })
 }
 
 /// Why `name` cannot be opened, in the dynamic loader's words.
@@ -115,13 +166,15 @@ pub(crate) fn image_file(cache_dir: &Path, arch: &str, nvrtc: &str) -> PathBuf {
 
 /// Compiles `kernels.cu` with NVRTC for `arch` (`sm_90` gives a cubin, `compute_90` PTX) and
 /// returns the image. Needs NVRTC, not a GPU.
-pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, String> {
-    let fail = |what: &str, e: nvrtc::NvrtcError| {
-        format!(
-            "unstep CUDA kernels: NVRTC {} could not {what} for {arch}: {e}",
-            nvrtc_version()
-        )
+pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, CudaError> {
+    let error = |what: &'static str, e: nvrtc::NvrtcError, log: Option<String>| CudaError::Nvrtc {
+        version: nvrtc_version(),
+        what,
+        arch: arch.to_string(),
+        source: e,
+        log,
     };
+    let fail = |what: &'static str, e: nvrtc::NvrtcError| error(what, e, None);
     let source = CString::new(SOURCE).expect("kernels.cu has no NUL byte");
     let name = c"unstep_kernels.cu";
     let program =
@@ -136,7 +189,7 @@ pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, String> {
                 let log = nvrtc::get_program_log(program)
                     .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
                     .unwrap_or_default();
-                format!("{}:\n{log}", fail("compile kernels.cu", e))
+                error("compile kernels.cu", e, Some(log))
             })
             .and_then(|()| {
                 if cubin {
@@ -178,8 +231,8 @@ struct DeviceModule {
 
 /// The module of device `ordinal`, compiled and loaded on first use; a failure is kept too, so
 /// every session of the process reports the same error.
-fn device_module(ordinal: i32) -> Result<&'static DeviceModule, String> {
-    type Loaded = Vec<(i32, Result<&'static DeviceModule, String>)>;
+fn device_module(ordinal: i32) -> Result<&'static DeviceModule, CudaError> {
+    type Loaded = Vec<(i32, Result<&'static DeviceModule, CudaError>)>;
     static MODULES: Mutex<Loaded> = Mutex::new(Vec::new());
     let mut modules = MODULES.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((_, module)) = modules.iter().find(|(o, _)| *o == ordinal) {
@@ -192,9 +245,9 @@ fn device_module(ordinal: i32) -> Result<&'static DeviceModule, String> {
 
 /// The primary context of device `ordinal` (the one ONNX Runtime's CUDA provider works in),
 /// retained for the rest of the process.
-pub(super) fn primary_context(ordinal: i32) -> Result<Handle<sys::CUcontext>, String> {
+pub(super) fn primary_context(ordinal: i32) -> Result<Handle<sys::CUcontext>, CudaError> {
     check_libraries()?;
-    let fail = |what: &str, e: driver::DriverError| format!("{what} on CUDA device {ordinal}: {e}");
+    let fail = |what: &str, e| driver_error(what, ordinal, e);
     let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
     // SAFETY: `device` came from cuDeviceGet. The reference is never released.
     let context = unsafe { driver::primary_ctx::retain(device) }
@@ -210,9 +263,9 @@ pub(super) struct DeviceInfo {
 }
 
 /// [`DeviceInfo`] of device `ordinal` (loads the driver first).
-pub(super) fn device_info(ordinal: i32) -> Result<DeviceInfo, String> {
+pub(super) fn device_info(ordinal: i32) -> Result<DeviceInfo, CudaError> {
     check_libraries()?;
-    let fail = |what: &str, e: driver::DriverError| format!("{what} on CUDA device {ordinal}: {e}");
+    let fail = |what: &str, e| driver_error(what, ordinal, e);
     let device = driver::device::get(ordinal).map_err(|e| fail("cuDeviceGet", e))?;
     let attribute = |a| {
         // SAFETY: `device` came from cuDeviceGet.
@@ -231,15 +284,21 @@ pub(super) fn device_info(ordinal: i32) -> Result<DeviceInfo, String> {
     })
 }
 
-fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
-    let fail = |what: &str, e: driver::DriverError| {
-        format!("unstep CUDA kernels: {what} on CUDA device {ordinal}: {e}")
-    };
-    let info = device_info(ordinal).map_err(|e| format!("unstep CUDA kernels: {e}"))?;
+/// A failed driver call `what` on device `ordinal`.
+fn driver_error(what: &str, ordinal: i32, source: driver::DriverError) -> CudaError {
+    CudaError::Driver {
+        call: what.to_string(),
+        ordinal,
+        source,
+    }
+}
+
+fn load_module(ordinal: i32) -> Result<DeviceModule, CudaError> {
+    let kernels = |e: CudaError| CudaError::Kernels(Box::new(e));
+    let fail = |what: &str, e| kernels(driver_error(what, ordinal, e));
+    let info = device_info(ordinal).map_err(kernels)?;
     let arch = format!("sm_{}{}", info.major, info.minor);
-    let context = primary_context(ordinal)
-        .map_err(|e| format!("unstep CUDA kernels: {e}"))?
-        .0;
+    let context = primary_context(ordinal).map_err(kernels)?.0;
     let _current = CurrentContext::enter(context).map_err(|e| fail("cuCtxPushCurrent", e))?;
     let load = |image: &[u8]| {
         // SAFETY: the context is current; a damaged image is refused by the driver.
@@ -257,43 +316,23 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, String> {
         Some(module) => module,
         None => {
             let image = one_time::timed(Work::KernelCompile, || compile(&arch))
-                .map_err(|e| format!("{e}; {REMEDY}"))?;
+                .map_err(|e| CudaError::WithRemedy(Box::new(e)))?;
             if let Some(file) = &file {
                 super::keep(file, &image, "compiles the kernels");
             }
-            load(&image).map_err(|e| {
-                format!(
-                    "{}; the driver may be older than NVRTC {} (use the NVRTC of the driver's CUDA version), {REMEDY}",
-                    fail(&format!("cuModuleLoadData ({arch} cubin)"), e),
-                    nvrtc_version()
-                )
+            load(&image).map_err(|e| CudaError::LoadImage {
+                load: Box::new(fail(&format!("cuModuleLoadData ({arch} cubin)"), e)),
+                version: nvrtc_version(),
             })?
         }
     };
     let mut functions = Vec::new();
-    for name in OTHER_ENTRY_POINTS {
-        let c_name = CString::new(name).expect("entry point names have no NUL byte");
+    for name in super::entry_points() {
+        let c_name = CString::new(name.as_str()).expect("entry point names have no NUL byte");
         // SAFETY: `module` was just loaded and is never unloaded.
         let function = unsafe { driver::module::get_function(module, c_name) }
             .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
-        functions.push((name.to_string(), Handle(function)));
-    }
-    for base in super::row_kernels() {
-        for ty in [TensorElementType::Float32, TensorElementType::Float16] {
-            for layout in Layout::KINDS {
-                let name = entry_point(base, ty, layout)
-                    .expect("every operator has float32 and float16 kernels");
-                if functions.iter().any(|(n, _)| *n == name) {
-                    continue;
-                }
-                let c_name =
-                    CString::new(name.as_str()).expect("entry point names have no NUL byte");
-                // SAFETY: `module` was just loaded and is never unloaded.
-                let function = unsafe { driver::module::get_function(module, c_name) }
-                    .map_err(|e| fail(&format!("cuModuleGetFunction {name}"), e))?;
-                functions.push((name, Handle(function)));
-            }
-        }
+        functions.push((name, Handle(function)));
     }
     Ok(DeviceModule {
         context: Handle(context),
@@ -313,14 +352,14 @@ pub(crate) const OTHER_ENTRY_POINTS: [&str; 2] = [
 pub(super) fn device_function(
     ordinal: i32,
     name: &str,
-) -> Result<(Handle<sys::CUcontext>, Handle<sys::CUfunction>), String> {
+) -> Result<(Handle<sys::CUcontext>, Handle<sys::CUfunction>), CudaError> {
     let module = device_module(ordinal)?;
     let function = module
         .functions
         .iter()
         .find(|(n, _)| n == name)
         .map(|(_, f)| *f)
-        .ok_or_else(|| format!("unstep CUDA kernels: kernels.cu has no entry point {name}"))?;
+        .ok_or_else(|| CudaError::NoEntryPoint(name.to_string()))?;
     Ok((module.context, function))
 }
 
@@ -334,16 +373,16 @@ pub(crate) struct DeviceMemory {
 
 impl DeviceMemory {
     /// `bytes` (at least 256) of uninitialised device memory.
-    pub(crate) fn new(ordinal: i32, bytes: usize) -> Result<Self, String> {
+    pub(crate) fn new(ordinal: i32, bytes: usize) -> Result<Self, CudaError> {
         let context = primary_context(ordinal)?;
         let _current = CurrentContext::push(context)?;
         // SAFETY: a plain allocation in the current (primary) context, freed once in `drop`.
-        let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
-            format!(
-                "cuMemAlloc of {} MiB on CUDA device {ordinal}: {e}",
-                bytes.div_ceil(1 << 20)
-            )
-        })?;
+        let ptr =
+            unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|source| CudaError::Alloc {
+                mib: bytes.div_ceil(1 << 20),
+                ordinal,
+                source,
+            })?;
         Ok(Self { ptr, context })
     }
 
@@ -371,8 +410,8 @@ pub(super) struct CurrentContext {
 
 impl CurrentContext {
     /// [`Self::enter`], with an error message naming the call.
-    pub(super) fn push(context: Handle<sys::CUcontext>) -> Result<Self, String> {
-        Self::enter(context.0).map_err(|e| format!("cuCtxPushCurrent: {e}"))
+    pub(super) fn push(context: Handle<sys::CUcontext>) -> Result<Self, CudaError> {
+        Self::enter(context.0).map_err(CudaError::PushContext)
     }
 
     pub(super) fn enter(context: sys::CUcontext) -> Result<Self, driver::DriverError> {
@@ -393,93 +432,4 @@ impl Drop for CurrentContext {
             let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
         }
     }
-}
-
-/// A checked call of an operator on CUDA, ready to launch.
-pub(super) struct Call<S> {
-    pub(super) sizes: S,
-    /// Device addresses of the inputs, then the outputs, in the operator's order.
-    pub(super) pointers: Vec<u64>,
-    /// ONNX Runtime's compute stream.
-    pub(super) stream: sys::CUstream,
-}
-
-/// Checks a call of `O` on CUDA device `ordinal` with element type `ty` against the contract
-/// (types, devices, shapes, alignment to element pairs) and allocates its outputs; `None` when
-/// the outputs are empty (nothing to launch).
-pub(super) fn prepare<O: UnstepOp>(
-    ty: TensorElementType,
-    ordinal: i32,
-    attrs: &O::Attrs,
-    ctx: &ComputeContext,
-) -> ort::Result<Option<Call<O::Sizes>>> {
-    let info = &O::INFO;
-    let fail = |message: String| op_error(info, format!("(CUDA) {message}"));
-    let elem_bytes = elem_bytes(ty);
-    // `kind` and `name` are formatted only when the check fails: this runs on every call.
-    let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
-        if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == ordinal {
-            Ok(())
-        } else {
-            Err(fail(format!(
-                "{kind} {name} is in {} memory of device {}; the kernel runs on CUDA device {}",
-                mem.allocation_device().as_str(),
-                mem.device_id(),
-                ordinal
-            )))
-        }
-    };
-    let names = info.inputs;
-    let mut inputs = Vec::with_capacity(names.len());
-    for (i, name) in names.iter().enumerate() {
-        let tensor = ctx
-            .input(i)?
-            .ok_or_else(|| fail(format!("input {name} is missing")))?
-            .downcast::<DynTensorValueType>()?;
-        let expected = info.input_type(i, ty);
-        if *tensor.data_type() != expected {
-            return Err(fail(format!(
-                "input {name} is {:?}, it must be {expected:?} (the node's type is {ty:?})",
-                tensor.data_type(),
-            )));
-        }
-        on_device("input", name, tensor.memory_info())?;
-        inputs.push(tensor);
-    }
-    let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
-    let sizes = check::<O>(attrs, &shapes).map_err(ort::Error::new)?;
-    let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
-    for (idx, name) in info.outputs.iter().enumerate() {
-        let tensor = ctx
-            .output(idx, O::output_shape(&shapes, idx))?
-            .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
-            .downcast::<DynTensorValueType>()?;
-        on_device("output", name, tensor.memory_info())?;
-        // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory,
-        // which stays ONNX Runtime's; the kernel writes it on the stream.
-        pointers.push(tensor.data_ptr() as u64);
-    }
-    if O::is_empty(&sizes) {
-        return Ok(None);
-    }
-    // Every layout loads and stores at least a pair of elements in one access (the block
-    // layout's unit; the group layout's is checked in the launch, which falls back to blocks).
-    let all_names = names.iter().chain(info.outputs);
-    for (&pointer, name) in pointers.iter().zip(all_names) {
-        if pointer % (2 * elem_bytes as u64) != 0 {
-            return Err(fail(format!(
-                "{name} at {pointer:#x} is not aligned to {} bytes",
-                2 * elem_bytes
-            )));
-        }
-    }
-    let stream = ctx
-        .stream()?
-        .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
-        .as_ptr() as sys::CUstream;
-    Ok(Some(Call {
-        sizes,
-        pointers,
-        stream,
-    }))
 }

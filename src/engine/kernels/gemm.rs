@@ -39,10 +39,6 @@ use ort::value::TensorElementType;
 
 use super::DOMAIN;
 use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
-use super::operator::CudaKernel;
-use super::ops::matmul_bias_gelu::MatMulSizes;
-use super::ops::matmul_fp8::{Fp8Attrs, Fp8Sizes};
-use super::ops::{MatMulBiasGelu, MatMulFp8};
 use crate::engine::one_time::{self, Work};
 
 /// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
@@ -267,6 +263,17 @@ impl Drop for Prepared {
     }
 }
 
+/// The sizes of a `MatMulBiasGelu` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MatMulSizes {
+    /// M, the rows of X.
+    pub(crate) rows: usize,
+    /// K = D, the last axis of X.
+    pub(crate) d: usize,
+    /// N, the columns of Y (W's rows).
+    pub(crate) cols: usize,
+}
+
 /// A `MatMulBiasGelu` or `MatMulFp8` node's CUDA kernel.
 pub(crate) struct GemmKernel {
     ty: TensorElementType,
@@ -294,8 +301,9 @@ pub(super) struct Probe {
     pub(super) fast_accumulation: bool,
 }
 
-impl CudaKernel<MatMulBiasGelu> for GemmKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+impl GemmKernel {
+    /// `MatMulBiasGelu`'s kernel of element type `ty` (float32 or float16) on device `ordinal`.
+    pub(crate) fn bias_gelu(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if data_type(ty).is_none() {
             return Err(format!(
                 "{DOMAIN} MatMulBiasGelu: element type {ty:?} is not supported (float32 and \
@@ -306,19 +314,9 @@ impl CudaKernel<MatMulBiasGelu> for GemmKernel {
         Ok(Self::with(ty, ordinal, primary_context(ordinal)?, None))
     }
 
-    fn launch(
-        &mut self,
-        _: &(),
-        sizes: &MatMulSizes,
-        pointers: &[u64],
-        stream: sys::CUstream,
-    ) -> Result<(), String> {
-        self.launch_matmul(sizes, pointers, stream)
-    }
-}
-
-impl CudaKernel<MatMulFp8> for GemmKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    /// `MatMulFp8`'s kernel of element type `ty` (float16 only) on device `ordinal` (compute
+    /// capability 9.0 or later).
+    pub(crate) fn fp8(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
         if ty != TensorElementType::Float16 {
             return Err(format!(
                 "{DOMAIN} MatMulFp8: element type {ty:?} is not supported on CUDA (float16 is; \
@@ -341,18 +339,6 @@ impl CudaKernel<MatMulFp8> for GemmKernel {
         Ok(Self::with(ty, ordinal, context, Some(quantise)))
     }
 
-    fn launch(
-        &mut self,
-        attrs: &Fp8Attrs,
-        sizes: &Fp8Sizes,
-        pointers: &[u64],
-        stream: sys::CUstream,
-    ) -> Result<(), String> {
-        self.launch_fp8(attrs, sizes, pointers, stream)
-    }
-}
-
-impl GemmKernel {
     /// A kernel of no prepared shapes, cuBLASLt's first choices.
     fn with(
         ty: TensorElementType,
@@ -495,8 +481,8 @@ impl GemmKernel {
     /// float8 matmul.
     pub(super) fn launch_fp8(
         &mut self,
-        attrs: &Fp8Attrs,
-        sizes: &Fp8Sizes,
+        gelu: bool,
+        sizes: &MatMulSizes,
         pointers: &[u64],
         stream: sys::CUstream,
     ) -> Result<(), String> {
@@ -515,7 +501,7 @@ impl GemmKernel {
                 "K = {k}: cuBLASLt's float8 matrix multiplies need K a multiple of 16"
             ));
         }
-        let quantise = self.quantise.expect("made by CudaKernel<MatMulFp8>::new");
+        let quantise = self.quantise.expect("made by GemmKernel::fp8");
         let _current = CurrentContext::push(self.context)?;
         // The codes (M·K bytes), then the rows' scales at the next 256 bytes.
         let scales_offset = (m * k).next_multiple_of(256);
@@ -557,7 +543,7 @@ impl GemmKernel {
                 X_SCALES,
             ),
         ];
-        let mode = Mode::Fp8 { gelu: attrs.gelu };
+        let mode = Mode::Fp8 { gelu };
         self.matmul((m, k, n), mode, &pointers, [w, codes, y], stream)
             .map_err(|e| format!("cublasLtMatmul (float8, {m} × {k} × {n}): {e}"))
     }

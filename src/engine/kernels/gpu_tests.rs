@@ -9,6 +9,7 @@ use super::attention::{self, AttentionKernel};
 use super::conv::ConvKernel;
 use super::cuda;
 use super::gemm::{GemmKernel, Probe};
+use super::operator::Element;
 use super::operator::{CudaKernel, UnstepOp};
 use super::ops::attention::tests::*;
 use super::ops::bias_gelu::tests::*;
@@ -22,7 +23,6 @@ use super::ops::prefix_bias_rms_norm::tests::*;
 use super::ops::qkv_norm_rope_cache::tests::*;
 use super::ops::*;
 use super::row_launch::{RowKernel, RowOp, check_d};
-use super::rows::Element;
 use super::test_support::*;
 
 mod gemm;

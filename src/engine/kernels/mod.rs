@@ -13,16 +13,23 @@
 //! - `ops/`: one file per operator, holding its part of the contract (its module doc), its
 //!   attributes, shape check and output shapes, its CPU kernel, how it runs on CUDA, and its
 //!   tests ([`operator::UnstepOp`]).
-//! - `operator.rs`: the trait every operator implements and the one adapter to ONNX Runtime's
-//!   custom operators (inputs read, outputs allocated, CPU or CUDA dispatch).
-//! - `rows.rs`: what the row operators share (element types, the checks of D-element inputs, row
-//!   parameters and rotary tables, the CPU RMS-norm pass); `row_launch.rs`: their CUDA launch
-//!   (row layouts, kernel arguments); `cuda.rs`: CUDA driver, NVRTC and the module of
-//!   `kernels.cu`, and the checked CUDA call.
+//! - `operator.rs`: the trait every operator implements, the element types, and the one adapter
+//!   to ONNX Runtime's custom operators (inputs read, outputs allocated, CPU or CUDA dispatch, a
+//!   CUDA call checked and its device pointers read).
+//! - `rows.rs`: what the row operators share (the checks of D-element inputs, row parameters and
+//!   rotary tables, the CPU RMS-norm pass); `row_launch.rs`: their CUDA launch (row layouts,
+//!   kernel arguments); `cuda.rs`: CUDA driver, NVRTC and the module of `kernels.cu`.
 //! - `gemm.rs` (cuBLASLt), `attention.rs` and `conv.rs` (cuDNN, through `cudnn.rs`): the CUDA
-//!   kernels of `MatMulBiasGelu` and `MatMulFp8`, `Attention` and `CausalConv3d`.
+//!   kernels of `MatMulBiasGelu` and `MatMulFp8`, `Attention` and `CausalConv3d`, with the sizes
+//!   of a call they run; each operator's file implements [`operator::CudaKernel`] with them.
 //! - `test_support.rs`, `tests.rs`, `gpu_tests.rs`: test helpers and the tests that span the
 //!   operators; `gpu_tests/gemm.rs`: the GPU tests of the cuBLASLt kernels.
+//!
+//! The modules depend on each other in one direction, with no cycle: `ops/` on the backends
+//! (`row_launch.rs`, `gemm.rs`, `attention.rs`, `conv.rs`) and on `operator.rs` and `rows.rs`;
+//! the backends on `cuda.rs` and `cudnn.rs`; `rows.rs` and `row_launch.rs` on `operator.rs`.
+//! This module ties them together: the registry's domain, the settings, and the list of
+//! `kernels.cu`'s entry points that `cuda.rs` loads.
 //!
 //! # The contract (shared with the exporter)
 //!
@@ -50,11 +57,13 @@
 //! Write `ops/<name>.rs`: a unit struct implementing [`operator::UnstepOp`] (its `OpInfo`,
 //! attributes, shape check, output shapes where they are not X's, CPU kernel, and CUDA kernel
 //! type: [`row_launch::RowKernel`] with a [`row_launch::RowOp`] impl for a row operator, whose
-//! entry points go into `kernels.cu`, or a type of its own implementing
-//! [`operator::CudaKernel`]), with its tests in `ops/<name>/tests.rs`. Then add one line,
-//! `<name>::<Name>,`, to the registry: the `operators!` list in `ops/mod.rs`, which declares the
-//! module and puts the operator into [`ops::REGISTRY`]. The domain and the loading of
-//! `kernels.cu`'s entry points are built from that list.
+//! entry points go into `kernels.cu`, or a kernel of a backend module with an
+//! [`operator::CudaKernel`] impl in the operator's file), with its tests in `ops/<name>/tests.rs`
+//! (among them `check_through_onnx_runtime`, which the test of every operator runs). Then add one
+//! line, `<name>::<Name>,`, to the registry: the `operators!` list in `ops/mod.rs`, which
+//! declares the module and puts the operator into [`ops::REGISTRY`]. The domain, the loading of
+//! `kernels.cu`'s entry points and the test of every operator through ONNX Runtime are built from
+//! that list. `docs/ARCHITECTURE.md` lists every file the exporter's side touches too.
 
 mod attention;
 mod conv;
@@ -132,8 +141,27 @@ fn settings() -> KernelSettings {
 
 /// The base names of the row operators' kernels in `kernels.cu`
 /// ([`operator::OpInfo::row_kernel`]).
-pub(crate) fn row_kernels() -> impl Iterator<Item = &'static str> {
+fn row_kernels() -> impl Iterator<Item = &'static str> {
     ops::REGISTRY.iter().filter_map(|r| r.info.row_kernel)
+}
+
+/// Every entry point of `kernels.cu` that a kernel launches, each once: the ones of no operator
+/// ([`cuda::OTHER_ENTRY_POINTS`]), then each row operator's for both element types and every row
+/// layout. The module of a device loads them all when it is loaded.
+fn entry_points() -> Vec<String> {
+    let mut names: Vec<String> = cuda::OTHER_ENTRY_POINTS.map(String::from).to_vec();
+    for base in row_kernels() {
+        for ty in [TensorElementType::Float32, TensorElementType::Float16] {
+            for layout in row_launch::Layout::KINDS {
+                let name = row_launch::entry_point(base, ty, layout)
+                    .expect("every operator has float32 and float16 kernels");
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names
 }
 
 /// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`),
@@ -152,7 +180,7 @@ pub(crate) fn cuda_libraries_available() -> Result<(), String> {
 /// are compiled when the session creates them (a compile error fails the session's creation).
 pub(crate) fn operator_domain(cuda: bool) -> ort::Result<OperatorDomain> {
     if cuda {
-        cuda::check_libraries().map_err(ort::Error::new)?;
+        cuda::check_libraries().map_err(|e| ort::Error::new(e.to_string()))?;
     }
     register_domain_once()?;
     new_domain(cuda)

@@ -2,6 +2,15 @@
 //! check, output shapes, CPU kernel and CUDA kernel) and the one adapter that turns any of them
 //! into ONNX Runtime's custom operator and kernel ([`Registered`], [`NodeKernel`]), so that the
 //! reading of inputs, the allocation of outputs and the dispatch to CPU or CUDA are written once.
+//!
+//! On CUDA, [`prepare`] checks a call of any operator against the contract and its CUDA needs
+//! (element types, tensors on the kernel's device, shapes, alignment to element pairs), allocates
+//! its outputs, and reads the device pointers of its inputs and outputs (`Tensor::data_ptr`: ONNX
+//! Runtime allocates them on the device, as the operators are registered for
+//! `CUDAExecutionProvider`) and the provider's `cudaStream_t`
+//! (`KernelContext_GetGPUComputeStream`, [`ComputeContext::stream`]); the operator's
+//! [`CudaKernel`] then queues its work on that stream. Nothing synchronises: ONNX Runtime orders
+//! the stream.
 
 use std::marker::PhantomData;
 use std::ops::RangeInclusive;
@@ -12,10 +21,43 @@ use ort::operator::{
     ComputeContext, Kernel, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
     ShapeInferenceContext,
 };
-use ort::value::{DynTensorValueType, TensorElementType, ValueType};
+use ort::value::{DynTensorValueType, PrimitiveTensorElementType, TensorElementType, ValueType};
 
 use super::DOMAIN;
-use super::rows::Element;
+
+/// An element type of the operators: float32 or float16.
+pub(crate) trait Element:
+    PrimitiveTensorElementType + Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static
+{
+    fn to_f32(self) -> f32;
+    /// Rounds to nearest, ties to even (as `cvt.rn.f16.f32` on the GPU).
+    fn from_f32(v: f32) -> Self;
+    /// The values as float32: borrowed when they are float32 already.
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+        values.iter().map(|v| v.to_f32()).collect()
+    }
+}
+
+impl Element for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+        std::borrow::Cow::Borrowed(values)
+    }
+}
+
+impl Element for half::f16 {
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+}
 
 /// The static description of an operator: its ONNX name, its inputs' and outputs' names (in
 /// order), which input is X (the tensor whose last axis is D), which inputs it writes in place,
@@ -53,7 +95,7 @@ pub(crate) trait UnstepOp: Send + Sync + Sized + 'static {
 
     /// Checks the inputs' shapes (in the operator's input order, as many as it has inputs, X's
     /// last axis at least one element: [`ShapeCheck`] has checked that) against the contract.
-    fn check(attrs: &Self::Attrs, shapes: &ShapeCheck<'_>) -> Result<Self::Sizes, String>;
+    fn check(attrs: &Self::Attrs, shapes: &ShapeCheck<'_>) -> Result<Self::Sizes, ContractError>;
 
     /// Output `idx`'s shape from the inputs' (in the operator's input order); X's by default.
     fn output_shape(shapes: &[&[i64]], idx: usize) -> Vec<i64> {
@@ -141,6 +183,14 @@ pub(crate) fn numel(shape: &[i64]) -> usize {
     shape.iter().map(|&n| n.max(0) as usize).product()
 }
 
+/// The bytes of one element of `ty` (float16 or float32).
+pub(crate) fn elem_bytes(ty: TensorElementType) -> usize {
+    match ty {
+        TensorElementType::Float16 => 2,
+        _ => 4,
+    }
+}
+
 /// The node's attributes as the kernel context gives them, with the errors of the contract.
 pub(crate) struct NodeAttrs<'k, 'attr> {
     info: &'static OpInfo,
@@ -212,6 +262,21 @@ impl NodeAttrs<'_, '_> {
     }
 }
 
+/// A call outside an operator's contract: the operator and what is wrong, with the inputs' names
+/// and shapes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{DOMAIN} {op}: {message}")]
+pub(crate) struct ContractError {
+    pub(crate) op: &'static str,
+    pub(crate) message: String,
+}
+
+impl From<ContractError> for ort::Error {
+    fn from(e: ContractError) -> Self {
+        ort::Error::new(e.to_string())
+    }
+}
+
 /// The inputs' shapes of one call, with what every operator checks first: as many shapes as
 /// inputs, and X with a last axis of at least one element.
 pub(crate) struct ShapeCheck<'a> {
@@ -226,9 +291,15 @@ pub(crate) struct ShapeCheck<'a> {
 }
 
 impl<'a> ShapeCheck<'a> {
-    pub(crate) fn new(info: &'static OpInfo, shapes: &'a [&'a [i64]]) -> Result<Self, String> {
+    pub(crate) fn new(
+        info: &'static OpInfo,
+        shapes: &'a [&'a [i64]],
+    ) -> Result<Self, ContractError> {
         let names = info.inputs;
-        let fail = |message: String| format!("{DOMAIN} {}: {message}", info.name);
+        let fail = |message: String| ContractError {
+            op: info.name,
+            message,
+        };
         if shapes.len() != names.len() {
             return Err(fail(format!(
                 "{} inputs, expected {} ({})",
@@ -257,8 +328,11 @@ impl<'a> ShapeCheck<'a> {
     }
 
     /// A contract error of the operator.
-    pub(crate) fn fail(&self, message: String) -> String {
-        format!("{DOMAIN} {}: {message}", self.info.name)
+    pub(crate) fn fail(&self, message: String) -> ContractError {
+        ContractError {
+            op: self.info.name,
+            message,
+        }
     }
 
     /// Input `i`'s shape.
@@ -273,7 +347,10 @@ impl<'a> ShapeCheck<'a> {
 }
 
 /// Checks an operator's shapes: [`ShapeCheck::new`], then its own [`UnstepOp::check`].
-pub(crate) fn check<O: UnstepOp>(attrs: &O::Attrs, shapes: &[&[i64]]) -> Result<O::Sizes, String> {
+pub(crate) fn check<O: UnstepOp>(
+    attrs: &O::Attrs,
+    shapes: &[&[i64]],
+) -> Result<O::Sizes, ContractError> {
     O::check(attrs, &ShapeCheck::new(&O::INFO, shapes)?)
 }
 
@@ -452,8 +529,7 @@ pub(crate) struct NodeKernel<O: UnstepOp> {
 impl<O: UnstepOp> Kernel for NodeKernel<O> {
     fn compute(&mut self, ctx: &ComputeContext) -> ort::Result<()> {
         if let Some(kernel) = &mut self.cuda {
-            let Some(call) = super::cuda::prepare::<O>(self.ty, self.ordinal, &self.attrs, ctx)?
-            else {
+            let Some(call) = prepare::<O>(self.ty, self.ordinal, &self.attrs, ctx)? else {
                 return Ok(());
             };
             return kernel
@@ -469,6 +545,95 @@ impl<O: UnstepOp> Kernel for NodeKernel<O> {
             )),
         }
     }
+}
+
+/// A checked call of an operator on CUDA, ready to launch.
+pub(crate) struct Call<S> {
+    pub(crate) sizes: S,
+    /// Device addresses of the inputs, then the outputs, in the operator's order.
+    pub(crate) pointers: Vec<u64>,
+    /// ONNX Runtime's compute stream.
+    pub(crate) stream: CUstream,
+}
+
+/// Checks a call of `O` on CUDA device `ordinal` with element type `ty` against the contract
+/// (types, devices, shapes, alignment to element pairs) and allocates its outputs; `None` when
+/// the outputs are empty (nothing to launch).
+fn prepare<O: UnstepOp>(
+    ty: TensorElementType,
+    ordinal: i32,
+    attrs: &O::Attrs,
+    ctx: &ComputeContext,
+) -> ort::Result<Option<Call<O::Sizes>>> {
+    let info = &O::INFO;
+    let fail = |message: String| op_error(info, format!("(CUDA) {message}"));
+    let elem_bytes = elem_bytes(ty);
+    // `kind` and `name` are formatted only when the check fails: this runs on every call.
+    let on_device = |kind: &str, name: &str, mem: &ort::memory::MemoryInfo<'_>| {
+        if mem.allocation_device() == AllocationDevice::CUDA && mem.device_id() == ordinal {
+            Ok(())
+        } else {
+            Err(fail(format!(
+                "{kind} {name} is in {} memory of device {}; the kernel runs on CUDA device {}",
+                mem.allocation_device().as_str(),
+                mem.device_id(),
+                ordinal
+            )))
+        }
+    };
+    let names = info.inputs;
+    let mut inputs = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let tensor = ctx
+            .input(i)?
+            .ok_or_else(|| fail(format!("input {name} is missing")))?
+            .downcast::<DynTensorValueType>()?;
+        let expected = info.input_type(i, ty);
+        if *tensor.data_type() != expected {
+            return Err(fail(format!(
+                "input {name} is {:?}, it must be {expected:?} (the node's type is {ty:?})",
+                tensor.data_type(),
+            )));
+        }
+        on_device("input", name, tensor.memory_info())?;
+        inputs.push(tensor);
+    }
+    let shapes: Vec<&[i64]> = inputs.iter().map(|t| &**t.shape()).collect();
+    let sizes = check::<O>(attrs, &shapes)?;
+    let mut pointers: Vec<u64> = inputs.iter().map(|t| t.data_ptr() as u64).collect();
+    for (idx, name) in info.outputs.iter().enumerate() {
+        let tensor = ctx
+            .output(idx, O::output_shape(&shapes, idx))?
+            .ok_or_else(|| fail(format!("ONNX Runtime gave no output {name}")))?
+            .downcast::<DynTensorValueType>()?;
+        on_device("output", name, tensor.memory_info())?;
+        // `data_ptr` is ONNX Runtime's GetTensorMutableData: the output's writable memory,
+        // which stays ONNX Runtime's; the kernel writes it on the stream.
+        pointers.push(tensor.data_ptr() as u64);
+    }
+    if O::is_empty(&sizes) {
+        return Ok(None);
+    }
+    // Every layout loads and stores at least a pair of elements in one access (the block
+    // layout's unit; the group layout's is checked in the launch, which falls back to blocks).
+    let all_names = names.iter().chain(info.outputs);
+    for (&pointer, name) in pointers.iter().zip(all_names) {
+        if pointer % (2 * elem_bytes as u64) != 0 {
+            return Err(fail(format!(
+                "{name} at {pointer:#x} is not aligned to {} bytes",
+                2 * elem_bytes
+            )));
+        }
+    }
+    let stream = ctx
+        .stream()?
+        .ok_or_else(|| fail("ONNX Runtime gave no CUDA compute stream".to_string()))?
+        .as_ptr() as CUstream;
+    Ok(Some(Call {
+        sizes,
+        pointers,
+        stream,
+    }))
 }
 
 /// One call of `O` on the CPU provider: reads the inputs, checks them against the contract,
@@ -525,7 +690,7 @@ fn compute_cpu<O: UnstepOp, T: Element>(attrs: &O::Attrs, ctx: &ComputeContext) 
         inputs.push((shape, data));
     }
     let shapes: Vec<&[i64]> = inputs.iter().map(|(shape, _)| *shape).collect();
-    let sizes = check::<O>(attrs, &shapes).map_err(ort::Error::new)?;
+    let sizes = check::<O>(attrs, &shapes)?;
     let mut outputs = Vec::with_capacity(info.outputs.len());
     for idx in 0..info.outputs.len() {
         outputs.push(

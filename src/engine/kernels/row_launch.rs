@@ -21,7 +21,7 @@ use ort::value::TensorElementType;
 
 use super::DOMAIN;
 use super::cuda::{CurrentContext, Handle, device_function};
-use super::operator::{CudaKernel, UnstepOp};
+use super::operator::{CudaKernel, UnstepOp, elem_bytes};
 
 /// `WARP` of `kernels.cu`.
 const WARP: u32 = 32;
@@ -173,14 +173,6 @@ pub(crate) fn entry_point(base: &str, ty: TensorElementType, layout: Layout) -> 
         Layout::Group { .. } => "_g",
     };
     Some(format!("unstep_{base}_{ty}{layout}"))
-}
-
-/// The bytes of one element of `ty` (float16 or float32).
-pub(crate) fn elem_bytes(ty: TensorElementType) -> usize {
-    match ty {
-        TensorElementType::Float16 => 2,
-        _ => 4,
-    }
 }
 
 /// One argument of a row kernel after the common ones, of the type of its parameter in

@@ -6,44 +6,9 @@
 //! The CPU kernels work one pass per row, rows in parallel (rayon), float32 arithmetic, each
 //! output element rounded to its type once.
 
-use ort::value::PrimitiveTensorElementType;
 use rayon::prelude::*;
 
-use super::operator::{ShapeCheck, numel};
-
-/// An element type of the operators: float32 or float16.
-pub(crate) trait Element:
-    PrimitiveTensorElementType + Copy + PartialEq + std::fmt::Debug + Send + Sync + 'static
-{
-    fn to_f32(self) -> f32;
-    /// Rounds to nearest, ties to even (as `cvt.rn.f16.f32` on the GPU).
-    fn from_f32(v: f32) -> Self;
-    /// The values as float32: borrowed when they are float32 already.
-    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
-        values.iter().map(|v| v.to_f32()).collect()
-    }
-}
-
-impl Element for f32 {
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
-        std::borrow::Cow::Borrowed(values)
-    }
-}
-
-impl Element for half::f16 {
-    fn to_f32(self) -> f32 {
-        half::f16::to_f32(self)
-    }
-    fn from_f32(v: f32) -> Self {
-        half::f16::from_f32(v)
-    }
-}
+use super::operator::{ContractError, Element, ShapeCheck, numel};
 
 /// Rows per rayon task at the least: a row is a few microseconds of work at most.
 pub(crate) const MIN_ROWS_PER_TASK: usize = 16;
@@ -66,7 +31,7 @@ pub(crate) struct Tables {
 
 impl ShapeCheck<'_> {
     /// Checks that input `i` has exactly D elements.
-    pub(crate) fn exactly_d(&self, i: usize, d: usize) -> Result<(), String> {
+    pub(crate) fn exactly_d(&self, i: usize, d: usize) -> Result<(), ContractError> {
         let n = numel(self.shape(i));
         if n == d {
             return Ok(());
@@ -81,7 +46,12 @@ impl ShapeCheck<'_> {
 
     /// Checks row parameter `i` (F·D elements with F dividing the N = `rows` rows) and returns
     /// N / F: row r uses block r / that.
-    pub(crate) fn row_parameter(&self, i: usize, d: usize, rows: usize) -> Result<usize, String> {
+    pub(crate) fn row_parameter(
+        &self,
+        i: usize,
+        d: usize,
+        rows: usize,
+    ) -> Result<usize, ContractError> {
         let (name, shape, x) = (self.name(i), self.shape(i), self.x);
         let n = numel(shape);
         if n == 0 || !n.is_multiple_of(d) {
@@ -101,7 +71,7 @@ impl ShapeCheck<'_> {
     }
 
     /// Checks that D splits into `heads` heads of an even size and returns hd / 2.
-    pub(crate) fn half_head(&self, d: usize, heads: usize) -> Result<usize, String> {
+    pub(crate) fn half_head(&self, d: usize, heads: usize) -> Result<usize, ContractError> {
         if heads == 0 || !d.is_multiple_of(2 * heads) {
             return Err(self.fail(format!(
                 "D = {d} (from {} {:?}) is not a multiple of 2·num_heads = {}",
@@ -115,7 +85,12 @@ impl ShapeCheck<'_> {
 
     /// Checks the rotary tables cos (input `cos`) and sin (the input after it): Tc·hd/2
     /// elements each.
-    pub(crate) fn tables(&self, cos: usize, d: usize, heads: usize) -> Result<Tables, String> {
+    pub(crate) fn tables(
+        &self,
+        cos: usize,
+        d: usize,
+        heads: usize,
+    ) -> Result<Tables, ContractError> {
         let half_hd = self.half_head(d, heads)?;
         let n = numel(self.shape(cos));
         if n == 0 || !n.is_multiple_of(half_hd) {

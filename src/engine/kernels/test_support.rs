@@ -6,8 +6,8 @@ use half::f16;
 use ort::session::Session;
 use ort::value::{Tensor, TensorElementType};
 
+use super::operator::Element;
 use super::operator::{OpInfo, UnstepOp, check};
-use super::rows::Element;
 use super::{DOMAIN, operator_domain};
 use crate::engine::onnx_graph::{self, Attr};
 use crate::engine::ort_lib;
@@ -185,7 +185,7 @@ pub(crate) fn plan_of<O: UnstepOp>(attrs: &O::Attrs, shapes: &[Vec<i64>]) -> O::
 
 /// The error of a call of `O` with these shapes, which must break the contract.
 pub(crate) fn plan_error<O: UnstepOp>(attrs: O::Attrs, shapes: &[&[i64]]) -> String {
-    check::<O>(&attrs, shapes).unwrap_err()
+    check::<O>(&attrs, shapes).unwrap_err().to_string()
 }
 
 pub(crate) fn onnx_type<T: Element>() -> TensorElementType {

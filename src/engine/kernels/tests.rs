@@ -3,29 +3,17 @@
 //! LD_LIBRARY_PATH, not a GPU).
 
 use half::f16;
-use ort::value::TensorElementType;
 
 use super::test_support::*;
 use super::*;
 
-/// Each operator's check through ONNX Runtime, in turn, on cases drawn from one generator.
-fn check_through_onnx_runtime<T: Tolerance>() {
-    let mut rng = Rng(4);
-    ops::bias_rms_norm_rope::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::bias_rms_norm::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::bias_gelu::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::matmul_bias_gelu::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::matmul_fp8::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::prefix_bias_rms_norm::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::attention::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::causal_conv3d::tests::check_through_onnx_runtime::<T>(&mut rng);
-    ops::gated_residual_layer_norm::tests::check_through_onnx_runtime::<T>(&mut rng);
-}
-
+/// Every operator of the registry through ONNX Runtime, in turn, on cases drawn from one
+/// generator ([`ops::check_through_onnx_runtime`]).
 #[test]
 fn every_operator_runs_through_onnx_runtime() {
-    check_through_onnx_runtime::<f32>();
-    check_through_onnx_runtime::<f16>();
+    let mut rng = Rng(4);
+    ops::check_through_onnx_runtime::<f32>(&mut rng);
+    ops::check_through_onnx_runtime::<f16>(&mut rng);
 }
 
 /// Without the CUDA driver or NVRTC (this machine, CI), asking for the CUDA kernels is an error
@@ -40,6 +28,32 @@ fn the_cuda_domain_without_cuda_says_what_is_missing() {
             "{e}"
         );
     }
+}
+
+/// The CUDA errors' messages: what failed, and what to do instead.
+#[test]
+fn cuda_errors_say_what_failed_and_what_to_do() {
+    use cuda::CudaError;
+    let no_nvrtc = CudaError::NoNvrtc {
+        reason: "not found".to_string(),
+    };
+    assert_eq!(
+        no_nvrtc.to_string(),
+        format!(
+            "unstep CUDA kernels: could not load NVRTC (libnvrtc.so.13): not found; put CUDA 13's \
+             NVRTC on LD_LIBRARY_PATH (`pip install nvidia-cuda-nvrtc==13.*` puts it in \
+             site-packages/nvidia/cu13/lib), {REMEDY}"
+        )
+    );
+    let missing = CudaError::NoEntryPoint("unstep_x_f16".to_string());
+    assert_eq!(
+        CudaError::WithRemedy(Box::new(missing.clone())).to_string(),
+        format!("unstep CUDA kernels: kernels.cu has no entry point unstep_x_f16; {REMEDY}")
+    );
+    assert_eq!(
+        CudaError::Kernels(Box::new(missing)).to_string(),
+        "unstep CUDA kernels: unstep CUDA kernels: kernels.cu has no entry point unstep_x_f16"
+    );
 }
 
 // --- The CUDA source ---------------------------------------------------------------------------
@@ -78,15 +92,7 @@ fn the_launch_constants_are_the_sources() {
 fn nvrtc_compiles_the_kernels() {
     cuda::check_nvrtc().unwrap();
     let ptx = String::from_utf8(cuda::compile("compute_90").unwrap()).unwrap();
-    let mut names: Vec<String> = cuda::OTHER_ENTRY_POINTS.map(String::from).to_vec();
-    for base in row_kernels() {
-        for ty in [TensorElementType::Float32, TensorElementType::Float16] {
-            for layout in row_launch::Layout::KINDS {
-                names.push(row_launch::entry_point(base, ty, layout).unwrap());
-            }
-        }
-    }
-    for name in names {
+    for name in entry_points() {
         assert!(
             ptx.contains(&format!(".entry {name}(")),
             "no entry point {name} in the PTX"

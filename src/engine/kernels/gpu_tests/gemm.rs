@@ -74,9 +74,11 @@ fn run_fp8(
     let attrs = case.attrs();
     // As in `run_cuda`: the uploads may still be on their way.
     driver::ctx::synchronize().unwrap();
-    kernel.launch_fp8(&attrs, &plan, &pointers, stream)?;
+    kernel.launch_fp8(attrs.gelu, &plan, &pointers, stream)?;
     let micros = mean_micros(stream, repeats, || {
-        kernel.launch_fp8(&attrs, &plan, &pointers, stream).unwrap();
+        kernel
+            .launch_fp8(attrs.gelu, &plan, &pointers, stream)
+            .unwrap();
     });
     // SAFETY: the test's stream.
     unsafe { driver::stream::synchronize(stream) }.unwrap();

@@ -13,9 +13,15 @@
 
 use rayon::prelude::*;
 
+use cudarc::driver::sys::CUstream;
+use ort::value::TensorElementType;
+
 use crate::engine::kernels::attention::AttentionKernel;
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
-use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK};
+pub(crate) use crate::engine::kernels::attention::AttentionSizes;
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
+use crate::engine::kernels::rows::MIN_ROWS_PER_TASK;
 
 /// The operator.
 pub(crate) struct Attention;
@@ -24,20 +30,6 @@ pub(crate) struct Attention;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HeadsAttrs {
     pub(crate) num_heads: usize,
-}
-
-/// The sizes of an `Attention` call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AttentionSizes {
-    /// The rows of Q, all batch entries.
-    pub(crate) rows: usize,
-    /// D, the last axis of Q, K and V.
-    pub(crate) d: usize,
-    /// hd / 2.
-    pub(crate) half_hd: usize,
-    /// S and L, the rows of one batch entry in Q and in K / V.
-    pub(crate) block_rows: usize,
-    pub(crate) cache_rows: usize,
 }
 
 impl UnstepOp for Attention {
@@ -60,7 +52,7 @@ impl UnstepOp for Attention {
         })
     }
 
-    fn check(attrs: &HeadsAttrs, shapes: &ShapeCheck<'_>) -> Result<AttentionSizes, String> {
+    fn check(attrs: &HeadsAttrs, shapes: &ShapeCheck<'_>) -> Result<AttentionSizes, ContractError> {
         let (d, x) = (shapes.last, shapes.x);
         let half_hd = shapes.half_head(d, attrs.num_heads)?;
         let (k, v) = (shapes.shape(1), shapes.shape(2));
@@ -154,6 +146,22 @@ pub(crate) fn attention<T: Element>(
                 }
             },
         );
+}
+
+impl CudaKernel<Attention> for AttentionKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        AttentionKernel::new(ty, ordinal)
+    }
+
+    fn launch(
+        &mut self,
+        _: &HeadsAttrs,
+        sizes: &AttentionSizes,
+        pointers: &[u64],
+        stream: CUstream,
+    ) -> Result<(), String> {
+        self.launch_attention(sizes, pointers, stream)
+    }
 }
 
 #[cfg(test)]

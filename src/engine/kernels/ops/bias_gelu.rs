@@ -6,9 +6,11 @@
 
 use rayon::prelude::*;
 
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
 use crate::engine::kernels::row_launch::{RowArgs, RowKernel, RowOp};
-use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK, RowSizes, gelu};
+use crate::engine::kernels::rows::{MIN_ROWS_PER_TASK, RowSizes, gelu};
 
 /// The operator.
 pub(crate) struct BiasGelu;
@@ -31,7 +33,7 @@ impl UnstepOp for BiasGelu {
         Ok(())
     }
 
-    fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<RowSizes, String> {
+    fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<RowSizes, ContractError> {
         shapes.exactly_d(1, shapes.last)?;
         Ok(RowSizes {
             rows: shapes.rows,

@@ -6,9 +6,11 @@
 //! one pass, rounded to T once). Another value of `silu` is an error when the session creates
 //! the kernel. bias and weight have D elements; Y has X's shape.
 
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
 use crate::engine::kernels::row_launch::{Arg, RowArgs, RowKernel, RowOp};
-use crate::engine::kernels::rows::{Element, Epilogue, RowSizes, Rows, norm_rows};
+use crate::engine::kernels::rows::{Epilogue, RowSizes, Rows, norm_rows};
 
 /// The operator.
 pub(crate) struct BiasRmsNorm;
@@ -57,7 +59,7 @@ impl UnstepOp for BiasRmsNorm {
         NormAttrs::read(node)
     }
 
-    fn check(_: &NormAttrs, shapes: &ShapeCheck<'_>) -> Result<RowSizes, String> {
+    fn check(_: &NormAttrs, shapes: &ShapeCheck<'_>) -> Result<RowSizes, ContractError> {
         let d = shapes.last;
         shapes.exactly_d(1, d)?;
         shapes.exactly_d(2, d)?;

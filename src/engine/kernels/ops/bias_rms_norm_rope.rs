@@ -8,9 +8,11 @@
 //! `Y[2i] = u[2i]·cos[t,j] − u[2i+1]·sin[t,j]`, `Y[2i+1] = u[2i]·sin[t,j] + u[2i+1]·cos[t,j]`.
 //! Y has X's shape.
 
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
 use crate::engine::kernels::row_launch::{Arg, RowArgs, RowKernel, RowOp};
-use crate::engine::kernels::rows::{Element, Epilogue, Rows, Tables, norm_rows};
+use crate::engine::kernels::rows::{Epilogue, Rows, Tables, norm_rows};
 
 /// The operator.
 pub(crate) struct BiasRmsNormRope;
@@ -57,7 +59,7 @@ impl UnstepOp for BiasRmsNormRope {
         RopeAttrs::read(node)
     }
 
-    fn check(attrs: &RopeAttrs, shapes: &ShapeCheck<'_>) -> Result<RopeSizes, String> {
+    fn check(attrs: &RopeAttrs, shapes: &ShapeCheck<'_>) -> Result<RopeSizes, ContractError> {
         let d = shapes.last;
         shapes.exactly_d(1, d)?;
         shapes.exactly_d(2, d)?;

@@ -10,39 +10,18 @@
 
 use rayon::prelude::*;
 
+use cudarc::driver::sys::CUstream;
+use ort::value::TensorElementType;
+
+pub(crate) use crate::engine::kernels::conv::ConvDims;
 use crate::engine::kernels::conv::ConvKernel;
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
-use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
+use crate::engine::kernels::rows::MIN_ROWS_PER_TASK;
 
 /// The operator.
 pub(crate) struct CausalConv3d;
-
-/// The sizes of a `CausalConv3d` call: X `[n, t, h, w, c]`, W `[k, kt, kh, kw, c]`, Y
-/// `[n, t − kt + 1, h, w, k]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub(crate) struct ConvDims {
-    pub(crate) n: usize,
-    pub(crate) t: usize,
-    pub(crate) h: usize,
-    pub(crate) w: usize,
-    pub(crate) c: usize,
-    pub(crate) k: usize,
-    pub(crate) kt: usize,
-    pub(crate) kh: usize,
-    pub(crate) kw: usize,
-}
-
-impl ConvDims {
-    /// The output's frames: `t − kt + 1`.
-    pub(crate) fn out_t(&self) -> usize {
-        self.t + 1 - self.kt
-    }
-
-    /// The output's pixels (rows of K).
-    pub(crate) fn rows(&self) -> usize {
-        self.n * self.out_t() * self.h * self.w
-    }
-}
 
 impl UnstepOp for CausalConv3d {
     const INFO: OpInfo = OpInfo {
@@ -62,7 +41,7 @@ impl UnstepOp for CausalConv3d {
         Ok(())
     }
 
-    fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<ConvDims, String> {
+    fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<ConvDims, ContractError> {
         let (x, w) = (shapes.x, shapes.shape(1));
         match (x, w) {
             (&[n, t, h, wd, c], &[k, kt, kh, kw, wc])
@@ -182,6 +161,22 @@ pub(crate) fn causal_conv3d<T: Element>(g: &ConvDims, x: &[T], w: &[T], y: &mut 
                 }
             },
         );
+}
+
+impl CudaKernel<CausalConv3d> for ConvKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        ConvKernel::new(ty, ordinal)
+    }
+
+    fn launch(
+        &mut self,
+        _: &(),
+        sizes: &ConvDims,
+        pointers: &[u64],
+        stream: CUstream,
+    ) -> Result<(), String> {
+        self.launch_conv(sizes, pointers, stream)
+    }
 }
 
 #[cfg(test)]

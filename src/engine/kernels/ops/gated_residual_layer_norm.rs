@@ -8,9 +8,11 @@
 
 use rayon::prelude::*;
 
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
 use crate::engine::kernels::row_launch::{Arg, RowArgs, RowKernel, RowOp};
-use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK};
+use crate::engine::kernels::rows::MIN_ROWS_PER_TASK;
 
 /// The operator.
 pub(crate) struct GatedResidualLayerNorm;
@@ -50,7 +52,7 @@ impl UnstepOp for GatedResidualLayerNorm {
         })
     }
 
-    fn check(_: &LayerNormAttrs, shapes: &ShapeCheck<'_>) -> Result<GrlnSizes, String> {
+    fn check(_: &LayerNormAttrs, shapes: &ShapeCheck<'_>) -> Result<GrlnSizes, ContractError> {
         let (d, rows, x) = (shapes.last, shapes.rows, shapes.x);
         if shapes.shape(0) != x {
             return Err(shapes.fail(format!(

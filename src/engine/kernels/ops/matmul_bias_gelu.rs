@@ -10,23 +10,18 @@
 
 use rayon::prelude::*;
 
+use cudarc::driver::sys::CUstream;
+use ort::value::TensorElementType;
+
 use crate::engine::kernels::gemm::GemmKernel;
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel};
-use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK, gelu};
+pub(crate) use crate::engine::kernels::gemm::MatMulSizes;
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel,
+};
+use crate::engine::kernels::rows::{MIN_ROWS_PER_TASK, gelu};
 
 /// The operator.
 pub(crate) struct MatMulBiasGelu;
-
-/// The sizes of a `MatMulBiasGelu` call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MatMulSizes {
-    /// M, the rows of X.
-    pub(crate) rows: usize,
-    /// K = D, the last axis of X.
-    pub(crate) d: usize,
-    /// N, the columns of Y (W's rows).
-    pub(crate) cols: usize,
-}
 
 /// The sizes of a matmul whose W (input 1, `weight` says what it holds) is `[N, K]` with K = D,
 /// and whose inputs `per_channel` (index, what it holds) have N elements each.
@@ -34,7 +29,7 @@ pub(crate) fn matmul_sizes(
     shapes: &ShapeCheck<'_>,
     weight: &str,
     per_channel: &[(usize, &str)],
-) -> Result<MatMulSizes, String> {
+) -> Result<MatMulSizes, ContractError> {
     let (d, x, w) = (shapes.last, shapes.x, shapes.shape(1));
     let cols = match w {
         [n, k] if *n > 0 && *k as usize == d => *n as usize,
@@ -88,7 +83,7 @@ impl UnstepOp for MatMulBiasGelu {
         Ok(())
     }
 
-    fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<MatMulSizes, String> {
+    fn check(_: &(), shapes: &ShapeCheck<'_>) -> Result<MatMulSizes, ContractError> {
         matmul_sizes(shapes, "the linear layer's weight", &[(2, "the bias")])
     }
 
@@ -143,6 +138,22 @@ pub(crate) fn matmul_bias_gelu<T: Element>(
                 y_row[c] = T::from_f32(gelu(p_row[c] + bias[c].to_f32()));
             }
         });
+}
+
+impl CudaKernel<MatMulBiasGelu> for GemmKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        GemmKernel::bias_gelu(ty, ordinal)
+    }
+
+    fn launch(
+        &mut self,
+        _: &(),
+        sizes: &MatMulSizes,
+        pointers: &[u64],
+        stream: CUstream,
+    ) -> Result<(), String> {
+        self.launch_matmul(sizes, pointers, stream)
+    }
 }
 
 #[cfg(test)]

@@ -18,12 +18,16 @@
 
 use rayon::prelude::*;
 
+use cudarc::driver::sys::CUstream;
+
 use crate::engine::kernels::gemm::GemmKernel;
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
+};
 use crate::engine::kernels::ops::matmul_bias_gelu::{
     MatMulSizes, matmul_output_shape, matmul_sizes,
 };
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp};
-use crate::engine::kernels::rows::{Element, MIN_ROWS_PER_TASK, gelu};
+use crate::engine::kernels::rows::{MIN_ROWS_PER_TASK, gelu};
 use ort::value::TensorElementType;
 
 /// The operator.
@@ -60,12 +64,10 @@ impl UnstepOp for MatMulFp8 {
     type Cuda = GemmKernel;
 
     fn attrs(node: &NodeAttrs<'_, '_>) -> ort::Result<Fp8Attrs> {
-        Ok(Fp8Attrs {
-            gelu: node.gelu()?,
-        })
+        Ok(Fp8Attrs { gelu: node.gelu()? })
     }
 
-    fn check(_: &Fp8Attrs, shapes: &ShapeCheck<'_>) -> Result<Fp8Sizes, String> {
+    fn check(_: &Fp8Attrs, shapes: &ShapeCheck<'_>) -> Result<Fp8Sizes, ContractError> {
         matmul_sizes(
             shapes,
             "the linear layer's 8-bit weight",
@@ -195,6 +197,22 @@ pub(crate) fn matmul_fp8<T: Element>(
                 y_row[c] = T::from_f32(if attrs.gelu { gelu(v) } else { v });
             }
         });
+}
+
+impl CudaKernel<MatMulFp8> for GemmKernel {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+        GemmKernel::fp8(ty, ordinal)
+    }
+
+    fn launch(
+        &mut self,
+        attrs: &Fp8Attrs,
+        sizes: &Fp8Sizes,
+        pointers: &[u64],
+        stream: CUstream,
+    ) -> Result<(), String> {
+        self.launch_fp8(attrs.gelu, sizes, pointers, stream)
+    }
 }
 
 #[cfg(test)]

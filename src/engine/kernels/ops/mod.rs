@@ -3,8 +3,11 @@
 //! `<name>/tests.rs`), and the registry that lists them.
 
 use super::operator::{Registration, entry};
+#[cfg(test)]
+use super::test_support::{Rng, Tolerance};
 
-/// Declares each operator's module, re-exports its type, and lists them all in [`REGISTRY`].
+/// Declares each operator's module, re-exports its type, lists them all in [`REGISTRY`], and
+/// runs each one's check through ONNX Runtime for the test that spans them.
 macro_rules! operators {
     ($($module:ident :: $op:ident),* $(,)?) => {
         $(pub(crate) mod $module;)*
@@ -12,6 +15,13 @@ macro_rules! operators {
 
         /// The operators of the domain, in the order they are added to it.
         pub(crate) const REGISTRY: &[Registration] = &[$(entry::<$op>()),*];
+
+        /// Each operator's `tests::check_through_onnx_runtime`, in the registry's order, on cases
+        /// drawn from `rng`.
+        #[cfg(test)]
+        pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
+            $($module::tests::check_through_onnx_runtime::<T>(rng);)*
+        }
     };
 }
 

@@ -11,9 +11,11 @@
 //! keeps Y alive once the convolution has read it.
 
 use super::bias_rms_norm::{NormAttrs, bias_rms_norm};
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel,
+};
 use crate::engine::kernels::row_launch::{Arg, RowArgs, RowKernel, RowOp};
-use crate::engine::kernels::rows::{Element, RowSizes};
+use crate::engine::kernels::rows::RowSizes;
 
 /// The operator.
 pub(crate) struct PrefixBiasRmsNorm;
@@ -52,7 +54,7 @@ impl UnstepOp for PrefixBiasRmsNorm {
         NormAttrs::read(node)
     }
 
-    fn check(_: &NormAttrs, shapes: &ShapeCheck<'_>) -> Result<PrefixSizes, String> {
+    fn check(_: &NormAttrs, shapes: &ShapeCheck<'_>) -> Result<PrefixSizes, ContractError> {
         let (d, x) = (shapes.last, shapes.x);
         shapes.exactly_d(1, d)?;
         shapes.exactly_d(2, d)?;

@@ -17,9 +17,11 @@
 use rayon::prelude::*;
 
 use super::bias_rms_norm_rope::RopeAttrs;
-use crate::engine::kernels::operator::{CpuIo, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel};
+use crate::engine::kernels::operator::{
+    ContractError, CpuIo, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel,
+};
 use crate::engine::kernels::row_launch::{Arg, RowArgs, RowKernel, RowOp};
-use crate::engine::kernels::rows::{Element, Epilogue, MIN_ROWS_PER_TASK, Rows, Tables, norm_rows};
+use crate::engine::kernels::rows::{Epilogue, MIN_ROWS_PER_TASK, Rows, Tables, norm_rows};
 
 /// The operator.
 pub(crate) struct QkvNormRopeCache;
@@ -58,7 +60,7 @@ impl UnstepOp for QkvNormRopeCache {
         RopeAttrs::read(node)
     }
 
-    fn check(attrs: &RopeAttrs, shapes: &ShapeCheck<'_>) -> Result<QkvSizes, String> {
+    fn check(attrs: &RopeAttrs, shapes: &ShapeCheck<'_>) -> Result<QkvSizes, ContractError> {
         let (x, last, rows) = (shapes.x, shapes.last, shapes.rows);
         // QKV holds three rows of D side by side.
         if !last.is_multiple_of(3) || x.len() < 2 {

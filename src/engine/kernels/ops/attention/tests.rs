@@ -6,7 +6,6 @@ use ort::value::TensorElementType;
 
 use super::*;
 use crate::engine::kernels::attention::{MAX_PARTS, Split, split};
-use crate::engine::kernels::operator::CudaKernel;
 use crate::engine::kernels::test_support::*;
 use crate::engine::onnx_graph::Attr;
 

@@ -187,14 +187,13 @@ fn qkv_norm_rope_cache_matches_the_reference_and_keeps_the_earlier_rows() {
     check_qkv_cpu::<f16>();
 }
 
-/// Through ONNX Runtime, K and V are written where the caller's buffers are: the session reads
-/// them in place (bound host memory on the CPU provider), as the DiT's attention after the node
-/// does.
-pub(crate) fn check_qkv_through_onnx_runtime<T: Tolerance>() {
+/// Through ONNX Runtime, on a case drawn from `rng`, K and V are written where the caller's
+/// buffers are: the session reads them in place (bound host memory on the CPU provider), as the
+/// DiT's attention after the node does (one part of `every_operator_runs_through_onnx_runtime`).
+pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
     use ort::value::{TensorRef, TensorRefMut};
-    let mut rng = Rng(8);
     let t = std::any::type_name::<T>();
-    let case = QkvCase::<T>::new(&mut rng, QKV_CASES[2].0, QKV_CASES[2].1, QKV_CASES[2].2);
+    let case = QkvCase::<T>::new(rng, QKV_CASES[2].0, QKV_CASES[2].1, QKV_CASES[2].2);
     let attrs = [
         Attr::Float("epsilon", case.eps),
         Attr::Int("num_heads", case.heads as i64),
@@ -237,8 +236,8 @@ pub(crate) fn check_qkv_through_onnx_runtime<T: Tolerance>() {
 
 #[test]
 fn qkv_norm_rope_cache_writes_the_callers_cache_through_onnx_runtime() {
-    check_qkv_through_onnx_runtime::<f32>();
-    check_qkv_through_onnx_runtime::<f16>();
+    check_through_onnx_runtime::<f32>(&mut Rng(8));
+    check_through_onnx_runtime::<f16>(&mut Rng(8));
 }
 
 #[test]
