@@ -8,10 +8,12 @@ use clap::Args;
 
 use super::out;
 use crate::execute::lock::{Lock, LockError};
+use crate::execute::slurm;
 use crate::exit::{self, Failure};
 use crate::manifest::diagnostic::display_path;
 use crate::report::{self, ReportError, SettingsDiff};
 use crate::results::owner::{self, OWNER_FILE};
+use crate::results::records::RunStatus;
 use crate::results::{RUN_JSON, RunRecord, read_json};
 
 #[derive(Debug, Args)]
@@ -92,6 +94,25 @@ enum CleanError {
         .folders.join("; ")
     )]
     NotOwned { run: String, folders: Vec<String> },
+    #[error(
+        "run `{run}`'s Slurm job {job} still has task(s) {} queued or running: they run from its \
+         staging and write into its results; nothing was removed",
+        .tasks.join(", ")
+    )]
+    SlurmJobLive {
+        run: String,
+        job: String,
+        tasks: Vec<String>,
+    },
+    #[error(
+        "cannot tell whether run `{run}`'s Slurm job {job} has ended: Slurm did not answer \
+         ({why}), and not every task has reported its end; nothing was removed"
+    )]
+    SlurmJobUnknown {
+        run: String,
+        job: String,
+        why: String,
+    },
     #[error("{0}")]
     Report(#[from] ReportError),
     #[error("{0}")]
@@ -125,6 +146,14 @@ impl Failure for CleanError {
                  ({OWNER_FILE}); a folder that carries another run's mark is that run's (clean \
                  that run), and one without a mark, if it is no run's, is yours to remove"
             )),
+            CleanError::SlurmJobLive { run, job, .. } => Some(format!(
+                "wait for the job to end (`runner status {run}` shows where it stands), or cancel \
+                 it with `scancel {job}`; then clean the run"
+            )),
+            CleanError::SlurmJobUnknown { run, job, .. } => Some(format!(
+                "clean the run once Slurm answers (`runner status {run}` asks it), or cancel the \
+                 job with `scancel {job}` first"
+            )),
             CleanError::Report(e) => e.hint(),
             _ => None,
         }
@@ -135,7 +164,9 @@ impl Failure for CleanError {
             CleanError::InProgress { .. }
             | CleanError::NotThisRun { .. }
             | CleanError::Symlinked { .. }
-            | CleanError::NotOwned { .. } => exit::USAGE,
+            | CleanError::NotOwned { .. }
+            | CleanError::SlurmJobLive { .. }
+            | CleanError::SlurmJobUnknown { .. } => exit::USAGE,
             CleanError::Report(e) => e.exit_code(),
             _ => exit::FAILURE,
         }
@@ -218,6 +249,7 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
         let target = dir.canonicalize().unwrap_or_else(|_| dir.clone());
         return Err(CleanError::Symlinked { dir, target });
     }
+    check_no_live_job(&dir, &record)?;
     let _lock = match Lock::acquire(&dir, &record.run) {
         Ok(lock) => lock,
         Err(LockError::Held { pid, .. }) => {
@@ -278,6 +310,33 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
         remove(&dir, "results", &mut done)?;
     }
     Ok(done)
+}
+
+/// Refuses to clean a run whose Slurm job (a `--detach`ed apply's) still has tasks queued or
+/// running: a queued task holds no lock yet, and would start without its staging. When Slurm
+/// does not answer, a run whose record says it is running is refused too (its job may live);
+/// one whose apply recorded its end is not (that apply saw every task end).
+fn check_no_live_job(dir: &Path, record: &RunRecord) -> Result<(), CleanError> {
+    let Some(job) = &record.slurm else {
+        return Ok(());
+    };
+    match slurm::standing(dir, job) {
+        slurm::Standing::Ended => Ok(()),
+        slurm::Standing::Unknown(_) if record.status != RunStatus::Running => Ok(()),
+        slurm::Standing::Live(live) => Err(CleanError::SlurmJobLive {
+            run: record.run.clone(),
+            job: job.job_id.clone(),
+            tasks: live
+                .iter()
+                .map(|(t, s)| format!("{}_{t} ({})", job.job_id, s.state))
+                .collect(),
+        }),
+        slurm::Standing::Unknown(why) => Err(CleanError::SlurmJobUnknown {
+            run: record.run.clone(),
+            job: job.job_id.clone(),
+            why,
+        }),
+    }
 }
 
 /// The run's staging folder (when its record says) and its runtime state folders.

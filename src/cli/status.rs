@@ -134,11 +134,7 @@ fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
                 .iter()
                 .map(|t| {
                     let s: Option<&TaskState> = live.get(&t.task).or(ended.get(&t.task));
-                    let report: Option<slurm::TaskReport> = read_json(
-                        &dir.join(slurm::SLURM_DIR)
-                            .join(format!("task-{}.json", t.task)),
-                    )
-                    .ok();
+                    let report = slurm::read_task_report(dir, &job.job_id, t.task);
                     TaskStatus {
                         task: t.task,
                         slot: t.slot.clone(),

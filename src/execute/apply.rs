@@ -186,7 +186,7 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         damaged_timings,
         notes,
     } = completed(r, plan, &config_hash)?;
-    super::slurm::check_no_live_job(&run_dir, previous.as_ref().and_then(|p| p.slurm.as_ref()))?;
+    super::slurm::check_no_live_job(&run_dir, previous.as_ref(), plan.selection)?;
 
     // Nothing has been written so far; from here on the run holds its locks: its results
     // folder (whatever the work root, one apply of a run at a time; the applies of one run's
@@ -335,6 +335,18 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
                 );
             }
             let followed = work.follow(&job_id, &tasks, |e| events.event(e));
+            if let Some(why) = followed.lost {
+                // The job may still run: the record keeps saying so (as after --detach), and
+                // the staging stays for its tasks.
+                progress.finish();
+                return Err(ApplyError::Io(format!(
+                    "stopped following Slurm job {job_id}: {why}; its tasks may still be queued \
+                     or running, and the run's record says it is running. `runner status {}` \
+                     shows where it stands once Slurm answers; apply again once the job has \
+                     ended, or cancel it with `scancel {job_id}`",
+                    crate::manifest::diagnostic::display_path(&run_dir)
+                )));
+            }
             events.failures.extend(followed.failures);
             record.slurm = Some(followed.record);
             slurm_job = Some(job_id);

@@ -194,7 +194,7 @@ impl Workers<'_> {
 /// kernel kills it when the thread that started it ends (the orchestrator killed, even with
 /// SIGKILL, included), and it inherits the lock's open file, so a next apply of the run is
 /// refused until the last worker is gone.
-fn bind_to_parent(cmd: &mut Command, run_lock: RawFd) {
+pub(super) fn bind_to_parent(cmd: &mut Command, run_lock: RawFd) {
     // SAFETY: getpid before the fork; in the child only async-signal-safe calls (prctl,
     // getppid, fcntl, _exit).
     let parent = unsafe { libc::getpid() };

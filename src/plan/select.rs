@@ -3,13 +3,13 @@
 //! and the selection says which of its processes an apply runs: the selected shards and the
 //! warmups that prepare their caches.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::build::{Plan, Process, Role, Shard};
 use crate::manifest::Kind;
 
 /// The shards one apply runs, as given on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardRange {
     pub first: usize,
     pub last: usize,

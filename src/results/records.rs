@@ -476,6 +476,10 @@ pub struct SlurmRecord {
     pub job_id: String,
     /// The batch script submitted (relative to the run folder).
     pub script: String,
+    /// The shards the job runs, when an apply of some shards (`--shard`) submitted it; none:
+    /// the whole run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<crate::plan::select::ShardRange>,
     pub tasks: Vec<SlurmTaskRecord>,
 }
 

@@ -1,14 +1,17 @@
 //! The Slurm executor (`executor.kind = "slurm"`): a run's work as one job array, one task per
 //! worker slot (the task number is the slot's number in the plan). `runner apply` writes each
-//! process's job spec, the task list (`slurm/tasks.json`) and the batch script
-//! (`slurm/job.sh`), submits it with `sbatch`, and follows the job: progress from the event
-//! files the workers write, task states from `squeue` while tasks live and from `scontrol` (or
-//! `sacct`, where accounting is on) once they end. Each task runs `runner slurm-task` of the
-//! staged runner, which runs its slot's processes one after another (warmup, then shards) as
-//! `runner worker --spec` processes, as local workers run, and reports where it ran in
-//! `slurm/task-<n>.json`.
+//! process's job spec, the task list (`slurm/tasks.json`, or `slurm/tasks-shard-<range>.json`
+//! for an apply of some shards) and the batch script (`slurm/job.sh`, `slurm/job-shard-<range>.sh`),
+//! submits it with `sbatch`, and follows the job: progress from the event files the workers
+//! write, task states as `query` asks Slurm for them. Each task runs `runner slurm-task` of the
+//! staged runner (`task`), which runs its slot's processes one after another (warmup, then
+//! shards) as `runner worker --spec` processes, as local workers run, and reports where it ran
+//! in `slurm/task-<job>_<n>.json`.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod query;
+mod task;
+
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -18,22 +21,25 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::query::{Standing, TaskState, cancel, ended_states, live_tasks, standing};
+pub use self::task::run_task;
 use super::apply::{ApplyError, INTERRUPTED};
 use super::events::{RunEvent, RunEventKind};
 use super::job::JobSpec;
-use super::lock::Lock;
-use super::slots::{log_tail, process_name};
+use super::slots::process_name;
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Executor, Resolved};
-use crate::plan::Plan;
+use crate::plan::{Plan, ShardRange};
 use crate::results::files::{read_json, write_atomic, write_json_atomic};
-use crate::results::records::{SlurmRecord, SlurmTaskRecord};
+use crate::results::records::{RunRecord, RunStatus, SlurmRecord, SlurmTaskRecord};
 
 /// The folder of a run's Slurm files, inside its results folder.
 pub const SLURM_DIR: &str = "slurm";
-const TASKS_JSON: &str = "tasks.json";
-const SCRIPT: &str = "job.sh";
+
+/// How long `apply` follows a job while Slurm answers none of its questions (`squeue`,
+/// `scontrol`, `sacct`) and some task has not reported its end, before it gives up following.
+const UNANSWERED_LIMIT: Duration = Duration::from_secs(600);
 
 /// What the tasks of a run's job do: written by `runner apply`, read by `runner slurm-task`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,7 +70,8 @@ pub struct TaskProcess {
     pub skip_marker: Option<PathBuf>,
 }
 
-/// What a task says about itself in `slurm/task-<n>.json`: where it runs, then how it ended.
+/// What a task says about itself in `slurm/task-<job>_<n>.json`: where it runs, then how it
+/// ended.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TaskReport {
     pub task: usize,
@@ -94,6 +101,9 @@ pub(super) struct SlurmWork<'a> {
 pub(super) struct Followed {
     pub failures: Vec<String>,
     pub record: SlurmRecord,
+    /// Why apply stopped following a job that may still run (Slurm did not answer for
+    /// [`UNANSWERED_LIMIT`]); `None` when every task ended.
+    pub lost: Option<String>,
 }
 
 /// Refuses a Slurm run that cannot work here, before anything is written: no `sbatch`, or run
@@ -159,32 +169,72 @@ fn command_exists(name: &str) -> bool {
 }
 
 /// Refuses an apply while the Slurm job an earlier apply submitted for the run still has tasks
-/// queued or running (a re-apply would run their prompts twice).
+/// queued or running (a re-apply would run their prompts twice), or may have: Slurm does not
+/// answer, some task has not reported its end, and the run's record says it is running (an
+/// apply that recorded the run's end saw every task end). A job of other shards than an apply
+/// of some shards runs is no obstacle to it: the two make disjoint prompts.
 pub(super) fn check_no_live_job(
     run_dir: &Path,
-    previous: Option<&SlurmRecord>,
+    previous: Option<&RunRecord>,
+    selection: Option<ShardRange>,
 ) -> Result<(), ApplyError> {
-    let Some(job) = previous else { return Ok(()) };
-    if !command_exists("squeue") {
+    let Some((job, status)) = previous.and_then(|p| Some((p.slurm.as_ref()?, p.status))) else {
+        return Ok(());
+    };
+    if let (Some(ours), Some(theirs)) = (selection, job.shards)
+        && (ours.last < theirs.first || theirs.last < ours.first)
+    {
         return Ok(());
     }
-    let live = live_tasks(&job.job_id);
-    if live.is_empty() {
-        return Ok(());
+    let hint = format!(
+        "`runner status {}` shows where it stands; apply again once it has ended, or cancel it \
+         with `scancel {}`",
+        display_path(run_dir),
+        job.job_id
+    );
+    match standing(run_dir, job) {
+        Standing::Ended => Ok(()),
+        Standing::Live(live) => Err(ApplyError::refused(
+            format!(
+                "the Slurm job {} of {} still has {} task(s) queued or running",
+                job.job_id,
+                display_path(run_dir),
+                live.len()
+            ),
+            hint,
+        )),
+        Standing::Unknown(_) if status != RunStatus::Running => Ok(()),
+        Standing::Unknown(why) => Err(ApplyError::refused(
+            format!(
+                "cannot tell whether the Slurm job {} of {} has ended: Slurm did not answer ({why}), \
+                 and not every task has reported its end",
+                job.job_id,
+                display_path(run_dir),
+            ),
+            hint,
+        )),
     }
-    Err(ApplyError::refused(
-        format!(
-            "the Slurm job {} of {} still has {} task(s) queued or running",
-            job.job_id,
-            display_path(run_dir),
-            live.len()
-        ),
-        format!(
-            "`runner status {}` shows where it stands; apply again once it has ended, or cancel it with `scancel {}`",
-            display_path(run_dir),
-            job.job_id
-        ),
-    ))
+}
+
+/// The names of an apply's task list and batch script in the run's `slurm/` folder: one pair
+/// for a whole-run apply, one per shard range for applies of some shards, which may run side by
+/// side.
+fn file_names(plan: &Plan) -> (String, String) {
+    match plan.selection {
+        None => ("tasks.json".into(), "job.sh".into()),
+        Some(range) => {
+            let label = range.label();
+            (
+                format!("tasks-shard-{label}.json"),
+                format!("job-shard-{label}.sh"),
+            )
+        }
+    }
+}
+
+/// `%` as sbatch reads it in a file name pattern (`--output`): a `%` of the path itself.
+fn escape_pattern(path: &Path) -> String {
+    path.display().to_string().replace('%', "%%")
 }
 
 impl SlurmWork<'_> {
@@ -226,9 +276,10 @@ impl SlurmWork<'_> {
                 "--cpus-per-task={}",
                 e.cpus_per_task.unwrap_or(self.cpu_threads.max(1) as u32)
             ),
+            // sbatch expands `%` patterns in the output's path: the run folder's own are escaped.
             format!(
-                "--output={}",
-                self.run_dir.join("logs").join("slurm-%A_%a.out").display()
+                "--output={}/slurm-%A_%a.out",
+                escape_pattern(&self.run_dir.join("logs"))
             ),
             format!("--chdir={}", self.run_dir.display()),
         ];
@@ -270,12 +321,10 @@ impl SlurmWork<'_> {
             let _ = fs::remove_file(&events);
         }
         let tasks = self.task_list();
-        for t in tasks.tasks.keys() {
-            let _ = fs::remove_file(task_report_path(self.run_dir, *t));
-        }
-        let list = dir.join(TASKS_JSON);
+        let (list_name, script_name) = file_names(self.plan);
+        let list = dir.join(list_name);
         write_json_atomic(&list, &tasks)?;
-        let script = dir.join(SCRIPT);
+        let script = dir.join(script_name);
         let args = self.sbatch_args(&tasks, &script);
         let text = script_text(&self.plan.run, self.runner, &list, &args);
         write_atomic(&script, text.as_bytes()).map_err(|e| io(&script, &e))?;
@@ -312,7 +361,8 @@ impl SlurmWork<'_> {
     pub fn record(&self, job_id: &str, tasks: &[usize]) -> SlurmRecord {
         SlurmRecord {
             job_id: job_id.to_string(),
-            script: format!("{SLURM_DIR}/{SCRIPT}"),
+            script: format!("{SLURM_DIR}/{}", file_names(self.plan).1),
+            shards: self.plan.selection,
             tasks: tasks
                 .iter()
                 .map(|&t| SlurmTaskRecord {
@@ -353,6 +403,9 @@ impl SlurmWork<'_> {
         let mut cancelled: Option<Instant> = None;
         let mut last_query = Instant::now() - Duration::from_secs(60);
         let mut live = BTreeMap::new();
+        // Since when Slurm has answered none of the questions, and what it said last.
+        let mut unanswered: Option<(Instant, String)> = None;
+        let mut lost = None;
         loop {
             drain();
             if INTERRUPTED.load(Ordering::SeqCst) && cancelled.is_none() {
@@ -361,11 +414,30 @@ impl SlurmWork<'_> {
             }
             if last_query.elapsed() >= Duration::from_secs(1) {
                 last_query = Instant::now();
-                // Slurm not answering is not the job ending: asked again next time.
-                if let Some(now) = query_live(job_id) {
-                    live = now;
-                    if live.is_empty() {
-                        break;
+                match query::query_live(job_id) {
+                    Ok(now) => {
+                        unanswered = None;
+                        live = now;
+                        if live.is_empty() {
+                            break;
+                        }
+                    }
+                    // Slurm not answering is not the job ending; the tasks' reports tell when
+                    // every one has ended.
+                    Err(why) => {
+                        if query::all_reported_ended(self.run_dir, job_id, tasks) {
+                            live.clear();
+                            break;
+                        }
+                        let since = unanswered.map_or_else(Instant::now, |(at, _)| at);
+                        if since.elapsed() > UNANSWERED_LIMIT {
+                            lost = Some(format!(
+                                "Slurm has not answered for {} s ({why})",
+                                since.elapsed().as_secs()
+                            ));
+                            break;
+                        }
+                        unanswered = Some((since, why));
                     }
                 }
             }
@@ -382,8 +454,7 @@ impl SlurmWork<'_> {
         let mut record = self.record(job_id, tasks);
         let mut failures = Vec::new();
         for t in &mut record.tasks {
-            let report: Option<TaskReport> =
-                read_json(&task_report_path(self.run_dir, t.task)).ok();
+            let report = read_task_report(self.run_dir, job_id, t.task);
             let state = live
                 .get(&t.task)
                 .map(|s: &TaskState| s.state.clone())
@@ -394,26 +465,36 @@ impl SlurmWork<'_> {
                 .and_then(|r| r.node.clone())
                 .or_else(|| ended.get(&t.task).and_then(|s| s.node.clone()));
             t.gpus = report.as_ref().and_then(|r| r.gpus.clone());
-            let log = self
-                .run_dir
-                .join("logs")
-                .join(format!("slurm-{job_id}_{}.out", t.task));
+            let log = slurm_log(self.run_dir, job_id, t.task);
+            let see = if log.exists() {
+                format!("see {}", display_path(&log))
+            } else {
+                format!(
+                    "it left no Slurm output ({} does not exist): `scontrol show job {job_id}` \
+                     or the cluster's logs may say why",
+                    display_path(&log)
+                )
+            };
             match &report {
                 Some(r) if r.ended_at.is_some() => {
                     if let Some(f) = &r.failure {
                         failures.push(format!("slurm task {job_id}_{} ({}): {f}", t.task, t.slot));
                     }
                 }
+                _ if lost.is_some() => {}
                 _ => failures.push(format!(
-                    "slurm task {job_id}_{} ({}) ended without finishing its work (state {}); see {}",
+                    "slurm task {job_id}_{} ({}) ended without finishing its work (state {}); {see}",
                     t.task,
                     t.slot,
                     state.as_deref().unwrap_or("unknown: Slurm no longer knows the job"),
-                    display_path(&log)
                 )),
             }
         }
-        Followed { failures, record }
+        Followed {
+            failures,
+            record,
+            lost,
+        }
     }
 }
 
@@ -456,8 +537,23 @@ fn events_path(run_dir: &Path, process: usize) -> PathBuf {
     run_dir.join("logs").join(format!("{process:03}.events"))
 }
 
-fn task_report_path(run_dir: &Path, task: usize) -> PathBuf {
-    run_dir.join(SLURM_DIR).join(format!("task-{task}.json"))
+/// Where task `task` of job `job_id` reports itself.
+fn task_report_path(run_dir: &Path, job_id: &str, task: usize) -> PathBuf {
+    run_dir
+        .join(SLURM_DIR)
+        .join(format!("task-{job_id}_{task}.json"))
+}
+
+/// The report of task `task` of job `job_id`, if it wrote one.
+pub fn read_task_report(run_dir: &Path, job_id: &str, task: usize) -> Option<TaskReport> {
+    read_json(&task_report_path(run_dir, job_id, task)).ok()
+}
+
+/// The Slurm output of task `task` of job `job_id` (sbatch's `--output`).
+fn slurm_log(run_dir: &Path, job_id: &str, task: usize) -> PathBuf {
+    run_dir
+        .join("logs")
+        .join(format!("slurm-{job_id}_{task}.out"))
 }
 
 /// The complete event lines added to `path` since `offset` (which moves past them).
@@ -487,278 +583,19 @@ fn read_new_events(path: &Path, offset: &mut u64) -> Vec<RunEventKind> {
     events
 }
 
-/// A task's state as Slurm tells it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TaskState {
-    pub state: String,
-    pub node: Option<String>,
-}
-
-/// The job's tasks that are queued or running (`squeue`, one line per array task); empty once
-/// every task has ended or Slurm no longer knows the job, or when Slurm cannot be asked.
-pub fn live_tasks(job_id: &str) -> BTreeMap<usize, TaskState> {
-    query_live(job_id).unwrap_or_default()
-}
-
-/// [`live_tasks`], or `None` when `squeue` could not answer (the controller unreachable): a job
-/// it does not know any more has ended.
-fn query_live(job_id: &str) -> Option<BTreeMap<usize, TaskState>> {
-    let out = Command::new("squeue")
-        .args(["-h", "-r", "-j", job_id, "-o", "%K|%T|%N"])
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        return stderr.contains("Invalid job id").then(BTreeMap::new);
-    }
-    let mut tasks = BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let mut f = line.split('|');
-        let (Some(ids), Some(state), node) = (f.next(), f.next(), f.next()) else {
-            continue;
-        };
-        for id in task_ids(ids) {
-            tasks.insert(
-                id,
-                TaskState {
-                    state: state.trim().to_string(),
-                    node: node
-                        .map(str::trim)
-                        .filter(|n| !n.is_empty())
-                        .map(String::from),
-                },
-            );
-        }
-    }
-    Some(tasks)
-}
-
-/// The states of the job's tasks that have ended: from `scontrol` while the controller still
-/// holds the job, else from `sacct` where accounting is on; empty when neither knows it.
-pub fn ended_states(job_id: &str) -> BTreeMap<usize, TaskState> {
-    let mut tasks = BTreeMap::new();
-    if let Ok(out) = Command::new("scontrol")
-        .args(["show", "job", "-o", job_id])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        && out.status.success()
-    {
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let field = |name: &str| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix(&format!("{name}=")))
-                    .map(String::from)
-            };
-            let (Some(ids), Some(state)) = (field("ArrayTaskId"), field("JobState")) else {
-                continue;
-            };
-            let node = field("NodeList").filter(|n| n != "(null)");
-            for id in task_ids(&ids) {
-                tasks.insert(
-                    id,
-                    TaskState {
-                        state: state.clone(),
-                        node: node.clone(),
-                    },
-                );
-            }
-        }
-        if !tasks.is_empty() {
-            return tasks;
-        }
-    }
-    if let Ok(out) = Command::new("sacct")
-        .args(["-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,NodeList"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        && out.status.success()
-    {
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let f: Vec<&str> = line.split('|').collect();
-            let [id, state, node] = f[..] else { continue };
-            let Some((_, ids)) = id.split_once('_') else {
-                continue;
-            };
-            // `CANCELLED by 0`: the state is the first word.
-            let state = state.split_whitespace().next().unwrap_or(state).to_string();
-            for t in task_ids(ids) {
-                tasks.insert(
-                    t,
-                    TaskState {
-                        state: state.clone(),
-                        node: Some(node.to_string())
-                            .filter(|n| !n.is_empty() && n != "None assigned"),
-                    },
-                );
-            }
-        }
-    }
-    tasks
-}
-
-/// The array task numbers of `3`, `0-3`, `[0,2-4%2]` (a throttle after `%`).
-fn task_ids(text: &str) -> BTreeSet<usize> {
-    let text = text.trim().trim_start_matches('[').trim_end_matches(']');
-    let text = text.split('%').next().unwrap_or_default();
-    let mut ids = BTreeSet::new();
-    for part in text.split(',') {
-        let (part, step) = match part.split_once(':') {
-            Some((p, s)) => (p, s.parse::<usize>().unwrap_or(1).max(1)),
-            None => (part, 1),
-        };
-        match part.split_once('-') {
-            Some((a, b)) => {
-                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
-                    ids.extend((a..=b).step_by(step));
-                }
-            }
-            None => {
-                if let Ok(a) = part.parse() {
-                    ids.insert(a);
-                }
-            }
-        }
-    }
-    ids
-}
-
-/// Cancels the job (every task); Slurm stops the tasks' processes.
-pub fn cancel(job_id: &str) {
-    let _ = Command::new("scancel")
-        .arg(job_id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// `runner slurm-task`: runs task `task` of the list at `path` on this node, holding the run
-/// folder's lock shared; returns the exit status (0: every process succeeded).
-pub fn run_task(path: &Path, task: usize) -> i32 {
-    let list: TaskList = match read_json(path) {
-        Ok(l) => l,
-        Err(e) => {
-            crate::say!("error: cannot read the task list {}: {e}", path.display());
-            return crate::exit::INTERNAL;
-        }
-    };
-    let Some(procs) = list.tasks.get(&task) else {
-        crate::say!("error: {} has no task {task}", path.display());
-        return crate::exit::INTERNAL;
-    };
-    let report_path = task_report_path(&list.run_dir, task);
-    let mut report = TaskReport {
-        task,
-        job_id: std::env::var("SLURM_ARRAY_JOB_ID").ok(),
-        node: crate::results::records::hostname(),
-        gpus: std::env::var("CUDA_VISIBLE_DEVICES")
-            .ok()
-            .filter(|g| !g.is_empty()),
-        started_at: crate::results::time::now(),
-        ended_at: None,
-        failure: None,
-    };
-    let _ = write_json_atomic(&report_path, &report);
-    let finish = |mut report: TaskReport, failure: Option<String>| {
-        report.ended_at = Some(crate::results::time::now());
-        report.failure = failure.clone();
-        let _ = write_json_atomic(&report_path, &report);
-        match failure {
-            Some(f) => {
-                crate::say!("error: {f}");
-                crate::exit::FAILURE
-            }
-            None => crate::exit::OK,
-        }
-    };
-    // Held while the task runs: no other apply of the run starts meanwhile.
-    let _lock = match Lock::acquire_shared(&list.run_dir, &list.run) {
-        Ok(l) => l,
-        Err(e) => return finish(report, Some(e.to_string())),
-    };
-    for p in procs {
-        if p.skip_marker.as_ref().is_some_and(|m| m.exists()) {
-            continue;
-        }
-        let result = run_process(&list, p);
-        if list.probe
-            && let Some(v) = &p.videos
-        {
-            let _ = fs::remove_dir_all(v);
-        }
-        if let Err(f) = result {
-            report.failure = Some(f.clone());
-            return finish(report, Some(f));
-        }
-        if let Some(marker) = &p.skip_marker {
-            let _ = fs::write(marker, format!("{}\n", list.run));
-        }
-    }
-    finish(report, None)
-}
-
-/// Runs one process of a task as local workers run: `runner worker --spec`, its events to its
-/// event file and its standard error to its log.
-fn run_process(list: &TaskList, p: &TaskProcess) -> Result<(), String> {
-    let create = |d: &Path| {
-        fs::create_dir_all(d).map_err(|e| format!("{}: cannot create {}: {e}", p.name, d.display()))
-    };
-    create(&p.cache_dir)?;
-    if let Some(v) = &p.videos {
-        create(v)?;
-    }
-    let open = |f: &Path| {
-        fs::File::create(f).map_err(|e| format!("{}: cannot create {}: {e}", p.name, f.display()))
-    };
-    let log = open(&p.log)?;
-    let events = open(&p.events)?;
-    let runner = std::env::current_exe().map_err(|e| format!("{}: {e}", p.name))?;
-    let status = Command::new(runner)
-        .arg("worker")
-        .arg("--spec")
-        .arg(&p.spec)
-        .stdin(Stdio::null())
-        .stdout(events)
-        .stderr(log)
-        .env("CUDA_CACHE_PATH", p.cache_dir.join("cuda_jit"))
-        .env("OMP_NUM_THREADS", list.cpu_threads.to_string())
-        .status()
-        .map_err(|e| format!("{}: cannot start the worker: {e}", p.name))?;
-    if status.success() {
-        return Ok(());
-    }
-    let how = match status.code() {
-        Some(c) => format!("exited with status {c}"),
-        None => "was killed by a signal".to_string(),
-    };
-    Err(format!(
-        "{} {how} (log {}):\n{}",
-        p.name,
-        display_path(&p.log),
-        log_tail(&p.log, 20)
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn array_task_ids_read_as_squeue_and_scontrol_write_them() {
-        let ids = |t: &str| task_ids(t).into_iter().collect::<Vec<_>>();
-        assert_eq!(ids("3"), vec![3]);
-        assert_eq!(ids("0-2"), vec![0, 1, 2]);
-        assert_eq!(ids("[0,2-3%1]"), vec![0, 2, 3]);
-        assert_eq!(ids("1-5:2"), vec![1, 3, 5]);
-        assert_eq!(ids("N/A"), Vec::<usize>::new());
-    }
-
-    #[test]
     fn shell_quoting_leaves_plain_words_and_quotes_the_rest() {
         assert_eq!(shell_quote("--time=01:00:00"), "--time=01:00:00");
         assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
+    }
+
+    #[test]
+    fn a_percent_of_the_output_path_is_escaped_for_sbatch() {
+        assert_eq!(escape_pattern(Path::new("/r/100%/x%j")), "/r/100%%/x%%j");
+        assert_eq!(escape_pattern(Path::new("/r/plain")), "/r/plain");
     }
 }

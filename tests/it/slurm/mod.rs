@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use crate::apply::{generation, read_json, records, shard_prompts, videos};
 use crate::support::{Test, repo};
 
+mod faults;
+
 /// Whether Slurm is here to test against: `true` when a node is up; `false` (skip) only when
 /// `UNSTEP_SKIP_SLURM_TESTS=1`; otherwise the test fails saying how to start it.
-fn slurm_up() -> bool {
+pub(super) fn slurm_up() -> bool {
     let state = Command::new("sinfo")
         .args(["-h", "-o", "%T"])
         .output()
@@ -45,7 +47,7 @@ fn slurm_up() -> bool {
 
 /// `experiments/smoke.toml` with its results and staging inside the test, on `executor`,
 /// restricted to `indices`.
-fn smoke_args(t: &Test, executor: &str, indices: &str) -> Vec<String> {
+pub(super) fn smoke_args(t: &Test, executor: &str, indices: &str) -> Vec<String> {
     let root = t.path();
     let mut args = vec![
         repo().join("experiments/smoke.toml").display().to_string(),
@@ -65,7 +67,7 @@ fn smoke_args(t: &Test, executor: &str, indices: &str) -> Vec<String> {
     args
 }
 
-fn runner(t: &Test, args: &[String]) -> Command {
+pub(super) fn runner(t: &Test, args: &[String]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_runner"));
     cmd.args(args)
         .current_dir(t.path())
@@ -77,7 +79,7 @@ fn runner(t: &Test, args: &[String]) -> Command {
     cmd
 }
 
-fn spawn(t: &Test, args: &[String]) -> Child {
+pub(super) fn spawn(t: &Test, args: &[String]) -> Child {
     runner(t, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -85,7 +87,7 @@ fn spawn(t: &Test, args: &[String]) -> Child {
         .unwrap()
 }
 
-fn apply_args(t: &Test, executor: &str, indices: &str, more: &[&str]) -> Vec<String> {
+pub(super) fn apply_args(t: &Test, executor: &str, indices: &str, more: &[&str]) -> Vec<String> {
     let mut args = vec!["apply".to_string(), "--quiet".to_string()];
     args.extend(more.iter().map(|s| s.to_string()));
     args.extend(smoke_args(t, executor, indices));
@@ -93,7 +95,7 @@ fn apply_args(t: &Test, executor: &str, indices: &str, more: &[&str]) -> Vec<Str
 }
 
 /// Waits (polling) until `f` gives something, failing after a few minutes with `what`.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub(super) fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Some(v) = f() {
@@ -105,14 +107,14 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 /// The Slurm job id run.json records, once apply has submitted it.
-fn job_id(run_dir: &Path) -> Option<String> {
+pub(super) fn job_id(run_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(run_dir.join("run.json")).ok()?;
     let run: serde_json::Value = serde_json::from_str(&text).ok()?;
     run["slurm"]["job_id"].as_str().map(String::from)
 }
 
 /// `squeue`'s lines for the job's array tasks still queued or running: `<task>|<state>`.
-fn squeue(job: &str) -> Vec<String> {
+pub(super) fn squeue(job: &str) -> Vec<String> {
     let out = Command::new("squeue")
         .args(["-h", "-r", "-j", job, "-o", "%K|%T"])
         .output()
@@ -124,7 +126,7 @@ fn squeue(job: &str) -> Vec<String> {
 }
 
 /// `scontrol`'s state of each array task of an ended job, by task number.
-fn scontrol_states(job: &str) -> Vec<(String, String)> {
+pub(super) fn scontrol_states(job: &str) -> Vec<(String, String)> {
     let out = Command::new("scontrol")
         .args(["show", "job", "-o", job])
         .output()
@@ -144,7 +146,7 @@ fn scontrol_states(job: &str) -> Vec<(String, String)> {
     states
 }
 
-fn run_dir(t: &Test) -> PathBuf {
+pub(super) fn run_dir(t: &Test) -> PathBuf {
     t.path().join("results/smoke")
 }
 
