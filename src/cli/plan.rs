@@ -126,6 +126,12 @@ fn sweep_text(runs: &[(Resolved, Plan)]) -> String {
             .map(|p| p.describe())
             .unwrap_or_default();
         let _ = writeln!(t, "  {:>3}  {:<width$}  {values}", i + 1, plan.run);
+        // The checks `apply` makes before it writes (without --reuse-workdir); what the results
+        // folder holds is in each run's own plan below.
+        if let Err(e) = crate::execute::before_work(resolved, plan, false) {
+            let message = e.to_string();
+            let _ = writeln!(t, "       {:<width$}  refused: {message}", "");
+        }
     }
     t
 }

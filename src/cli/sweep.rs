@@ -16,17 +16,23 @@ enum Ended {
 }
 
 /// Applies every run of the sweep in turn. Refusals that can be told before anything runs
-/// (a results folder holding another configuration, probe state in the way) stop the sweep
-/// before its first run. A failed run does not stop the others; an interrupt, or an error of
+/// (a results folder holding another configuration, probe state in the way, and every check
+/// `apply` makes before it writes: `execute::before_work`) stop the sweep before its first run. A failed run does not stop the others; an interrupt, or an error of
 /// `apply` itself (the bundle, a lock, the staging), stops the sweep after that run.
 pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
     let mut refused = false;
     for (resolved, plan) in runs {
-        if let PreviousRun::Refused { message, hint } = execute::previous_run(resolved, plan) {
+        let refusal = match execute::previous_run(resolved, plan) {
+            PreviousRun::Refused { message, hint } => Some((message, hint, exit::USAGE)),
+            _ => execute::before_work(resolved, plan, opts.reuse_workdir)
+                .err()
+                .map(|e| (e.to_string(), e.hint(), e.exit_code())),
+        };
+        if let Some((message, hint, code)) = refusal {
             exit::report(&exit::Plain {
                 message: format!("run `{}`: {message}", plan.run),
                 hint,
-                code: exit::USAGE,
+                code,
             });
             refused = true;
         }

@@ -19,4 +19,5 @@ pub mod staging;
 pub mod worker;
 
 pub use apply::{ApplyError, ApplyOptions, Outcome, apply};
+pub use preflight::before_work;
 pub use resume::{PreviousRun, previous_run};

@@ -15,6 +15,32 @@ use crate::plan::Plan;
 use crate::results::names::VideoNames;
 use crate::results::records::{TokenizerRecord, WeightsRecord};
 
+/// The refusals an apply of a run makes before it writes anything that can be told before any
+/// run of a sweep starts: [`preflight`], the Slurm executor's own, and a staging folder left by
+/// an apply of the run that failed (kept for diagnosis) without `--reuse-workdir`. A sweep checks
+/// every point with it before its first run, and `runner plan` shows what it finds.
+pub fn before_work(r: &Resolved, plan: &Plan, reuse_workdir: bool) -> Result<(), ApplyError> {
+    preflight(r, &RunConfig::resolve(r))?;
+    if r.manifest.executor.kind == ExecutorKind::Slurm {
+        super::slurm::preflight(r, plan)?;
+    }
+    let stage = plan.work_root.join(&plan.run);
+    // The staging of an apply that was killed (its record still says running) is reused.
+    let killed = || {
+        crate::results::files::read_json::<crate::results::records::RunRecord>(
+            &plan.run_dir.join(crate::results::files::RUN_JSON),
+        )
+        .is_ok_and(|p| {
+            r.manifest.kind == Kind::Generation
+                && p.status == crate::results::records::RunStatus::Running
+        })
+    };
+    if !reuse_workdir && stage.exists() && !killed() {
+        return Err(super::staging::StagingError::Exists(stage).into());
+    }
+    Ok(())
+}
+
 /// Checks that need the real world (files present, no conflicting state) — before any write.
 pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
     let p = &r.paths;

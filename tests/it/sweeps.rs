@@ -291,3 +291,89 @@ fn an_interrupted_sweep_ends_the_run_in_progress_and_starts_no_other() {
     assert!(!t.path().join("results/stop-clean_sigma=0.01").exists());
     assert!(stderr.contains("apply the same manifest again"), "{stderr}");
 }
+
+/// A refusal `apply` would make before writing anything, for any point of a sweep (here the
+/// second run's staging left behind), stops the sweep before its first run, and `runner plan`
+/// shows it at the point.
+#[test]
+fn a_refusal_of_a_later_point_comes_before_the_first_run_and_plan_shows_it() {
+    let t = Test::new();
+    let path = generation(&t, "pre", "0-1");
+    append(&path, SIGMAS);
+    let (a, b) = ("pre-clean_sigma=0.005", "pre-clean_sigma=0.01");
+    let json = t.cmd().args(["plan", "pre.toml", "--json"]).run();
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let second = &json["runs"][1];
+    assert_eq!(second["run"], b, "{json}");
+    let left = std::path::Path::new(second["work_root"].as_str().unwrap()).join(b);
+    std::fs::create_dir_all(&left).unwrap();
+
+    let plan = t.cmd().args(["plan", "pre.toml"]).run();
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    let listed: Vec<&str> = plan.stdout.lines().take(4).collect();
+    assert!(
+        listed[2].contains(b) && listed[3].contains("refused: work directory"),
+        "{}",
+        plan.render()
+    );
+
+    let out = t.cmd().args(["apply", "--quiet", "pre.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr
+            .contains(&format!("run `{b}`: work directory {}", left.display())),
+        "{}",
+        out.render()
+    );
+    assert!(
+        out.stderr.contains("nothing was written"),
+        "{}",
+        out.render()
+    );
+    assert!(!t.path().join("results").join(a).exists());
+    // With --reuse-workdir the leftover is checked by its audit instead: not a refusal up front.
+    assert!(left.exists());
+}
+
+/// Ctrl-C while the sweep's second run prepares (after the sweep announced it, before its
+/// workers) is not lost: the second run does not run to its end and the sweep says interrupted.
+#[test]
+fn an_interrupt_as_the_next_run_of_a_sweep_prepares_is_not_lost() {
+    use std::io::BufRead;
+    let t = Test::new();
+    let path = generation(&t, "next", "0-1");
+    append(&path, SIGMAS);
+    let second = t.path().join("results/next-clean_sigma=0.01");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "next.toml"])
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "{seen}");
+        seen.push_str(&line);
+        if line.starts_with("sweep: run 2 of 2") {
+            break;
+        }
+    }
+    // SAFETY: interrupting the runner this test started, as Ctrl-C would.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{seen}{rest}");
+    if second.join("run.json").exists() {
+        assert_eq!(read_json(&second.join("run.json"))["status"], "interrupted");
+    }
+    assert!(rest.contains("apply the same manifest again"), "{rest}");
+}
