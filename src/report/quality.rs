@@ -23,9 +23,12 @@ pub struct LatentQuality {
     pub prompts: usize,
     /// Prompts whose latents are bit for bit the reference's.
     pub identical: usize,
-    /// The mean over the prompts of ‖b − a‖ / ‖a‖.
+    /// The mean over the prompts of ‖b − a‖ / ‖a‖ (in JSON, `"NaN"` or `"inf"` when not finite,
+    /// never `null`, which means "no inputs" elsewhere).
+    #[serde(serialize_with = "number_or_word")]
     pub mean_relative_l2: f64,
     /// The largest of them, and its prompt (none when every prompt is identical).
+    #[serde(serialize_with = "number_or_word")]
     pub max_relative_l2: f64,
     pub worst_prompt: Option<u32>,
     /// Each prompt's error, in prompt order (`--json` only).
@@ -36,7 +39,19 @@ pub struct LatentQuality {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PromptLatents {
     pub prompt: u32,
+    #[serde(serialize_with = "number_or_word")]
     pub relative_l2: f64,
+}
+
+/// A float as a JSON number when finite, else as the word for it (`"NaN"`, `"inf"`, `"-inf"`):
+/// JSON has no number for them, and `null` would read as "no inputs".
+fn number_or_word<S: serde::Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+    match *v {
+        v if v.is_finite() => s.serialize_f64(v),
+        v if v.is_nan() => s.serialize_str("NaN"),
+        v if v > 0.0 => s.serialize_str("inf"),
+        _ => s.serialize_str("-inf"),
+    }
 }
 
 /// One prompt's frames against the reference's.
@@ -435,6 +450,40 @@ mod tests {
 
     fn f32s(values: &[f32]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// Non-finite errors are words in JSON, never the `null` of "no inputs".
+    #[test]
+    fn non_finite_errors_are_words_in_json() {
+        let q = latent_quality(&[
+            (
+                0,
+                LatentSums {
+                    diff2: f64::NAN,
+                    ref2: 1.0,
+                },
+            ),
+            (
+                1,
+                LatentSums {
+                    diff2: 1.0,
+                    ref2: 0.0,
+                },
+            ),
+            (
+                2,
+                LatentSums {
+                    diff2: 1.0,
+                    ref2: 4.0,
+                },
+            ),
+        ]);
+        let v = serde_json::to_value(&q).unwrap();
+        assert_eq!(v["per_prompt"][0]["relative_l2"], "NaN");
+        assert_eq!(v["per_prompt"][1]["relative_l2"], "inf");
+        assert_eq!(v["per_prompt"][2]["relative_l2"], 0.5);
+        assert_eq!(v["mean_relative_l2"], "NaN");
+        assert_eq!(v["max_relative_l2"], "NaN");
     }
 
     /// The latents' relative L2 error of worked examples, from the files.

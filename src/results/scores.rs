@@ -118,6 +118,36 @@ impl EvaluationRecord {
     }
 }
 
+/// The first key a JSON object repeats: JSON allows it, and serde_json keeps the last value.
+struct FirstRepeat(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for FirstRepeat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = FirstRepeat;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<FirstRepeat, A::Error> {
+                let mut seen = std::collections::BTreeSet::new();
+                let mut first = None;
+                while let Some(key) = m.next_key::<String>()? {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                    if !seen.insert(key.clone()) && first.is_none() {
+                        first = Some(key);
+                    }
+                }
+                Ok(FirstRepeat(first))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
+}
+
 /// The scores of a scores file's text; every one of `dimensions` must have one.
 pub fn parse_scores(text: &str, dimensions: &[String]) -> Result<BTreeMap<String, f64>, String> {
     let value: serde_json::Value =
@@ -130,6 +160,11 @@ pub fn parse_scores(text: &str, dimensions: &[String]) -> Result<BTreeMap<String
     };
     if map.is_empty() {
         return Err("holds no scores (an empty object)".into());
+    }
+    if let Ok(FirstRepeat(Some(key))) = serde_json::from_str(text) {
+        return Err(format!(
+            "gives `{key}` more than once, so which score is meant is not clear"
+        ));
     }
     let mut scores = BTreeMap::new();
     for (dimension, v) in &map {
@@ -184,6 +219,15 @@ mod tests {
 
     fn dims(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_dimension_given_twice_is_refused_not_read_as_its_last_value() {
+        let text = r#"{"color": 0.5, "subject_consistency": 0.9, "color": [0.7, []]}"#;
+        let e = parse_scores(text, &dims(&["color"])).unwrap_err();
+        assert!(e.contains("`color` more than once"), "{e}");
+        let once = r#"{"color": 0.5, "subject_consistency": 0.9}"#;
+        assert_eq!(parse_scores(once, &dims(&["color"])).unwrap()["color"], 0.5);
     }
 
     #[test]
