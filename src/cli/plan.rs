@@ -201,6 +201,12 @@ fn videos_and_evaluation(r: &crate::manifest::Resolved) -> String {
             );
         }
     }
+    let count = r.prompts.as_deref().unwrap_or_default().len() as u32;
+    if r.manifest.kind == crate::manifest::Kind::Generation
+        && let Some(w) = names.unread_samples(r.manifest.prompts.indices.resolve(count))
+    {
+        let _ = writeln!(t, "\n{w}");
+    }
     if let Some(e) = crate::results::scores::EvaluationRecord::of(r) {
         let _ = writeln!(
             t,

@@ -218,6 +218,14 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     for note in &notes {
         crate::say!("{note}");
     }
+    if super::evaluate::saves_videos(r)
+        && let Some(w) = VideoNames::of(r).unread_samples(
+            plan.selected_shards()
+                .flat_map(|sh| sh.prompts.iter().copied()),
+        )
+    {
+        crate::say!("{w}");
+    }
     // Another shard's apply may be appending to its own timing files meanwhile, and the other
     // shards' videos are theirs to make again: an apply of some shards mends only its own.
     let damaged_timings: Vec<PathBuf> = damaged_timings

@@ -71,8 +71,13 @@ pub struct VideoNames {
     names: Vec<String>,
     /// The standard prompt of each prompt, with a names file.
     standard: Option<Vec<String>>,
+    /// The sample index of each prompt's video, with a names file.
+    samples: Vec<u32>,
     pub renamed: Vec<Renamed>,
 }
+
+/// How many samples of each prompt VBench's standard mode reads (`-0` to `-4`).
+pub const VBENCH_SAMPLES: u32 = 5;
 
 impl VideoNames {
     /// The names of a run's videos: a probe's are indexed (its debug videos), a generation's
@@ -90,6 +95,7 @@ impl VideoNames {
                     .map(|i| video_name(naming, i, &prompts[i as usize]))
                     .collect(),
                 standard: None,
+                samples: Vec::new(),
                 renamed: Vec::new(),
             },
         }
@@ -99,11 +105,13 @@ impl VideoNames {
     pub fn standard(standard: &[String]) -> VideoNames {
         let mut samples: HashMap<&str, u32> = HashMap::new();
         let mut names = Vec::with_capacity(standard.len());
+        let mut sample_of = Vec::with_capacity(standard.len());
         let mut renamed = Vec::new();
         for (index, line) in standard.iter().enumerate() {
             let prompt = line.trim();
             let sample = samples.entry(prompt).or_insert(0);
             let (name, reasons) = standard_name(prompt, *sample);
+            sample_of.push(*sample);
             *sample += 1;
             if !reasons.is_empty() {
                 renamed.push(Renamed {
@@ -118,6 +126,7 @@ impl VideoNames {
         VideoNames {
             names,
             standard: Some(standard.iter().map(|s| s.trim().to_string()).collect()),
+            samples: sample_of,
             renamed,
         }
     }
@@ -133,6 +142,29 @@ impl VideoNames {
             .as_ref()?
             .get(index as usize)
             .map(String::as_str)
+    }
+
+    /// A warning naming the prompts of `selected` whose videos are samples VBench's standard
+    /// mode never reads (the sixth and later occurrence of a standard prompt); `None` when there
+    /// are none or no names file.
+    pub fn unread_samples(&self, selected: impl IntoIterator<Item = u32>) -> Option<String> {
+        let unread: Vec<String> = selected
+            .into_iter()
+            .filter(|&i| {
+                self.samples
+                    .get(i as usize)
+                    .is_some_and(|&s| s >= VBENCH_SAMPLES)
+            })
+            .map(|i| i.to_string())
+            .collect();
+        (!unread.is_empty()).then(|| {
+            format!(
+                "warning: prompts {} repeat a standard prompt more than {VBENCH_SAMPLES} times: \
+                 their videos are made, but VBench's standard mode reads samples 0-{} only",
+                unread.join(", "),
+                VBENCH_SAMPLES - 1
+            )
+        })
     }
 
     /// Prompts of `selected` whose videos would share a file name, as a message naming each name
@@ -247,8 +279,21 @@ mod tests {
                 .map(|(i, p)| video_name(VideoNaming::Vbench, i as u32, p))
                 .collect(),
             standard: None,
+            samples: Vec::new(),
             renamed: Vec::new(),
         }
+    }
+
+    #[test]
+    fn samples_past_the_fifth_are_named_as_unread() {
+        let standard: Vec<String> = std::iter::repeat_n("a cat".to_string(), 7)
+            .chain(["a dog".to_string()])
+            .collect();
+        let names = VideoNames::standard(&standard);
+        assert_eq!(names.name(6), Some("a cat-6.mp4"));
+        let w = names.unread_samples(0..8).unwrap();
+        assert!(w.contains("prompts 5, 6 repeat"), "{w}");
+        assert_eq!(names.unread_samples([0, 4, 7]), None);
     }
 
     #[test]

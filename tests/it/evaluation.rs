@@ -186,3 +186,28 @@ fn the_applies_of_two_shards_ending_together_evaluate_once() {
     let ran = std::fs::read_to_string(t.path().join("ran.txt")).unwrap();
     assert_eq!(ran.lines().count(), 1, "evaluations run: {ran}");
 }
+
+/// A standard prompt repeated more than VBench's five samples: `runner plan` and `runner apply`
+/// warn that the later videos are made but never read by VBench's standard mode.
+#[test]
+fn samples_vbench_never_reads_are_warned_about_in_plan_and_apply() {
+    let t = Test::new();
+    let standard = [BUND; 6];
+    let ext = extended(&standard);
+    vbench_generation(&t, "many", &strs(&ext), &standard, "");
+    let plan = t.cmd().args(["plan", "many.toml"]).run();
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    let warning = "warning: prompts 5 repeat a standard prompt more than 5 times";
+    assert!(plan.stdout.contains(warning), "{}", plan.render());
+    let out = t
+        .cmd()
+        .args(["apply", "many.toml", "--set", "prompts.indices=4-5"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert!(out.stderr.contains(warning), "{}", out.render());
+    let out = t
+        .cmd()
+        .args(["plan", "many.toml", "--set", "prompts.indices=0-4"])
+        .run();
+    assert!(!out.stdout.contains("warning: prompts"), "{}", out.render());
+}
