@@ -10,6 +10,22 @@ use crate::support::{Test, tree};
 
 const SIGMAS: &str = "[sweep]\n\"method.clean_sigma\" = [0.005, 0.01]\n";
 
+/// The runner started in the test folder with `args`, its output piped.
+fn spawn_runner(t: &Test, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .current_dir(t.path())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(
+            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Appends `text` to the manifest at `path`.
 fn append(path: &std::path::Path, text: &str) {
     let mut manifest = std::fs::read_to_string(path).unwrap();
@@ -256,18 +272,7 @@ fn an_interrupted_sweep_ends_the_run_in_progress_and_starts_no_other() {
     let path = generation(&t, "stop", "0-3");
     append(&path, SIGMAS);
     let first = t.path().join("results/stop-clean_sigma=0.005");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["apply", "--quiet", "stop.toml"])
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_runner(&t, &["apply", "--quiet", "stop.toml"]);
     // Once the first run has started (its record is written and its apply holds it), Ctrl-C.
     let deadline = Instant::now() + Duration::from_secs(240);
     while !(first.join("run.json").exists() && Lock::is_held(&first)) {
@@ -344,18 +349,7 @@ fn an_interrupt_as_the_next_run_of_a_sweep_prepares_is_not_lost() {
     let path = generation(&t, "next", "0-1");
     append(&path, SIGMAS);
     let second = t.path().join("results/next-clean_sigma=0.01");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
-        .args(["apply", "next.toml"])
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_runner(&t, &["apply", "next.toml"]);
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut seen = String::new();
     loop {
