@@ -1,12 +1,18 @@
 //! The rules of docs/ARCHITECTURE.md's "Who may call whom" that a module's imports show, checked
-//! on the sources: `manifest` and `report` never name `engine`, and `vocab` names no other module
-//! of the crate.
+//! on the sources: `manifest` and `report` never name `engine`, `vocab` names no other module
+//! of the crate, and no two of `execute`'s modules import each other, even through others.
 
 use std::path::{Path, PathBuf};
 
 /// The crate's top-level modules that `text` names through `crate::` paths (`crate::engine::X`,
 /// `crate::{engine, manifest}`), comment lines left out.
 fn named_modules(text: &str) -> Vec<String> {
+    named_after(text, "crate::")
+}
+
+/// The names that follow `prefix` in `text` (the first of a path, every item of a group),
+/// comment lines left out.
+fn named_after(text: &str, prefix: &str) -> Vec<String> {
     let code: String = text
         .lines()
         .filter(|line| !line.trim_start().starts_with("//"))
@@ -14,8 +20,8 @@ fn named_modules(text: &str) -> Vec<String> {
         .join("\n");
     let mut names = Vec::new();
     let mut rest = code.as_str();
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        rest = &rest[at + prefix.len()..];
         let group = match rest.strip_prefix('{') {
             Some(inner) => &inner[..inner.find('}').unwrap_or(inner.len())],
             None => rest,
@@ -98,4 +104,56 @@ fn manifest_and_report_do_not_import_the_engine() {
 fn vocab_imports_no_other_module() {
     let found = violations("vocab", |name| name == "vocab");
     assert!(found.is_empty(), "vocab imports:\n{}", found.join("\n"));
+}
+
+/// `execute`'s modules and the others of them each imports: `super::X` in its own files
+/// (`super::super::X` in a folder module's inner files) and `crate::execute::X` anywhere.
+fn execute_imports() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/execute");
+    let mut graph = std::collections::BTreeMap::new();
+    for file in sources(&dir) {
+        let rel = file.strip_prefix(&dir).unwrap();
+        let parts: Vec<String> = rel
+            .iter()
+            .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+            .collect();
+        if parts == ["mod"] {
+            continue;
+        }
+        let module = parts[0].clone();
+        // Up to `execute`: `super::` from `execute/x.rs` and `execute/x/mod.rs`, one more
+        // `super::` for each folder below.
+        let depth = parts.len() - usize::from(parts.last().is_some_and(|p| p == "mod"));
+        let up = "super::".repeat(depth);
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let mut named = named_after(code, &up);
+        named.retain(|n| n != "super");
+        named.extend(named_after(code, "crate::execute::"));
+        let entry: &mut std::collections::BTreeSet<String> =
+            graph.entry(module.clone()).or_default();
+        entry.extend(named.into_iter().filter(|n| *n != module));
+    }
+    graph
+}
+
+#[test]
+fn execute_has_no_import_cycle() {
+    let graph = execute_imports();
+    assert!(graph["apply"].contains("evaluate"), "{graph:?}");
+    // Every module's imports, followed to their ends, never come back to it.
+    for start in graph.keys() {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo: Vec<(&String, Vec<&String>)> = vec![(start, vec![start])];
+        while let Some((module, path)) = todo.pop() {
+            for next in graph.get(module).into_iter().flatten() {
+                let mut path = path.clone();
+                path.push(next);
+                assert!(next != start, "an import cycle in execute: {path:?}");
+                if seen.insert(next) {
+                    todo.push((next, path));
+                }
+            }
+        }
+    }
 }

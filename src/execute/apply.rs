@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use super::config::RunConfig;
@@ -14,16 +14,17 @@ use super::evaluate::{evaluate_only, evaluated, saves_videos};
 use super::events::{RunEvent, RunEventKind, WorkerFacts};
 use super::job::JobSpec;
 use super::jobs::JobFactory;
-use super::lock::{Lock, LockError};
+use super::lock::Lock;
 use super::preflight::{bundle_facts, preflight, tokenizer_warnings};
 use super::progress::{Progress, SlotWork};
 use super::resume::{Completed, completed};
 use super::shard_apply::{
     merge_concurrent, record_guard, shard_lock_dir, timing_file_selected, write_record,
 };
+use super::signals::{INTERRUPTED, install_signal_handlers};
 use super::slots::{Workers, process_name};
 use super::slurm::SlurmWork;
-use super::staging::{self, Stage, StageRequest, StagingError};
+use super::staging::{self, Stage, StageRequest};
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, ExecutorKind, Kind, Resolved};
@@ -38,119 +39,8 @@ use crate::results::names::VideoNames;
 use crate::results::records::{BundleRecord, CacheLabel, ProcessSkip, RunRecord, RunStatus};
 use crate::results::video_index;
 
-/// How `apply` behaves beyond the manifest.
-#[derive(Debug, Clone, Default)]
-pub struct ApplyOptions {
-    /// Reuse an existing staging folder whose audit matches.
-    pub reuse_workdir: bool,
-    /// No progress output (tests, scripts).
-    pub quiet: bool,
-    /// Slurm: return once the job is submitted, without following it.
-    pub detach: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    /// The user must change something; nothing was written.
-    #[error("{message}")]
-    Refused {
-        message: String,
-        hint: Option<String>,
-    },
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    #[error(transparent)]
-    Staging(#[from] StagingError),
-    #[error("cannot write results: {0}")]
-    Results(#[from] crate::results::files::RecordError),
-    #[error("{0}")]
-    Io(String),
-}
-
-impl ApplyError {
-    pub(super) fn refused(message: impl Into<String>, hint: impl Into<String>) -> Self {
-        ApplyError::Refused {
-            message: message.into(),
-            hint: Some(hint.into()),
-        }
-    }
-
-    /// Errors of input (bad state, a held lock) rather than of the machine.
-    fn is_usage(&self) -> bool {
-        matches!(
-            self,
-            ApplyError::Refused { .. }
-                | ApplyError::Lock(LockError::Held { .. })
-                | ApplyError::Staging(
-                    StagingError::Exists(_)
-                        | StagingError::AuditMismatch { .. }
-                        | StagingError::Symlink(_)
-                )
-        )
-    }
-}
-
-impl crate::exit::Failure for ApplyError {
-    fn exit_code(&self) -> i32 {
-        if self.is_usage() {
-            crate::exit::USAGE
-        } else {
-            crate::exit::FAILURE
-        }
-    }
-
-    fn hint(&self) -> Option<String> {
-        match self {
-            ApplyError::Refused { hint, .. } => hint.clone(),
-            _ => None,
-        }
-    }
-}
-
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    pub status: RunStatus,
-    pub run_dir: PathBuf,
-    pub failures: Vec<String>,
-    /// The Slurm job that ran the work (Slurm executor, when there was work to submit).
-    pub slurm_job: Option<String>,
-}
-
-/// Set by the SIGINT/SIGTERM/SIGHUP handler; checked between processes and while waiting.
-pub(super) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-/// How many interrupts arrived: a second one stops what the first asked to end gracefully
-/// (an evaluation command that does not end on SIGTERM) at once.
-pub(super) static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
-
-/// Whether an interrupt arrived since the first `apply` of this process installed its handlers:
-/// a caller that applies several runs in turn starts no further run after one.
-pub fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
-}
-
-/// Counts the interrupt and sets [`INTERRUPTED`]; counted first, so that whoever sees
-/// [`INTERRUPTED`] sees this interrupt counted.
-fn on_signal() {
-    INTERRUPTS.fetch_add(1, Ordering::SeqCst);
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Runs [`on_signal`] on SIGINT, SIGTERM and SIGHUP (a closed terminal stops the run as Ctrl-C
-/// does); installed once per process.
-pub(super) fn install_signal_handlers() {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        for signal in [SIGINT, SIGTERM, SIGHUP] {
-            // SAFETY: the action only touches atomics, which is async-signal-safe. Registering
-            // fails only for the signals that cannot be caught, which these are not.
-            unsafe { signal_hook::low_level::register(signal, on_signal) }
-                .expect("SIGINT, SIGTERM and SIGHUP can be caught");
-        }
-    });
-}
+pub use super::outcome::{ApplyError, ApplyOptions, Outcome};
+pub use super::signals::interrupted;
 
 /// Where a probe's `--save-videos` debug videos go (deleted after each probe process).
 pub fn debug_video_dir(run: &str, env_tmp: Option<&str>) -> PathBuf {

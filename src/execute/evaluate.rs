@@ -15,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::apply::{ApplyError, ApplyOptions, Outcome};
 use super::lock::{Lock, LockError};
+use super::outcome::{ApplyError, ApplyOptions, Outcome};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
 use crate::manifest::{Kind, Resolved};
@@ -45,7 +45,7 @@ pub fn evaluate_run(
         return Ok(record.status);
     };
     // An interruption stops the evaluation (its command too) and is recorded as one.
-    super::apply::install_signal_handlers();
+    super::signals::install_signal_handlers();
     eval.status = EvaluationStatus::Running;
     eval.started_at = Some(now());
     eval.ended_at = None;
@@ -55,7 +55,7 @@ pub fn evaluate_run(
     let outcome = run(run_dir, &record.run, eval);
     let eval = record.evaluation.as_mut().expect("set above");
     eval.ended_at = Some(now());
-    let interrupted = super::apply::INTERRUPTED.load(Ordering::SeqCst);
+    let interrupted = super::signals::INTERRUPTED.load(Ordering::SeqCst);
     let status = match outcome {
         Err(_) if interrupted => {
             eval.status = EvaluationStatus::Interrupted;
@@ -164,7 +164,7 @@ fn run(
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if super::apply::INTERRUPTED.load(Ordering::SeqCst) => {
+            Ok(None) if super::signals::INTERRUPTED.load(Ordering::SeqCst) => {
                 group.stop(&mut child);
                 return Err(format!("the evaluation command `{shown}` was interrupted"));
             }
@@ -256,11 +256,11 @@ impl Group {
     /// Stops the whole group: SIGTERM, then SIGKILL after [`GRACE`] (or at a second interrupt),
     /// and reaps the leader.
     fn stop(&self, leader: &mut Child) {
-        let interrupts = super::apply::INTERRUPTS.load(Ordering::SeqCst);
+        let interrupts = super::signals::INTERRUPTS.load(Ordering::SeqCst);
         self.signal(libc::SIGTERM);
         let until = Instant::now() + GRACE;
         while Instant::now() < until
-            && super::apply::INTERRUPTS.load(Ordering::SeqCst) <= interrupts
+            && super::signals::INTERRUPTS.load(Ordering::SeqCst) <= interrupts
             && self.signal(0)
         {
             let _ = leader.try_wait();

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-use super::apply::ApplyError;
 use super::config::RunConfig;
+use super::outcome::ApplyError;
 use crate::engine::{self, AttentionBackend, ProviderKind};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{ExecutorKind, Kind, Resolved, VideoNaming};

@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::apply::ApplyError;
 use super::lock::Lock;
+use super::outcome::ApplyError;
 use super::preflight::{probe_state_preflight, short_list};
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Kind, Resolved};

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::apply::ApplyError;
+use super::outcome::ApplyError;
 use crate::manifest::diagnostic::display_path;
 use crate::plan::Plan;
 use crate::results::files::{RUN_JSON, write_json_atomic};

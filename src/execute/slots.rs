@@ -13,9 +13,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
-use super::apply::INTERRUPTED;
 use super::events::{RunEvent, RunEventKind};
 use super::job::JobSpec;
+use super::signals::INTERRUPTED;
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::plan::{Plan, Process, Role};

@@ -23,9 +23,10 @@ use serde::{Deserialize, Serialize};
 
 pub use self::query::{Standing, TaskState, cancel, ended_states, live_tasks, standing};
 pub use self::task::run_task;
-use super::apply::{ApplyError, INTERRUPTED};
 use super::events::{RunEvent, RunEventKind};
 use super::job::JobSpec;
+use super::outcome::ApplyError;
+use super::signals::INTERRUPTED;
 use super::slots::process_name;
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
