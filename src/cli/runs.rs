@@ -11,6 +11,7 @@ use crate::execute::lock::{Lock, LockError};
 use crate::execute::slurm;
 use crate::exit::{self, Failure};
 use crate::manifest::diagnostic::display_path;
+use crate::report::runs_columns as columns;
 use crate::report::{self, ReportError, SettingsDiff};
 use crate::results::owner::{self, OWNER_FILE};
 use crate::results::records::RunStatus;
@@ -21,9 +22,28 @@ pub struct RunsArgs {
     /// The results folder to list.
     #[arg(long, value_name = "DIR", default_value = "results")]
     pub results: PathBuf,
-    /// Print the list as JSON.
+    /// Print the list as JSON: one object per run, with the chosen columns' values under
+    /// `columns`.
     #[arg(long)]
     pub json: bool,
+    /// The columns after run, kind, status and prompts, comma-separated (repeatable): a
+    /// setting (method.clean_sigma), a statistic of the timed total (warm_mean, raw_mean,
+    /// min_after_first, steady_tail_mean), a score (vbench.total, the mean of a run's scored
+    /// dimensions, or vbench.<dimension>), or weights, started, ended. Default: the settings
+    /// that differ among the listed runs, warm_mean, and vbench.total when any run has scores.
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub columns: Vec<String>,
+    /// Sort the runs by a column (or run, kind, status, prompts); a leading `-` sorts
+    /// descending (--sort=-warm_mean). Runs without a value come last. Default: oldest first.
+    #[arg(long, value_name = "COLUMN", allow_hyphen_values = true)]
+    pub sort: Option<String>,
+    /// List only the runs whose name matches: a glob when it has `*` or `?` ('sigma-*'), else
+    /// a part of the name.
+    #[arg(long, value_name = "PATTERN")]
+    pub name: Option<String>,
+    /// List only the runs of this kind.
+    #[arg(long, value_parser = ["probe", "generation"])]
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -185,13 +205,48 @@ pub fn run_runs(args: &RunsArgs) -> i32 {
             return exit::USAGE;
         }
     };
+    let mut rows = rows;
+    // Columns are checked against every run of the folder, so that a filter that leaves out
+    // the runs with a setting or a score does not make its column unknown.
+    let available = columns::available(&rows);
+    let (sort, descending) = match args.sort.as_deref() {
+        Some(c) => match c.strip_prefix('-') {
+            Some(c) => (Some(c.to_string()), true),
+            None => (Some(c.to_string()), false),
+        },
+        None => (None, false),
+    };
+    let checked = columns::check(&args.columns, &available, false)
+        .and_then(|()| columns::check(sort.as_slice(), &available, true));
+    if let Err(e) = checked {
+        crate::say!("error: unknown column `{}`", e.column);
+        crate::say!(
+            "hint: the columns are run, kind, status, prompts (for --sort), then {}",
+            e.available.join(", ")
+        );
+        return exit::USAGE;
+    }
+    columns::filter(&mut rows, args.name.as_deref(), args.kind.as_deref());
+    let shown = if args.columns.is_empty() {
+        columns::default_columns(&rows)
+    } else {
+        args.columns.clone()
+    };
+    if let Some(column) = &sort {
+        columns::sort(&mut rows, column, descending);
+    }
     if args.json {
-        return out(&json_text(&rows));
+        return out(&json_text(&columns::json_rows(&rows, &shown)));
     }
     if rows.is_empty() {
-        return out(&format!("no runs under {}/\n", display_path(&args.results)));
+        let filtered = args.name.is_some() || args.kind.is_some();
+        return out(&format!(
+            "no runs under {}/{}\n",
+            display_path(&args.results),
+            if filtered { " match --name/--kind" } else { "" }
+        ));
     }
-    out(&report::runs_table(&rows))
+    out(&columns::table(&rows, &shown))
 }
 
 pub fn run_diff(args: &DiffArgs) -> i32 {

@@ -384,3 +384,160 @@ fn clean_removes_only_what_the_run_folder_itself_owns() {
     assert!(!run_dir.exists());
     assert!(t.path().join("results/gen-backup/run.json").is_file());
 }
+
+/// The names of `runner runs --json`'s runs, in order.
+fn listed(json: &str) -> Vec<String> {
+    let json: serde_json::Value = serde_json::from_str(json).unwrap();
+    json.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn runs_shows_chosen_columns_sorts_and_filters_and_refuses_an_unknown_column() {
+    let t = Test::new();
+    probe(&t);
+    for (name, seed) in [("s1", "0"), ("s2", "2"), ("x", "1")] {
+        let out = t
+            .cmd()
+            .args([
+                "apply",
+                "--quiet",
+                "p.toml",
+                "--set",
+                &format!("name={name}"),
+            ])
+            .args(["--set", &format!("noise.seed={seed}")])
+            .run();
+        assert_eq!(out.code, 0, "{}", out.render());
+    }
+    // Default columns: the setting that differs, the warm mean; no scores yet.
+    let runs = t.cmd().args(["runs"]).run();
+    assert_eq!(runs.code, 0, "{}", runs.render());
+    let header = runs.stdout.lines().next().unwrap();
+    let words: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(
+        words,
+        [
+            "run",
+            "kind",
+            "status",
+            "prompts",
+            "noise.seed",
+            "warm_mean"
+        ],
+        "{}",
+        runs.stdout
+    );
+    let s2 = row(&runs.stdout, "s2");
+    assert_eq!(
+        s2.split_whitespace().collect::<Vec<_>>(),
+        ["s2", "probe", "succeeded", "1/1", "2", "n/a"]
+    );
+
+    // Scores in one run's record: the VBench total joins the defaults.
+    let record = t.path().join("results/s2/run.json");
+    let mut run = read_json(&record);
+    run["evaluation"] = serde_json::json!({
+        "command": ["vbench"], "dimensions": ["subject_consistency", "motion_smoothness"],
+        "scores_file": "scores.json", "names_file": null, "status": "succeeded",
+        "started_at": null, "ended_at": null, "failure": null,
+        "scores": {"subject_consistency": 0.9, "motion_smoothness": 0.7},
+    });
+    std::fs::write(&record, run.to_string()).unwrap();
+    let runs = t.cmd().args(["runs"]).run();
+    assert!(
+        runs.stdout
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("vbench.total"),
+        "{}",
+        runs.stdout
+    );
+    assert!(
+        row(&runs.stdout, "s2").ends_with("0.8000"),
+        "{}",
+        runs.stdout
+    );
+    assert!(row(&runs.stdout, "s1").ends_with("n/a"), "{}", runs.stdout);
+
+    // Chosen columns, sorted descending, as JSON.
+    let json = t
+        .cmd()
+        .args(["runs", "--json", "--sort=-noise.seed"])
+        .args(["--columns", "noise.seed,vbench.subject_consistency"])
+        .run();
+    assert_eq!(json.code, 0, "{}", json.render());
+    assert_eq!(listed(&json.stdout), ["s2", "x", "s1"]);
+    let value: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(value[0]["status"], "succeeded");
+    assert_eq!(
+        value[0]["columns"],
+        serde_json::json!({"noise.seed": 2, "vbench.subject_consistency": 0.9})
+    );
+    assert_eq!(
+        value[1]["columns"]["vbench.subject_consistency"],
+        serde_json::Value::Null
+    );
+    let up = t
+        .cmd()
+        .args(["runs", "--json", "--sort", "noise.seed"])
+        .run();
+    assert_eq!(listed(&up.stdout), ["s1", "x", "s2"]);
+    // A score sorts runs without one last, ascending or descending.
+    for sort in ["vbench.total", "-vbench.total"] {
+        let out = t.cmd().args(["runs", "--json", "--sort", sort]).run();
+        assert_eq!(listed(&out.stdout)[0], "s2", "{sort}");
+    }
+
+    // Filters: a glob, a part of the name, a kind.
+    let glob = t.cmd().args(["runs", "--json", "--name", "s?"]).run();
+    assert_eq!(listed(&glob.stdout), ["s1", "s2"]);
+    let part = t.cmd().args(["runs", "--json", "--name", "2"]).run();
+    assert_eq!(listed(&part.stdout), ["s2"]);
+    let probes = t.cmd().args(["runs", "--json", "--kind", "probe"]).run();
+    assert_eq!(listed(&probes.stdout).len(), 3);
+    let none = t.cmd().args(["runs", "--kind", "generation"]).run();
+    assert_eq!(none.code, 0, "{}", none.render());
+    assert!(
+        none.stdout.contains("match --name/--kind"),
+        "{}",
+        none.stdout
+    );
+    // A column only filtered-out runs have is still a column.
+    let x = t
+        .cmd()
+        .args([
+            "runs",
+            "--name",
+            "x",
+            "--columns",
+            "vbench.motion_smoothness",
+        ])
+        .run();
+    assert_eq!(x.code, 0, "{}", x.render());
+    assert!(row(&x.stdout, "x").ends_with("n/a"), "{}", x.stdout);
+
+    // Unknown columns are usage errors naming the columns there are.
+    for args in [
+        vec!["runs", "--columns", "noise.seed,bogus"],
+        vec!["runs", "--sort", "-bogus"],
+        vec!["runs", "--columns", "vbench.aesthetic_quality"],
+    ] {
+        let out = t.cmd().args(args.iter().copied()).run();
+        assert_eq!(out.code, 2, "{args:?}: {}", out.render());
+        assert!(out.stdout.is_empty(), "{}", out.render());
+        assert!(out.stderr.contains("unknown column"), "{}", out.render());
+        for want in [
+            "warm_mean",
+            "vbench.total",
+            "vbench.motion_smoothness",
+            "noise.seed",
+        ] {
+            assert!(out.stderr.contains(want), "{want}: {}", out.render());
+        }
+    }
+}
