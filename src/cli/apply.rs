@@ -24,13 +24,18 @@ pub struct ApplyArgs {
     /// applies (other machines, other work roots) may run the other shards meanwhile.
     #[arg(long, value_name = "N|A-B")]
     pub shard: Option<crate::plan::ShardRange>,
+    /// Sweep a setting over values: table.key=v1,v2,… (repeatable; several keys make every
+    /// combination), as a `[sweep]` table of those lists would. Refused with a manifest that
+    /// has a `[sweep]` table.
+    #[arg(long = "sweep", value_name = "KEY=V1,V2,...")]
+    pub sweep: Vec<String>,
     /// Slurm executor: submit the job and return at once, printing its id.
     #[arg(long)]
     pub detach: bool,
 }
 
 pub fn run(args: &ApplyArgs) -> i32 {
-    let mut runs = match args.manifest.load_plans(args.shard) {
+    let mut runs = match args.manifest.load_plans(args.shard, &args.sweep) {
         Ok(runs) => runs,
         Err(code) => return code,
     };

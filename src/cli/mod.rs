@@ -99,12 +99,14 @@ impl ManifestArgs {
 
     /// Loads, validates and plans every run of the manifest: each point of its `[sweep]`, or
     /// the manifest alone. On failure prints the problems and returns the exit status.
-    /// With `shards` (`--shard`), each plan is restricted to them.
+    /// With `shards` (`--shard`), each plan is restricted to them; `sweep` are the `--sweep`
+    /// flags, a sweep in place of a `[sweep]` table.
     pub fn load_plans(
         &self,
         shards: Option<crate::plan::ShardRange>,
+        sweep: &[String],
     ) -> Result<Vec<(crate::manifest::Resolved, crate::plan::Plan)>, i32> {
-        let runs = crate::manifest::load_sweep(&self.request()).map_err(|diags| {
+        let runs = crate::manifest::load_sweep_with(&self.request(), sweep).map_err(|diags| {
             exit::to_stderr(&diags.to_string());
             exit::USAGE
         })?;
