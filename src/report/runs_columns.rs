@@ -77,8 +77,9 @@ pub fn check(wanted: &[String], available: &[String], fixed: bool) -> Result<(),
     }
 }
 
-/// The default columns of `rows`: the settings whose values differ among them, the warm mean,
-/// and the VBench total when any of them has scores. The run's name differs in every run and
+/// The default columns of `rows`: the settings whose values differ among them, the weights'
+/// source when any run's weights are not the released ones, the warm mean, and the VBench
+/// total when any of them has scores. The run's name differs in every run and
 /// is its own column; a setting left at a default that carries the run's name (a path
 /// `results/<run>/...`) differs only in that name and is left out.
 pub fn default_columns(rows: &[RunRow]) -> Vec<String> {
@@ -101,6 +102,13 @@ pub fn default_columns(rows: &[RunRow]) -> Vec<String> {
         })
         .cloned()
         .collect();
+    // Numbers of random weights are not those of the model: the table says so.
+    if rows
+        .iter()
+        .any(|r| r.weights.as_deref().is_some_and(|w| w != "released"))
+    {
+        columns.push("weights".into());
+    }
     columns.push("warm_mean".into());
     if rows.iter().any(|r| !r.values.scores.is_empty()) {
         columns.push(SCORE_TOTAL.into());
@@ -351,6 +359,11 @@ mod tests {
         assert_eq!(default_columns(&rows), ["method.clean_sigma", "warm_mean"]);
         let same = vec![row("a", None, Some(0.01)), row("b", None, Some(0.01))];
         assert_eq!(default_columns(&same), ["warm_mean"]);
+        let mut random = same.clone();
+        random[0].weights = Some("released".into());
+        assert_eq!(default_columns(&random), ["warm_mean"]);
+        random[1].weights = Some("random".into());
+        assert_eq!(default_columns(&random), ["weights", "warm_mean"]);
         let mut scored = same.clone();
         scored[1]
             .values

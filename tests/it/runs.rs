@@ -227,9 +227,25 @@ fn clean_refuses_a_run_in_progress_and_removes_staging_state_or_the_whole_run() 
     );
     assert!(!state.exists() && run_dir.join("run.json").is_file());
 
-    let out = t.cmd().args(["clean", "gen", "--all"]).run();
+    let out = t.cmd().args(["clean", "gen", "--all", "--json"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     assert!(!run_dir.exists(), "{}", out.render());
+    // --json: each folder with what was done to it; only the results folder was left.
+    let cleaned: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(cleaned["run"], "gen");
+    let folders: Vec<(&str, &str)> = cleaned["folders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["what"].as_str().unwrap(), f["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(folders[0], ("staging", "absent"), "{folders:?}");
+    assert_eq!(folders.last(), Some(&("results", "removed")), "{folders:?}");
+    assert_eq!(
+        folders.iter().filter(|f| f.1 == "removed").count(),
+        1,
+        "{folders:?}"
+    );
     let runs = t.cmd().args(["runs"]).run();
     assert_eq!(runs.code, 0, "{}", runs.render());
     assert!(
@@ -409,11 +425,17 @@ fn runs_shows_chosen_columns_sorts_and_filters_and_refuses_an_unknown_column() {
                 "--set",
                 &format!("name={name}"),
             ])
-            .args(["--set", &format!("noise.seed={seed}")])
+            .args(["--set", &format!("noise.seed={seed}"), "--json"])
             .run();
         assert_eq!(out.code, 0, "{}", out.render());
+        // --json: the run's record, as run.json has it, in place of the report.
+        let record: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(record["status"], "succeeded");
+        let path = t.path().join("results").join(name).join("run.json");
+        assert_eq!(record, read_json(&path));
     }
-    // Default columns: the setting that differs, the warm mean; no scores yet.
+    // Default columns: the setting that differs, the weights' source (the tiny bundle's are
+    // random), the warm mean; no scores yet.
     let runs = t.cmd().args(["runs"]).run();
     assert_eq!(runs.code, 0, "{}", runs.render());
     let header = runs.stdout.lines().next().unwrap();
@@ -426,6 +448,7 @@ fn runs_shows_chosen_columns_sorts_and_filters_and_refuses_an_unknown_column() {
             "status",
             "prompts",
             "noise.seed",
+            "weights",
             "warm_mean"
         ],
         "{}",
@@ -434,7 +457,7 @@ fn runs_shows_chosen_columns_sorts_and_filters_and_refuses_an_unknown_column() {
     let s2 = row(&runs.stdout, "s2");
     assert_eq!(
         s2.split_whitespace().collect::<Vec<_>>(),
-        ["s2", "probe", "succeeded", "1/1", "2", "n/a"]
+        ["s2", "probe", "succeeded", "1/1", "2", "random", "n/a"]
     );
 
     // Scores in one run's record: the VBench total joins the defaults.

@@ -466,9 +466,18 @@ fn sweep_flags_are_a_sweep_table_given_on_the_command_line() {
     // apply runs each point, recording the flag as the value's origin.
     let out = t
         .cmd()
-        .args(["apply", "--quiet", "sig.toml", "--sweep", sweep])
+        .args(["apply", "--quiet", "sig.toml", "--sweep", sweep, "--json"])
         .run();
     assert_eq!(out.code, 0, "{}", out.render());
+    // --json: the runs' records, in place of the table.
+    let records: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let recorded: Vec<(&str, &str)> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["run"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(recorded, [(a, "succeeded"), (b, "succeeded")]);
     for (run, value) in [(a, 0.005), (b, 0.01)] {
         let record = read_json(&t.path().join("results").join(run).join("run.json"));
         let setting = &record["settings"]["method.clean_sigma"];
