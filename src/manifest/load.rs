@@ -157,16 +157,8 @@ pub fn load_sweep_with(req: &LoadRequest, flags: &[String]) -> Result<Vec<Resolv
     let (manifest_path, chain) = read_chain(req)?;
     let mut errors = Vec::new();
     let table = sweep::read(&chain, &mut errors);
-    let table = match (table, flags.is_empty()) {
-        (table, true) => table,
-        (Some(_), false) => return Err(Diagnostics(vec![sweep_flags::with_table(flags)])),
-        (None, false) if chain[0].leaves.iter().any(|(k, _)| sweep::in_table(k)) => {
-            errors.push(sweep_flags::with_table(flags));
-            None
-        }
-        (None, false) => sweep_flags::read(flags, &mut errors),
-    };
-    let Some(table) = table else {
+    let has_table = chain[0].leaves.iter().any(|(k, _)| sweep::in_table(k));
+    let Some(table) = sweep_flags::or_table(table, has_table, flags, &mut errors) else {
         if !errors.is_empty() {
             return Err(Diagnostics(errors));
         }

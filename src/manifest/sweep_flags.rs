@@ -87,8 +87,26 @@ pub fn read(flags: &[String], errors: &mut Vec<Diagnostic>) -> Option<Sweep> {
     })
 }
 
+/// The sweep of a run: the manifest's `[sweep]` table (`table`, read; `has_table`, whether the
+/// manifest has one, read or not), or that of the flags. Both is an error.
+pub fn or_table(
+    table: Option<Sweep>,
+    has_table: bool,
+    flags: &[String],
+    errors: &mut Vec<Diagnostic>,
+) -> Option<Sweep> {
+    if flags.is_empty() {
+        return table;
+    }
+    if has_table {
+        errors.push(with_table(flags));
+        return None;
+    }
+    read(flags, errors)
+}
+
 /// The error for `--sweep` flags given with a manifest that has a `[sweep]` table.
-pub fn with_table(flags: &[String]) -> Diagnostic {
+fn with_table(flags: &[String]) -> Diagnostic {
     Diagnostic::new("the manifest has a [sweep] table, and --sweep sweeps it again")
         .at(Origin::Flag {
             arg: format!("--sweep {}", flags[0]),
