@@ -62,7 +62,8 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Compare the statistics of two or more runs in one table: values, deltas and ratios.
     Compare(report::CompareArgs),
-    /// List the runs under the results folder: kind, status, prompts done, warm mean, when.
+    /// List the runs under the results folder as a table: status, prompts done, then settings,
+    /// statistics and scores (--columns), sorted (--sort) and filtered (--name, --kind).
     Runs(runs::RunsArgs),
     /// Show the settings that differ between two runs, with the layer that set each.
     Diff(runs::DiffArgs),
