@@ -24,13 +24,22 @@ pub struct ApplyArgs {
     /// applies (other machines, other work roots) may run the other shards meanwhile.
     #[arg(long, value_name = "N|A-B")]
     pub shard: Option<crate::plan::ShardRange>,
+    /// Sweep a setting over values: table.key=v1,v2,… (repeatable; several keys make every
+    /// combination), as a `[sweep]` table of those lists would. Refused with a manifest that
+    /// has a `[sweep]` table.
+    #[arg(long = "sweep", value_name = "KEY=V1,V2,...")]
+    pub sweep: Vec<String>,
+    /// Print the run's record (its run.json) as JSON on stdout at the end, in place of the
+    /// report; a sweep's, a list of its runs' records.
+    #[arg(long)]
+    pub json: bool,
     /// Slurm executor: submit the job and return at once, printing its id.
     #[arg(long)]
     pub detach: bool,
 }
 
 pub fn run(args: &ApplyArgs) -> i32 {
-    let mut runs = match args.manifest.load_plans(args.shard) {
+    let mut runs = match args.manifest.load_plans(args.shard, &args.sweep) {
         Ok(runs) => runs,
         Err(code) => return code,
     };
@@ -40,7 +49,7 @@ pub fn run(args: &ApplyArgs) -> i32 {
         detach: args.detach,
     };
     if runs[0].0.sweep.is_some() {
-        return super::sweep::apply(&runs, &opts);
+        return super::sweep::apply(&runs, &opts, args.json);
     }
     let (resolved, plan) = runs.remove(0);
     let outcome = match execute::apply(&resolved, &plan, &opts) {
@@ -54,13 +63,20 @@ pub fn run(args: &ApplyArgs) -> i32 {
              the manifest again once the job has ended writes its summary",
             outcome.run_dir.display()
         );
+        if args.json {
+            return super::out(&value_text(&record_json(&outcome.run_dir)));
+        }
         return super::out(&format!("{job}\n"));
     }
-    // The statistics table, as `runner report` shows it.
-    let report = crate::report::load_run(&outcome.run_dir)
-        .map(|run| crate::report::report_text(&run))
-        .unwrap_or_default();
-    let code = super::out(&report);
+    let code = if args.json {
+        super::out(&value_text(&record_json(&outcome.run_dir)))
+    } else {
+        // The statistics table, as `runner report` shows it.
+        let report = crate::report::load_run(&outcome.run_dir)
+            .map(|run| crate::report::report_text(&run))
+            .unwrap_or_default();
+        super::out(&report)
+    };
     match outcome.status {
         RunStatus::Succeeded => code,
         RunStatus::Partial => {
@@ -93,6 +109,21 @@ pub fn run(args: &ApplyArgs) -> i32 {
             exit::FAILURE
         }
     }
+}
+
+/// The record (`run.json`) of the run in `run_dir` as it is on disk; `null` when it has none.
+pub(super) fn record_json(run_dir: &std::path::Path) -> serde_json::Value {
+    std::fs::read_to_string(run_dir.join(crate::results::RUN_JSON))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// `apply --json`'s output: one run's record, or a sweep's list of them.
+pub(super) fn value_text(value: &serde_json::Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialise");
+    text.push('\n');
+    text
 }
 
 /// What to run after a failed run, as commands to copy: this apply's own (the variables that

@@ -96,7 +96,7 @@ impl Needs {
             set: args.set.clone(),
             extra_args: Vec::new(),
         };
-        let runs = manifest_args.load_plans(None)?;
+        let runs = manifest_args.load_plans(None, &[])?;
         let mut needs = Needs {
             manifest: Some(manifest.clone()),
             ort_library: runs[0].0.paths.ort_library.clone(),

@@ -23,6 +23,9 @@ pub struct EvaluateArgs {
     /// scores are then recorded as the run's, of an incomplete set).
     #[arg(long)]
     pub force: bool,
+    /// Print the evaluation record (run.json's `evaluation`: status, scores, failure) as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 fn refuse(message: String, hint: &str) -> i32 {
@@ -145,9 +148,15 @@ pub fn run(args: &EvaluateArgs) -> i32 {
             });
         }
     };
-    let mut text = String::new();
-    crate::report::scores::evaluation_section(&mut text, &record);
-    let code = out(text.trim_start());
+    let code = if args.json {
+        let mut text = serde_json::to_string_pretty(&record.evaluation).expect("records serialise");
+        text.push('\n');
+        out(&text)
+    } else {
+        let mut text = String::new();
+        crate::report::scores::evaluation_section(&mut text, &record);
+        out(text.trim_start())
+    };
     match status {
         RunStatus::Succeeded => code,
         RunStatus::Interrupted => {

@@ -62,7 +62,8 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Compare the statistics of two or more runs in one table: values, deltas and ratios.
     Compare(report::CompareArgs),
-    /// List the runs under the results folder: kind, status, prompts done, warm mean, when.
+    /// List the runs under the results folder as a table: status, prompts done, then settings,
+    /// statistics and scores (--columns), sorted (--sort) and filtered (--name, --kind).
     Runs(runs::RunsArgs),
     /// Show the settings that differ between two runs, with the layer that set each.
     Diff(runs::DiffArgs),
@@ -99,12 +100,14 @@ impl ManifestArgs {
 
     /// Loads, validates and plans every run of the manifest: each point of its `[sweep]`, or
     /// the manifest alone. On failure prints the problems and returns the exit status.
-    /// With `shards` (`--shard`), each plan is restricted to them.
+    /// With `shards` (`--shard`), each plan is restricted to them; `sweep` are the `--sweep`
+    /// flags, a sweep in place of a `[sweep]` table.
     pub fn load_plans(
         &self,
         shards: Option<crate::plan::ShardRange>,
+        sweep: &[String],
     ) -> Result<Vec<(crate::manifest::Resolved, crate::plan::Plan)>, i32> {
-        let runs = crate::manifest::load_sweep(&self.request()).map_err(|diags| {
+        let runs = crate::manifest::load_sweep_with(&self.request(), sweep).map_err(|diags| {
             exit::to_stderr(&diags.to_string());
             exit::USAGE
         })?;

@@ -20,13 +20,18 @@ pub struct PlanArgs {
     /// Also print every setting with its value and the layer that set it.
     #[arg(long)]
     pub explain: bool,
+    /// Sweep a setting over values: table.key=v1,v2,… (repeatable; several keys make every
+    /// combination), as a `[sweep]` table of those lists would. Refused with a manifest that
+    /// has a `[sweep]` table.
+    #[arg(long = "sweep", value_name = "KEY=V1,V2,...")]
+    pub sweep: Vec<String>,
     /// Show only what `apply --shard` of these shards runs: N or A-B.
     #[arg(long, value_name = "N|A-B")]
     pub shard: Option<crate::plan::ShardRange>,
 }
 
 pub fn run(args: &PlanArgs) -> i32 {
-    let runs = match args.manifest.load_plans(args.shard) {
+    let runs = match args.manifest.load_plans(args.shard, &args.sweep) {
         Ok(runs) => runs,
         Err(code) => return code,
     };

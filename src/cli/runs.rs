@@ -11,6 +11,7 @@ use crate::execute::lock::{Lock, LockError};
 use crate::execute::slurm;
 use crate::exit::{self, Failure};
 use crate::manifest::diagnostic::display_path;
+use crate::report::runs_columns as columns;
 use crate::report::{self, ReportError, SettingsDiff};
 use crate::results::owner::{self, OWNER_FILE};
 use crate::results::records::RunStatus;
@@ -21,9 +22,29 @@ pub struct RunsArgs {
     /// The results folder to list.
     #[arg(long, value_name = "DIR", default_value = "results")]
     pub results: PathBuf,
-    /// Print the list as JSON.
+    /// Print the list as JSON: one object per run, with the chosen columns' values under
+    /// `columns`.
     #[arg(long)]
     pub json: bool,
+    /// The columns after run, kind, status and prompts, comma-separated (repeatable): a
+    /// setting (method.clean_sigma), a statistic of the timed total (warm_mean, raw_mean,
+    /// min_after_first, steady_tail_mean), a score (vbench.total, the mean of a run's scored
+    /// dimensions, or vbench.<dimension>), or weights, started, ended. Default: the settings
+    /// that differ among the listed runs, weights when any run's are not the released ones,
+    /// warm_mean, and vbench.total when any run has scores.
+    #[arg(long, value_name = "COLUMNS", value_delimiter = ',')]
+    pub columns: Vec<String>,
+    /// Sort the runs by a column (or run, kind, status, prompts); a leading `-` sorts
+    /// descending (--sort=-warm_mean). Runs without a value come last. Default: oldest first.
+    #[arg(long, value_name = "COLUMN", allow_hyphen_values = true)]
+    pub sort: Option<String>,
+    /// List only the runs whose name matches: a glob when it has `*` or `?` ('sigma-*'), else
+    /// a part of the name.
+    #[arg(long, value_name = "PATTERN")]
+    pub name: Option<String>,
+    /// List only the runs of this kind.
+    #[arg(long, value_parser = ["probe", "generation"])]
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -53,6 +74,28 @@ pub struct CleanArgs {
     /// Remove the whole run: its staging, its runtime state and its results folder.
     #[arg(long)]
     pub all: bool,
+    /// Print what was removed as JSON: the run and one object per folder (`removed`,
+    /// `absent` or `kept`), with notes.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `runner clean` did, folder by folder (`--json`).
+#[derive(Debug, serde::Serialize)]
+struct Cleaned {
+    run: String,
+    folders: Vec<CleanedFolder>,
+    notes: Vec<String>,
+}
+
+/// One folder `runner clean` removed, found absent, or kept.
+#[derive(Debug, serde::Serialize)]
+struct CleanedFolder {
+    /// `staging`, `runtime state`, `shared runtime state` or `results`.
+    what: String,
+    path: PathBuf,
+    /// `removed`, `absent` or `kept`.
+    action: &'static str,
 }
 
 fn json_text<T: serde::Serialize>(value: &T) -> String {
@@ -185,13 +228,48 @@ pub fn run_runs(args: &RunsArgs) -> i32 {
             return exit::USAGE;
         }
     };
+    let mut rows = rows;
+    // Columns are checked against every run of the folder, so that a filter that leaves out
+    // the runs with a setting or a score does not make its column unknown.
+    let available = columns::available(&rows);
+    let (sort, descending) = match args.sort.as_deref() {
+        Some(c) => match c.strip_prefix('-') {
+            Some(c) => (Some(c.to_string()), true),
+            None => (Some(c.to_string()), false),
+        },
+        None => (None, false),
+    };
+    let checked = columns::check(&args.columns, &available, false)
+        .and_then(|()| columns::check(sort.as_slice(), &available, true));
+    if let Err(e) = checked {
+        crate::say!("error: unknown column `{}`", e.column);
+        crate::say!(
+            "hint: the columns are run, kind, status, prompts (for --sort), then {}",
+            e.available.join(", ")
+        );
+        return exit::USAGE;
+    }
+    columns::filter(&mut rows, args.name.as_deref(), args.kind.as_deref());
+    let shown = if args.columns.is_empty() {
+        columns::default_columns(&rows)
+    } else {
+        args.columns.clone()
+    };
+    if let Some(column) = &sort {
+        columns::sort(&mut rows, column, descending);
+    }
     if args.json {
-        return out(&json_text(&rows));
+        return out(&json_text(&columns::json_rows(&rows, &shown)));
     }
     if rows.is_empty() {
-        return out(&format!("no runs under {}/\n", display_path(&args.results)));
+        let filtered = args.name.is_some() || args.kind.is_some();
+        return out(&format!(
+            "no runs under {}/{}\n",
+            display_path(&args.results),
+            if filtered { " match --name/--kind" } else { "" }
+        ));
     }
-    out(&report::runs_table(&rows))
+    out(&columns::table(&rows, &shown))
 }
 
 pub fn run_diff(args: &DiffArgs) -> i32 {
@@ -212,16 +290,34 @@ pub fn run_diff(args: &DiffArgs) -> i32 {
 
 pub fn run_clean(args: &CleanArgs) -> i32 {
     match clean(args) {
-        Ok(lines) => out(&lines.concat()),
+        Ok(cleaned) if args.json => out(&json_text(&cleaned)),
+        Ok(cleaned) => out(&clean_text(&cleaned)),
         Err(e) => exit::report(&e),
     }
+}
+
+/// What `clean` did, a line each.
+fn clean_text(cleaned: &Cleaned) -> String {
+    let mut t = String::new();
+    for note in &cleaned.notes {
+        t.push_str(&format!("note: {note}\n"));
+    }
+    for f in &cleaned.folders {
+        let path = display_path(&f.path);
+        t.push_str(&match f.action {
+            "removed" => format!("removed {} {path}\n", f.what),
+            "absent" => format!("no {} at {path}\n", f.what),
+            _ => format!("kept {} {path}: other runs use it too\n", f.what),
+        });
+    }
+    t
 }
 
 /// Removes what `args` asks for, holding the run's lock so that no apply of it starts
 /// meanwhile; returns what it did, a line each. Before anything is removed, every folder to
 /// remove is checked to be the run's own (`results::owner`): inside its results folder, or
 /// marked as that folder's run's; otherwise nothing is removed.
-fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
+fn clean(args: &CleanArgs) -> Result<Cleaned, CleanError> {
     let dir = report::locate(&args.run, &args.results)?;
     // Recorded folders are absolute: so is the run's, for telling which are inside it.
     let dir = std::path::absolute(&dir).unwrap_or(dir);
@@ -261,14 +357,18 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
         }
         Err(e) => return Err(CleanError::Lock(e)),
     };
-    let mut done = Vec::new();
+    let mut done = Cleaned {
+        run: record.run.clone(),
+        folders: Vec::new(),
+        notes: Vec::new(),
+    };
     let (staging, state) = places(&record, &dir);
     let mut removals: Vec<(PathBuf, &str)> = Vec::new();
     match staging {
         Some(staging) => removals.push((staging, "staging")),
-        None => done.push(format!(
-            "note: the record of run `{}` does not say where its staging is (an earlier \
-             runner wrote it); remove `<staging.work_root>/{}` yourself\n",
+        None => done.notes.push(format!(
+            "the record of run `{}` does not say where its staging is (an earlier runner \
+             wrote it); remove `<staging.work_root>/{}` yourself",
             record.run, record.run
         )),
     }
@@ -301,10 +401,11 @@ fn clean(args: &CleanArgs) -> Result<Vec<String>, CleanError> {
     if (args.state || args.all)
         && let Some(shared) = record.places.as_ref().and_then(|p| p.shared_state.as_ref())
     {
-        done.push(format!(
-            "kept shared runtime state {}: other runs use it too\n",
-            display_path(shared)
-        ));
+        done.folders.push(CleanedFolder {
+            what: "shared runtime state".into(),
+            path: shared.clone(),
+            action: "kept",
+        });
     }
     if args.all {
         remove(&dir, "results", &mut done)?;
@@ -349,10 +450,17 @@ fn places(record: &RunRecord, dir: &Path) -> (Option<PathBuf>, Vec<PathBuf>) {
 }
 
 /// Removes `path` (a folder) if it exists, saying so in `done`.
-fn remove(path: &Path, what: &str, done: &mut Vec<String>) -> Result<(), CleanError> {
+fn remove(path: &Path, what: &str, done: &mut Cleaned) -> Result<(), CleanError> {
+    let mut record = |action| {
+        done.folders.push(CleanedFolder {
+            what: what.to_string(),
+            path: path.to_path_buf(),
+            action,
+        })
+    };
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            done.push(format!("no {what} at {}\n", display_path(path)));
+            record("absent");
             Ok(())
         }
         Err(source) => Err(CleanError::Remove {
@@ -364,7 +472,7 @@ fn remove(path: &Path, what: &str, done: &mut Vec<String>) -> Result<(), CleanEr
                 path: path.to_path_buf(),
                 source,
             })?;
-            done.push(format!("removed {what} {}\n", display_path(path)));
+            record("removed");
             Ok(())
         }
     }

@@ -19,7 +19,9 @@ enum Ended {
 /// (a results folder holding another configuration, probe state in the way, and every check
 /// `apply` makes before it writes: `execute::before_work`) stop the sweep before its first run. A failed run does not stop the others; an interrupt, or an error of
 /// `apply` itself (the bundle, a lock, the staging), stops the sweep after that run.
-pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
+/// With `json`, stdout has the records (`run.json`) of the runs that ran, as a list, in place
+/// of the table.
+pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions, json: bool) -> i32 {
     let mut refused = false;
     for (resolved, plan) in runs {
         let refusal = match execute::previous_run(resolved, plan) {
@@ -81,7 +83,19 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions) -> i32 {
             }
         }
     }
-    let code = super::out(&summary(runs, &ended));
+    let code = if json {
+        let records = runs
+            .iter()
+            .zip(&ended)
+            .filter(|(_, e)| matches!(e, Ended::Ran(_)))
+            .map(|((_, plan), _)| super::apply::record_json(&plan.run_dir))
+            .collect();
+        super::out(&super::apply::value_text(&serde_json::Value::Array(
+            records,
+        )))
+    } else {
+        super::out(&summary(runs, &ended))
+    };
     let ran = |s: RunStatus| ended.iter().any(|e| matches!(e, Ended::Ran(x) if *x == s));
     if ran(RunStatus::Interrupted) || execute::apply::interrupted() {
         crate::say!("interrupted; apply the same manifest again to resume the sweep");

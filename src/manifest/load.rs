@@ -18,6 +18,7 @@ use super::schema::keys;
 use super::settings::{Kind, Manifest};
 use super::source::SourceFile;
 use super::sweep::{self, SweepPoint};
+use super::sweep_flags;
 use super::values::RunName;
 
 /// What to load: a manifest file and the overrides on top of it.
@@ -147,9 +148,17 @@ pub fn load(req: &LoadRequest) -> Result<Resolved, Diagnostics> {
 /// the manifest alone when it has none. Every point is validated before any is returned, and a
 /// problem that several points share is reported once.
 pub fn load_sweep(req: &LoadRequest) -> Result<Vec<Resolved>, Diagnostics> {
+    load_sweep_with(req, &[])
+}
+
+/// [`load_sweep`] with the sweep of `--sweep` flags (`sweep_flags`), in place of a `[sweep]`
+/// table; a manifest with a table and flags is refused.
+pub fn load_sweep_with(req: &LoadRequest, flags: &[String]) -> Result<Vec<Resolved>, Diagnostics> {
     let (manifest_path, chain) = read_chain(req)?;
     let mut errors = Vec::new();
-    let Some(table) = sweep::read(&chain, &mut errors) else {
+    let table = sweep::read(&chain, &mut errors);
+    let has_table = chain[0].leaves.iter().any(|(k, _)| sweep::in_table(k));
+    let Some(table) = sweep_flags::or_table(table, has_table, flags, &mut errors) else {
         if !errors.is_empty() {
             return Err(Diagnostics(errors));
         }

@@ -18,10 +18,11 @@ pub mod schema;
 pub mod settings;
 pub mod source;
 pub mod sweep;
+pub mod sweep_flags;
 pub mod values;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Origin};
-pub use load::{LoadRequest, Resolved, Setting, load, load_sweep};
+pub use load::{LoadRequest, Resolved, Setting, load, load_sweep, load_sweep_with};
 pub use run_paths::RunPaths;
 pub use settings::*;
 pub use values::*;

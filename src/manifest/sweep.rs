@@ -219,7 +219,7 @@ pub fn in_table(key: &str) -> bool {
 }
 
 /// Why `key` may not be swept, with what to do instead; `None` when it may.
-fn refusal(key: &str) -> Option<(String, String)> {
+pub(super) fn refusal(key: &str) -> Option<(String, String)> {
     let another = "write a manifest of its own (it can `extends` this one)";
     match key {
         "name" | "extends" => Some((
@@ -252,7 +252,7 @@ fn refusal(key: &str) -> Option<(String, String)> {
 
 /// Gives each axis its label: the key's last segment, or the whole key where two swept keys
 /// share their last segment (`cache.mode` and `noise.mode`).
-fn label_axes(axes: &mut [Axis]) {
+pub(super) fn label_axes(axes: &mut [Axis]) {
     let last = |k: &str| k.rsplit('.').next().unwrap_or(k).to_string();
     let lasts: Vec<String> = axes.iter().map(|a| last(&a.key)).collect();
     for (i, axis) in axes.iter_mut().enumerate() {
@@ -443,6 +443,7 @@ pub fn set_elsewhere(key: &str, swept: &Entry, other: &Entry) -> Diagnostic {
     // Every point gives the same error, so it names the table, not the point's value.
     let table = match &swept.origin {
         Origin::File { path, .. } => format!("the [sweep] table of {}", display_path(path)),
+        Origin::Flag { arg } => format!("`{arg}`"),
         _ => "the [sweep] table".into(),
     };
     Diagnostic::new(format!(

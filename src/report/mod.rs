@@ -9,6 +9,7 @@ pub mod many;
 pub mod quality;
 pub mod render;
 pub mod runs;
+pub mod runs_columns;
 pub mod scores;
 pub mod svg;
 pub mod warnings;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::load::{LoadedRun, ReportError, load_run};
+use super::runs_columns::RunValues;
 use crate::results::records::{ProcessRole, RunStatus, SettingRecord};
 use crate::results::{RUN_JSON, RunRecord};
 
@@ -40,6 +41,9 @@ pub struct RunRow {
     /// folders.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copy_of: Option<String>,
+    /// Its settings, statistics and scores, for the columns `runner runs` can show.
+    #[serde(skip)]
+    pub values: RunValues,
 }
 
 impl RunRow {
@@ -82,6 +86,20 @@ impl RunRow {
             dir: run.dir.clone(),
             error: None,
             copy_of: None,
+            values: RunValues {
+                settings: r.settings.clone(),
+                timed_total: Some(run.summary.timed_total),
+                dimensions: r
+                    .evaluation
+                    .as_ref()
+                    .map(|e| e.dimensions.clone())
+                    .unwrap_or_default(),
+                scores: r
+                    .evaluation
+                    .as_ref()
+                    .and_then(|e| e.scores.clone())
+                    .unwrap_or_default(),
+            },
         }
     }
 
@@ -100,6 +118,7 @@ impl RunRow {
             dir: dir.to_path_buf(),
             error: None,
             copy_of: None,
+            values: RunValues::default(),
         }
     }
 }
@@ -190,6 +209,12 @@ pub fn runs_table(rows: &[RunRow]) -> String {
             r.started_at.as_deref().unwrap_or("-"),
         );
     }
+    notes(&mut t, rows);
+    t
+}
+
+/// The notes below a table of runs: why a record cannot be read, whose record a copy holds.
+pub(super) fn notes(t: &mut String, rows: &[RunRow]) {
     for r in rows {
         if let Some(e) = &r.error {
             let _ = writeln!(t, "note: `{}`: {e}", r.run);
@@ -203,7 +228,6 @@ pub fn runs_table(rows: &[RunRow]) -> String {
             );
         }
     }
-    t
 }
 
 /// One setting as two runs have it; `None` where a run's record lacks it.

@@ -227,9 +227,25 @@ fn clean_refuses_a_run_in_progress_and_removes_staging_state_or_the_whole_run() 
     );
     assert!(!state.exists() && run_dir.join("run.json").is_file());
 
-    let out = t.cmd().args(["clean", "gen", "--all"]).run();
+    let out = t.cmd().args(["clean", "gen", "--all", "--json"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     assert!(!run_dir.exists(), "{}", out.render());
+    // --json: each folder with what was done to it; only the results folder was left.
+    let cleaned: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(cleaned["run"], "gen");
+    let folders: Vec<(&str, &str)> = cleaned["folders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["what"].as_str().unwrap(), f["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(folders[0], ("staging", "absent"), "{folders:?}");
+    assert_eq!(folders.last(), Some(&("results", "removed")), "{folders:?}");
+    assert_eq!(
+        folders.iter().filter(|f| f.1 == "removed").count(),
+        1,
+        "{folders:?}"
+    );
     let runs = t.cmd().args(["runs"]).run();
     assert_eq!(runs.code, 0, "{}", runs.render());
     assert!(
@@ -383,4 +399,168 @@ fn clean_removes_only_what_the_run_folder_itself_owns() {
     assert_eq!(out.code, 0, "{}", out.render());
     assert!(!run_dir.exists());
     assert!(t.path().join("results/gen-backup/run.json").is_file());
+}
+
+/// The names of `runner runs --json`'s runs, in order.
+fn listed(json: &str) -> Vec<String> {
+    let json: serde_json::Value = serde_json::from_str(json).unwrap();
+    json.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn runs_shows_chosen_columns_sorts_and_filters_and_refuses_an_unknown_column() {
+    let t = Test::new();
+    probe(&t);
+    for (name, seed) in [("s1", "0"), ("s2", "2"), ("x", "1")] {
+        let out = t
+            .cmd()
+            .args([
+                "apply",
+                "--quiet",
+                "p.toml",
+                "--set",
+                &format!("name={name}"),
+            ])
+            .args(["--set", &format!("noise.seed={seed}"), "--json"])
+            .run();
+        assert_eq!(out.code, 0, "{}", out.render());
+        // --json: the run's record, as run.json has it, in place of the report.
+        let record: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(record["status"], "succeeded");
+        let path = t.path().join("results").join(name).join("run.json");
+        assert_eq!(record, read_json(&path));
+    }
+    // Default columns: the setting that differs, the weights' source (the tiny bundle's are
+    // random), the warm mean; no scores yet.
+    let runs = t.cmd().args(["runs"]).run();
+    assert_eq!(runs.code, 0, "{}", runs.render());
+    let header = runs.stdout.lines().next().unwrap();
+    let words: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(
+        words,
+        [
+            "run",
+            "kind",
+            "status",
+            "prompts",
+            "noise.seed",
+            "weights",
+            "warm_mean"
+        ],
+        "{}",
+        runs.stdout
+    );
+    let s2 = row(&runs.stdout, "s2");
+    assert_eq!(
+        s2.split_whitespace().collect::<Vec<_>>(),
+        ["s2", "probe", "succeeded", "1/1", "2", "random", "n/a"]
+    );
+
+    // Scores in one run's record: the VBench total joins the defaults.
+    let record = t.path().join("results/s2/run.json");
+    let mut run = read_json(&record);
+    run["evaluation"] = serde_json::json!({
+        "command": ["vbench"], "dimensions": ["subject_consistency", "motion_smoothness"],
+        "scores_file": "scores.json", "names_file": null, "status": "succeeded",
+        "started_at": null, "ended_at": null, "failure": null,
+        "scores": {"subject_consistency": 0.9, "motion_smoothness": 0.7},
+    });
+    std::fs::write(&record, run.to_string()).unwrap();
+    let runs = t.cmd().args(["runs"]).run();
+    assert!(
+        runs.stdout
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("vbench.total"),
+        "{}",
+        runs.stdout
+    );
+    assert!(
+        row(&runs.stdout, "s2").ends_with("0.8000"),
+        "{}",
+        runs.stdout
+    );
+    assert!(row(&runs.stdout, "s1").ends_with("n/a"), "{}", runs.stdout);
+
+    // Chosen columns, sorted descending, as JSON.
+    let json = t
+        .cmd()
+        .args(["runs", "--json", "--sort=-noise.seed"])
+        .args(["--columns", "noise.seed,vbench.subject_consistency"])
+        .run();
+    assert_eq!(json.code, 0, "{}", json.render());
+    assert_eq!(listed(&json.stdout), ["s2", "x", "s1"]);
+    let value: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(value[0]["status"], "succeeded");
+    assert_eq!(
+        value[0]["columns"],
+        serde_json::json!({"noise.seed": 2, "vbench.subject_consistency": 0.9})
+    );
+    assert_eq!(
+        value[1]["columns"]["vbench.subject_consistency"],
+        serde_json::Value::Null
+    );
+    let up = t
+        .cmd()
+        .args(["runs", "--json", "--sort", "noise.seed"])
+        .run();
+    assert_eq!(listed(&up.stdout), ["s1", "x", "s2"]);
+    // A score sorts runs without one last, ascending or descending.
+    for sort in ["vbench.total", "-vbench.total"] {
+        let out = t.cmd().args(["runs", "--json", "--sort", sort]).run();
+        assert_eq!(listed(&out.stdout)[0], "s2", "{sort}");
+    }
+
+    // Filters: a glob, a part of the name, a kind.
+    let glob = t.cmd().args(["runs", "--json", "--name", "s?"]).run();
+    assert_eq!(listed(&glob.stdout), ["s1", "s2"]);
+    let part = t.cmd().args(["runs", "--json", "--name", "2"]).run();
+    assert_eq!(listed(&part.stdout), ["s2"]);
+    let probes = t.cmd().args(["runs", "--json", "--kind", "probe"]).run();
+    assert_eq!(listed(&probes.stdout).len(), 3);
+    let none = t.cmd().args(["runs", "--kind", "generation"]).run();
+    assert_eq!(none.code, 0, "{}", none.render());
+    assert!(
+        none.stdout.contains("match --name/--kind"),
+        "{}",
+        none.stdout
+    );
+    // A column only filtered-out runs have is still a column.
+    let x = t
+        .cmd()
+        .args([
+            "runs",
+            "--name",
+            "x",
+            "--columns",
+            "vbench.motion_smoothness",
+        ])
+        .run();
+    assert_eq!(x.code, 0, "{}", x.render());
+    assert!(row(&x.stdout, "x").ends_with("n/a"), "{}", x.stdout);
+
+    // Unknown columns are usage errors naming the columns there are.
+    for args in [
+        vec!["runs", "--columns", "noise.seed,bogus"],
+        vec!["runs", "--sort", "-bogus"],
+        vec!["runs", "--columns", "vbench.aesthetic_quality"],
+    ] {
+        let out = t.cmd().args(args.iter().copied()).run();
+        assert_eq!(out.code, 2, "{args:?}: {}", out.render());
+        assert!(out.stdout.is_empty(), "{}", out.render());
+        assert!(out.stderr.contains("unknown column"), "{}", out.render());
+        for want in [
+            "warm_mean",
+            "vbench.total",
+            "vbench.motion_smoothness",
+            "noise.seed",
+        ] {
+            assert!(out.stderr.contains(want), "{want}: {}", out.render());
+        }
+    }
 }

@@ -371,3 +371,112 @@ fn an_interrupt_as_the_next_run_of_a_sweep_prepares_is_not_lost() {
     }
     assert!(rest.contains("apply the same manifest again"), "{rest}");
 }
+
+#[test]
+fn sweep_flags_are_a_sweep_table_given_on_the_command_line() {
+    let t = Test::new();
+    generation(&t, "sig", "0");
+    let sweep = "method.clean_sigma=0.005,0.01";
+    let (a, b) = ("sig-clean_sigma=0.005", "sig-clean_sigma=0.01");
+    let names = |stdout: &str| -> Vec<String> {
+        let json: serde_json::Value = serde_json::from_str(stdout).unwrap();
+        json["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let plan = t
+        .cmd()
+        .args(["plan", "sig.toml", "--json", "--sweep", sweep])
+        .run();
+    assert_eq!(plan.code, 0, "{}", plan.render());
+    assert_eq!(names(&plan.stdout), [a, b]);
+    // Two flags: every combination, the first flag's key first in the names.
+    let two = t
+        .cmd()
+        .args(["plan", "sig.toml", "--json", "--sweep", sweep])
+        .args(["--sweep", "noise.seed=1,2"])
+        .run();
+    assert_eq!(two.code, 0, "{}", two.render());
+    assert_eq!(
+        names(&two.stdout),
+        [
+            "sig-clean_sigma=0.005-seed=1",
+            "sig-clean_sigma=0.005-seed=2",
+            "sig-clean_sigma=0.01-seed=1",
+            "sig-clean_sigma=0.01-seed=2"
+        ]
+    );
+
+    // Bad flags are usage errors naming the flag, and nothing is written.
+    for (args, want) in [
+        (
+            vec!["--sweep", "method.clean_sigma=0.01,high"],
+            "invalid value for `method.clean_sigma`: `high` is not a number",
+        ),
+        (
+            vec!["--sweep", "method.clean_sigma=0,0.01"],
+            "method.clean_sigma",
+        ),
+        (vec!["--sweep", "method.height=64,128"], "cannot be swept"),
+        (
+            vec!["--sweep", sweep, "--set", "method.clean_sigma=0.02"],
+            "is swept by `--sweep method.clean_sigma=0.005,0.01` and also set by the command line",
+        ),
+    ] {
+        for command in ["plan", "apply"] {
+            let out = t
+                .cmd()
+                .args([command, "sig.toml"])
+                .args(args.iter().copied())
+                .run();
+            assert_eq!(out.code, 2, "{args:?}: {}", out.render());
+            assert!(out.stderr.contains(want), "{args:?}: {}", out.render());
+            assert!(
+                out.stderr.contains("--sweep "),
+                "{args:?}: {}",
+                out.render()
+            );
+        }
+    }
+    assert_eq!(tree(t.path()), ["sig.toml"], "nothing written");
+
+    // A manifest with a [sweep] table takes no --sweep.
+    let path = generation(&t, "table", "0");
+    append(&path, SIGMAS);
+    let both = t
+        .cmd()
+        .args(["plan", "table.toml", "--sweep", "noise.seed=1,2"])
+        .run();
+    assert_eq!(both.code, 2, "{}", both.render());
+    assert!(
+        both.stderr.contains("the manifest has a [sweep] table"),
+        "{}",
+        both.render()
+    );
+
+    // apply runs each point, recording the flag as the value's origin.
+    let out = t
+        .cmd()
+        .args(["apply", "--quiet", "sig.toml", "--sweep", sweep, "--json"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    // --json: the runs' records, in place of the table.
+    let records: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let recorded: Vec<(&str, &str)> = records
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["run"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(recorded, [(a, "succeeded"), (b, "succeeded")]);
+    for (run, value) in [(a, 0.005), (b, 0.01)] {
+        let record = read_json(&t.path().join("results").join(run).join("run.json"));
+        let setting = &record["settings"]["method.clean_sigma"];
+        assert_eq!(setting["value"], value, "{run}");
+        assert_eq!(setting["layer"], "sweep", "{run}");
+        assert_eq!(setting["origin"], format!("flag --sweep {sweep}"), "{run}");
+    }
+}

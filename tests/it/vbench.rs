@@ -475,6 +475,16 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
         "{}",
         plan.render()
     );
+    // --json: the evaluation record, as run.json has it, and nothing else on stdout.
+    let out = t.cmd().args(["evaluate", "ev", "--json"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let evaluation: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(evaluation["status"], "succeeded");
+    assert_eq!(evaluation["scores"]["subject_consistency"], 1.0);
+    assert_eq!(
+        evaluation,
+        read_json(&run_dir.join("run.json"))["evaluation"]
+    );
 }
 
 /// `runner evaluate` refuses a run that has no evaluation, or whose generation is not complete.
