@@ -315,6 +315,20 @@ fn provider_library_checks(ort: &OrtRuntime) -> Vec<(ProviderKind, Check)> {
     let Some(dir) = ort.location.path.parent() else {
         return Vec::new();
     };
+    // The provider libraries take `Provider_GetHost` and its kin from the shared provider
+    // library, which ONNX Runtime loads first, with its symbols global: so is it here.
+    let shared = dir.join("libonnxruntime_providers_shared.so");
+    if shared.is_file() {
+        // SAFETY: as in `load_library`; the library stays loaded for the process.
+        if let Ok(library) = unsafe {
+            libloading::os::unix::Library::open(
+                Some(&shared),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+            )
+        } {
+            std::mem::forget(library);
+        }
+    }
     [ProviderKind::Cuda, ProviderKind::Tensorrt]
         .into_iter()
         .filter_map(|provider| {
