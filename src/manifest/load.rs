@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::checks;
 use super::diagnostic::{self, Diagnostic, Diagnostics, Origin, display_path};
+use super::dotted::{flatten, unflatten};
 use super::inputs;
 use super::layers::{Entry, Layer, env_layer, flag_layer, unknown_key};
 use super::paths;
@@ -676,42 +677,6 @@ fn defaults_layer(kind: Kind, name: &str) -> Layer {
         );
     });
     layer
-}
-
-fn flatten(prefix: &str, v: &toml::Value, f: &mut dyn FnMut(&str, &toml::Value)) {
-    match v {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, f);
-            }
-        }
-        other => f(prefix, other),
-    }
-}
-
-fn unflatten(entries: &BTreeMap<String, Entry>) -> toml::Value {
-    let mut root = toml::Table::new();
-    for (key, e) in entries {
-        let mut table = &mut root;
-        let mut parts = key.split('.').peekable();
-        while let Some(part) = parts.next() {
-            if parts.peek().is_none() {
-                table.insert(part.to_string(), e.value.clone());
-            } else {
-                table = table
-                    .entry(part.to_string())
-                    .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                    .as_table_mut()
-                    .expect("keys of one manifest never collide with tables");
-            }
-        }
-    }
-    toml::Value::Table(root)
 }
 
 /// Deserialises the merged settings. Each bad value is reported at its origin and replaced by

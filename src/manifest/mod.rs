@@ -7,6 +7,7 @@
 
 mod checks;
 pub mod diagnostic;
+mod dotted;
 pub mod evaluation;
 pub mod inputs;
 pub mod layers;
