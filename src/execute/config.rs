@@ -10,7 +10,50 @@ use crate::engine::{
     CudaOptions, Diagnostics, ExportSettings, MethodSettings, Precision, Provider, ProviderKind,
     RuntimeOptions, TensorRtOptions,
 };
-use crate::manifest::{Kind, Manifest, Resolved, VideoNaming};
+use crate::manifest::{Kind, Manifest, Resolved, Runtime, VideoNaming};
+use crate::vocab::Method;
+
+/// The engine's session options of a `[runtime]` table and the method it runs with (its
+/// attention backend; TensorRT builds fp16 engines unless the method's precision is fp32).
+/// Inside a worker the GPU is always device 0: `runner apply` narrows `CUDA_VISIBLE_DEVICES` to
+/// the slot's GPU. `runner worker`'s flags are a layer over the same table, and set what a
+/// benchmark varies beyond it on the result.
+pub fn engine_options(
+    rt: &Runtime,
+    method: &Method,
+    ort_library: Option<PathBuf>,
+) -> RuntimeOptions {
+    let provider = match rt.provider {
+        ProviderKind::Cpu => Provider::Cpu,
+        ProviderKind::Cuda => Provider::Cuda(CudaOptions {
+            device_id: 0,
+            attention: method.attention_backend,
+            conv_algo_search: rt.cudnn_conv_algo_search,
+            arena_extend: rt.cuda_arena,
+            cuda_graphs: rt.cuda_graphs,
+            ..CudaOptions::default()
+        }),
+        ProviderKind::Tensorrt => Provider::TensorRt(TensorRtOptions {
+            device_id: 0,
+            fp16: method.precision != Precision::Fp32,
+            engine_cache_dir: None,
+            timing_cache_dir: None,
+        }),
+    };
+    RuntimeOptions {
+        ort_library,
+        provider,
+        intra_op_threads: Some(rt.cpu_threads_per_process.0 as usize),
+        optimized_model_dir: None,
+        overlap_vae: true,
+        dit_kernels: rt.dit_kernels,
+        vae_kernels: rt.vae_kernels,
+        diagnostics: Diagnostics::default(),
+        kernel_cache_dir: None,
+        context_cache_dir: None,
+    }
+    .with_diagnostics_from_env()
+}
 
 /// Everything about how prompts are generated that is the same for every process of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,37 +77,7 @@ impl RunConfig {
     }
 
     pub fn of(m: &Manifest, ort_library: Option<PathBuf>) -> RunConfig {
-        let rt = &m.runtime;
-        let provider = match rt.provider {
-            ProviderKind::Cpu => Provider::Cpu,
-            ProviderKind::Cuda => Provider::Cuda(CudaOptions {
-                device_id: 0,
-                attention: m.method.attention_backend,
-                conv_algo_search: rt.cudnn_conv_algo_search,
-                arena_extend: rt.cuda_arena,
-                cuda_graphs: rt.cuda_graphs,
-                ..CudaOptions::default()
-            }),
-            ProviderKind::Tensorrt => Provider::TensorRt(TensorRtOptions {
-                device_id: 0,
-                fp16: m.method.precision != Precision::Fp32,
-                engine_cache_dir: None,
-                timing_cache_dir: None,
-            }),
-        };
-        let engine = RuntimeOptions {
-            ort_library,
-            provider,
-            intra_op_threads: Some(rt.cpu_threads_per_process.0 as usize),
-            optimized_model_dir: None,
-            overlap_vae: true,
-            dit_kernels: rt.dit_kernels,
-            vae_kernels: rt.vae_kernels,
-            diagnostics: Diagnostics::default(),
-            kernel_cache_dir: None,
-            context_cache_dir: None,
-        }
-        .with_diagnostics_from_env();
+        let engine = engine_options(&m.runtime, &m.method, ort_library);
         RunConfig {
             engine,
             method: MethodSettings::of(&m.method, m.noise.seed),

@@ -18,6 +18,7 @@ pub mod signals;
 mod slots;
 pub mod slurm;
 pub mod staging;
+mod start;
 pub mod worker;
 
 pub use apply::{ApplyError, ApplyOptions, Outcome, apply};

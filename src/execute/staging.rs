@@ -24,6 +24,21 @@ pub use crate::results::records::Placements;
 /// The audit file of a staging folder.
 pub const AUDIT_FILE: &str = "audit.json";
 
+/// Written into a snapshot that its apply keeps, for diagnosis, after the run failed: the next
+/// apply reuses it only with `--reuse-workdir`. A snapshot of the run without it was left by an
+/// apply that was killed (or stopped before its workers ran), and the next apply of the run
+/// reuses it, its audit checked.
+pub const KEPT_FILE: &str = ".unstep-kept";
+
+/// Whether the snapshot `dir` was left by an apply of the run `run` (results folder `run_dir`)
+/// that was killed: the run's own by its owner mark, and not kept after a failure. Its record
+/// may say otherwise: another shard's apply may have ended the record since.
+pub fn left_by_killed_apply(dir: &Path, run: &str, run_dir: &Path) -> bool {
+    dir.is_dir()
+        && !dir.join(KEPT_FILE).exists()
+        && crate::results::owner::check(dir, run, run_dir).is_ok()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StagingError {
     #[error(
@@ -148,6 +163,14 @@ impl Stage {
     /// Removes the snapshot (after a successful run).
     pub fn remove(&self) -> std::io::Result<()> {
         fs::remove_dir_all(&self.dir)
+    }
+
+    /// Keeps the snapshot of a failed run for diagnosis ([`KEPT_FILE`]).
+    pub fn keep_for_diagnosis(&self) -> std::io::Result<()> {
+        fs::write(
+            self.dir.join(KEPT_FILE),
+            "kept after the run failed; apply with --reuse-workdir to reuse it\n",
+        )
     }
 }
 
@@ -322,6 +345,11 @@ fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, Stagi
     // The audit above read every file; stamps taken now describe what it read (a rewrite during
     // it is caught by the workers' comparison or the hashes).
     let stamps = stamps(&req.dir.join("bundle"))?;
+    // Reused, it is this apply's: kept again only if this run fails too.
+    let kept = req.dir.join(KEPT_FILE);
+    if kept.exists() {
+        fs::remove_file(&kept).map_err(io(&kept))?;
+    }
     Ok(done(
         req,
         recorded,
@@ -535,7 +563,10 @@ pub fn audit(dir: &Path) -> Result<Audit, StagingError> {
     let mut found = Vec::new();
     walk_files(dir, dir, &mut found)?;
     // The owner mark is written after the audit, by the apply that uses the snapshot.
-    found.retain(|(rel, _)| rel != AUDIT_FILE && rel != crate::results::owner::OWNER_FILE);
+    // So is the mark of a snapshot kept after a failure.
+    found.retain(|(rel, _)| {
+        rel != AUDIT_FILE && rel != crate::results::owner::OWNER_FILE && rel != KEPT_FILE
+    });
     // In the walk's order, so that the first unreadable file is the error whatever finishes first.
     let hashes: Vec<Result<String, StagingError>> = found
         .par_iter()

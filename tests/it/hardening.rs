@@ -95,6 +95,53 @@ fn a_killed_orchestrator_takes_its_workers_with_it_and_the_run_reads_interrupted
     );
 }
 
+/// An `apply --shard` killed with SIGKILL leaves its staging as a killed whole-run apply does:
+/// after another shard's apply (on another work root) has ended the record as partial, the
+/// next apply of the killed shard reuses that staging, its audit checked, instead of refusing
+/// it as a failed run's.
+#[test]
+fn a_killed_shard_applys_staging_is_reused_after_another_shard_ended_the_record() {
+    let t = Test::new();
+    generation(&t, "sk", "0-5");
+    let run_dir = t.path().join("results/sk");
+    let mut child = crate::apply::spawn_apply_with(&t, &["sk.toml", "--shard", "0"]);
+    wait_for_lines(
+        &run_dir.join("timings/001.jsonl"),
+        1,
+        "shard 0's first prompt",
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unstep::execute::lock::Lock::is_held(&run_dir) {
+        assert!(
+            Instant::now() < deadline,
+            "the killed apply's lock is still held"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let work2 = format!(
+        "--set=staging.work_root={}",
+        t.path().join("work2").display()
+    );
+    let others = t
+        .cmd()
+        .args(["apply", "--quiet", "sk.toml", "--shard", "1", &work2])
+        .run();
+    assert_eq!(others.code, 0, "{}", others.render());
+    assert_eq!(read_json(&run_dir.join("run.json"))["status"], "partial");
+
+    let again = t
+        .cmd()
+        .args(["apply", "--quiet", "sk.toml", "--shard", "0"])
+        .run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    let run = read_json(&run_dir.join("run.json"));
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(run["staging"]["reused"], true, "{run}");
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
+}
+
 /// A garbage line in the middle of a process's timings costs that prompt only: a re-apply warns,
 /// makes it again, repairs the file (keeping the damaged one), and every other prompt stays; a
 /// video cut short or emptied is made again. The videos end byte-identical to the first run's.

@@ -373,3 +373,34 @@ fn a_sigkilled_array_task_takes_its_worker_with_it_and_the_run_does_not_succeed(
     let value: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(value["state"], "ended", "{value}");
 }
+
+/// sbatch refusing the job leaves nothing a task could have used: the staging is removed, so
+/// the next apply, with sbatch working again, runs without `--reuse-workdir`.
+#[test]
+fn a_job_sbatch_refuses_leaves_no_staging_to_block_the_next_apply() {
+    if !slurm_up() {
+        return;
+    }
+    let t = Test::new();
+    let dir = run_dir(&t);
+    let out = runner(&t, &apply_args(&t, "slurm", "0", &[]))
+        .env("PATH", path_with_failing(&t, &["sbatch"]))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("sbatch"), "{stderr}");
+    let run = read_json(&dir.join("run.json"));
+    assert_eq!(run["status"], "failed", "{run}");
+    assert!(!staging(&dir).exists(), "the refused job's staging is kept");
+    let again = runner(&t, &apply_args(&t, "slurm", "0", &[]))
+        .output()
+        .unwrap();
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(read_json(&dir.join("run.json"))["status"], "succeeded");
+}
