@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::engine::{
-    ArenaExtend, ConvAlgoSearch, CudaOptions, Diagnostics, ExportSettings, FusedKernels,
-    MethodSettings, Provider, ProviderKind, RuntimeOptions, TensorRtOptions,
+    ArenaExtend, ConvAlgoSearch, ExportSettings, FusedKernels, MethodSettings, Provider,
+    ProviderKind, RuntimeOptions,
 };
+use crate::execute::config::engine_options;
 use crate::execute::job::{BenchOptions, JobLabel, JobSpec, PromptSpec};
 use crate::execute::worker::{self, WorkerError};
 use crate::exit;
-use crate::manifest::VideoNaming;
+use crate::manifest::{Runtime, VideoNaming};
 use crate::results::records::ProcessRole;
 use crate::vocab::{Method, MethodFlags};
 
@@ -79,31 +80,25 @@ pub struct WorkerArgs {
     /// always use them).
     #[arg(long)]
     pub prefer_nhwc: bool,
-    /// CUDA: capture the DiT's passes as CUDA graphs, one per block shape, and replay them
-    /// (ONNX Runtime's `enable_cuda_graph`, in the DiT's session). The first prompt of the process
-    /// captures them (one capture per block, the decoder waiting out each); later prompts replay
-    /// them.
+    /// `runtime.cuda_graphs`: capture the DiT's passes as CUDA graphs and replay them (CUDA).
     #[arg(long)]
     pub cuda_graphs: bool,
-    /// CUDA: cuDNN convolution algorithm search (exhaustive, heuristic, default).
-    #[arg(long, value_name = "MODE", value_enum, default_value_t = ConvAlgoSearch::Exhaustive)]
-    pub conv_algo_search: ConvAlgoSearch,
-    /// Kernels for the DiT's elementwise work: auto, unstep (the runner's fused kernels on the
-    /// bundle's `dit_fused` graph), onnxruntime (stock kernels on `dit`).
-    #[arg(long, value_name = "NAME", value_enum, default_value_t = FusedKernels::Auto)]
-    pub dit_kernels: FusedKernels,
-    /// Kernels for the VAE decoder's norms and SiLU: auto, unstep (the runner's fused kernels on
-    /// the bundle's `vae_first_fused` / `vae_step_fused`), onnxruntime.
-    #[arg(long, value_name = "NAME", value_enum, default_value_t = FusedKernels::Auto)]
-    pub vae_kernels: FusedKernels,
+    /// `runtime.cudnn_conv_algo_search` (default: as in a manifest).
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub conv_algo_search: Option<ConvAlgoSearch>,
+    /// `runtime.dit_kernels` (default: as in a manifest).
+    #[arg(long, value_name = "NAME", value_enum)]
+    pub dit_kernels: Option<FusedKernels>,
+    /// `runtime.vae_kernels` (default: as in a manifest).
+    #[arg(long, value_name = "NAME", value_enum)]
+    pub vae_kernels: Option<FusedKernels>,
     /// Decode the VAE after the DiT instead of beside it (block b while the DiT generates
     /// block b + 1).
     #[arg(long)]
     pub no_overlap_vae: bool,
-    /// CUDA: how the memory arena grows (same_as_requested, next_power_of_two), like
-    /// `runtime.cuda_arena`.
-    #[arg(long, value_name = "MODE", value_enum, default_value_t = ArenaExtend::SameAsRequested)]
-    pub cuda_arena: ArenaExtend,
+    /// `runtime.cuda_arena` (default: as in a manifest).
+    #[arg(long, value_name = "MODE", value_enum)]
+    pub cuda_arena: Option<ArenaExtend>,
     /// CUDA: cap cuDNN's convolution workspace at 32 MiB (cudnn_conv_use_max_workspace = 0).
     #[arg(long)]
     pub conv_workspace_cap: bool,
@@ -233,44 +228,99 @@ fn prompt_indices(list: &str, prompt_count: usize) -> Result<Vec<u32>, String> {
     }
 }
 
+/// The session options: the manifest's `[runtime]` table at its defaults with the flags that
+/// set its settings ([`execute::config::engine_options`], as `runner apply` resolves a run's),
+/// then what a benchmark varies beyond it (the GPU, NHWC, the workspace cap, threads, the VAE's
+/// overlap, TensorRT's options, the optimised models' folder).
 fn runtime_options(args: &WorkerArgs, method: &Method) -> RuntimeOptions {
-    let provider = match args.provider {
-        ProviderKind::Cpu => Provider::Cpu,
-        ProviderKind::Cuda => Provider::Cuda(CudaOptions {
-            device_id: args.device_id,
-            cuda_graphs: args.cuda_graphs,
-            prefer_nhwc: args.prefer_nhwc,
-            attention: method.attention_backend,
-            conv_algo_search: args.conv_algo_search,
-            arena_extend: args.cuda_arena,
-            conv_max_workspace: !args.conv_workspace_cap,
-            ..CudaOptions::default()
-        }),
-        ProviderKind::Tensorrt => Provider::TensorRt(TensorRtOptions {
-            device_id: args.device_id,
-            fp16: args.trt_fp16,
-            engine_cache_dir: args.trt_engine_cache.clone(),
-            timing_cache_dir: args.trt_timing_cache.clone(),
-        }),
+    let defaults = Runtime::default();
+    let runtime = Runtime {
+        provider: args.provider,
+        cudnn_conv_algo_search: args
+            .conv_algo_search
+            .unwrap_or(defaults.cudnn_conv_algo_search),
+        cuda_graphs: args.cuda_graphs,
+        cuda_arena: args.cuda_arena.unwrap_or(defaults.cuda_arena),
+        dit_kernels: args.dit_kernels.unwrap_or(defaults.dit_kernels),
+        vae_kernels: args.vae_kernels.unwrap_or(defaults.vae_kernels),
+        ..defaults
     };
-    RuntimeOptions {
-        ort_library: args.ort_library.clone(),
-        provider,
-        intra_op_threads: args.threads,
-        optimized_model_dir: args.optimized_model_dir.clone(),
-        overlap_vae: !args.no_overlap_vae,
-        dit_kernels: args.dit_kernels,
-        vae_kernels: args.vae_kernels,
-        diagnostics: Diagnostics::default(),
-        kernel_cache_dir: None,
-        context_cache_dir: None,
+    let mut engine = engine_options(&runtime, method, args.ort_library.clone());
+    engine.intra_op_threads = args.threads;
+    engine.optimized_model_dir = args.optimized_model_dir.clone();
+    engine.overlap_vae = !args.no_overlap_vae;
+    match &mut engine.provider {
+        Provider::Cpu => {}
+        Provider::Cuda(cuda) => {
+            cuda.device_id = args.device_id;
+            cuda.prefer_nhwc = args.prefer_nhwc;
+            cuda.conv_max_workspace = !args.conv_workspace_cap;
+        }
+        Provider::TensorRt(trt) => {
+            trt.device_id = args.device_id;
+            trt.fp16 = args.trt_fp16;
+            trt.engine_cache_dir = args.trt_engine_cache.clone();
+            trt.timing_cache_dir = args.trt_timing_cache.clone();
+        }
     }
-    .with_diagnostics_from_env()
+    engine
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without the flags a benchmark varies, the worker's session options are a manifest's
+    /// at its defaults: the flags are a layer over the `[runtime]` table, not a second default.
+    #[test]
+    fn the_workers_session_options_default_to_a_manifests() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: WorkerArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let base = [
+                "worker",
+                "--bundle",
+                "b",
+                "--prompts",
+                "p",
+                "--indices",
+                "0",
+            ];
+            <Cli as clap::Parser>::try_parse_from(base.iter().chain(extra))
+                .unwrap()
+                .args
+        };
+        let method = Method::default();
+        for provider in [ProviderKind::Cuda, ProviderKind::Cpu] {
+            let worker = runtime_options(&parse(&["--provider", provider.name()]), &method);
+            let runtime = Runtime {
+                provider,
+                ..Runtime::default()
+            };
+            let manifest = engine_options(&runtime, &method, None);
+            assert_eq!(worker.provider, manifest.provider, "{provider:?}");
+            assert_eq!(
+                (worker.dit_kernels, worker.vae_kernels, worker.overlap_vae),
+                (
+                    manifest.dit_kernels,
+                    manifest.vae_kernels,
+                    manifest.overlap_vae
+                )
+            );
+        }
+        // A flag replaces its setting's default.
+        let worker = runtime_options(
+            &parse(&["--provider", "cuda", "--cuda-arena", "next_power_of_two"]),
+            &method,
+        );
+        let Provider::Cuda(cuda) = worker.provider else {
+            panic!("{:?}", worker.provider)
+        };
+        assert_eq!(cuda.arena_extend, ArenaExtend::NextPowerOfTwo);
+    }
 
     #[test]
     fn indices_parse_lists_and_ranges() {

@@ -214,6 +214,25 @@ pub struct Runtime {
     pub vae_kernels: FusedKernels,
 }
 
+impl Default for Runtime {
+    /// The same for probes and generations; `runner worker`'s flags are a layer over it.
+    fn default() -> Self {
+        Runtime {
+            provider: ProviderKind::Cuda,
+            cpu_threads_per_process: Bounded(32),
+            compile_threads: Bounded(32),
+            cpu_slots: Bounded(1),
+            visible_devices: None,
+            ort_library: None,
+            cudnn_conv_algo_search: ConvAlgoSearch::Exhaustive,
+            cuda_graphs: false,
+            cuda_arena: ArenaExtend::SameAsRequested,
+            dit_kernels: FusedKernels::Auto,
+            vae_kernels: FusedKernels::Auto,
+        }
+    }
+}
+
 /// Compiler caches: ORT optimised models, TensorRT engines and timing caches, CUDA's JIT cache.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -419,19 +438,7 @@ impl Manifest {
                 quiet_measurement: true,
                 exclude_final_output_layout: false,
             },
-            runtime: Runtime {
-                provider: ProviderKind::Cuda,
-                cpu_threads_per_process: Bounded(32),
-                compile_threads: Bounded(32),
-                cpu_slots: Bounded(1),
-                visible_devices: None,
-                ort_library: None,
-                cudnn_conv_algo_search: ConvAlgoSearch::Exhaustive,
-                cuda_graphs: false,
-                cuda_arena: ArenaExtend::SameAsRequested,
-                dit_kernels: FusedKernels::Auto,
-                vae_kernels: FusedKernels::Auto,
-            },
+            runtime: Runtime::default(),
             cache: Cache {
                 mode: CacheMode::Isolated,
                 scope: CacheScope::RunGpu,
