@@ -369,7 +369,7 @@ impl FusedKernels {
         {
             return refuse(format!(
                 "{}; `runner doctor` checks NVRTC, cuBLASLt and cuDNN",
-                without_onnxruntime_remedy(&error)
+                without_onnxruntime_remedy(&error.to_string())
             ));
         }
         Ok(FusedKernels::Unstep)

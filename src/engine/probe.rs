@@ -96,7 +96,7 @@ pub fn fused_kernels_check() -> Check {
         Err(error) => Check {
             name,
             ok: false,
-            detail: error,
+            detail: error.to_string(),
             fix: Some(
                 "needed on CUDA with bundles that have fused graphs (or set runtime.dit_kernels and runtime.vae_kernels to \"onnxruntime\")".into(),
             ),

@@ -66,7 +66,7 @@ impl Buf {
         len: usize,
     ) -> Result<Self, GenerateError> {
         let memory = crate::engine::kernels::DeviceMemory::new(ordinal, len.max(1) * elem_size(ty))
-            .map_err(|e| run_error("device setup")(ort::Error::new(e)))?;
+            .map_err(|e| run_error("device setup")(ort::Error::wrap(e)))?;
         Ok(Self {
             memory: Memory::Device(memory),
             ty,

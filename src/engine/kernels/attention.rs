@@ -40,10 +40,12 @@ use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
-use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
+use super::cuda::{
+    CudaError, CurrentContext, Handle, REMEDY, device_function, device_info, primary_context,
+};
 use super::cudnn::{
-    Attr, Desc, Kind, check_aligned, check_cudnn, deserialize_plan, device_kind, engine_configs,
-    execute_plan, execution_plan, handle, scratch, serialize_plan,
+    Attr, CudnnError, Desc, Kind, check_aligned, check_cudnn, deserialize_plan, device_kind,
+    engine_configs, execute_plan, execution_plan, handle, listed, scratch, serialize_plan,
 };
 use crate::engine::one_time::{self, Work};
 
@@ -67,6 +69,48 @@ const UID_V: i64 = 3;
 const UID_O: i64 = 4;
 const UID_STATS: i64 = 5;
 const UID_SCALE: i64 = 6;
+
+/// An error of the `Attention` kernel, in the words a user reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum AttentionError {
+    #[error(
+        "{DOMAIN} Attention: element type {0:?} is not supported on CUDA (cuDNN's fused \
+         attention runs float16; export the bundle in fp16), {REMEDY}"
+    )]
+    ElementType(TensorElementType),
+    /// A call given other pointers than Q, K, V and O.
+    #[error("{0} pointers, expected Q, K, V and O")]
+    Pointers(usize),
+    #[error("head size {0}: cuDNN's fused attention takes a multiple of 8 up to 256")]
+    HeadSize(usize),
+    /// None of the engine configurations of cuDNN's heuristics builds a plan: why each did not.
+    #[error(
+        "cuDNN has no engine for this attention (Q {dims_q:?}, K and V {dims_kv:?}, {tried} \
+         engine configurations tried{})",
+        listed(reasons.as_slice())
+    )]
+    NoEngine {
+        dims_q: [i64; 4],
+        dims_kv: [i64; 4],
+        tried: usize,
+        reasons: Vec<CudnnError>,
+    },
+    /// The plan of the rows of the full waves does not build.
+    #[error("{0} (the rows of the full waves)")]
+    FullWaves(Box<AttentionError>),
+    /// The plan of the last rows, split over `parts` runs of the keys, does not build.
+    #[error("{source} (the last rows, over {parts} runs of the keys)")]
+    LastRows {
+        parts: i64,
+        source: Box<AttentionError>,
+    },
+    #[error("cuLaunchKernel (merge): {0}")]
+    Merge(driver::DriverError),
+    #[error(transparent)]
+    Cudnn(#[from] CudnnError),
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
 
 /// How a call's query rows run: the first `main_rows` in one call over all keys, the rest in one
 /// call over `parts` runs of the keys, merged (`parts` = 1: one call, nothing split).
@@ -162,7 +206,7 @@ impl Sdpa {
         handle: dnn::cudnnHandle_t,
         shape: &SdpaShape,
         kept: Option<&Path>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, AttentionError> {
         let restored = kept
             .and_then(|f| std::fs::read(f).ok())
             .and_then(|json| deserialize_plan(handle, &json).ok());
@@ -192,7 +236,7 @@ impl Sdpa {
         Ok(built)
     }
 
-    fn build(handle: dnn::cudnnHandle_t, shape: &SdpaShape) -> Result<Self, String> {
+    fn build(handle: dnn::cudnnHandle_t, shape: &SdpaShape) -> Result<Self, AttentionError> {
         use dnn::cudnnDataType_t::{CUDNN_DATA_FLOAT as F32, CUDNN_DATA_HALF as F16};
         let q = Desc::tensor(UID_Q, F16, &shape.dims_q, &shape.q_strides, false)?;
         let k = Desc::tensor(UID_K, F16, &shape.dims_kv, &shape.kv_strides, false)?;
@@ -244,14 +288,12 @@ impl Sdpa {
                 Err(e) => reasons.push(e),
             }
         }
-        Err(format!(
-            "cuDNN has no engine for this attention (Q {:?}, K and V {:?}, {} engine configurations tried{}{})",
-            shape.dims_q,
-            shape.dims_kv,
-            got,
-            if reasons.is_empty() { "" } else { ": " },
-            reasons.join("; ")
-        ))
+        Err(AttentionError::NoEngine {
+            dims_q: shape.dims_q,
+            dims_kv: shape.dims_kv,
+            tried: got,
+            reasons,
+        })
     }
 
     /// Queues the call on the handle's stream: `[q, k, v, o, stats]` device addresses (stats
@@ -262,7 +304,7 @@ impl Sdpa {
         [q, k, v, o, stats]: [u64; 5],
         workspace: u64,
         scale: &f32,
-    ) -> Result<(), String> {
+    ) -> Result<(), CudnnError> {
         let mut uids = vec![UID_Q, UID_K, UID_V, UID_O, UID_SCALE];
         let mut pointers: Vec<*mut c_void> = vec![
             q as _,
@@ -332,12 +374,9 @@ pub(crate) struct AttentionKernel {
 
 impl AttentionKernel {
     /// The kernel of element type `ty` on device `ordinal`: float16 only.
-    pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, AttentionError> {
         if ty != TensorElementType::Float16 {
-            return Err(format!(
-                "{DOMAIN} Attention: element type {ty:?} is not supported on CUDA (cuDNN's fused \
-                 attention runs float16; export the bundle in fp16), {REMEDY}"
-            ));
+            return Err(AttentionError::ElementType(ty));
         }
         check_cudnn()?;
         let context = primary_context(ordinal)?;
@@ -380,12 +419,9 @@ impl AttentionKernel {
         sizes: &AttentionSizes,
         pointers: &[u64],
         stream: sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), AttentionError> {
         let [q, k, v, o] = pointers[..] else {
-            return Err(format!(
-                "{} pointers, expected Q, K, V and O",
-                pointers.len()
-            ));
+            return Err(AttentionError::Pointers(pointers.len()));
         };
         if sizes.rows == 0 {
             return Ok(());
@@ -393,9 +429,7 @@ impl AttentionKernel {
         check_aligned(&[("Q", q), ("K", k), ("V", v), ("O", o)])?;
         let hd = 2 * sizes.half_hd;
         if !hd.is_multiple_of(8) || hd > 256 {
-            return Err(format!(
-                "head size {hd}: cuDNN's fused attention takes a multiple of 8 up to 256"
-            ));
+            return Err(AttentionError::HeadSize(hd));
         }
         let _current = CurrentContext::push(self.context)?;
         let handle = handle(self.ordinal, stream)?;
@@ -457,7 +491,7 @@ impl AttentionKernel {
                 &mut params,
             )
         }
-        .map_err(|e| format!("cuLaunchKernel (merge): {e}"))
+        .map_err(AttentionError::Merge)
     }
 
     /// The plans of a call of these sizes on `handle`, split as `split`: the ones another node
@@ -468,7 +502,7 @@ impl AttentionKernel {
         handle: dnn::cudnnHandle_t,
         sizes: &AttentionSizes,
         split: Split,
-    ) -> Result<Arc<Prepared>, String> {
+    ) -> Result<Arc<Prepared>, AttentionError> {
         let mut all = PREPARED.lock().unwrap_or_else(PoisonError::into_inner);
         let key = (
             sizes.rows / sizes.block_rows,
@@ -495,7 +529,7 @@ impl AttentionKernel {
         handle: dnn::cudnnHandle_t,
         sizes: &AttentionSizes,
         split: Split,
-    ) -> Result<Prepared, String> {
+    ) -> Result<Prepared, AttentionError> {
         let (s, l, d) = (sizes.block_rows, sizes.cache_rows, sizes.d);
         let batch = sizes.rows / s;
         let hd = 2 * sizes.half_hd;
@@ -524,7 +558,7 @@ impl AttentionKernel {
             stats: false,
         };
         let main = Sdpa::get(handle, &main_shape, kept(&main_shape).as_deref())
-            .map_err(|e| format!("{e} (the rows of the full waves)"))?;
+            .map_err(|e| AttentionError::FullWaves(Box::new(e)))?;
         let align = |n: usize| n.div_ceil(256) * 256;
         if split.parts == 1 {
             return Ok(Prepared {
@@ -548,8 +582,12 @@ impl AttentionKernel {
             o_strides: [tail_rows * d64, hd64, d64, 1],
             stats: true,
         };
-        let tail = Sdpa::get(handle, &tail_shape, kept(&tail_shape).as_deref())
-            .map_err(|e| format!("{e} (the last rows, over {parts} runs of the keys)"))?;
+        let tail = Sdpa::get(handle, &tail_shape, kept(&tail_shape).as_deref()).map_err(|e| {
+            AttentionError::LastRows {
+                parts,
+                source: Box::new(e),
+            }
+        })?;
         let runs_offset = align(main.workspace.max(tail.workspace));
         let stats_offset = runs_offset + align(split.parts * (s - split.main_rows) * d * 2);
         let scratch_bytes = stats_offset + split.parts * heads * (s - split.main_rows) * 4;

@@ -41,10 +41,11 @@ use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
-use super::cuda::{CurrentContext, Handle, REMEDY, primary_context};
+use super::cuda::{CudaError, CurrentContext, Handle, REMEDY, primary_context};
 use super::cudnn::{
-    Attr, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle, deserialize_plan,
-    device_kind, engine_configs, execute_plan, execution_plan, serialize_plan, set_stream,
+    Attr, CudnnError, Desc, DescPtr, Kind, Type, check_aligned, check_cudnn, create_handle,
+    deserialize_plan, device_kind, engine_configs, execute_plan, execution_plan, listed,
+    serialize_plan, set_stream,
 };
 use crate::engine::one_time::{self, Work};
 
@@ -68,6 +69,56 @@ const NOTE_REDUCED_PRECISION_REDUCTION: u32 = 2;
 const NOTE_FFT: u32 = 3;
 const NOTE_NONDETERMINISTIC: u32 = 4;
 const NOTE_WINOGRAD: [u32; 4] = [5, 6, 7, 8];
+
+/// An error of the `CausalConv3d` kernel, in the words a user reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ConvError {
+    #[error(
+        "{DOMAIN} CausalConv3d: element type {0:?} is not supported (float32 and float16 are), \
+         {REMEDY}"
+    )]
+    ElementType(TensorElementType),
+    /// A call given other pointers than X, W and Y.
+    #[error("{0} pointers, expected X, W and Y")]
+    Pointers(usize),
+    #[error("cuMemAlloc of {kib} KiB of convolution workspace on CUDA device {ordinal}: {source}")]
+    WorkspaceAlloc {
+        kib: usize,
+        ordinal: i32,
+        source: driver::DriverError,
+    },
+    /// The heuristics of `mode` gave no configurations.
+    #[error("{mode:?}: {source}")]
+    Heuristics {
+        mode: dnn::cudnnBackendHeurMode_t,
+        source: CudnnError,
+    },
+    /// An engine's plan does not build.
+    #[error("engine {engine}: {source}")]
+    Engine { engine: i64, source: CudnnError },
+    /// An engine's plan needs more than [`MAX_WORKSPACE`].
+    #[error("engine {engine} needs {mib} MiB of workspace")]
+    EngineWorkspace { engine: i64, mib: usize },
+    /// No offer's plan builds (`shape`: the call's tensors and type): why each did not.
+    #[error("cuDNN has no engine for this convolution ({shape}){}", listed(reasons.as_slice()))]
+    NoEngine {
+        shape: String,
+        reasons: Vec<ConvError>,
+    },
+    /// No plan that built ran when timed.
+    #[error("no execution plan of cuDNN ran this convolution ({0})")]
+    NoPlanRan(String),
+    /// A CUDA event call of the timing failed.
+    #[error("{call}: {source}")]
+    Event {
+        call: &'static str,
+        source: driver::DriverError,
+    },
+    #[error(transparent)]
+    Cudnn(#[from] CudnnError),
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
 
 /// One execution plan, ready to run: the descriptors it was built from are kept alive with it.
 struct Tuned {
@@ -97,7 +148,7 @@ static DEVICES: Mutex<Vec<Device>> = Mutex::new(Vec::new());
 
 impl Device {
     /// Device `ordinal`'s state, with a new cuDNN handle (its primary context current).
-    fn new(ordinal: i32) -> Result<Self, String> {
+    fn new(ordinal: i32) -> Result<Self, CudnnError> {
         Ok(Self {
             ordinal,
             kind: device_kind(ordinal)?,
@@ -108,17 +159,17 @@ impl Device {
     }
 
     /// At least `bytes` of workspace.
-    fn workspace(&mut self, bytes: usize) -> Result<u64, String> {
+    fn workspace(&mut self, bytes: usize) -> Result<u64, ConvError> {
         if let Some(&(_, ptr)) = self.workspaces.last().filter(|(n, _)| *n >= bytes) {
             return Ok(ptr);
         }
         // SAFETY: a plain allocation in the current (primary) context, kept for the process.
-        let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
-            format!(
-                "cuMemAlloc of {} KiB of convolution workspace on CUDA device {}: {e}",
-                bytes.div_ceil(1024),
-                self.ordinal
-            )
+        let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|source| {
+            ConvError::WorkspaceAlloc {
+                kib: bytes.div_ceil(1024),
+                ordinal: self.ordinal,
+                source,
+            }
         })?;
         self.workspaces.push((bytes, ptr));
         Ok(ptr)
@@ -161,12 +212,9 @@ pub(crate) struct ConvKernel {
 
 impl ConvKernel {
     /// The kernel of element type `ty` (float32 or float16) on device `ordinal`.
-    pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, ConvError> {
         if !matches!(ty, TensorElementType::Float16 | TensorElementType::Float32) {
-            return Err(format!(
-                "{DOMAIN} CausalConv3d: element type {ty:?} is not supported (float32 and float16 \
-                 are), {REMEDY}"
-            ));
+            return Err(ConvError::ElementType(ty));
         }
         check_cudnn()?;
         Ok(Self {
@@ -183,9 +231,9 @@ impl ConvKernel {
         dims: &ConvDims,
         pointers: &[u64],
         stream: sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConvError> {
         let [x, w, y] = pointers[..] else {
-            return Err(format!("{} pointers, expected X, W and Y", pointers.len()));
+            return Err(ConvError::Pointers(pointers.len()));
         };
         if dims.rows() == 0 {
             return Ok(());
@@ -215,18 +263,18 @@ impl ConvKernel {
         };
         let bytes = device.tuned[index].1.workspace;
         let workspace = device.workspace(bytes)?;
-        execute(
+        Ok(execute(
             device.handle.0,
             &device.tuned[index].1.plan,
             [x, w, y],
             workspace,
-        )
+        )?)
     }
 }
 
 /// The descriptors of one convolution: X, W, Y, the convolution, its operation and the
 /// operation graph (last).
-fn graph(handle: dnn::cudnnHandle_t, g: &ConvDims, half: bool) -> Result<Vec<Desc>, String> {
+fn graph(handle: dnn::cudnnHandle_t, g: &ConvDims, half: bool) -> Result<Vec<Desc>, CudnnError> {
     use dnn::cudnnDataType_t::{CUDNN_DATA_FLOAT as F32, CUDNN_DATA_HALF as F16};
     let ty = if half { F16 } else { F32 };
     let [n, t, h, w, c, k, kt, kh, kw] =
@@ -310,7 +358,7 @@ struct Candidate {
 
 /// The engine of `config`: its global index and whether its arithmetic is the plain one (see the
 /// module's notes).
-fn engine_of(config: &Desc, half: bool) -> Result<(i64, bool), String> {
+fn engine_of(config: &Desc, half: bool) -> Result<(i64, bool), CudnnError> {
     let engine = Desc::new(Kind::CUDNN_BACKEND_ENGINE_DESCRIPTOR)?;
     let mut ptr = engine.0;
     // SAFETY: one descriptor for cuDNN to fill (created above, of the engine kind).
@@ -352,7 +400,7 @@ fn engine_of(config: &Desc, half: bool) -> Result<(i64, bool), String> {
 
 /// The heuristics' offers for `graph` with the plain arithmetic, instant mode's first, then the
 /// fallback's; the heuristics descriptors (kept alive with them); why others were left out.
-fn offers(graph: &Desc, half: bool) -> (Vec<Offer>, Vec<Desc>, Vec<String>) {
+fn offers(graph: &Desc, half: bool) -> (Vec<Offer>, Vec<Desc>, Vec<ConvError>) {
     let mut found = Vec::new();
     let mut keep = Vec::new();
     let mut reasons = Vec::new();
@@ -367,11 +415,11 @@ fn offers(graph: &Desc, half: bool) -> (Vec<Offer>, Vec<Desc>, Vec<String>) {
                     match engine_of(&config, half) {
                         Ok((engine, true)) => found.push(Offer { engine, config }),
                         Ok((_, false)) => {}
-                        Err(e) => reasons.push(e),
+                        Err(e) => reasons.push(e.into()),
                     }
                 }
             }
-            Err(e) => reasons.push(format!("{mode:?}: {e}")),
+            Err(source) => reasons.push(ConvError::Heuristics { mode, source }),
         }
     }
     (found, keep, reasons)
@@ -379,15 +427,15 @@ fn offers(graph: &Desc, half: bool) -> (Vec<Offer>, Vec<Desc>, Vec<String>) {
 
 /// The execution plan of `offer` on `handle`, when it builds and needs at most
 /// [`MAX_WORKSPACE`] bytes of workspace.
-fn build(handle: dnn::cudnnHandle_t, offer: &Offer) -> Result<Candidate, String> {
+fn build(handle: dnn::cudnnHandle_t, offer: &Offer) -> Result<Candidate, ConvError> {
     let engine = offer.engine;
-    let (plan, workspace) =
-        execution_plan(handle, &offer.config).map_err(|e| format!("engine {engine}: {e}"))?;
+    let (plan, workspace) = execution_plan(handle, &offer.config)
+        .map_err(|source| ConvError::Engine { engine, source })?;
     if workspace > MAX_WORKSPACE {
-        return Err(format!(
-            "engine {engine} needs {} MiB of workspace",
-            workspace >> 20
-        ));
+        return Err(ConvError::EngineWorkspace {
+            engine,
+            mib: workspace >> 20,
+        });
     }
     Ok(Candidate { plan, workspace })
 }
@@ -398,7 +446,7 @@ fn execute(
     plan: &Desc,
     [x, w, y]: [u64; 3],
     workspace: u64,
-) -> Result<(), String> {
+) -> Result<(), CudnnError> {
     let pointers: [*mut c_void; 3] = [x as _, w as _, y as _];
     // SAFETY: X, W and Y are the call's device tensors of the plan's shapes, and the workspace has
     // the plan's bytes (the callers').
@@ -413,19 +461,21 @@ fn time_runs(
     workspace: u64,
     stream: sys::CUstream,
     reps: usize,
-) -> Result<f32, String> {
+) -> Result<f32, ConvError> {
+    let event =
+        |call: &'static str| move |source: driver::DriverError| ConvError::Event { call, source };
     let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-    let start = driver::event::create(flags).map_err(|e| format!("cuEventCreate: {e}"))?;
-    let end = driver::event::create(flags).map_err(|e| format!("cuEventCreate: {e}"))?;
+    let start = driver::event::create(flags).map_err(event("cuEventCreate"))?;
+    let end = driver::event::create(flags).map_err(event("cuEventCreate"))?;
     // SAFETY: events of the current context, recorded on its stream and waited for here.
     let timed = (|| unsafe {
-        driver::event::record(start, stream).map_err(|e| format!("cuEventRecord: {e}"))?;
+        driver::event::record(start, stream).map_err(event("cuEventRecord"))?;
         for _ in 0..reps {
             execute(handle, plan, pointers, workspace)?;
         }
-        driver::event::record(end, stream).map_err(|e| format!("cuEventRecord: {e}"))?;
-        driver::event::synchronize(end).map_err(|e| format!("cuEventSynchronize: {e}"))?;
-        driver::event::elapsed(start, end).map_err(|e| format!("cuEventElapsedTime: {e}"))
+        driver::event::record(end, stream).map_err(event("cuEventRecord"))?;
+        driver::event::synchronize(end).map_err(event("cuEventSynchronize"))?;
+        driver::event::elapsed(start, end).map_err(event("cuEventElapsedTime"))
     })();
     // SAFETY: the events are not used after this.
     unsafe {
@@ -527,7 +577,7 @@ fn tune(
     half: bool,
     pointers: [u64; 3],
     stream: sys::CUstream,
-) -> Result<Tuned, String> {
+) -> Result<Tuned, ConvError> {
     let started = std::time::Instant::now();
     let settings = super::settings();
     let file = settings
@@ -620,12 +670,12 @@ fn tune(
 fn choose(
     device: &mut Device,
     offers: &[Offer],
-    mut reasons: Vec<String>,
+    mut reasons: Vec<ConvError>,
     pointers: [u64; 3],
     stream: sys::CUstream,
     describe: &str,
     file: Option<&Path>,
-) -> Result<(usize, Candidate, String), String> {
+) -> Result<(usize, Candidate, String), ConvError> {
     let handle = device.handle.0;
     let mut built = Vec::new();
     for (place, offer) in offers.iter().enumerate() {
@@ -635,11 +685,10 @@ fn choose(
         }
     }
     if built.is_empty() {
-        return Err(format!(
-            "cuDNN has no engine for this convolution ({describe}){}{}",
-            if reasons.is_empty() { "" } else { ": " },
-            reasons.join("; ")
-        ));
+        return Err(ConvError::NoEngine {
+            shape: describe.to_string(),
+            reasons,
+        });
     }
     // SAFETY: the stream is ONNX Runtime's, alive for the call.
     let capturing = unsafe { driver::stream::is_capturing(stream) }
@@ -653,9 +702,7 @@ fn choose(
         times = time_in_order(built.len(), |i, runs| {
             time_runs(handle, &built[i].1.plan, pointers, workspace, stream, runs).ok()
         });
-        best = fastest(&times).ok_or_else(|| {
-            format!("no execution plan of cuDNN ran this convolution ({describe})")
-        })?;
+        best = fastest(&times).ok_or_else(|| ConvError::NoPlanRan(describe.to_string()))?;
         let place = built[best].0;
         if let Some(file) = file
             && let Err(e) = keep_choice(file, place, offers[place].engine)

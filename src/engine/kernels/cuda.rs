@@ -82,13 +82,6 @@ pub(crate) enum CudaError {
     #[error("{0}; {REMEDY}")]
     WithRemedy(Box<CudaError>),
 }
-
-/// The modules whose errors are still messages take a [`CudaError`] as its message.
-impl From<CudaError> for String {
-    fn from(e: CudaError) -> Self {
-        e.to_string()
-    }
-}
 use cudarc::driver::{result as driver, sys};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 

@@ -10,7 +10,7 @@ use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{result as driver, sys};
 
 use super::DOMAIN;
-use super::cuda::{Handle, REMEDY};
+use super::cuda::{CudaError, Handle, REMEDY};
 
 pub(super) use dnn::cudnnBackendAttributeName_t as Attr;
 pub(super) use dnn::cudnnBackendAttributeType_t as Type;
@@ -20,6 +20,48 @@ pub(super) use dnn::cudnnBackendDescriptorType_t as Kind;
 const LIBRARY: &str = "libcudnn.so.9";
 /// The first cuDNN with the SDPA forward operation of the backend API (`Attention`).
 const MIN_VERSION: usize = 91301;
+/// What a cuDNN that does not load or is too old suggests, before [`REMEDY`].
+const INSTALL: &str = "put cuDNN 9.13.1 or later on LD_LIBRARY_PATH (`pip install \
+                       nvidia-cudnn-cu13` puts it in site-packages/nvidia/cudnn/lib)";
+
+/// An error of cuDNN: the library, a call, or what a call needs of its tensors, in the words a
+/// user reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum CudnnError {
+    /// `libcudnn.so.9` does not load.
+    #[error(
+        "{DOMAIN} Attention and CausalConv3d: could not load cuDNN ({LIBRARY}): {reason}; \
+         {INSTALL}, {REMEDY}"
+    )]
+    NotLoaded { reason: String },
+    /// The cuDNN loaded is older than [`MIN_VERSION`].
+    #[error(
+        "{DOMAIN} Attention and CausalConv3d: cuDNN {version} has no SDPA operation (9.13.1 and \
+         later have it); {INSTALL}, {REMEDY}"
+    )]
+    TooOld { version: usize },
+    /// The library loaded lacks an entry point.
+    #[error("{LIBRARY} has no {name}: {reason}")]
+    NoSymbol { name: &'static str, reason: String },
+    /// A cuDNN call failed: what it was, and cuDNN's name for the status.
+    #[error("{what}: {name} ({status})")]
+    Call {
+        what: String,
+        name: String,
+        status: Status,
+    },
+    #[error("cuMemAlloc of {kib} KiB of cuDNN scratch on CUDA device {ordinal}: {source}")]
+    ScratchAlloc {
+        kib: usize,
+        ordinal: i32,
+        source: driver::DriverError,
+    },
+    /// A tensor that does not start on 16 bytes.
+    #[error("{name} at {address:#x} is not aligned to 16 bytes, as cuDNN needs")]
+    Misaligned { name: &'static str, address: u64 },
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
 
 pub(super) type Status = c_int;
 pub(super) type DescPtr = dnn::cudnnBackendDescriptor_t;
@@ -43,44 +85,39 @@ pub(super) struct Cudnn {
 
 /// cuDNN, loaded on first use (no GPU needed); a failure is kept, so every session of the process
 /// reports the same error.
-pub(super) fn cudnn() -> Result<&'static Cudnn, String> {
-    static CUDNN: OnceLock<Result<Cudnn, String>> = OnceLock::new();
+pub(super) fn cudnn() -> Result<&'static Cudnn, CudnnError> {
+    static CUDNN: OnceLock<Result<Cudnn, CudnnError>> = OnceLock::new();
     CUDNN.get_or_init(load_cudnn).as_ref().map_err(Clone::clone)
 }
 
-fn load_cudnn() -> Result<Cudnn, String> {
-    let fail = |what: String| {
-        format!(
-            "{DOMAIN} Attention and CausalConv3d: {what}; put cuDNN 9.13.1 or later on \
-             LD_LIBRARY_PATH (`pip install nvidia-cudnn-cu13` puts it in \
-             site-packages/nvidia/cudnn/lib), {REMEDY}"
-        )
-    };
+fn load_cudnn() -> Result<Cudnn, CudnnError> {
     // SAFETY: cuDNN's initialisers have no preconditions.
-    let library = unsafe { libloading::Library::new(LIBRARY) }.map_err(|e| {
-        fail(format!(
-            "could not load cuDNN ({LIBRARY}): {}",
-            crate::engine::loader_message(&e)
-        ))
-    })?;
+    let library =
+        unsafe { libloading::Library::new(LIBRARY) }.map_err(|e| CudnnError::NotLoaded {
+            reason: crate::engine::loader_message(&e),
+        })?;
     /// One entry point, by name, as the function type it is stored as.
     ///
     /// # Safety
     /// `T` is the C signature of `name`.
-    unsafe fn symbol<T: Copy>(library: &libloading::Library, name: &str) -> Result<T, String> {
+    unsafe fn symbol<T: Copy>(
+        library: &libloading::Library,
+        name: &'static str,
+    ) -> Result<T, CudnnError> {
         // SAFETY: the caller's promise.
         unsafe { library.get::<T>(name.as_bytes()) }
             .map(|s| *s)
-            .map_err(|e| format!("{LIBRARY} has no {name}: {e}"))
+            .map_err(|e| CudnnError::NoSymbol {
+                name,
+                reason: e.to_string(),
+            })
     }
     // SAFETY: each type is the entry point's signature in cudnn_graph.h / cudnn_ops.h (cuDNN 9).
     let loaded = unsafe {
         let version: unsafe extern "C" fn() -> usize = symbol(&library, "cudnnGetVersion")?;
         let version = version();
         if version < MIN_VERSION {
-            return Err(fail(format!(
-                "cuDNN {version} has no SDPA operation (9.13.1 and later have it)"
-            )));
+            return Err(CudnnError::TooOld { version });
         }
         Cudnn {
             version,
@@ -100,18 +137,22 @@ fn load_cudnn() -> Result<Cudnn, String> {
 }
 
 /// Loads cuDNN (no GPU needed).
-pub(super) fn check_cudnn() -> Result<(), String> {
+pub(super) fn check_cudnn() -> Result<(), CudnnError> {
     cudnn().map(|_| ())
 }
 
 /// A cuDNN call's error: what failed and cuDNN's name for the status.
-pub(super) fn check(lib: &Cudnn, status: Status, what: &str) -> Result<(), String> {
+pub(super) fn check(lib: &Cudnn, status: Status, what: &str) -> Result<(), CudnnError> {
     if status == 0 {
         return Ok(());
     }
     // SAFETY: cuDNN returns a static NUL-terminated string for any status.
     let name = unsafe { CStr::from_ptr((lib.error_string)(status)) };
-    Err(format!("{what}: {} ({status})", name.to_string_lossy()))
+    Err(CudnnError::Call {
+        what: what.to_string(),
+        name: name.to_string_lossy().into_owned(),
+        status,
+    })
 }
 
 /// A cuDNN backend descriptor, destroyed on drop.
@@ -132,7 +173,7 @@ impl Drop for Desc {
 }
 
 impl Desc {
-    pub(super) fn new(kind: Kind) -> Result<Self, String> {
+    pub(super) fn new(kind: Kind) -> Result<Self, CudnnError> {
         let lib = cudnn()?;
         let mut desc = std::ptr::null_mut();
         // SAFETY: an out-parameter.
@@ -154,7 +195,7 @@ impl Desc {
         ty: Type,
         capacity: i64,
         values: *mut c_void,
-    ) -> Result<i64, String> {
+    ) -> Result<i64, CudnnError> {
         let mut count = 0i64;
         // SAFETY: the caller's promise; the descriptor is alive.
         check(
@@ -175,7 +216,7 @@ impl Desc {
         ty: Type,
         count: i64,
         values: *const c_void,
-    ) -> Result<(), String> {
+    ) -> Result<(), CudnnError> {
         // SAFETY: the caller's promise; the descriptor is alive.
         check(
             self.1,
@@ -184,7 +225,7 @@ impl Desc {
         )
     }
 
-    pub(super) fn set_i64s(&self, attr: Attr, values: &[i64]) -> Result<(), String> {
+    pub(super) fn set_i64s(&self, attr: Attr, values: &[i64]) -> Result<(), CudnnError> {
         // SAFETY: int64 values.
         unsafe {
             self.set(
@@ -196,7 +237,7 @@ impl Desc {
         }
     }
 
-    pub(super) fn set_desc(&self, attr: Attr, desc: &Desc) -> Result<(), String> {
+    pub(super) fn set_desc(&self, attr: Attr, desc: &Desc) -> Result<(), CudnnError> {
         // SAFETY: one descriptor handle.
         unsafe {
             self.set(
@@ -208,7 +249,11 @@ impl Desc {
         }
     }
 
-    pub(super) fn set_handle(&self, attr: Attr, handle: dnn::cudnnHandle_t) -> Result<(), String> {
+    pub(super) fn set_handle(
+        &self,
+        attr: Attr,
+        handle: dnn::cudnnHandle_t,
+    ) -> Result<(), CudnnError> {
         // SAFETY: one handle.
         unsafe {
             self.set(
@@ -220,7 +265,7 @@ impl Desc {
         }
     }
 
-    pub(super) fn finalize(self, what: &str) -> Result<Self, String> {
+    pub(super) fn finalize(self, what: &str) -> Result<Self, CudnnError> {
         // SAFETY: the descriptor is alive.
         check(
             self.1,
@@ -238,7 +283,7 @@ impl Desc {
         dims: &[i64],
         strides: &[i64],
         by_value: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CudnnError> {
         let t = Desc::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
         // SAFETY: one data type enum value.
         unsafe {
@@ -274,7 +319,7 @@ impl Desc {
 pub(super) fn handle(
     ordinal: i32,
     stream: sys::CUstream,
-) -> Result<Handle<dnn::cudnnHandle_t>, String> {
+) -> Result<Handle<dnn::cudnnHandle_t>, CudnnError> {
     type Handles = Vec<(i32, usize, Handle<dnn::cudnnHandle_t>)>;
     static HANDLES: Mutex<Handles> = Mutex::new(Vec::new());
     let mut handles = HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -289,7 +334,7 @@ pub(super) fn handle(
 }
 
 /// A new cuDNN handle on device `ordinal` (its primary context current), never destroyed.
-pub(super) fn create_handle(ordinal: i32) -> Result<Handle<dnn::cudnnHandle_t>, String> {
+pub(super) fn create_handle(ordinal: i32) -> Result<Handle<dnn::cudnnHandle_t>, CudnnError> {
     let lib = cudnn()?;
     let mut h = std::ptr::null_mut();
     // SAFETY: an out-parameter; the device's primary context is current.
@@ -305,7 +350,7 @@ pub(super) fn create_handle(ordinal: i32) -> Result<Handle<dnn::cudnnHandle_t>, 
 pub(super) fn set_stream(
     handle: Handle<dnn::cudnnHandle_t>,
     stream: sys::CUstream,
-) -> Result<(), String> {
+) -> Result<(), CudnnError> {
     let lib = cudnn()?;
     // SAFETY: a live handle; the stream belongs to the current context, its device's.
     check(
@@ -317,7 +362,11 @@ pub(super) fn set_stream(
 
 /// At least `bytes` of scratch for `stream` on device `ordinal`: the buffer of a smaller earlier
 /// request is kept (a captured graph may point at it) and a larger one allocated beside it.
-pub(super) fn scratch(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, String> {
+pub(super) fn scratch(
+    ordinal: i32,
+    stream: sys::CUstream,
+    bytes: usize,
+) -> Result<u64, CudnnError> {
     type Buffers = Vec<(i32, usize, usize, u64)>;
     static BUFFERS: Mutex<Buffers> = Mutex::new(Vec::new());
     let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -330,11 +379,12 @@ pub(super) fn scratch(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Resu
         return Ok(*ptr);
     }
     // SAFETY: a plain allocation in the current (primary) context, kept for the process.
-    let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|e| {
-        format!(
-            "cuMemAlloc of {} KiB of cuDNN scratch on CUDA device {ordinal}: {e}",
-            bytes.div_ceil(1024)
-        )
+    let ptr = unsafe { driver::malloc_sync(bytes.max(256)) }.map_err(|source| {
+        CudnnError::ScratchAlloc {
+            kib: bytes.div_ceil(1024),
+            ordinal,
+            source,
+        }
     })?;
     buffers.push((ordinal, key, bytes, ptr));
     Ok(ptr)
@@ -345,7 +395,7 @@ pub(super) fn scratch(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Resu
 pub(super) fn engine_configs(
     graph: &Desc,
     mode: dnn::cudnnBackendHeurMode_t,
-) -> Result<(Desc, Vec<Desc>), String> {
+) -> Result<(Desc, Vec<Desc>), CudnnError> {
     let heur = Desc::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heur.set_desc(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)?;
     // SAFETY: one heuristics mode enum value.
@@ -376,7 +426,7 @@ pub(super) fn engine_configs(
 pub(super) fn execution_plan(
     handle: dnn::cudnnHandle_t,
     config: &Desc,
-) -> Result<(Desc, usize), String> {
+) -> Result<(Desc, usize), CudnnError> {
     let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
     plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
     plan.set_desc(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config)?;
@@ -398,7 +448,7 @@ pub(super) unsafe fn execute_plan(
     uids: &[i64],
     pointers: &[*mut c_void],
     workspace: u64,
-) -> Result<(), String> {
+) -> Result<(), CudnnError> {
     let pack = Desc::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
     pack.set_i64s(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids)?;
     let workspace = workspace as *mut c_void;
@@ -428,7 +478,7 @@ pub(super) unsafe fn execute_plan(
 
 /// The GPU kind and cuDNN version of device `ordinal`, for the names of what the kernels keep
 /// between processes: `sm90-132sms-cudnn91900`.
-pub(super) fn device_kind(ordinal: i32) -> Result<String, String> {
+pub(super) fn device_kind(ordinal: i32) -> Result<String, CudnnError> {
     let info = super::cuda::device_info(ordinal)?;
     Ok(format!(
         "sm{}{}-{}sms-cudnn{}",
@@ -441,7 +491,7 @@ pub(super) fn device_kind(ordinal: i32) -> Result<String, String> {
 
 /// A finalized execution plan's serialised form (cuDNN's JSON representation), or why there is
 /// none (cuDNN serialises the plans of its runtime-compiled engines only).
-pub(super) fn serialize_plan(plan: &Desc) -> Result<Vec<u8>, String> {
+pub(super) fn serialize_plan(plan: &Desc) -> Result<Vec<u8>, CudnnError> {
     let ty = Type::CUDNN_TYPE_CHAR;
     let attr = Attr::CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION;
     // SAFETY: asks for the length only.
@@ -458,7 +508,7 @@ pub(super) fn serialize_plan(plan: &Desc) -> Result<Vec<u8>, String> {
 pub(super) fn deserialize_plan(
     handle: dnn::cudnnHandle_t,
     json: &[u8],
-) -> Result<(Desc, usize), String> {
+) -> Result<(Desc, usize), CudnnError> {
     let plan = Desc::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
     plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
     // SAFETY: `json.len()` chars.
@@ -475,7 +525,7 @@ pub(super) fn deserialize_plan(
     Ok((plan, workspace))
 }
 
-fn plan_workspace(plan: &Desc) -> Result<usize, String> {
+fn plan_workspace(plan: &Desc) -> Result<usize, CudnnError> {
     let mut workspace = 0i64;
     // SAFETY: one int64 out-value.
     unsafe {
@@ -490,11 +540,19 @@ fn plan_workspace(plan: &Desc) -> Result<usize, String> {
 }
 
 /// Checks that every tensor (name, device address) starts on 16 bytes, as cuDNN needs.
-pub(super) fn check_aligned(tensors: &[(&str, u64)]) -> Result<(), String> {
+pub(super) fn check_aligned(tensors: &[(&'static str, u64)]) -> Result<(), CudnnError> {
     match tensors.iter().find(|(_, p)| p % 16 != 0) {
-        Some((name, p)) => Err(format!(
-            "{name} at {p:#x} is not aligned to 16 bytes, as cuDNN needs"
-        )),
+        Some(&(name, address)) => Err(CudnnError::Misaligned { name, address }),
         None => Ok(()),
     }
+}
+
+/// `reasons` after ": ", joined by "; " (nothing when there are none): why the engines a call
+/// was offered did not build, for an error that no engine did.
+pub(super) fn listed<E: std::fmt::Display>(reasons: &[E]) -> String {
+    if reasons.is_empty() {
+        return String::new();
+    }
+    let reasons: Vec<String> = reasons.iter().map(E::to_string).collect();
+    format!(": {}", reasons.join("; "))
 }

@@ -38,7 +38,9 @@ use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
-use super::cuda::{CurrentContext, Handle, REMEDY, device_function, device_info, primary_context};
+use super::cuda::{
+    CudaError, CurrentContext, Handle, REMEDY, device_function, device_info, primary_context,
+};
 use crate::engine::one_time::{self, Work};
 
 /// The bytes of cuBLASLt workspace per device and stream (what cuBLAS recommends on Hopper).
@@ -66,37 +68,123 @@ enum Mode {
     Fp8 { gelu: bool },
 }
 
+/// An error of the cuBLASLt kernels (`MatMulBiasGelu`, `MatMulFp8`), in the words a user reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum GemmError {
+    #[error(
+        "{DOMAIN} MatMulBiasGelu: could not load cuBLASLt (libcublasLt.so.13); put CUDA 13's \
+         cuBLAS on LD_LIBRARY_PATH (`pip install nvidia-cublas==13.*` puts it in \
+         site-packages/nvidia/cu13/lib), {REMEDY}"
+    )]
+    NoCublasLt,
+    #[error(
+        "{DOMAIN} MatMulBiasGelu: element type {0:?} is not supported (float32 and float16 are)"
+    )]
+    BiasGeluType(TensorElementType),
+    #[error(
+        "{DOMAIN} MatMulFp8: element type {0:?} is not supported on CUDA (float16 is; fp8 \
+         bundles are float16 bundles with 8-bit matrix multiplies)"
+    )]
+    Fp8Type(TensorElementType),
+    #[error(
+        "{DOMAIN} MatMulFp8: CUDA device {ordinal} has compute capability {major}.{minor}; the \
+         float8 matrix multiplies with per-channel scales need 9.0 or later (Hopper): run an \
+         fp16 bundle of the same weights on this GPU"
+    )]
+    Fp8Capability {
+        ordinal: i32,
+        major: i32,
+        minor: i32,
+    },
+    #[error("cublasLtCreate on CUDA device {ordinal}: {source}")]
+    CreateHandle { ordinal: i32, source: CublasError },
+    #[error(
+        "cuMemAlloc of the {} MiB cuBLASLt workspace on CUDA device {ordinal}: {source}",
+        WORKSPACE_BYTES >> 20
+    )]
+    WorkspaceAlloc {
+        ordinal: i32,
+        source: driver::DriverError,
+    },
+    #[error(
+        "cuMemAlloc of the {mib} MiB buffer of MatMulFp8's quantised rows on CUDA device \
+         {ordinal}: {source}"
+    )]
+    QuantisedAlloc {
+        mib: usize,
+        ordinal: i32,
+        source: driver::DriverError,
+    },
+    /// A call given other pointers than its operator's tensors.
+    #[error("{count} pointers, expected {expected}")]
+    Pointers {
+        count: usize,
+        expected: &'static str,
+    },
+    #[error("K = {0}: cuBLASLt's float8 matrix multiplies need K a multiple of 16")]
+    Fp8K(usize),
+    #[error("cuLaunchKernel (quantise): {0}")]
+    Quantise(driver::DriverError),
+    /// A cuBLASLt call of the preparation of a call shape failed.
+    #[error("{call}: {source}")]
+    Call {
+        call: &'static str,
+        source: CublasError,
+    },
+    /// As [`GemmError::Call`], for a float8 matmul, with what it needs.
+    #[error(
+        "{call}: {source} (float8 matrix multiplies with per-channel scales need cuBLAS 12.9 or \
+         later on compute capability 9.0 or later, and K a multiple of 16)"
+    )]
+    Fp8Call {
+        call: &'static str,
+        source: CublasError,
+    },
+    /// `cublasLtMatmul` itself failed.
+    #[error("{0}")]
+    Matmul(CublasError),
+    /// A failure of a matmul of M × K × N, `fp8` for `MatMulFp8`'s.
+    #[error(
+        "cublasLtMatmul ({}{m} × {k} × {n}): {source}",
+        if *fp8 { "float8, " } else { "" }
+    )]
+    Sizes {
+        fp8: bool,
+        m: usize,
+        k: usize,
+        n: usize,
+        source: Box<GemmError>,
+    },
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
+
 /// Loads cuBLASLt (no GPU needed).
-pub(super) fn check_cublaslt() -> Result<(), String> {
+pub(super) fn check_cublaslt() -> Result<(), GemmError> {
     // SAFETY: only opens the library, as `cuda::check_nvrtc` does.
     if unsafe { lt_sys::is_culib_present() } {
         return Ok(());
     }
-    Err(format!(
-        "{DOMAIN} MatMulBiasGelu: could not load cuBLASLt (libcublasLt.so.13); put CUDA 13's \
-         cuBLAS on LD_LIBRARY_PATH (`pip install nvidia-cublas==13.*` puts it in \
-         site-packages/nvidia/cu13/lib), {REMEDY}"
-    ))
+    Err(GemmError::NoCublasLt)
 }
 
 /// The cuBLASLt handle of device `ordinal`, created on first use with the device's primary
 /// context current, and never destroyed.
-fn handle(ordinal: i32) -> Result<Handle<lt_sys::cublasLtHandle_t>, String> {
+fn handle(ordinal: i32) -> Result<Handle<lt_sys::cublasLtHandle_t>, GemmError> {
     type Handles = Vec<(i32, Handle<lt_sys::cublasLtHandle_t>)>;
     static HANDLES: Mutex<Handles> = Mutex::new(Vec::new());
     let mut handles = HANDLES.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some((_, h)) = handles.iter().find(|(o, _)| *o == ordinal) {
         return Ok(*h);
     }
-    let h =
-        lt::create_handle().map_err(|e| format!("cublasLtCreate on CUDA device {ordinal}: {e}"))?;
+    let h = lt::create_handle().map_err(|source| GemmError::CreateHandle { ordinal, source })?;
     handles.push((ordinal, Handle(h)));
     Ok(Handle(h))
 }
 
 /// The workspace of `stream` on device `ordinal` (the device's primary context is current),
 /// allocated on first use and never freed.
-fn workspace(ordinal: i32, stream: sys::CUstream) -> Result<u64, String> {
+fn workspace(ordinal: i32, stream: sys::CUstream) -> Result<u64, GemmError> {
     type Workspaces = Vec<(i32, usize, u64)>;
     static WORKSPACES: Mutex<Workspaces> = Mutex::new(Vec::new());
     let mut workspaces = WORKSPACES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -108,12 +196,8 @@ fn workspace(ordinal: i32, stream: sys::CUstream) -> Result<u64, String> {
         return Ok(*ptr);
     }
     // SAFETY: a plain allocation in the current (primary) context, kept for the process.
-    let ptr = unsafe { driver::malloc_sync(WORKSPACE_BYTES) }.map_err(|e| {
-        format!(
-            "cuMemAlloc of the {} MiB cuBLASLt workspace on CUDA device {ordinal}: {e}",
-            WORKSPACE_BYTES >> 20
-        )
-    })?;
+    let ptr = unsafe { driver::malloc_sync(WORKSPACE_BYTES) }
+        .map_err(|source| GemmError::WorkspaceAlloc { ordinal, source })?;
     workspaces.push((ordinal, key, ptr));
     Ok(ptr)
 }
@@ -131,7 +215,7 @@ fn data_type(ty: TensorElementType) -> Option<lt_sys::cudaDataType> {
 /// `bytes`, allocated on first use and when a call needs more, never freed (a captured CUDA graph
 /// keeps pointing at the buffer it was captured with; the calls of one stream run in order, so
 /// they can share it).
-fn quantised(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, String> {
+fn quantised(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, GemmError> {
     type Buffers = Vec<(i32, usize, u64, usize)>;
     static BUFFERS: Mutex<Buffers> = Mutex::new(Vec::new());
     let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -147,12 +231,10 @@ fn quantised(ordinal: i32, stream: sys::CUstream, bytes: usize) -> Result<u64, S
     // Whole MiB, so that the next slightly larger call does not allocate again.
     let size = bytes.next_multiple_of(1 << 20);
     // SAFETY: a plain allocation in the current (primary) context, kept for the process.
-    let ptr = unsafe { driver::malloc_sync(size) }.map_err(|e| {
-        format!(
-            "cuMemAlloc of the {} MiB buffer of MatMulFp8's quantised rows on CUDA device \
-             {ordinal}: {e}",
-            size >> 20
-        )
+    let ptr = unsafe { driver::malloc_sync(size) }.map_err(|source| GemmError::QuantisedAlloc {
+        mib: size >> 20,
+        ordinal,
+        source,
     })?;
     match slot {
         Some(i) => buffers[i] = (ordinal, key, ptr, size),
@@ -303,12 +385,9 @@ pub(super) struct Probe {
 
 impl GemmKernel {
     /// `MatMulBiasGelu`'s kernel of element type `ty` (float32 or float16) on device `ordinal`.
-    pub(crate) fn bias_gelu(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    pub(crate) fn bias_gelu(ty: TensorElementType, ordinal: i32) -> Result<Self, GemmError> {
         if data_type(ty).is_none() {
-            return Err(format!(
-                "{DOMAIN} MatMulBiasGelu: element type {ty:?} is not supported (float32 and \
-                 float16 are)"
-            ));
+            return Err(GemmError::BiasGeluType(ty));
         }
         check_cublaslt()?;
         Ok(Self::with(ty, ordinal, primary_context(ordinal)?, None))
@@ -316,22 +395,18 @@ impl GemmKernel {
 
     /// `MatMulFp8`'s kernel of element type `ty` (float16 only) on device `ordinal` (compute
     /// capability 9.0 or later).
-    pub(crate) fn fp8(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    pub(crate) fn fp8(ty: TensorElementType, ordinal: i32) -> Result<Self, GemmError> {
         if ty != TensorElementType::Float16 {
-            return Err(format!(
-                "{DOMAIN} MatMulFp8: element type {ty:?} is not supported on CUDA (float16 is; \
-                 fp8 bundles are float16 bundles with 8-bit matrix multiplies)"
-            ));
+            return Err(GemmError::Fp8Type(ty));
         }
         check_cublaslt()?;
         let info = device_info(ordinal)?;
         if info.major < 9 {
-            return Err(format!(
-                "{DOMAIN} MatMulFp8: CUDA device {ordinal} has compute capability {}.{}; the \
-                 float8 matrix multiplies with per-channel scales need 9.0 or later (Hopper): \
-                 run an fp16 bundle of the same weights on this GPU",
-                info.major, info.minor
-            ));
+            return Err(GemmError::Fp8Capability {
+                ordinal,
+                major: info.major,
+                minor: info.minor,
+            });
         }
         let context = primary_context(ordinal)?;
         let (module_context, quantise) = device_function(ordinal, "unstep_quantize_e4m3_rows_f16")?;
@@ -371,25 +446,26 @@ impl GemmKernel {
         sizes: &MatMulSizes,
         pointers: &[u64],
         stream: sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GemmError> {
         let [x, w, bias, y] = pointers[..] else {
-            return Err(format!(
-                "{} pointers, expected X, W, bias and Y",
-                pointers.len()
-            ));
+            return Err(GemmError::Pointers {
+                count: pointers.len(),
+                expected: "X, W, bias and Y",
+            });
         };
         if sizes.rows == 0 {
             return Ok(());
         }
         let _current = CurrentContext::push(self.context)?;
         let pointers = [(Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS)];
-        let sizes = (sizes.rows, sizes.d, sizes.cols);
-        self.matmul(sizes, Mode::BiasGelu, &pointers, [w, x, y], stream)
-            .map_err(|e| {
-                format!(
-                    "cublasLtMatmul ({} × {} × {}): {e}",
-                    sizes.0, sizes.1, sizes.2
-                )
+        let (m, k, n) = (sizes.rows, sizes.d, sizes.cols);
+        self.matmul((m, k, n), Mode::BiasGelu, &pointers, [w, x, y], stream)
+            .map_err(|e| GemmError::Sizes {
+                fp8: false,
+                m,
+                k,
+                n,
+                source: Box::new(e),
             })
     }
 
@@ -404,7 +480,7 @@ impl GemmKernel {
         pointers: &[Pointer],
         [w, x, y]: [u64; 3],
         stream: sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GemmError> {
         let handle = handle(self.ordinal)?;
         let workspace = workspace(self.ordinal, stream)?;
         // The largest power of two up to 256 bytes that all of W, X and Y start on: an
@@ -415,7 +491,8 @@ impl GemmKernel {
             .min()
             .unwrap_or(256);
         let prepared = self.prepared(handle, (m, k, n, alignment, mode), pointers)?;
-        set_pointers(prepared.desc.0, pointers).map_err(|(what, e)| format!("{what}: {e}"))?;
+        set_pointers(prepared.desc.0, pointers)
+            .map_err(|(call, source)| GemmError::Call { call, source })?;
         let (alpha, beta) = (1f32, 0f32);
         let [a, b, c] = prepared.layouts;
         // SAFETY: the descriptors are alive (owned by `prepared`); W, X, Y and the descriptor's
@@ -444,7 +521,7 @@ impl GemmKernel {
                 stream as lt_sys::cudaStream_t,
             )
         }
-        .map_err(|e| e.to_string())
+        .map_err(GemmError::Matmul)
     }
 
     /// The prepared call of `key` ([`Self::prepare`] with the call's `pointers` on its first
@@ -454,21 +531,16 @@ impl GemmKernel {
         handle: Handle<lt_sys::cublasLtHandle_t>,
         key: (usize, usize, usize, usize, Mode),
         pointers: &[Pointer],
-    ) -> Result<&Prepared, String> {
+    ) -> Result<&Prepared, GemmError> {
         let index = match self.prepared.iter().position(|p| p.key == key) {
             Some(index) => index,
             None => {
-                let prepared = one_time::timed(Work::GemmChoices, || {
-                    self.prepare(handle, key, pointers)
-                })
-                .map_err(|(what, e)| match key.4 {
-                    Mode::Fp8 { .. } => format!(
-                        "{what}: {e} (float8 matrix multiplies with per-channel scales need \
-                             cuBLAS 12.9 or later on compute capability 9.0 or later, and K a \
-                             multiple of 16)"
-                    ),
-                    Mode::BiasGelu => format!("{what}: {e}"),
-                })?;
+                let prepared =
+                    one_time::timed(Work::GemmChoices, || self.prepare(handle, key, pointers))
+                        .map_err(|(call, source)| match key.4 {
+                            Mode::Fp8 { .. } => GemmError::Fp8Call { call, source },
+                            Mode::BiasGelu => GemmError::Call { call, source },
+                        })?;
                 self.prepared.push(prepared);
                 self.prepared.len() - 1
             }
@@ -485,21 +557,19 @@ impl GemmKernel {
         sizes: &MatMulSizes,
         pointers: &[u64],
         stream: sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GemmError> {
         let [x, w, w_scale, bias, y] = pointers[..] else {
-            return Err(format!(
-                "{} pointers, expected X, W, w_scale, bias and Y",
-                pointers.len()
-            ));
+            return Err(GemmError::Pointers {
+                count: pointers.len(),
+                expected: "X, W, w_scale, bias and Y",
+            });
         };
         let (m, k, n) = (sizes.rows, sizes.d, sizes.cols);
         if m == 0 {
             return Ok(());
         }
         if k % 16 != 0 {
-            return Err(format!(
-                "K = {k}: cuBLASLt's float8 matrix multiplies need K a multiple of 16"
-            ));
+            return Err(GemmError::Fp8K(k));
         }
         let quantise = self.quantise.expect("made by GemmKernel::fp8");
         let _current = CurrentContext::push(self.context)?;
@@ -529,7 +599,7 @@ impl GemmKernel {
                 &mut params,
             )
         }
-        .map_err(|e| format!("cuLaunchKernel (quantise): {e}"))?;
+        .map_err(GemmError::Quantise)?;
         let pointers = [
             (Desc::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, BIAS),
             (
@@ -545,7 +615,13 @@ impl GemmKernel {
         ];
         let mode = Mode::Fp8 { gelu };
         self.matmul((m, k, n), mode, &pointers, [w, codes, y], stream)
-            .map_err(|e| format!("cublasLtMatmul (float8, {m} × {k} × {n}): {e}"))
+            .map_err(|e| GemmError::Sizes {
+                fp8: true,
+                m,
+                k,
+                n,
+                source: Box::new(e),
+            })
     }
 
     /// The descriptors of a call of M rows, K, N at `alignment` bytes in `mode`, and cuBLASLt's

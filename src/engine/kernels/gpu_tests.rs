@@ -8,7 +8,7 @@ use ort::value::TensorElementType;
 use super::attention::{self, AttentionKernel};
 use super::conv::ConvKernel;
 use super::cuda;
-use super::gemm::{GemmKernel, Probe};
+use super::gemm::{GemmError, GemmKernel, Probe};
 use super::operator::Element;
 use super::operator::{CudaKernel, UnstepOp};
 use super::ops::attention::tests::*;

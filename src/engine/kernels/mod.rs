@@ -164,13 +164,26 @@ fn entry_points() -> Vec<String> {
     names
 }
 
+/// A library of the CUDA kernels that does not load: the first of NVRTC, cuBLASLt and cuDNN that
+/// fails, with what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum LibraryError {
+    #[error(transparent)]
+    Nvrtc(#[from] cuda::CudaError),
+    #[error(transparent)]
+    CublasLt(#[from] gemm::GemmError),
+    #[error(transparent)]
+    Cudnn(#[from] cudnn::CudnnError),
+}
+
 /// Whether the CUDA kernels could be built and run here: NVRTC (which compiles `kernels.cu`),
 /// cuBLASLt (`MatMulBiasGelu`) and cuDNN (`Attention`, `CausalConv3d`) load; no GPU needed. For
 /// `runner doctor` and `auto`.
-pub(crate) fn cuda_libraries_available() -> Result<(), String> {
+pub(crate) fn cuda_libraries_available() -> Result<(), LibraryError> {
     cuda::check_nvrtc()?;
     gemm::check_cublaslt()?;
-    cudnn::check_cudnn()
+    cudnn::check_cudnn()?;
+    Ok(())
 }
 
 /// The `ai.unstep` operator domain for a session: CUDA kernels when `cuda` is true (inputs and
@@ -180,7 +193,7 @@ pub(crate) fn cuda_libraries_available() -> Result<(), String> {
 /// are compiled when the session creates them (a compile error fails the session's creation).
 pub(crate) fn operator_domain(cuda: bool) -> ort::Result<OperatorDomain> {
     if cuda {
-        cuda::check_libraries().map_err(|e| ort::Error::new(e.to_string()))?;
+        cuda::check_libraries().map_err(ort::Error::wrap)?;
     }
     register_domain_once()?;
     new_domain(cuda)

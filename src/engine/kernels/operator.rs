@@ -124,8 +124,11 @@ pub(crate) trait UnstepOp: Send + Sync + Sized + 'static {
 /// An operator's CUDA kernel: created when the session creates the node's kernel, launched on
 /// ONNX Runtime's stream with the call's checked sizes.
 pub(crate) trait CudaKernel<O: UnstepOp>: Sized + Send {
+    /// The backend's error, in the words a user reads.
+    type Error: std::error::Error + Send + Sync + 'static;
+
     /// Loads what the kernel needs on device `ordinal`; an element type it cannot run is an error.
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String>;
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, Self::Error>;
 
     /// Queues the call on `stream` over `pointers` (device addresses of the inputs, then the
     /// outputs, in the operator's order) with `sizes` (checked against the contract).
@@ -135,7 +138,15 @@ pub(crate) trait CudaKernel<O: UnstepOp>: Sized + Send {
         sizes: &O::Sizes,
         pointers: &[u64],
         stream: CUstream,
-    ) -> Result<(), String>;
+    ) -> Result<(), Self::Error>;
+}
+
+/// A failed call of an operator's CUDA kernel: the operator and the backend's error.
+#[derive(Debug, thiserror::Error)]
+#[error("{DOMAIN} {op}: (CUDA) {source}")]
+pub(crate) struct CudaCallError<E: std::error::Error + 'static> {
+    pub(crate) op: &'static str,
+    pub(crate) source: E,
 }
 
 /// One CPU call's tensors: the inputs in the operator's order (an empty slice for those written
@@ -455,7 +466,7 @@ impl<O: UnstepOp> Operator for Registered<O> {
         };
         let cuda = if self.cuda {
             let started = std::time::Instant::now();
-            let kernel = O::Cuda::new(self.ty, ordinal).map_err(ort::Error::new)?;
+            let kernel = O::Cuda::new(self.ty, ordinal).map_err(ort::Error::wrap)?;
             if super::settings().creation_log {
                 eprintln!(
                     "[unstep] {} kernel of node {}: created in {:.3} ms",
@@ -534,7 +545,12 @@ impl<O: UnstepOp> Kernel for NodeKernel<O> {
             };
             return kernel
                 .launch(&self.attrs, &call.sizes, &call.pointers, call.stream)
-                .map_err(|message| op_error(&O::INFO, format!("(CUDA) {message}")));
+                .map_err(|source| {
+                    ort::Error::wrap(CudaCallError {
+                        op: O::INFO.name,
+                        source,
+                    })
+                });
         }
         match self.ty {
             TensorElementType::Float32 => compute_cpu::<O, f32>(&self.attrs, ctx),

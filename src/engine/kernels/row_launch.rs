@@ -20,7 +20,7 @@ use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
-use super::cuda::{CurrentContext, Handle, device_function};
+use super::cuda::{CudaError, CurrentContext, Handle, device_function};
 use super::operator::{CudaKernel, UnstepOp, elem_bytes};
 
 /// `WARP` of `kernels.cu`.
@@ -40,6 +40,29 @@ pub(crate) const UNIT_BYTES: usize = 16;
 /// `GROUP_UNITS` of `kernels.cu`: the units of its row a thread of the group layout holds at
 /// most, and is given where the row has that many per lane.
 pub(crate) const GROUP_UNITS: usize = 4;
+
+/// An error of a row operator's CUDA kernel, in the words a user reads.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum RowError {
+    /// An element type with no kernels.
+    #[error("{DOMAIN} {op}: element type {ty:?} is not supported (float32 and float16 are)")]
+    ElementType {
+        op: &'static str,
+        ty: TensorElementType,
+    },
+    /// An odd D for the elementwise kernel.
+    #[error("D = {0}: the CUDA kernel needs an even D")]
+    OddD(usize),
+    /// A D the row kernels cannot keep in registers: odd, or more than [`MAX_D`].
+    #[error("D = {0}: the CUDA kernels need an even D of at most {MAX_D}")]
+    RowD(usize),
+    #[error("{0} rows are too many for one launch")]
+    TooManyRows(usize),
+    #[error("cuLaunchKernel: {0}")]
+    Launch(driver::DriverError),
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+}
 
 /// How a kernel lays a row on the threads (`BlockRow` and `GroupRow` of `kernels.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +150,7 @@ impl Layout {
     }
 
     /// The grid and block sizes of a launch over `rows` rows, or why there are too many.
-    fn launch_dims(self, rows: usize) -> Result<(u32, u32), String> {
+    fn launch_dims(self, rows: usize) -> Result<(u32, u32), RowError> {
         let blocks = match self {
             Layout::Block | Layout::BlockQuad => rows,
             Layout::Group { lanes } => rows.div_ceil((GROUP_THREADS / lanes) as usize),
@@ -136,22 +159,20 @@ impl Layout {
         // The largest grid x dimension CUDA allows.
         match u32::try_from(blocks) {
             Ok(blocks) if blocks <= i32::MAX as u32 => Ok((blocks, threads)),
-            _ => Err(format!("{rows} rows are too many for one launch")),
+            _ => Err(RowError::TooManyRows(rows)),
         }
     }
 }
 
 /// Refuses a row length the kernels cannot take: they load element pairs (D even), and those of
 /// the row operators (not `elementwise`) keep a row in registers (D at most [`MAX_D`]).
-pub(crate) fn check_d(elementwise: bool, d: usize) -> Result<(), String> {
+pub(crate) fn check_d(elementwise: bool, d: usize) -> Result<(), RowError> {
     if elementwise {
         if !d.is_multiple_of(2) {
-            return Err(format!("D = {d}: the CUDA kernel needs an even D"));
+            return Err(RowError::OddD(d));
         }
     } else if !d.is_multiple_of(2) || d > MAX_D {
-        return Err(format!(
-            "D = {d}: the CUDA kernels need an even D of at most {MAX_D}"
-        ));
+        return Err(RowError::RowD(d));
     }
     Ok(())
 }
@@ -218,15 +239,17 @@ pub(crate) struct RowKernel<O> {
 }
 
 impl<O: RowOp> CudaKernel<O> for RowKernel<O> {
+    type Error = RowError;
+
     /// Compiles and loads the kernels for device `ordinal` if this process has not yet.
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, RowError> {
         let base = O::INFO.row_kernel.expect("a row operator names its kernel");
         let names = Layout::KINDS.map(|layout| entry_point(base, ty, layout));
         let [Some(block), Some(block_quad), Some(group)] = names else {
-            return Err(format!(
-                "{DOMAIN} {}: element type {ty:?} is not supported (float32 and float16 are)",
-                O::INFO.name
-            ));
+            return Err(RowError::ElementType {
+                op: O::INFO.name,
+                ty,
+            });
         };
         let (context, block) = device_function(ordinal, &block)?;
         let function = |name: &str| device_function(ordinal, name).map(|(_, f)| f);
@@ -249,7 +272,7 @@ impl<O: RowOp> CudaKernel<O> for RowKernel<O> {
         sizes: &O::Sizes,
         pointers: &[u64],
         stream: sys::CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), RowError> {
         assert_eq!(pointers.len(), O::INFO.inputs.len() + O::INFO.outputs.len());
         let args = O::args(attrs, sizes);
         // The kernels load element pairs: an odd D would read misaligned pairs.
@@ -310,7 +333,7 @@ unsafe fn launch_row_kernel(
     args: &RowArgs,
     mut lanes: i32,
     stream: sys::CUstream,
-) -> Result<(), String> {
+) -> Result<(), RowError> {
     let mut pointers = pointers.to_vec();
     let mut rows = args.rows as i64;
     let mut d = args.d as i32;
@@ -343,7 +366,7 @@ unsafe fn launch_row_kernel(
             &mut params,
         )
     }
-    .map_err(|e| format!("cuLaunchKernel: {e}"))
+    .map_err(RowError::Launch)
 }
 
 #[cfg(test)]

@@ -56,6 +56,118 @@ fn cuda_errors_say_what_failed_and_what_to_do() {
     );
 }
 
+/// The backends' errors say what failed, where, and why, with the operator and "(CUDA)" in front
+/// of a failed call's (no CUDA error here: the driver's names need the driver).
+#[test]
+fn backend_errors_say_what_failed_and_where() {
+    use cudarc::cublaslt::result::CublasError;
+    use cudarc::cublaslt::sys::cublasStatus_t;
+    use cudnn::CudnnError;
+    let unsupported = CublasError(cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED);
+    let call = |what: &str| CudnnError::Call {
+        what: what.to_string(),
+        name: "CUDNN_STATUS_NOT_SUPPORTED".to_string(),
+        status: 3000,
+    };
+    assert_eq!(
+        CudnnError::NotLoaded {
+            reason: "not found".to_string()
+        }
+        .to_string(),
+        format!(
+            "ai.unstep Attention and CausalConv3d: could not load cuDNN (libcudnn.so.9): not \
+             found; put cuDNN 9.13.1 or later on LD_LIBRARY_PATH (`pip install \
+             nvidia-cudnn-cu13` puts it in site-packages/nvidia/cudnn/lib), {REMEDY}"
+        )
+    );
+    assert_eq!(
+        CudnnError::TooOld { version: 90100 }.to_string(),
+        format!(
+            "ai.unstep Attention and CausalConv3d: cuDNN 90100 has no SDPA operation (9.13.1 and \
+             later have it); put cuDNN 9.13.1 or later on LD_LIBRARY_PATH (`pip install \
+             nvidia-cudnn-cu13` puts it in site-packages/nvidia/cudnn/lib), {REMEDY}"
+        )
+    );
+    assert_eq!(
+        CudnnError::Misaligned {
+            name: "Q",
+            address: 0x1008
+        }
+        .to_string(),
+        "Q at 0x1008 is not aligned to 16 bytes, as cuDNN needs"
+    );
+    let no_engine = attention::AttentionError::NoEngine {
+        dims_q: [1, 12, 4224, 128],
+        dims_kv: [1, 12, 4680, 128],
+        tried: 2,
+        reasons: vec![call("cudnnBackendFinalize (execution plan)"), call("x")],
+    };
+    assert_eq!(
+        attention::AttentionError::LastRows {
+            parts: 4,
+            source: Box::new(no_engine),
+        }
+        .to_string(),
+        "cuDNN has no engine for this attention (Q [1, 12, 4224, 128], K and V [1, 12, 4680, \
+         128], 2 engine configurations tried: cudnnBackendFinalize (execution plan): \
+         CUDNN_STATUS_NOT_SUPPORTED (3000); x: CUDNN_STATUS_NOT_SUPPORTED (3000)) (the last rows, \
+         over 4 runs of the keys)"
+    );
+    let conv = conv::ConvError::NoEngine {
+        shape: "X [1, 3, 8, 8, 16], W [16, 3, 3, 3, 16], float16".to_string(),
+        reasons: vec![
+            conv::ConvError::Engine {
+                engine: 7,
+                source: call("cudnnBackendFinalize (execution plan)"),
+            },
+            conv::ConvError::EngineWorkspace {
+                engine: 9,
+                mib: 512,
+            },
+        ],
+    };
+    assert_eq!(
+        conv.to_string(),
+        "cuDNN has no engine for this convolution (X [1, 3, 8, 8, 16], W [16, 3, 3, 3, 16], \
+         float16): engine 7: cudnnBackendFinalize (execution plan): CUDNN_STATUS_NOT_SUPPORTED \
+         (3000); engine 9 needs 512 MiB of workspace"
+    );
+    let fp8 = gemm::GemmError::Sizes {
+        fp8: true,
+        m: 4680,
+        k: 1536,
+        n: 8960,
+        source: Box::new(gemm::GemmError::Fp8Call {
+            call: "cublasLtMatmulAlgoGetHeuristic",
+            source: unsupported,
+        }),
+    };
+    assert_eq!(
+        fp8.to_string(),
+        format!(
+            "cublasLtMatmul (float8, 4680 × 1536 × 8960): cublasLtMatmulAlgoGetHeuristic: \
+             {unsupported} (float8 matrix multiplies with per-channel scales need cuBLAS 12.9 or \
+             later on compute capability 9.0 or later, and K a multiple of 16)"
+        )
+    );
+    let pointers = gemm::GemmError::Pointers {
+        count: 3,
+        expected: "X, W, bias and Y",
+    };
+    assert_eq!(
+        pointers.to_string(),
+        "3 pointers, expected X, W, bias and Y"
+    );
+    let launch = operator::CudaCallError {
+        op: "BiasRmsNorm",
+        source: row_launch::RowError::RowD(2050),
+    };
+    assert_eq!(
+        launch.to_string(),
+        "ai.unstep BiasRmsNorm: (CUDA) D = 2050: the CUDA kernels need an even D of at most 2048"
+    );
+}
+
 // --- The CUDA source ---------------------------------------------------------------------------
 
 /// The host's launch sizes are the source's: `#define NAME value` of kernels.cu.

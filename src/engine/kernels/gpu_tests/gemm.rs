@@ -50,7 +50,7 @@ fn run_fp8(
     stream: sys::CUstream,
     repeats: usize,
     probe: Probe,
-) -> Result<(Vec<f16>, f64), String> {
+) -> Result<(Vec<f16>, f64), GemmError> {
     let plan = case.plan();
     let mut kernel =
         <GemmKernel as CudaKernel<MatMulFp8>>::new(TensorElementType::Float16, 0).unwrap();

@@ -16,8 +16,8 @@ use rayon::prelude::*;
 use cudarc::driver::sys::CUstream;
 use ort::value::TensorElementType;
 
-use crate::engine::kernels::attention::AttentionKernel;
 pub(crate) use crate::engine::kernels::attention::AttentionSizes;
+use crate::engine::kernels::attention::{AttentionError, AttentionKernel};
 use crate::engine::kernels::operator::{
     ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
 };
@@ -149,7 +149,9 @@ pub(crate) fn attention<T: Element>(
 }
 
 impl CudaKernel<Attention> for AttentionKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    type Error = AttentionError;
+
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, AttentionError> {
         AttentionKernel::new(ty, ordinal)
     }
 
@@ -159,7 +161,7 @@ impl CudaKernel<Attention> for AttentionKernel {
         sizes: &AttentionSizes,
         pointers: &[u64],
         stream: CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), AttentionError> {
         self.launch_attention(sizes, pointers, stream)
     }
 }

@@ -14,7 +14,7 @@ use cudarc::driver::sys::CUstream;
 use ort::value::TensorElementType;
 
 pub(crate) use crate::engine::kernels::conv::ConvDims;
-use crate::engine::kernels::conv::ConvKernel;
+use crate::engine::kernels::conv::{ConvError, ConvKernel};
 use crate::engine::kernels::operator::{
     ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
 };
@@ -164,7 +164,9 @@ pub(crate) fn causal_conv3d<T: Element>(g: &ConvDims, x: &[T], w: &[T], y: &mut 
 }
 
 impl CudaKernel<CausalConv3d> for ConvKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    type Error = ConvError;
+
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, ConvError> {
         ConvKernel::new(ty, ordinal)
     }
 
@@ -174,7 +176,7 @@ impl CudaKernel<CausalConv3d> for ConvKernel {
         sizes: &ConvDims,
         pointers: &[u64],
         stream: CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConvError> {
         self.launch_conv(sizes, pointers, stream)
     }
 }

@@ -13,8 +13,8 @@ use rayon::prelude::*;
 use cudarc::driver::sys::CUstream;
 use ort::value::TensorElementType;
 
-use crate::engine::kernels::gemm::GemmKernel;
 pub(crate) use crate::engine::kernels::gemm::MatMulSizes;
+use crate::engine::kernels::gemm::{GemmError, GemmKernel};
 use crate::engine::kernels::operator::{
     ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp, numel,
 };
@@ -141,7 +141,9 @@ pub(crate) fn matmul_bias_gelu<T: Element>(
 }
 
 impl CudaKernel<MatMulBiasGelu> for GemmKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    type Error = GemmError;
+
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, GemmError> {
         GemmKernel::bias_gelu(ty, ordinal)
     }
 
@@ -151,7 +153,7 @@ impl CudaKernel<MatMulBiasGelu> for GemmKernel {
         sizes: &MatMulSizes,
         pointers: &[u64],
         stream: CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GemmError> {
         self.launch_matmul(sizes, pointers, stream)
     }
 }

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use cudarc::driver::sys::CUstream;
 
-use crate::engine::kernels::gemm::GemmKernel;
+use crate::engine::kernels::gemm::{GemmError, GemmKernel};
 use crate::engine::kernels::operator::{
     ContractError, CpuIo, CudaKernel, Element, NodeAttrs, OpInfo, ShapeCheck, UnstepOp,
 };
@@ -200,7 +200,9 @@ pub(crate) fn matmul_fp8<T: Element>(
 }
 
 impl CudaKernel<MatMulFp8> for GemmKernel {
-    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, String> {
+    type Error = GemmError;
+
+    fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, GemmError> {
         GemmKernel::fp8(ty, ordinal)
     }
 
@@ -210,7 +212,7 @@ impl CudaKernel<MatMulFp8> for GemmKernel {
         sizes: &Fp8Sizes,
         pointers: &[u64],
         stream: CUstream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GemmError> {
         self.launch_fp8(attrs.gelu, sizes, pointers, stream)
     }
 }

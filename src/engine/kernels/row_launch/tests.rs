@@ -24,7 +24,9 @@ fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
         );
     }
     for d in [1, 15, 1535, MAX_D + 2] {
-        let error = check_d(<BiasRmsNorm as RowOp>::ELEMENTWISE, d).unwrap_err();
+        let error = check_d(<BiasRmsNorm as RowOp>::ELEMENTWISE, d)
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains(&format!("D = {d}")) && error.contains("even"),
             "{error}"
@@ -35,6 +37,7 @@ fn rows_the_cuda_kernels_cannot_take_are_refused_before_a_launch() {
     assert!(
         check_d(<BiasGelu as RowOp>::ELEMENTWISE, 7)
             .unwrap_err()
+            .to_string()
             .contains("even D")
     );
 }

@@ -203,7 +203,8 @@ fn the_attention_splits_only_a_partial_last_wave() {
 fn the_attention_kernel_says_what_it_cannot_do() {
     let e = AttentionKernel::new(TensorElementType::Float32, 0)
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
     assert!(
         e.contains("ai.unstep Attention: element type Float32 is not supported on CUDA")
             && e.contains("fp16")
@@ -211,6 +212,7 @@ fn the_attention_kernel_says_what_it_cannot_do() {
         "{e}"
     );
     if let Err(e) = crate::engine::kernels::cudnn::check_cudnn() {
+        let e = e.to_string();
         assert!(
             e.contains("could not load cuDNN (libcudnn.so.9)")
                 && e.contains("9.13.1")
@@ -219,6 +221,7 @@ fn the_attention_kernel_says_what_it_cannot_do() {
         );
     }
     if let Err(e) = AttentionKernel::new(TensorElementType::Float16, 0) {
+        let e = e.to_string();
         assert!(
             e.contains("could not load") && e.contains("`--dit-kernels onnxruntime`"),
             "{e}"
