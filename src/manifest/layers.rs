@@ -388,68 +388,22 @@ enum ExtraFlag {
     LauncherOwned { key: &'static str },
 }
 
+/// Reference scripts' spellings of method settings, besides each setting's flag and key.
+const REFERENCE_SPELLINGS: &[(&str, &str)] = &[
+    ("--num-frame-per-block", "method.frames_per_block"),
+    ("--num-latent-frames", "method.latent_frames"),
+    ("--dtype", "method.precision"),
+];
+
 fn lookup_flag(flag: &str) -> Option<ExtraFlag> {
     use ExtraFlag::*;
+    if let Some(found) = method_flag(flag) {
+        return Some(found);
+    }
     Some(match flag {
-        "--clean-sigma-override" | "--clean-sigma" => Method {
-            key: "method.clean_sigma",
-            switch: None,
-        },
-        "--denoising-steps" => Method {
-            key: "method.denoising_steps",
-            switch: None,
-        },
-        "--warp-denoising-steps" => Method {
-            key: "method.warp_denoising_steps",
-            switch: Some(true),
-        },
-        "--no-warp-denoising-steps" => Method {
-            key: "method.warp_denoising_steps",
-            switch: Some(false),
-        },
-        "--attention-backend" => Method {
-            key: "method.attention_backend",
-            switch: None,
-        },
         "--save-videos" => Method {
             key: "outputs.save_videos",
             switch: Some(true),
-        },
-        "--timestep-shift" => Method {
-            key: "method.timestep_shift",
-            switch: None,
-        },
-        "--attention-window" => Method {
-            key: "method.attention_window",
-            switch: None,
-        },
-        "--emit" => Method {
-            key: "method.emit",
-            switch: None,
-        },
-        "--frames-per-block" | "--num-frame-per-block" => Method {
-            key: "method.frames_per_block",
-            switch: None,
-        },
-        "--latent-frames" | "--num-latent-frames" => Method {
-            key: "method.latent_frames",
-            switch: None,
-        },
-        "--height" => Method {
-            key: "method.height",
-            switch: None,
-        },
-        "--width" => Method {
-            key: "method.width",
-            switch: None,
-        },
-        "--precision" | "--dtype" => Method {
-            key: "method.precision",
-            switch: None,
-        },
-        "--svd-rank" => Method {
-            key: "method.svd_rank",
-            switch: None,
         },
         "--seed" => LauncherOwned { key: "noise.seed" },
         "--prompt-indices" | "--prompts" | "--prompt-file" => LauncherOwned {
@@ -476,15 +430,45 @@ fn lookup_flag(flag: &str) -> Option<ExtraFlag> {
     })
 }
 
-/// The flags extra args accept, for suggestions.
-const SUPPORTED_FLAGS: &[&str] = &[
-    "--clean-sigma-override",
-    "--denoising-steps",
-    "--warp-denoising-steps",
-    "--no-warp-denoising-steps",
-    "--attention-backend",
-    "--save-videos",
-];
+/// A method setting by its flag (`runner worker`'s, from the method table), its key with
+/// dashes, `--no-` before either for a switch, or a reference script's spelling.
+fn method_flag(flag: &str) -> Option<ExtraFlag> {
+    if let Some(&(_, key)) = REFERENCE_SPELLINGS.iter().find(|(f, _)| *f == flag) {
+        return Some(ExtraFlag::Method { key, switch: None });
+    }
+    let name = flag.strip_prefix("--")?;
+    crate::vocab::Method::FLAGS.iter().find_map(|f| {
+        let names = [f.name(), f.key_name()];
+        if names.iter().any(|n| n == name) {
+            return Some(ExtraFlag::Method {
+                key: f.key,
+                switch: f.is_switch().then_some(true),
+            });
+        }
+        let negated = name.strip_prefix("no-")?;
+        (f.is_switch() && names.iter().any(|n| n == negated)).then_some(ExtraFlag::Method {
+            key: f.key,
+            switch: Some(false),
+        })
+    })
+}
+
+/// The flags extra args accept, for suggestions: the flag-class method settings' (a switch's
+/// `--no-` form too) and `--save-videos`.
+fn supported_flags() -> Vec<String> {
+    let mut flags = Vec::new();
+    for f in crate::vocab::Method::FLAGS
+        .iter()
+        .filter(|f| f.class == "flag")
+    {
+        flags.push(format!("--{}", f.name()));
+        if f.is_switch() {
+            flags.push(format!("--no-{}", f.name()));
+        }
+    }
+    flags.push("--save-videos".into());
+    flags
+}
 
 /// Splits an extra-args string on whitespace and adds each method flag to `layer`.
 fn extra_args(
@@ -511,11 +495,12 @@ fn extra_args(
             None => {
                 let mut d =
                     Diagnostic::new(format!("unknown method flag `{flag}`")).at(origin(text));
-                d = match did_you_mean(flag, SUPPORTED_FLAGS.iter().copied()) {
+                let supported = supported_flags();
+                d = match did_you_mean(flag, supported.iter().map(String::as_str)) {
                     Some(s) => d.hint(format!("did you mean `{s}`?")),
                     None => d.hint(format!(
                         "extra args accept {}; other settings go in the manifest or --set",
-                        SUPPORTED_FLAGS.join(", ")
+                        supported.join(", ")
                     )),
                 };
                 errors.push(d);
@@ -614,6 +599,51 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// Every method setting is reachable in extra args by its key with dashes and by its
+    /// worker flag, a switch by `--no-` too, each to its own key; the suggestions name the
+    /// flag-class settings' flags.
+    #[test]
+    fn extra_args_spell_every_method_setting_as_the_table_declares_it() {
+        for f in crate::vocab::Method::FLAGS {
+            for name in [f.name(), f.key_name()] {
+                let Some(ExtraFlag::Method { key, switch }) = lookup_flag(&format!("--{name}"))
+                else {
+                    panic!("--{name} is not a method flag");
+                };
+                assert_eq!(key, f.key);
+                assert_eq!(switch, f.is_switch().then_some(true), "--{name}");
+                let negated = lookup_flag(&format!("--no-{name}"));
+                match negated {
+                    Some(ExtraFlag::Method { key, switch }) => {
+                        assert!(f.is_switch() && key == f.key && switch == Some(false));
+                    }
+                    _ => assert!(!f.is_switch(), "--no-{name}"),
+                }
+            }
+        }
+        assert!(matches!(
+            lookup_flag("--clean-sigma-override"),
+            Some(ExtraFlag::Method {
+                key: "method.clean_sigma",
+                switch: None
+            })
+        ));
+        assert!(matches!(
+            lookup_flag("--dtype"),
+            Some(ExtraFlag::Method {
+                key: "method.precision",
+                ..
+            })
+        ));
+        assert!(lookup_flag("--no-height").is_none());
+        let supported = supported_flags();
+        assert!(supported.contains(&"--no-warp-denoising-steps".to_string()));
+        assert!(
+            !supported.contains(&"--height".to_string()),
+            "{supported:?}"
+        );
     }
 
     #[test]

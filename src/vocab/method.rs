@@ -31,6 +31,18 @@ macro_rules! method_table {
             )+
         }
 
+        impl Method {
+            /// Every setting as the command line names it, in the table's order.
+            pub const FLAGS: &'static [MethodFlag] = &[
+                $(MethodFlag {
+                    key: concat!("method.", stringify!($key)),
+                    long: &[$($long)?],
+                    class: $class,
+                    ty: stringify!($ty),
+                }),+
+            ];
+        }
+
         impl Default for Method {
             /// Self-Forcing's released sampling settings, at the export the runner's presets
             /// default to.
@@ -68,6 +80,40 @@ macro_rules! method_table {
             }
         }
     };
+}
+
+/// A method setting as the command line names it ([`Method::FLAGS`]): `runner worker`'s flag and
+/// the extra args' spelling of it.
+#[derive(Debug, Clone, Copy)]
+pub struct MethodFlag {
+    /// The manifest key, `method.<key>`.
+    pub key: &'static str,
+    /// The flag's name when it is not the key's (at most one).
+    long: &'static [&'static str],
+    /// `flag`, `config` or `export`.
+    pub class: &'static str,
+    /// The setting's type, as declared.
+    ty: &'static str,
+}
+
+impl MethodFlag {
+    /// The flag's name without `--`: the table's, or the key's with dashes.
+    pub fn name(&self) -> String {
+        match self.long.first() {
+            Some(long) => long.to_string(),
+            None => self.key_name(),
+        }
+    }
+
+    /// The key's name with dashes (`frames-per-block`), which names the setting too.
+    pub fn key_name(&self) -> String {
+        self.key.trim_start_matches("method.").replace('_', "-")
+    }
+
+    /// Whether the flag is a switch, `--<name>` and `--no-<name>` (a `bool` setting).
+    pub fn is_switch(&self) -> bool {
+        self.ty == "bool"
+    }
 }
 
 method_table! {
