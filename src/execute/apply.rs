@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::config::RunConfig;
-use super::evaluate::{evaluate_only, evaluated, saves_videos};
+use super::evaluate::{evaluate_only, evaluated, saves_videos, write_video_index};
 use super::events::{RunEvent, RunEventKind, WorkerFacts};
 use super::job::JobSpec;
 use super::lock::Lock;
@@ -35,7 +35,6 @@ use crate::results::files::{
 };
 use crate::results::names::VideoNames;
 use crate::results::records::{BundleRecord, CacheLabel, RunRecord, RunStatus};
-use crate::results::video_index;
 
 pub use super::outcome::{ApplyError, ApplyOptions, Outcome};
 pub use super::signals::interrupted;
@@ -351,13 +350,7 @@ fn conclude(
         (!failures.is_empty()).then(|| failures.join("\n\n")),
     );
     write_statistics(r, run_dir, record.cache.label)?;
-    if saves_videos(r) {
-        video_index::write(
-            run_dir,
-            r.prompts.as_deref().unwrap_or_default(),
-            &VideoNames::of(r),
-        )?;
-    }
+    write_video_index(r, run_dir)?;
     let started = record.started_at.clone();
     merge_concurrent(run_dir, record, &started, shard_apply);
     write_json_atomic(&run_dir.join(RUN_JSON), record)?;

@@ -416,13 +416,7 @@ pub(super) fn evaluate_only(
     if !opts.quiet {
         crate::say!("note: every prompt has its video; only the evaluation runs");
     }
-    if saves_videos(r) {
-        video_index::write(
-            run_dir,
-            r.prompts.as_deref().unwrap_or_default(),
-            &VideoNames::of(r),
-        )?;
-    }
+    write_video_index(r, run_dir)?;
     let mut fresh = settings;
     if let Some(old) = &record.evaluation
         && old.same_settings(&fresh)
@@ -435,4 +429,16 @@ pub(super) fn evaluate_only(
 
 pub(super) fn saves_videos(r: &Resolved) -> bool {
     r.manifest.kind == Kind::Generation && r.manifest.outputs.save_videos
+}
+
+/// `videos.json`, the index of a run's videos, when the run saves them.
+pub(super) fn write_video_index(r: &Resolved, run_dir: &Path) -> Result<(), ApplyError> {
+    if saves_videos(r) {
+        video_index::write(
+            run_dir,
+            r.prompts.as_deref().unwrap_or_default(),
+            &VideoNames::of(r),
+        )?;
+    }
+    Ok(())
 }

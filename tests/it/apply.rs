@@ -211,17 +211,22 @@ fn a_two_slot_generation_makes_every_prompt_once_with_videos_and_records() {
     );
 }
 
+/// A probe of prompt 0 with one warmup repeat, written to `one.toml`.
+fn one_prompt_probe(t: &Test) {
+    std::fs::write(
+        t.path().join("one.toml"),
+        manifest(t, "probe", "[warmup]\nrepeats = 1\n")
+            .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n"),
+    )
+    .unwrap();
+}
+
 /// A probe whose first apply already asks to reuse the runtime state measures afresh and keeps
 /// no earlier measurement: there is none, so no empty `previous/1/` is made.
 #[test]
 fn a_probes_first_apply_with_reuse_runtime_state_keeps_no_empty_previous() {
     let t = Test::new();
-    std::fs::write(
-        t.path().join("one.toml"),
-        manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
-            .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n"),
-    )
-    .unwrap();
+    one_prompt_probe(&t);
     let out = t
         .cmd()
         .env("UNSTEP_REUSE_RUNTIME_STATE", "1")
@@ -239,12 +244,7 @@ fn a_probes_first_apply_with_reuse_runtime_state_keeps_no_empty_previous() {
 #[test]
 fn a_one_prompt_probe_has_na_where_statistics_have_no_inputs() {
     let t = Test::new();
-    std::fs::write(
-        t.path().join("one.toml"),
-        manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
-            .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n"),
-    )
-    .unwrap();
+    one_prompt_probe(&t);
     let out = t.cmd().args(["apply", "--quiet", "one.toml"]).run();
     assert_eq!(out.code, 0, "{}", out.render());
     let run_dir = t.path().join("results/one");
