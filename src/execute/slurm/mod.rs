@@ -169,24 +169,33 @@ fn command_exists(name: &str) -> bool {
     })
 }
 
-/// Refuses an apply while the Slurm job an earlier apply submitted for the run still has tasks
-/// queued or running (a re-apply would run their prompts twice), or may have: Slurm does not
-/// answer, some task has not reported its end, and the run's record says it is running (an
-/// apply that recorded the run's end saw every task end). A job of other shards than an apply
-/// of some shards runs is no obstacle to it: the two make disjoint prompts.
+/// Refuses an apply while a Slurm job an earlier apply submitted for the run (the last apply's,
+/// or another shard apply's) still has tasks queued or running (a re-apply would run their
+/// prompts twice), or may have: Slurm does not answer, some task has not reported its end, and
+/// the run's record says it is running (an apply that recorded the run's end saw every task
+/// end). A job of other shards than an apply of some shards runs is no obstacle to it: the two
+/// make disjoint prompts.
 pub(super) fn check_no_live_job(
     run_dir: &Path,
     previous: Option<&RunRecord>,
     selection: Option<ShardRange>,
 ) -> Result<(), ApplyError> {
-    let Some((job, status)) = previous.and_then(|p| Some((p.slurm.as_ref()?, p.status))) else {
+    let Some(previous) = previous else {
         return Ok(());
     };
-    if let (Some(ours), Some(theirs)) = (selection, job.shards)
-        && (ours.last < theirs.first || theirs.last < ours.first)
-    {
-        return Ok(());
+    for job in previous.slurm_jobs() {
+        if let (Some(ours), Some(theirs)) = (selection, job.shards)
+            && (ours.last < theirs.first || theirs.last < ours.first)
+        {
+            continue;
+        }
+        check_job_ended(run_dir, job, previous.status)?;
     }
+    Ok(())
+}
+
+/// Refuses while `job` has tasks queued or running, or may have (see [`check_no_live_job`]).
+fn check_job_ended(run_dir: &Path, job: &SlurmRecord, status: RunStatus) -> Result<(), ApplyError> {
     let hint = format!(
         "`runner status {}` shows where it stands; apply again once it has ended, or cancel it \
          with `scancel {}`",
