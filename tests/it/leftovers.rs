@@ -1,7 +1,9 @@
 //! What an apply of some shards leaves in the run's folders: each apply's own files of a warmup
-//! that other shards' applies run too.
+//! that other shards' applies run too, and nothing at all from an apply that is refused.
 
-use crate::apply::{manifest, shard_prompts};
+use std::time::{Duration, Instant};
+
+use crate::apply::{generation, manifest, shard_prompts, spawn_apply};
 use crate::support::{Test, tree};
 
 /// A generation of prompts 0-7 in four shards over two CPU slots: shards 0 and 2 on slot cpu0
@@ -51,4 +53,51 @@ fn each_shard_apply_keeps_its_own_log_of_a_warmup_other_shards_share() {
     // The shards' logs are named as in an apply of the whole run.
     assert!(dir.join("logs/01-shard0.log").is_file(), "{logs:?}");
     assert!(dir.join("logs/02-shard2.log").is_file(), "{logs:?}");
+}
+
+/// An apply of some shards refused while a whole-run apply holds the run (after it has taken
+/// its own work root's lock): it leaves nothing behind, neither its work root nor its shards'
+/// lock folders in the run's results; the whole-run apply finishes.
+#[test]
+fn a_refused_shard_apply_leaves_no_work_root_or_lock_behind() {
+    let t = Test::new();
+    generation(&t, "gen", "0-5");
+    let dir = t.path().join("results/gen");
+    let first = spawn_apply(&t, "gen.toml");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while std::fs::read_to_string(dir.join(".unstep.lock")).map_or(0, |t| t.lines().count()) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the whole-run apply never took the run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let other = t.path().join("work-other");
+    let set = format!("staging.work_root={}", other.display());
+    let refused = t
+        .cmd()
+        .args([
+            "apply", "--quiet", "gen.toml", "--shard", "1", "--set", &set,
+        ])
+        .run();
+    assert_eq!(refused.code, 2, "{}", refused.render());
+    assert!(
+        refused.stderr.contains("is in use by run `gen`"),
+        "{}",
+        refused.render()
+    );
+    assert!(!other.exists(), "left behind: {:?}", tree(&other));
+    assert!(
+        !dir.join("shards").exists(),
+        "left behind: {:?}",
+        tree(&dir)
+    );
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(shard_prompts(&dir), vec![0, 1, 2, 3, 4, 5]);
 }
