@@ -157,7 +157,7 @@ fn status_of(dir: &Path, record: &RunRecord) -> Status {
                 live - running
             ),
         ),
-        RunStatus::Running if held => ("running".into(), "its apply holds the run".into()),
+        // A job Slurm says has ended is the run's answer, whatever of it still ends.
         RunStatus::Running if !asked.is_empty() => (
             "ended".to_string(),
             format!(
@@ -166,6 +166,7 @@ fn status_of(dir: &Path, record: &RunRecord) -> Status {
                 if asked.len() == 1 { "has" } else { "have" }
             ),
         ),
+        RunStatus::Running if held => ("running".into(), "its apply holds the run".into()),
         RunStatus::Running => (
             "interrupted".into(),
             "the apply that ran it was killed; apply the manifest again to continue".into(),
