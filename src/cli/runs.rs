@@ -413,31 +413,36 @@ fn clean(args: &CleanArgs) -> Result<Cleaned, CleanError> {
     Ok(done)
 }
 
-/// Refuses to clean a run whose Slurm job (a `--detach`ed apply's) still has tasks queued or
-/// running: a queued task holds no lock yet, and would start without its staging. When Slurm
-/// does not answer, a run whose record says it is running is refused too (its job may live);
-/// one whose apply recorded its end is not (that apply saw every task end).
+/// Refuses to clean a run one of whose Slurm jobs (a `--detach`ed apply's, or a shard apply's)
+/// still has tasks queued or running: a queued task holds no lock yet, and would start without
+/// its staging. When Slurm does not answer, a run whose record says it is running is refused
+/// too (its job may live); one whose apply recorded its end is not (that apply saw every task
+/// end).
 fn check_no_live_job(dir: &Path, record: &RunRecord) -> Result<(), CleanError> {
-    let Some(job) = &record.slurm else {
-        return Ok(());
-    };
-    match slurm::standing(dir, job) {
-        slurm::Standing::Ended => Ok(()),
-        slurm::Standing::Unknown(_) if record.status != RunStatus::Running => Ok(()),
-        slurm::Standing::Live(live) => Err(CleanError::SlurmJobLive {
-            run: record.run.clone(),
-            job: job.job_id.clone(),
-            tasks: live
-                .iter()
-                .map(|(t, s)| format!("{}_{t} ({})", job.job_id, s.state))
-                .collect(),
-        }),
-        slurm::Standing::Unknown(why) => Err(CleanError::SlurmJobUnknown {
-            run: record.run.clone(),
-            job: job.job_id.clone(),
-            why,
-        }),
+    for job in record.slurm_jobs() {
+        match slurm::standing(dir, job) {
+            slurm::Standing::Ended => {}
+            slurm::Standing::Unknown(_) if record.status != RunStatus::Running => {}
+            slurm::Standing::Live(live) => {
+                return Err(CleanError::SlurmJobLive {
+                    run: record.run.clone(),
+                    job: job.job_id.clone(),
+                    tasks: live
+                        .iter()
+                        .map(|(t, s)| format!("{}_{t} ({})", job.job_id, s.state))
+                        .collect(),
+                });
+            }
+            slurm::Standing::Unknown(why) => {
+                return Err(CleanError::SlurmJobUnknown {
+                    run: record.run.clone(),
+                    job: job.job_id.clone(),
+                    why,
+                });
+            }
+        }
     }
+    Ok(())
 }
 
 /// The run's staging folder (when its record says) and its runtime state folders.

@@ -1,9 +1,9 @@
 //! `runner status RUN`: where a run stands (its record, its lock, its prompts, and its Slurm
 //! job as Slurm tells it); and the hidden `runner slurm-task` that a run's Slurm tasks execute.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::Serialize;
@@ -16,7 +16,7 @@ use crate::manifest::Kind;
 use crate::results::RUN_JSON;
 use crate::results::completeness::record_counts;
 use crate::results::files::{read_json, read_process_timings};
-use crate::results::records::{ProcessRole, RunRecord, RunStatus};
+use crate::results::records::{ProcessRole, RunRecord, RunStatus, SlurmRecord, SlurmTaskRecord};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -53,13 +53,20 @@ struct Status {
     detail: String,
     prompts_done: usize,
     prompts: usize,
+    /// The Slurm job of the run's last apply.
     #[serde(skip_serializing_if = "Option::is_none")]
     slurm: Option<SlurmStatus>,
+    /// The run's other Slurm jobs: those of its other shard applies (`apply --shard`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    slurm_shard_jobs: Vec<SlurmStatus>,
 }
 
 #[derive(Debug, Serialize)]
 struct SlurmStatus {
     job_id: String,
+    /// The shards the job runs (`3`, `2-5`); none: the whole run's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shards: Option<String>,
     tasks: Vec<TaskStatus>,
 }
 
@@ -96,7 +103,7 @@ pub fn run(args: &StatusArgs) -> i32 {
     out(&render(&status))
 }
 
-fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
+fn status_of(dir: &Path, record: &RunRecord) -> Status {
     // A prompt is done when it is complete (`results::completeness`), as `runner plan` and
     // `runner apply` tell it: a deleted or damaged video is not done, whatever its record says.
     let (done, prompts) = match record.kind {
@@ -120,85 +127,51 @@ fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
         }
     };
     let held = Lock::is_held(dir);
-    let mut slurm_status = None;
-    let (state, detail) = match (&record.slurm, record.status) {
-        (Some(job), RunStatus::Running) => {
-            let live = slurm::live_tasks(&job.job_id);
-            let ended = if live.len() < job.tasks.len() {
-                slurm::ended_states(&job.job_id)
-            } else {
-                Default::default()
-            };
-            let tasks: Vec<TaskStatus> = job
-                .tasks
-                .iter()
-                .map(|t| {
-                    let s: Option<&TaskState> = live.get(&t.task).or(ended.get(&t.task));
-                    let report = slurm::read_task_report(dir, &job.job_id, t.task);
-                    TaskStatus {
-                        task: t.task,
-                        slot: t.slot.clone(),
-                        state: s.map(|s| s.state.clone()),
-                        node: report
-                            .as_ref()
-                            .and_then(|r| r.node.clone())
-                            .or_else(|| s.and_then(|s| s.node.clone())),
-                        gpus: report.and_then(|r| r.gpus),
-                    }
-                })
-                .collect();
-            let running = live.values().filter(|s| s.state == "RUNNING").count();
-            let result = if live.is_empty() {
-                (
-                    "ended".to_string(),
-                    format!(
-                        "its Slurm job {} has ended; apply the manifest again to write the summary (and resubmit what is unfinished)",
-                        job.job_id
-                    ),
-                )
-            } else if running == 0 {
-                (
-                    "queued".to_string(),
-                    format!("Slurm job {}: {} task(s) queued", job.job_id, live.len()),
-                )
-            } else {
-                (
-                    "running".to_string(),
-                    format!(
-                        "Slurm job {}: {running} task(s) running, {} queued",
-                        job.job_id,
-                        live.len() - running
-                    ),
-                )
-            };
-            slurm_status = Some(SlurmStatus {
-                job_id: job.job_id.clone(),
-                tasks,
-            });
-            result
+    // Every job of the run, as Slurm tells where its tasks stand now (a job an apply did not
+    // follow to its end: `--detach`, or another shard apply's) or as its apply recorded it.
+    let mut jobs: Vec<SlurmStatus> = Vec::new();
+    let mut asked: Vec<&str> = Vec::new();
+    let (mut live, mut running) = (0, 0);
+    for job in record.slurm_jobs() {
+        let (status, now) = job_status(dir, job);
+        if let Some(now) = now {
+            asked.push(&job.job_id);
+            live += now.len();
+            running += now.values().filter(|s| s.state == "RUNNING").count();
         }
-        (_, RunStatus::Running) if held => ("running".into(), "its apply holds the run".into()),
-        (_, RunStatus::Running) => (
+        jobs.push(status);
+    }
+    let named = match asked[..] {
+        [one] => format!("Slurm job {one}"),
+        _ => format!("Slurm jobs {}", asked.join(", ")),
+    };
+    let (state, detail) = match record.status {
+        RunStatus::Running if live > 0 && running == 0 => (
+            "queued".to_string(),
+            format!("{named}: {live} task(s) queued"),
+        ),
+        RunStatus::Running if live > 0 => (
+            "running".to_string(),
+            format!(
+                "{named}: {running} task(s) running, {} queued",
+                live - running
+            ),
+        ),
+        // A job Slurm says has ended is the run's answer, whatever of it still ends.
+        RunStatus::Running if !asked.is_empty() => (
+            "ended".to_string(),
+            format!(
+                "its {named} {} ended; apply the manifest again to write the summary (and \
+                 resubmit what is unfinished)",
+                if asked.len() == 1 { "has" } else { "have" }
+            ),
+        ),
+        RunStatus::Running if held => ("running".into(), "its apply holds the run".into()),
+        RunStatus::Running => (
             "interrupted".into(),
             "the apply that ran it was killed; apply the manifest again to continue".into(),
         ),
-        (job, s) => {
-            if let Some(job) = job {
-                slurm_status = Some(SlurmStatus {
-                    job_id: job.job_id.clone(),
-                    tasks: job
-                        .tasks
-                        .iter()
-                        .map(|t| TaskStatus {
-                            task: t.task,
-                            slot: t.slot.clone(),
-                            state: t.state.clone(),
-                            node: t.node.clone(),
-                            gpus: t.gpus.clone(),
-                        })
-                        .collect(),
-                });
-            }
+        s => {
             let detail = match s {
                 RunStatus::Succeeded | RunStatus::EvaluationFailed if done < prompts => {
                     return Status {
@@ -214,7 +187,8 @@ fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
                         ),
                         prompts_done: done,
                         prompts,
-                        slurm: slurm_status,
+                        slurm: (!jobs.is_empty()).then(|| jobs.remove(0)),
+                        slurm_shard_jobs: jobs,
                     };
                 }
                 RunStatus::Partial if held => "other shards' applies are running".into(),
@@ -234,8 +208,68 @@ fn status_of(dir: &std::path::Path, record: &RunRecord) -> Status {
         detail,
         prompts_done: done,
         prompts,
-        slurm: slurm_status,
+        slurm: (!jobs.is_empty()).then(|| jobs.remove(0)),
+        slurm_shard_jobs: jobs,
     }
+}
+
+/// Where `job`'s tasks stand: a job whose apply recorded every task's end as that record says;
+/// any other as Slurm tells it now (`squeue`, then `scontrol` or `sacct` for the tasks that
+/// have left the queue), with the node and GPUs each task reported, and its queued or running
+/// tasks (`None`: the record was enough).
+fn job_status(dir: &Path, job: &SlurmRecord) -> (SlurmStatus, Option<BTreeMap<usize, TaskState>>) {
+    let recorded = |t: &SlurmTaskRecord| TaskStatus {
+        task: t.task,
+        slot: t.slot.clone(),
+        state: t.state.clone(),
+        node: t.node.clone(),
+        gpus: t.gpus.clone(),
+    };
+    let shards = job.shards.map(|s| s.label());
+    if job.tasks.iter().all(|t| t.state.is_some()) {
+        let tasks = job.tasks.iter().map(recorded).collect();
+        return (
+            SlurmStatus {
+                job_id: job.job_id.clone(),
+                shards,
+                tasks,
+            },
+            None,
+        );
+    }
+    let live = slurm::live_tasks(&job.job_id);
+    let ended = if job.tasks.iter().any(|t| !live.contains_key(&t.task)) {
+        slurm::ended_states(&job.job_id)
+    } else {
+        BTreeMap::new()
+    };
+    let tasks = job
+        .tasks
+        .iter()
+        .map(|t| {
+            let now: Option<&TaskState> = live.get(&t.task).or(ended.get(&t.task));
+            let report = slurm::read_task_report(dir, &job.job_id, t.task);
+            let mut status = recorded(t);
+            if let Some(now) = now {
+                status.state = Some(now.state.clone());
+            }
+            status.node = report
+                .as_ref()
+                .and_then(|r| r.node.clone())
+                .or_else(|| now.and_then(|s| s.node.clone()))
+                .or(status.node);
+            status.gpus = report.and_then(|r| r.gpus).or(status.gpus);
+            status
+        })
+        .collect();
+    (
+        SlurmStatus {
+            job_id: job.job_id.clone(),
+            shards,
+            tasks,
+        },
+        Some(live),
+    )
 }
 
 fn render(s: &Status) -> String {
@@ -252,8 +286,12 @@ fn render(s: &Status) -> String {
         }
     );
     let _ = writeln!(t, "prompts  {} of {} done", s.prompts_done, s.prompts);
-    if let Some(job) = &s.slurm {
-        let _ = writeln!(t, "slurm    job {}", job.job_id);
+    for job in s.slurm.iter().chain(&s.slurm_shard_jobs) {
+        let shards = job
+            .shards
+            .as_ref()
+            .map_or(String::new(), |s| format!(" (shard {s})"));
+        let _ = writeln!(t, "slurm    job {}{shards}", job.job_id);
         for task in &job.tasks {
             let _ = writeln!(
                 t,

@@ -46,8 +46,8 @@ pub(super) fn record_guard(
     Ok(Some(file))
 }
 
-/// A shard apply's record keeps the run's first start and every apply's start, other shards'
-/// included, from the `run.json` they wrote meanwhile.
+/// A shard apply's record keeps the run's first start and every apply's start, and every shard
+/// apply's Slurm job, other shards' included, from the `run.json` they wrote meanwhile.
 pub(super) fn merge_concurrent(
     run_dir: &Path,
     record: &mut RunRecord,
@@ -57,12 +57,13 @@ pub(super) fn merge_concurrent(
     if !shard_apply {
         return;
     }
-    let Ok(current) = crate::results::files::read_json::<RunRecord>(&run_dir.join(RUN_JSON)) else {
+    let current = crate::results::files::read_json::<RunRecord>(&run_dir.join(RUN_JSON))
+        .ok()
+        .filter(|c| c.config_hash == record.config_hash);
+    record.merge_slurm_jobs(current.as_ref());
+    let Some(current) = current else {
         return;
     };
-    if current.config_hash != record.config_hash {
-        return;
-    }
     let mut starts: BTreeSet<String> = current.resumed_at.iter().cloned().collect();
     starts.extend(record.resumed_at.iter().cloned());
     starts.insert(current.started_at.clone());

@@ -8,7 +8,7 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -118,10 +118,7 @@ impl Workers<'_> {
         tx: &mpsc::Sender<RunEvent>,
     ) -> Result<(), String> {
         let describe = || process_name(self.plan, p);
-        let spec_path = self
-            .run_dir
-            .join("specs")
-            .join(format!("{:03}.json", p.index));
+        let spec_path = spec_path(self.run_dir, self.plan, p);
         let text = serde_json::to_string_pretty(job).expect("jobs serialise");
         write_atomic(&spec_path, text.as_bytes()).map_err(|e| format!("{}: {e}", describe()))?;
         let create = |d: &Path| {
@@ -214,6 +211,15 @@ pub(super) fn bind_to_parent(cmd: &mut Command, run_lock: RawFd) {
             Ok(())
         });
     }
+}
+
+/// Where process `p`'s job spec goes: `specs/<index>.json`, named by the selection for a warmup
+/// of an apply of some shards ([`Plan::file_suffix`]).
+pub(super) fn spec_path(run_dir: &Path, plan: &Plan, p: &Process) -> PathBuf {
+    let suffix = plan.file_suffix(p).unwrap_or_default();
+    run_dir
+        .join("specs")
+        .join(format!("{:03}{suffix}.json", p.index))
 }
 
 /// A process as messages name it: `gpu0 warmup 1`, `cpu1 shard 3`.

@@ -1,7 +1,9 @@
 //! A subset of a generation's shards (`--shard N`, `--shard A-B`): the plan stays whole (its
-//! shard layout, noise entry points, process numbers, log and record names are the full run's),
-//! and the selection says which of its processes an apply runs: the selected shards and the
-//! warmups that prepare their caches.
+//! shard layout, noise entry points, process numbers and record names are the full run's), and
+//! the selection says which of its processes an apply runs: the selected shards and the warmups
+//! that prepare their caches. A warmup's own files (its log, job spec and event file) are named
+//! by the selection too, since the applies of other shards of its slot run the same warmup,
+//! side by side or one after another, and each apply's are kept.
 
 use serde::{Deserialize, Serialize};
 
@@ -79,7 +81,25 @@ impl Plan {
             });
         }
         self.selection = Some(range);
+        let own: Vec<(usize, String)> = self
+            .processes
+            .iter()
+            .filter_map(|p| Some((p.index, self.file_suffix(p)?)))
+            .collect();
+        for (index, suffix) in own {
+            let p = &mut self.processes[index];
+            let name = p.log.file_stem().unwrap_or_default().to_string_lossy();
+            p.log = p.log.with_file_name(format!("{name}{suffix}.log"));
+        }
         Ok(())
+    }
+
+    /// What the names of process `p`'s own files (its log, job spec and event file) add to the
+    /// whole run's: `.shard-<range>` for a warmup of an apply of some shards (the applies of the
+    /// other shards of its slot run the same warmup), nothing for the rest.
+    pub fn file_suffix(&self, p: &Process) -> Option<String> {
+        let range = self.selection?;
+        matches!(p.role, Role::Warmup { .. }).then(|| format!(".shard-{}", range.label()))
     }
 
     /// Whether an apply of this plan runs process `p`: every process without a selection; with

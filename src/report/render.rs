@@ -411,7 +411,7 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance, timings: &[TimingReco
         row(t, key, format!("{k} = {} ({})", s.value, s.origin));
     }
     row(t, "host", opt(p.host.as_deref()).to_string());
-    if let Some(job) = &r.slurm {
+    for (i, job) in r.slurm_jobs().into_iter().enumerate() {
         let tasks: Vec<String> = job
             .tasks
             .iter()
@@ -428,10 +428,13 @@ fn run_rows(t: &mut String, r: &RunRecord, p: &Provenance, timings: &[TimingReco
                 )
             })
             .collect();
+        let shards = job
+            .shards
+            .map_or(String::new(), |s| format!(" (shard {})", s.label()));
         row(
             t,
-            "slurm",
-            format!("job {}: {}", job.job_id, tasks.join(", ")),
+            if i == 0 { "slurm" } else { "" },
+            format!("job {}{shards}: {}", job.job_id, tasks.join(", ")),
         );
     }
     let resumed = if p.resumed_at.is_empty() {

@@ -402,6 +402,12 @@ pub struct RunRecord {
     /// The Slurm job that ran the last apply's work (`executor.kind = "slurm"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slurm: Option<SlurmRecord>,
+    /// Every Slurm job an apply of some shards (`apply --shard`) submitted for the run, each as
+    /// its apply last recorded it, by job id: the applies of a run's shards each submit their
+    /// own, and `slurm` is only the last one's. Absent when there is none, and in records of
+    /// earlier runners (which kept only `slurm`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slurm_shard_jobs: Vec<SlurmRecord>,
     /// The sweep point this run is, when its manifest has a `[sweep]` table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<SweepRecord>,
@@ -661,6 +667,7 @@ impl RunRecord {
                     .unwrap_or_else(|_| resolved.paths.prompts_file.clone())
             }),
             slurm: None,
+            slurm_shard_jobs: Vec::new(),
             evaluation: super::scores::EvaluationRecord::of(resolved),
         }
     }
@@ -672,12 +679,55 @@ impl RunRecord {
         let now = std::mem::replace(&mut self.started_at, previous.started_at.clone());
         self.resumed_at = previous.resumed_at.clone();
         self.resumed_at.push(now);
+        self.slurm_shard_jobs = previous.slurm_shard_jobs.clone();
         let mine = std::mem::replace(&mut self.diagnostics, previous.diagnostics.clone());
         for switch in mine {
             if !self.diagnostics.contains(&switch) {
                 self.diagnostics.push(switch);
             }
         }
+    }
+
+    /// Every Slurm job of the run's record: `slurm`, then the shard applies' other jobs.
+    pub fn slurm_jobs(&self) -> Vec<&SlurmRecord> {
+        let mut jobs: Vec<&SlurmRecord> = self.slurm.iter().collect();
+        for job in &self.slurm_shard_jobs {
+            if !jobs.iter().any(|j| j.job_id == job.job_id) {
+                jobs.push(job);
+            }
+        }
+        jobs
+    }
+
+    /// Adds to `slurm_shard_jobs` this record's `slurm` (when an apply of some shards submitted
+    /// it) and the shard jobs of `other`, the run's record another shard's apply wrote
+    /// meanwhile. A job both know is kept as the one that knows more of its tasks' states
+    /// (the apply that followed it to its end), this record's on a tie.
+    pub fn merge_slurm_jobs(&mut self, other: Option<&RunRecord>) {
+        let mut jobs: Vec<SlurmRecord> = Vec::new();
+        let ours = self.slurm.iter().filter(|j| j.shards.is_some());
+        let theirs = other.into_iter().flat_map(|o| {
+            o.slurm
+                .iter()
+                .filter(|j| j.shards.is_some())
+                .chain(&o.slurm_shard_jobs)
+        });
+        for job in ours.chain(&self.slurm_shard_jobs).chain(theirs) {
+            let known = |j: &SlurmRecord| j.tasks.iter().filter(|t| t.state.is_some()).count();
+            match jobs.iter_mut().find(|j| j.job_id == job.job_id) {
+                Some(kept) if known(job) > known(kept) => *kept = job.clone(),
+                Some(_) => {}
+                None => jobs.push(job.clone()),
+            }
+        }
+        // In the order Slurm numbered them: the order they were submitted.
+        jobs.sort_by_key(|j| {
+            (
+                j.job_id.parse::<u64>().unwrap_or(u64::MAX),
+                j.job_id.clone(),
+            )
+        });
+        self.slurm_shard_jobs = jobs;
     }
 
     /// Marks the run finished now with `status` (and the failure, if any).

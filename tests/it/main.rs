@@ -8,6 +8,7 @@ mod evaluation;
 mod guide;
 mod hardening;
 mod html;
+mod leftovers;
 mod manifest;
 mod prompt_lists;
 mod prompts;

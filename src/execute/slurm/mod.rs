@@ -27,11 +27,11 @@ use super::events::{RunEvent, RunEventKind};
 use super::job::JobSpec;
 use super::outcome::ApplyError;
 use super::signals::INTERRUPTED;
-use super::slots::process_name;
+use super::slots::{process_name, spec_path};
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{Executor, Resolved};
-use crate::plan::{Plan, ShardRange};
+use crate::plan::{Plan, Process, ShardRange};
 use crate::results::files::{read_json, write_atomic, write_json_atomic};
 use crate::results::records::{RunRecord, RunStatus, SlurmRecord, SlurmTaskRecord};
 
@@ -169,24 +169,33 @@ fn command_exists(name: &str) -> bool {
     })
 }
 
-/// Refuses an apply while the Slurm job an earlier apply submitted for the run still has tasks
-/// queued or running (a re-apply would run their prompts twice), or may have: Slurm does not
-/// answer, some task has not reported its end, and the run's record says it is running (an
-/// apply that recorded the run's end saw every task end). A job of other shards than an apply
-/// of some shards runs is no obstacle to it: the two make disjoint prompts.
+/// Refuses an apply while a Slurm job an earlier apply submitted for the run (the last apply's,
+/// or another shard apply's) still has tasks queued or running (a re-apply would run their
+/// prompts twice), or may have: Slurm does not answer, some task has not reported its end, and
+/// the run's record says it is running (an apply that recorded the run's end saw every task
+/// end). A job of other shards than an apply of some shards runs is no obstacle to it: the two
+/// make disjoint prompts.
 pub(super) fn check_no_live_job(
     run_dir: &Path,
     previous: Option<&RunRecord>,
     selection: Option<ShardRange>,
 ) -> Result<(), ApplyError> {
-    let Some((job, status)) = previous.and_then(|p| Some((p.slurm.as_ref()?, p.status))) else {
+    let Some(previous) = previous else {
         return Ok(());
     };
-    if let (Some(ours), Some(theirs)) = (selection, job.shards)
-        && (ours.last < theirs.first || theirs.last < ours.first)
-    {
-        return Ok(());
+    for job in previous.slurm_jobs() {
+        if let (Some(ours), Some(theirs)) = (selection, job.shards)
+            && (ours.last < theirs.first || theirs.last < ours.first)
+        {
+            continue;
+        }
+        check_job_ended(run_dir, job, previous.status)?;
     }
+    Ok(())
+}
+
+/// Refuses while `job` has tasks queued or running, or may have (see [`check_no_live_job`]).
+fn check_job_ended(run_dir: &Path, job: &SlurmRecord, status: RunStatus) -> Result<(), ApplyError> {
     let hint = format!(
         "`runner status {}` shows where it stands; apply again once it has ended, or cancel it \
          with `scancel {}`",
@@ -247,9 +256,9 @@ impl SlurmWork<'_> {
             tasks.entry(p.slot).or_default().push(TaskProcess {
                 index: p.index,
                 name: process_name(self.plan, p),
-                spec: spec_path(self.run_dir, p.index),
+                spec: spec_path(self.run_dir, self.plan, p),
                 log: p.log.clone(),
-                events: events_path(self.run_dir, p.index),
+                events: events_path(self.run_dir, self.plan, p),
                 cache_dir: p.cache_dir.clone(),
                 videos: job.videos.clone(),
                 skip_marker: p.skip_if_marker.clone(),
@@ -314,11 +323,11 @@ impl SlurmWork<'_> {
         fs::create_dir_all(&dir).map_err(|e| io(&dir, &e))?;
         for (p, job) in self.plan.processes.iter().zip(self.jobs) {
             let Some(job) = job else { continue };
-            let spec = spec_path(self.run_dir, p.index);
+            let spec = spec_path(self.run_dir, self.plan, p);
             let text = serde_json::to_string_pretty(job).expect("jobs serialise");
             write_atomic(&spec, text.as_bytes()).map_err(|e| io(&spec, &e))?;
             // A resubmitted process starts a fresh event file (apply follows it from its start).
-            let events = events_path(self.run_dir, p.index);
+            let events = events_path(self.run_dir, self.plan, p);
             let _ = fs::remove_file(&events);
         }
         let tasks = self.task_list();
@@ -530,12 +539,12 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-pub(super) fn spec_path(run_dir: &Path, process: usize) -> PathBuf {
-    run_dir.join("specs").join(format!("{process:03}.json"))
-}
-
-fn events_path(run_dir: &Path, process: usize) -> PathBuf {
-    run_dir.join("logs").join(format!("{process:03}.events"))
+/// Where a Slurm task writes process `p`'s events: `logs/<index>.events`, named as its spec is.
+fn events_path(run_dir: &Path, plan: &Plan, p: &Process) -> PathBuf {
+    let suffix = plan.file_suffix(p).unwrap_or_default();
+    run_dir
+        .join("logs")
+        .join(format!("{:03}{suffix}.events", p.index))
 }
 
 /// Where task `task` of job `job_id` reports itself.

@@ -11,6 +11,7 @@ use crate::apply::{generation, read_json, records, shard_prompts, videos};
 use crate::support::{Test, repo};
 
 mod faults;
+mod jobs;
 
 /// Whether Slurm is here to test against: `true` when a node is up; `false` (skip) only when
 /// `UNSTEP_SKIP_SLURM_TESTS=1`; otherwise the test fails saying how to start it.
