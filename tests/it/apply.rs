@@ -556,18 +556,8 @@ fn a_second_probe_on_a_held_work_root_is_refused_at_once_and_separate_roots_both
     let third = spawn("third");
     let first = first.wait_with_output().unwrap();
     let third = third.wait_with_output().unwrap();
-    assert_eq!(
-        first.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
-    assert_eq!(
-        third.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&third.stderr)
-    );
+    crate::support::assert_exit_0(&first);
+    crate::support::assert_exit_0(&third);
     let first_run = read_json(&t.path().join("results/first/run.json"));
     assert_eq!(first_run["status"], "succeeded");
 }

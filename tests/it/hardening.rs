@@ -39,12 +39,7 @@ fn a_second_apply_of_a_running_run_with_another_work_root_is_refused() {
     );
     assert!(!other_root.exists(), "the refused apply wrote nothing");
     let first = first.wait_with_output().unwrap();
-    assert_eq!(
-        first.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    crate::support::assert_exit_0(&first);
     assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3, 4, 5]);
 }
 

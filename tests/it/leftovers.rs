@@ -93,11 +93,6 @@ fn a_refused_shard_apply_leaves_no_work_root_or_lock_behind() {
         tree(&dir)
     );
     let first = first.wait_with_output().unwrap();
-    assert_eq!(
-        first.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    crate::support::assert_exit_0(&first);
     assert_eq!(shard_prompts(&dir), vec![0, 1, 2, 3, 4, 5]);
 }

@@ -543,12 +543,7 @@ fn a_closed_pipe_is_not_an_error() {
         .unwrap();
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::assert_exit_0(&out);
 }
 
 /// The documented environment variables (docs/settings.md's layers, the README's ONNX Runtime

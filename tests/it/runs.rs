@@ -315,12 +315,7 @@ fn clean_removes_only_what_the_run_folder_itself_owns() {
         assert!(t.path().join("results/gen-backup/run.json").is_file());
     }
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::assert_exit_0(&out);
     assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
     assert_eq!(crate::apply::videos(&run_dir).len(), 4);
 

@@ -296,3 +296,14 @@ pub fn fake_nvidia_smi(t: &Test, gpus: Option<&str>) -> String {
         std::env::var("PATH").unwrap_or_default()
     )
 }
+
+/// Asserts that a finished process exited 0, showing its stderr when it did not.
+#[track_caller]
+pub fn assert_exit_0(out: &std::process::Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -94,12 +94,7 @@ fn held_smoke(t: &Test) -> Vec<String> {
 /// Submits `held_smoke`'s job; its id.
 fn submit_held(t: &Test) -> String {
     let out = runner(t, &held_smoke(t)).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::assert_exit_0(&out);
     let job = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert_eq!(job_id(&held_dir(t)).as_deref(), Some(job.as_str()));
     job
@@ -191,12 +186,7 @@ fn clean_refuses_a_run_whose_detached_job_is_queued_and_cleans_it_once_the_job_i
     let out = runner(&t, &["clean".into(), "held".into()])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::assert_exit_0(&out);
     assert!(!staged.exists());
 }
 
@@ -396,11 +386,6 @@ fn a_job_sbatch_refuses_leaves_no_staging_to_block_the_next_apply() {
     let again = runner(&t, &apply_args(&t, "slurm", "0", &[]))
         .output()
         .unwrap();
-    assert_eq!(
-        again.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    crate::support::assert_exit_0(&again);
     assert_eq!(read_json(&dir.join("run.json"))["status"], "succeeded");
 }

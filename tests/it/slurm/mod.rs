@@ -171,12 +171,7 @@ fn smoke_under_slurm_runs_one_array_task_per_slot_with_the_videos_of_a_local_run
         "{seen:?}"
     );
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::assert_exit_0(&out);
     // The same statistics table as a local apply, with the job in its provenance.
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("succeeded"), "{stdout}");
@@ -222,12 +217,7 @@ fn smoke_under_slurm_runs_one_array_task_per_slot_with_the_videos_of_a_local_run
     let out = runner(&local, &apply_args(&local, "local", "all", &[]))
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::assert_exit_0(&out);
     let slurm_videos = videos(&dir);
     assert_eq!(slurm_videos.len(), 12);
     assert_eq!(slurm_videos, videos(&run_dir(&local)));
@@ -279,12 +269,7 @@ fn a_cancelled_task_fails_the_run_and_re_applying_resubmits_only_the_missing_pro
     let again = runner(&t, &apply_args(&t, "slurm", "0-7", &["--reuse-workdir"]))
         .output()
         .unwrap();
-    assert_eq!(
-        again.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    crate::support::assert_exit_0(&again);
     let resumed = read_json(&dir.join("run.json"));
     assert_eq!(resumed["status"], "succeeded");
     let second = resumed["slurm"]["job_id"].as_str().unwrap();
@@ -372,12 +357,7 @@ fn a_detached_apply_returns_the_job_id_and_a_later_apply_collects_the_run() {
     let again = runner(&t, &apply_args(&t, "slurm", "0-1", &[]))
         .output()
         .unwrap();
-    assert_eq!(
-        again.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    crate::support::assert_exit_0(&again);
     let run = read_json(&dir.join("run.json"));
     assert_eq!(run["status"], "succeeded");
     assert_eq!(run["slurm"]["job_id"], job.as_str(), "no second job");
@@ -459,12 +439,7 @@ fn two_shard_applies_in_separate_processes_make_the_videos_of_one_full_run() {
     }
     for child in [first, second] {
         let out = child.wait_with_output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        crate::support::assert_exit_0(&out);
     }
     // The run is whole: each prompt made once, the record says succeeded with both starts.
     assert_eq!(shard_prompts(&dir), vec![0, 1, 2, 3, 4, 5]);
