@@ -60,8 +60,14 @@ pub fn driver_gpus_for(r: &crate::manifest::Resolved) -> Option<Vec<String>> {
         .map(|gpus| gpus.into_iter().map(|g| g.index).collect())
 }
 
-/// Every GPU the driver sees, or why none could be listed.
+/// Every GPU the driver sees, or why none could be listed. Asked once per process: the plan's
+/// visible devices, the preflight's checks and the run's record all read the same answer.
 pub fn gpus() -> Result<Vec<GpuInfo>, String> {
+    static GPUS: std::sync::OnceLock<Result<Vec<GpuInfo>, String>> = std::sync::OnceLock::new();
+    GPUS.get_or_init(query_gpus).clone()
+}
+
+fn query_gpus() -> Result<Vec<GpuInfo>, String> {
     let out = Command::new("nvidia-smi")
         .args([
             "--query-gpu=index,name,memory.total,driver_version,compute_cap",
