@@ -308,27 +308,13 @@ fn cuda_library_checks(cuda_library_dirs: &[PathBuf]) -> Vec<Check> {
 }
 
 /// The provider libraries beside ONNX Runtime (`libonnxruntime_providers_cuda.so`, `…_tensorrt.so`),
-/// each loaded with every library it links, as ONNX Runtime loads it when a session registers the
-/// provider: a missing driver (`libcuda.so.1`), CUDA library or TensorRT shows here, by name. A
-/// build without the file (a CPU build) has no check: its execution provider line says so.
+/// each with every library it links, as the dynamic loader resolves them when ONNX Runtime loads
+/// it: a missing driver (`libcuda.so.1`), CUDA library or TensorRT shows here, by name. A build
+/// without the file (a CPU build) has no check: its execution provider line says so.
 fn provider_library_checks(ort: &OrtRuntime) -> Vec<(ProviderKind, Check)> {
     let Some(dir) = ort.location.path.parent() else {
         return Vec::new();
     };
-    // The provider libraries take `Provider_GetHost` and its kin from the shared provider
-    // library, which ONNX Runtime loads first, with its symbols global: so is it here.
-    let shared = dir.join("libonnxruntime_providers_shared.so");
-    if shared.is_file() {
-        // SAFETY: as in `load_library`; the library stays loaded for the process.
-        if let Ok(library) = unsafe {
-            libloading::os::unix::Library::open(
-                Some(&shared),
-                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
-            )
-        } {
-            std::mem::forget(library);
-        }
-    }
     [ProviderKind::Cuda, ProviderKind::Tensorrt]
         .into_iter()
         .filter_map(|provider| {
@@ -337,25 +323,66 @@ fn provider_library_checks(ort: &OrtRuntime) -> Vec<(ProviderKind, Check)> {
                 return None;
             }
             let name = format!("{} provider library", provider.name());
-            let check = match load_library(&file.display().to_string()) {
-                Ok(path) => Check {
+            let shown = file.display().to_string();
+            let check = match missing_links(&file) {
+                Ok(missing) if missing.is_empty() => Check {
                     name,
                     ok: true,
-                    detail: format!("{path} and the libraries it links load"),
+                    detail: format!("{shown} and the libraries it links are found"),
                     fix: None,
                 },
-                Err(reason) => Check {
+                Ok(missing) => {
+                    let reason = format!("{shown} links {}, not found", missing.join(", "));
+                    Check {
+                        name,
+                        fix: Some(provider_library_fix(
+                            provider,
+                            &reason,
+                            &ort.location.cuda_library_dirs,
+                        )),
+                        ok: false,
+                        detail: reason,
+                    }
+                }
+                // Nothing tells what it links: the file is there, and the session says the rest.
+                Err(why) => Check {
                     name,
-                    fix: Some(provider_library_fix(
-                        provider,
-                        &reason,
-                        &ort.location.cuda_library_dirs,
-                    )),
-                    ok: false,
-                    detail: reason,
+                    ok: true,
+                    detail: format!(
+                        "{shown} is present; the libraries it links were not checked ({why})"
+                    ),
+                    fix: None,
                 },
             };
             Some((provider, check))
+        })
+        .collect()
+}
+
+/// The libraries `file` links, directly or through others, that the dynamic loader does not
+/// find, as `ldd` lists them (the loader's trace mode: nothing of them runs). Loading a provider
+/// library itself would run its initialisers, which take ONNX Runtime's provider host and crash
+/// the process without it.
+fn missing_links(file: &Path) -> Result<Vec<String>, String> {
+    let out = std::process::Command::new("ldd")
+        .arg(file)
+        .output()
+        .map_err(|e| format!("ldd could not be started: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ldd failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(parse_missing_links(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The sonames `ldd` reports as `not found`.
+fn parse_missing_links(ldd: &str) -> Vec<String> {
+    ldd.lines()
+        .filter_map(|line| {
+            let (soname, target) = line.split_once("=>")?;
+            (target.trim() == "not found").then(|| soname.trim().to_string())
         })
         .collect()
 }

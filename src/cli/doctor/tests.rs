@@ -126,3 +126,31 @@ fn a_provider_library_fix_names_what_is_missing() {
     );
     assert!(trt.contains("TensorRT 10"), "{trt}");
 }
+
+/// `ldd`'s lines for libraries it does not find give their sonames; found ones and the loader's
+/// own lines give nothing.
+#[test]
+fn the_links_ldd_does_not_find_are_named() {
+    let ldd = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+               \tlibcudnn.so.9 => not found\n\
+               \tlibcublasLt.so.13 => /opt/cuda/lib/libcublasLt.so.13 (0x00007f00)\n\
+               \tlibcuda.so.1 => not found\n\
+               \t/lib64/ld-linux-x86-64.so.2 (0x00007f11)\n";
+    assert_eq!(
+        parse_missing_links(ldd),
+        vec!["libcudnn.so.9".to_string(), "libcuda.so.1".to_string()]
+    );
+    // A library that links nothing missing, checked for real.
+    let libc = std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.split_whitespace()
+                .last()
+                .filter(|p| p.contains("/libc.so"))
+                .map(String::from)
+        });
+    if let Some(libc) = libc {
+        assert_eq!(missing_links(Path::new(&libc)), Ok(vec![]));
+    }
+}
