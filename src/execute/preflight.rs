@@ -27,14 +27,14 @@ pub fn before_work(r: &Resolved, plan: &Plan, reuse_workdir: bool) -> Result<(),
     let stage = plan.work_root.join(&plan.run);
     // The staging of an apply that was killed (its record still says running, or the snapshot
     // is the run's and was not kept after a failure) is reused.
-    let killed = || {
-        crate::results::files::read_json::<crate::results::records::RunRecord>(
-            &plan.run_dir.join(crate::results::files::RUN_JSON),
-        )
-        .is_ok_and(|p| p.status == crate::results::records::RunStatus::Running)
-            || super::staging::left_by_killed_apply(&stage, &plan.run, &plan.run_dir)
-    };
-    if !reuse_workdir && stage.exists() && !killed() {
+    let record = crate::results::files::read_json::<crate::results::records::RunRecord>(
+        &plan.run_dir.join(crate::results::files::RUN_JSON),
+    )
+    .ok();
+    if !reuse_workdir
+        && stage.exists()
+        && !super::staging::left_by_killed_apply(&stage, &plan.run, &plan.run_dir, record.as_ref())
+    {
         return Err(super::staging::StagingError::Exists(stage).into());
     }
     Ok(())

@@ -30,13 +30,20 @@ pub const AUDIT_FILE: &str = "audit.json";
 /// reuses it, its audit checked.
 pub const KEPT_FILE: &str = ".unstep-kept";
 
-/// Whether the snapshot `dir` was left by an apply of the run `run` (results folder `run_dir`)
-/// that was killed: the run's own by its owner mark, and not kept after a failure. Its record
-/// may say otherwise: another shard's apply may have ended the record since.
-pub fn left_by_killed_apply(dir: &Path, run: &str, run_dir: &Path) -> bool {
+/// Whether the snapshot `dir` was left by an apply of the run `run` (results folder `run_dir`,
+/// record `record`) that was killed: its record still says running, or the snapshot is the run's
+/// by its owner mark and was not kept after a failure (the record may say otherwise: another
+/// shard's apply may have ended it since).
+pub fn left_by_killed_apply(
+    dir: &Path,
+    run: &str,
+    run_dir: &Path,
+    record: Option<&crate::results::records::RunRecord>,
+) -> bool {
     dir.is_dir()
-        && !dir.join(KEPT_FILE).exists()
-        && crate::results::owner::check(dir, run, run_dir).is_ok()
+        && (record.is_some_and(|r| r.status == crate::results::records::RunStatus::Running)
+            || (!dir.join(KEPT_FILE).exists()
+                && crate::results::owner::check(dir, run, run_dir).is_ok()))
 }
 
 #[derive(Debug, thiserror::Error)]

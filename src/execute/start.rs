@@ -21,7 +21,7 @@ use crate::plan::Plan;
 use crate::results::arrays::ArrayKind;
 use crate::results::files::{RUN_JSON, SUMMARY_JSON, TIMINGS_JSONL};
 use crate::results::names::VideoNames;
-use crate::results::records::{CacheLabel, ProcessSkip, RunRecord, RunStatus};
+use crate::results::records::{CacheLabel, ProcessSkip, RunRecord};
 
 /// A run that has started: what its workers run from, its record (status running, written), and
 /// the job of each process (`None`: nothing left to do there).
@@ -48,11 +48,12 @@ pub(super) fn start(
     // The staging left by an apply of this run that was killed (its record still says running,
     // or the snapshot is the run's and was not kept after a failure; this apply now holds the
     // work root's lock) is reused when its audit matches.
-    let killed = found
-        .previous
-        .as_ref()
-        .is_some_and(|p| p.status == RunStatus::Running)
-        || staging::left_by_killed_apply(&plan.work_root.join(&plan.run), &plan.run, &plan.run_dir);
+    let killed = staging::left_by_killed_apply(
+        &plan.work_root.join(&plan.run),
+        &plan.run,
+        &plan.run_dir,
+        found.previous.as_ref(),
+    );
     let stage = stage(r, plan, opts.reuse_workdir || killed)?;
     mark_owned(r, plan, &stage)?;
     clear_global_caches(&r.paths.global_caches);
