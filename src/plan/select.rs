@@ -32,22 +32,31 @@ impl ShardRange {
     }
 }
 
+/// Why `--shard`'s value is not a shard range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardRangeError {
+    #[error("`{0}` is not a shard number or range (N or A-B)")]
+    NotARange(String),
+    #[error("`{0}`: the range's first shard is after its last")]
+    Reversed(String),
+}
+
 impl std::str::FromStr for ShardRange {
-    type Err = String;
+    type Err = ShardRangeError;
 
     /// `N` or `A-B` (A ≤ B), shard numbers as the plan numbers them.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let num = |t: &str| {
             t.trim()
                 .parse::<usize>()
-                .map_err(|_| format!("`{s}` is not a shard number or range (N or A-B)"))
+                .map_err(|_| ShardRangeError::NotARange(s.to_string()))
         };
         let (first, last) = match s.split_once('-') {
             Some((a, b)) => (num(a)?, num(b)?),
             None => (num(s)?, num(s)?),
         };
         if first > last {
-            return Err(format!("`{s}`: the range's first shard is after its last"));
+            return Err(ShardRangeError::Reversed(s.to_string()));
         }
         Ok(ShardRange { first, last })
     }
@@ -138,12 +147,14 @@ mod tests {
         assert_eq!(r("0-2"), Ok(ShardRange { first: 0, last: 2 }));
         assert_eq!(r("0-2").unwrap().label(), "0-2");
         assert_eq!(r("3").unwrap().label(), "3");
-        assert!(
-            r("2-0")
-                .unwrap_err()
-                .contains("first shard is after its last")
+        assert_eq!(
+            r("2-0").unwrap_err().to_string(),
+            "`2-0`: the range's first shard is after its last"
         );
-        assert!(r("x").unwrap_err().contains("not a shard number or range"));
+        assert_eq!(
+            r("x").unwrap_err().to_string(),
+            "`x` is not a shard number or range (N or A-B)"
+        );
         assert!(r("-1").is_err());
     }
 }

@@ -6,6 +6,8 @@ use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
+use super::values::ValueError;
+
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -182,16 +184,14 @@ pub enum SvdRank {
 }
 
 impl FromStr for SvdRank {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         if s.trim() == "none" {
             return Ok(SvdRank::None);
         }
         match s.trim().parse::<u32>() {
             Ok(r) if r > 0 => Ok(SvdRank::Rank(r)),
-            _ => Err(format!(
-                "`{s}` is not an SVD rank; use `none` or a positive integer"
-            )),
+            _ => Err(ValueError::SvdRank(s.to_string())),
         }
     }
 }

@@ -9,22 +9,49 @@ use std::str::FromStr;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// Why a setting's value is refused, in the words a manifest diagnostic or a flag's error shows.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValueError {
+    #[error("at least one denoising step is needed")]
+    NoDenoisingStep,
+    #[error("denoising step {0} is outside 1..=1000")]
+    DenoisingStepOutside(i64),
+    #[error("denoising steps must strictly decrease, e.g. [1000, 750, 500, 250]")]
+    DenoisingStepsNotDecreasing,
+    #[error("`{0}` is not a denoising step")]
+    NotADenoisingStep(String),
+    #[error("sigma {0} is out of range; use a value strictly between 0 and 1")]
+    Sigma(f64),
+    #[error("attention window {0} is out of range; use -1 (all frames) or a positive frame count")]
+    AttentionWindow(i64),
+    #[error("{value} is out of range; use a value in {min}..={max}")]
+    OutOfBounds { value: i128, min: u64, max: u64 },
+    #[error("{0} is out of range; use a positive number")]
+    NotPositive(f64),
+    #[error("`{0}` is not a number")]
+    NotANumber(String),
+    #[error("`{0}` is not an integer")]
+    NotAnInteger(String),
+    #[error("`{0}` is not a whole number")]
+    NotAWholeNumber(String),
+    #[error("`{0}` is not an SVD rank; use `none` or a positive integer")]
+    SvdRank(String),
+}
+
 /// The timesteps of the denoising steps of one block, strictly decreasing, each in 1..=1000.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DenoisingSteps(pub Vec<u32>);
 
 impl DenoisingSteps {
-    fn check(v: Vec<u32>) -> Result<Self, String> {
+    fn check(v: Vec<u32>) -> Result<Self, ValueError> {
         if v.is_empty() {
-            return Err("at least one denoising step is needed".into());
+            return Err(ValueError::NoDenoisingStep);
         }
-        if let Some(bad) = v.iter().find(|&&s| s == 0 || s > 1000) {
-            return Err(format!("denoising step {bad} is outside 1..=1000"));
+        if let Some(&bad) = v.iter().find(|&&s| s == 0 || s > 1000) {
+            return Err(ValueError::DenoisingStepOutside(bad.into()));
         }
         if v.windows(2).any(|w| w[1] >= w[0]) {
-            return Err(
-                "denoising steps must strictly decrease, e.g. [1000, 750, 500, 250]".into(),
-            );
+            return Err(ValueError::DenoisingStepsNotDecreasing);
         }
         Ok(DenoisingSteps(v))
     }
@@ -37,15 +64,15 @@ impl Default for DenoisingSteps {
 }
 
 impl FromStr for DenoisingSteps {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let s = s.trim().trim_start_matches('[').trim_end_matches(']');
         let v = s
             .split(',')
             .map(|p| {
                 p.trim()
                     .parse::<u32>()
-                    .map_err(|_| format!("`{}` is not a denoising step", p.trim()))
+                    .map_err(|_| ValueError::NotADenoisingStep(p.trim().to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         DenoisingSteps::check(v)
@@ -76,7 +103,7 @@ impl<'de> Deserialize<'de> for DenoisingSteps {
                 let mut v = Vec::new();
                 while let Some(x) = seq.next_element::<i64>()? {
                     let x = u32::try_from(x).map_err(|_| {
-                        serde::de::Error::custom(format!("denoising step {x} is outside 1..=1000"))
+                        serde::de::Error::custom(ValueError::DenoisingStepOutside(x))
                     })?;
                     v.push(x);
                 }
@@ -106,24 +133,22 @@ impl JsonSchema for DenoisingSteps {
 pub struct Sigma(pub f64);
 
 impl Sigma {
-    fn check(v: f64) -> Result<Self, String> {
+    fn check(v: f64) -> Result<Self, ValueError> {
         if v > 0.0 && v < 1.0 {
             Ok(Sigma(v))
         } else {
-            Err(format!(
-                "sigma {v} is out of range; use a value strictly between 0 and 1"
-            ))
+            Err(ValueError::Sigma(v))
         }
     }
 }
 
 impl FromStr for Sigma {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let v: f64 = s
             .trim()
             .parse()
-            .map_err(|_| format!("`{s}` is not a number"))?;
+            .map_err(|_| ValueError::NotANumber(s.to_string()))?;
         Sigma::check(v)
     }
 }
@@ -173,24 +198,22 @@ impl JsonSchema for Sigma {
 pub struct AttentionWindow(pub i64);
 
 impl AttentionWindow {
-    fn check(v: i64) -> Result<Self, String> {
+    fn check(v: i64) -> Result<Self, ValueError> {
         if v == -1 || v >= 1 {
             Ok(AttentionWindow(v))
         } else {
-            Err(format!(
-                "attention window {v} is out of range; use -1 (all frames) or a positive frame count"
-            ))
+            Err(ValueError::AttentionWindow(v))
         }
     }
 }
 
 impl FromStr for AttentionWindow {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let v: i64 = s
             .trim()
             .parse()
-            .map_err(|_| format!("`{s}` is not an integer"))?;
+            .map_err(|_| ValueError::NotAnInteger(s.to_string()))?;
         AttentionWindow::check(v)
     }
 }
@@ -236,9 +259,11 @@ impl<'de, const MIN: u64, const MAX: u64> Deserialize<'de> for Bounded<MIN, MAX>
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = i64::deserialize(d)?;
         if v < MIN as i64 || v as u64 > MAX {
-            return Err(serde::de::Error::custom(format!(
-                "{v} is out of range; use a value in {MIN}..={MAX}"
-            )));
+            return Err(serde::de::Error::custom(ValueError::OutOfBounds {
+                value: v.into(),
+                min: MIN,
+                max: MAX,
+            }));
         }
         Ok(Bounded(v as u64))
     }
@@ -272,9 +297,7 @@ impl<'de> Deserialize<'de> for Positive {
         if v > 0.0 && v.is_finite() {
             Ok(Positive(v))
         } else {
-            Err(serde::de::Error::custom(format!(
-                "{v} is out of range; use a positive number"
-            )))
+            Err(serde::de::Error::custom(ValueError::NotPositive(v)))
         }
     }
 }
@@ -292,23 +315,27 @@ impl JsonSchema for Positive {
 }
 
 impl<const MIN: u64, const MAX: u64> FromStr for Bounded<MIN, MAX> {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         match s.trim().parse::<u64>() {
             Ok(v) if (MIN..=MAX).contains(&v) => Ok(Bounded(v)),
-            Ok(v) => Err(format!("{v} is out of range; use a value in {MIN}..={MAX}")),
-            Err(_) => Err(format!("`{s}` is not a whole number")),
+            Ok(value) => Err(ValueError::OutOfBounds {
+                value: value.into(),
+                min: MIN,
+                max: MAX,
+            }),
+            Err(_) => Err(ValueError::NotAWholeNumber(s.to_string())),
         }
     }
 }
 
 impl FromStr for Positive {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         match s.trim().parse::<f64>() {
             Ok(v) if v > 0.0 && v.is_finite() => Ok(Positive(v)),
-            Ok(v) => Err(format!("{v} is out of range; use a positive number")),
-            Err(_) => Err(format!("`{s}` is not a number")),
+            Ok(v) => Err(ValueError::NotPositive(v)),
+            Err(_) => Err(ValueError::NotANumber(s.to_string())),
         }
     }
 }
