@@ -1,7 +1,19 @@
 //! GPUs as the driver reports them, for provenance and `runner doctor`. Read with `nvidia-smi`
 //! in the orchestrator, so that no CUDA context is created outside the workers.
 
+use std::io;
 use std::process::Command;
+use std::sync::Arc;
+
+/// Why `nvidia-smi` listed no GPUs; Clone, as [`gpus`] keeps one answer for the process.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuQueryError {
+    #[error("nvidia-smi could not be started ({0})")]
+    Start(Arc<io::Error>),
+    /// It failed: what it wrote on its standard error, trimmed.
+    #[error("nvidia-smi failed: {0}")]
+    Failed(String),
+}
 
 /// One GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,23 +74,23 @@ pub fn driver_gpus_for(r: &crate::manifest::Resolved) -> Option<Vec<String>> {
 
 /// Every GPU the driver sees, or why none could be listed. Asked once per process: the plan's
 /// visible devices, the preflight's checks and the run's record all read the same answer.
-pub fn gpus() -> Result<Vec<GpuInfo>, String> {
-    static GPUS: std::sync::OnceLock<Result<Vec<GpuInfo>, String>> = std::sync::OnceLock::new();
+pub fn gpus() -> Result<Vec<GpuInfo>, GpuQueryError> {
+    static GPUS: std::sync::OnceLock<Result<Vec<GpuInfo>, GpuQueryError>> =
+        std::sync::OnceLock::new();
     GPUS.get_or_init(query_gpus).clone()
 }
 
-fn query_gpus() -> Result<Vec<GpuInfo>, String> {
+fn query_gpus() -> Result<Vec<GpuInfo>, GpuQueryError> {
     let out = Command::new("nvidia-smi")
         .args([
             "--query-gpu=index,name,memory.total,driver_version,compute_cap",
             "--format=csv,noheader,nounits",
         ])
         .output()
-        .map_err(|e| format!("nvidia-smi could not be started ({e})"))?;
+        .map_err(|e| GpuQueryError::Start(Arc::new(e)))?;
     if !out.status.success() {
-        return Err(format!(
-            "nvidia-smi failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+        return Err(GpuQueryError::Failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
         ));
     }
     Ok(parse(&String::from_utf8_lossy(&out.stdout)))

@@ -9,9 +9,10 @@
 
 use std::collections::BTreeSet;
 use std::fs;
+use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -21,11 +22,12 @@ use crate::manifest::diagnostic::display_path;
 use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
-use crate::results::files::{RUN_JSON, read_json, write_json_atomic};
+use crate::results::files::{RUN_JSON, RecordError, read_json, write_json_atomic};
 use crate::results::names::VideoNames;
 use crate::results::records::{RunRecord, RunStatus};
 use crate::results::scores::{
-    EVAL_DIR, EVALUATION_LOG, EvaluationRecord, EvaluationStatus, SCORES_JSON, parse_scores,
+    EVAL_DIR, EVALUATION_LOG, EvaluationRecord, EvaluationStatus, SCORES_JSON, ScoresError,
+    parse_scores,
 };
 use crate::results::time::now;
 use crate::results::video_index;
@@ -33,6 +35,86 @@ use crate::results::video_index::VIDEOS_DIR;
 
 /// Lines of the evaluation log a failure message quotes.
 const LOG_TAIL_LINES: usize = 5;
+
+/// Why an evaluation gave no scores: what went wrong and where to look. `tail` is the log's
+/// last output as [`log_tail`] quotes it, `log` the log's path.
+#[derive(Debug, thiserror::Error)]
+enum EvaluationError {
+    #[error("the recorded evaluation command is not valid: {0}")]
+    Command(String),
+    #[error("the recorded evaluation.scores_file is not valid: {0}")]
+    ScoresFileSetting(String),
+    #[error("cannot create {}: {source}", display_path(path))]
+    Create { path: PathBuf, source: io::Error },
+    #[error("cannot write {}: {source}", display_path(path))]
+    Write { path: PathBuf, source: io::Error },
+    #[error("cannot list {}: {source}", display_path(path))]
+    List { path: PathBuf, source: io::Error },
+    #[error("cannot remove the earlier scores {}: {source}", display_path(path))]
+    RemoveEarlier { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot start the evaluation command `{shown}`: {source}; install `{program}` \
+         (docs/vbench.md) or fix evaluation.command"
+    )]
+    Start {
+        shown: String,
+        program: String,
+        source: io::Error,
+    },
+    #[error("the evaluation command `{shown}` was interrupted")]
+    Interrupted { shown: String },
+    #[error(
+        "the evaluation command `{shown}` ran past evaluation.timeout_seconds ({seconds} s) and \
+         was stopped{tail}; its output is in {}",
+        display_path(log)
+    )]
+    TimedOut {
+        shown: String,
+        seconds: u64,
+        tail: String,
+        log: PathBuf,
+    },
+    #[error("cannot wait for the evaluation command: {0}")]
+    Wait(io::Error),
+    #[error(
+        "the evaluation command `{shown}` failed ({status}){tail}; its output is in {}",
+        display_path(log)
+    )]
+    Failed {
+        shown: String,
+        status: ExitStatus,
+        tail: String,
+        log: PathBuf,
+    },
+    #[error(
+        "the evaluation command exited 0 but wrote no scores file {}/{scores_file}{tail}; its \
+         output is in {}",
+        display_path(eval_dir),
+        display_path(log)
+    )]
+    NoScoresFile {
+        eval_dir: PathBuf,
+        scores_file: ScoresFile,
+        tail: String,
+        log: PathBuf,
+    },
+    #[error(
+        "the evaluation command wrote {} files matching {scores_file}: {}; give \
+         evaluation.scores_file a pattern that matches one",
+        files.len(),
+        files.iter().map(|p| display_path(p)).collect::<Vec<_>>().join(", ")
+    )]
+    ManyScoresFiles {
+        scores_file: ScoresFile,
+        files: Vec<PathBuf>,
+    },
+    #[error("the scores file: {0}")]
+    ReadScores(RecordError),
+    #[error("the scores file {} {source}", display_path(path))]
+    Scores { path: PathBuf, source: ScoresError },
+    #[error("cannot keep the scores: {0}")]
+    KeepScores(RecordError),
+}
 
 /// Runs the evaluation of the run in `run_dir` as its record describes it, recording its start
 /// and its outcome in `run.json`: status `succeeded` with the scores, or `evaluation_failed`
@@ -71,6 +153,7 @@ pub fn evaluate_run(
             RunStatus::Succeeded
         }
         Err(why) => {
+            let why = why.to_string();
             eval.status = EvaluationStatus::Failed;
             eval.scores = None;
             eval.failure = Some(why.clone());
@@ -89,18 +172,21 @@ fn run(
     run_dir: &Path,
     run: &str,
     eval: &mut EvaluationRecord,
-) -> Result<std::collections::BTreeMap<String, f64>, String> {
+) -> Result<std::collections::BTreeMap<String, f64>, EvaluationError> {
     let template = CommandTemplate::new(eval.command.clone())
-        .map_err(|e| format!("the recorded evaluation command is not valid: {e}"))?;
-    let scores_file: ScoresFile = eval
+        .map_err(|e| EvaluationError::Command(e.to_string()))?;
+    let scores_file = eval
         .scores_file
-        .parse()
-        .map_err(|e| format!("the recorded evaluation.scores_file is not valid: {e}"))?;
+        .parse::<ScoresFile>()
+        .map_err(|e| EvaluationError::ScoresFileSetting(e.to_string()))?;
     let run_dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
     let eval_dir = run_dir.join(EVAL_DIR);
     let logs = run_dir.join("logs");
     for d in [&eval_dir, &logs] {
-        fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", display_path(d)))?;
+        fs::create_dir_all(d).map_err(|source| EvaluationError::Create {
+            path: d.clone(),
+            source,
+        })?;
     }
     // Scores an earlier evaluation left must not pass for this one's.
     for old in matching(&eval_dir, &scores_file)?
@@ -110,10 +196,10 @@ fn run(
         if let Err(e) = fs::remove_file(&old)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            return Err(format!(
-                "cannot remove the earlier scores {}: {e}",
-                display_path(&old)
-            ));
+            return Err(EvaluationError::RemoveEarlier {
+                path: old,
+                source: e,
+            });
         }
     }
     let names_file = eval
@@ -133,11 +219,14 @@ fn run(
     });
     eval.argv = argv.clone();
     let log_path = logs.join(EVALUATION_LOG);
-    let log = fs::File::create(&log_path)
-        .map_err(|e| format!("cannot create {}: {e}", display_path(&log_path)))?;
-    let err_log = log
-        .try_clone()
-        .map_err(|e| format!("cannot write {}: {e}", display_path(&log_path)))?;
+    let log = fs::File::create(&log_path).map_err(|source| EvaluationError::Create {
+        path: log_path.clone(),
+        source,
+    })?;
+    let err_log = log.try_clone().map_err(|source| EvaluationError::Write {
+        path: log_path.clone(),
+        source,
+    })?;
     let words: Vec<String> = argv.iter().map(|a| quote(a)).collect();
     let shown = words.join(" ");
     let mut command = Command::new(&argv[0]);
@@ -148,12 +237,10 @@ fn run(
         .stdout(log)
         .stderr(err_log);
     own_process_group(&mut command);
-    let mut child = command.spawn().map_err(|e| {
-        format!(
-            "cannot start the evaluation command `{shown}`: {e}; install `{}` (docs/vbench.md) \
-             or fix evaluation.command",
-            argv[0]
-        )
+    let mut child = command.spawn().map_err(|source| EvaluationError::Start {
+        shown: shown.clone(),
+        program: argv[0].clone(),
+        source,
     })?;
     let group = Group(child.id() as libc::pid_t);
     let deadline = eval
@@ -166,61 +253,56 @@ fn run(
             Ok(Some(status)) => break status,
             Ok(None) if super::signals::INTERRUPTED.load(Ordering::SeqCst) => {
                 group.stop(&mut child);
-                return Err(format!("the evaluation command `{shown}` was interrupted"));
+                return Err(EvaluationError::Interrupted { shown });
             }
             Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => {
                 group.stop(&mut child);
-                return Err(format!(
-                    "the evaluation command `{shown}` ran past evaluation.timeout_seconds ({} s) \
-                     and was stopped{}; its output is in {}",
-                    eval.timeout_seconds.unwrap_or_default(),
-                    log_tail(&log_path),
-                    display_path(&log_path)
-                ));
+                return Err(EvaluationError::TimedOut {
+                    shown,
+                    seconds: eval.timeout_seconds.unwrap_or_default(),
+                    tail: log_tail(&log_path),
+                    log: log_path,
+                });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(100)),
             Err(e) => {
                 group.stop(&mut child);
-                return Err(format!("cannot wait for the evaluation command: {e}"));
+                return Err(EvaluationError::Wait(e));
             }
         }
     };
     // What the command left running (a scorer's workers) would go on writing into the run.
     group.stop_rest();
     if !status.success() {
-        return Err(format!(
-            "the evaluation command `{shown}` failed ({status}){}; its output is in {}",
-            log_tail(&log_path),
-            display_path(&log_path)
-        ));
+        return Err(EvaluationError::Failed {
+            shown,
+            status,
+            tail: log_tail(&log_path),
+            log: log_path,
+        });
     }
     let found = matching(&eval_dir, &scores_file)?;
     let path = match found.as_slice() {
         [one] => one.clone(),
         [] => {
-            return Err(format!(
-                "the evaluation command exited 0 but wrote no scores file {}/{scores_file}{}; its \
-                 output is in {}",
-                display_path(&eval_dir),
-                log_tail(&log_path),
-                display_path(&log_path)
-            ));
+            return Err(EvaluationError::NoScoresFile {
+                eval_dir,
+                scores_file,
+                tail: log_tail(&log_path),
+                log: log_path,
+            });
         }
         many => {
-            let list: Vec<String> = many.iter().map(|p| display_path(p)).collect();
-            return Err(format!(
-                "the evaluation command wrote {} files matching {scores_file}: {}; give \
-                 evaluation.scores_file a pattern that matches one",
-                many.len(),
-                list.join(", ")
-            ));
+            return Err(EvaluationError::ManyScoresFiles {
+                scores_file,
+                files: many.to_vec(),
+            });
         }
     };
     let text = read_limited(&path)?;
     let scores = parse_scores(&text, &eval.dimensions)
-        .map_err(|e| format!("the scores file {} {e}", display_path(&path)))?;
-    write_json_atomic(&eval_dir.join(SCORES_JSON), &scores)
-        .map_err(|e| format!("cannot keep the scores: {e}"))?;
+        .map_err(|source| EvaluationError::Scores { path, source })?;
+    write_json_atomic(&eval_dir.join(SCORES_JSON), &scores).map_err(EvaluationError::KeepScores)?;
     Ok(scores)
 }
 
@@ -287,13 +369,13 @@ impl Group {
 /// The largest scores file read (VBench's holds every video's result as well).
 const SCORES_LIMIT: u64 = 256 << 20;
 
-fn read_limited(path: &Path) -> Result<String, String> {
+fn read_limited(path: &Path) -> Result<String, EvaluationError> {
     crate::results::files::read_bounded_text(path, SCORES_LIMIT)
-        .map_err(|e| format!("the scores file: {e}"))
+        .map_err(EvaluationError::ReadScores)
 }
 
 /// The files of `eval_dir` that `scores` names: the one file, or those its `*` matches.
-fn matching(eval_dir: &Path, scores: &ScoresFile) -> Result<Vec<PathBuf>, String> {
+fn matching(eval_dir: &Path, scores: &ScoresFile) -> Result<Vec<PathBuf>, EvaluationError> {
     let path = eval_dir.join(scores.as_str());
     if !scores.is_pattern() {
         return Ok(if path.is_file() {
@@ -311,7 +393,12 @@ fn matching(eval_dir: &Path, scores: &ScoresFile) -> Result<Vec<PathBuf>, String
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("cannot list {}: {e}", display_path(dir))),
+        Err(source) => {
+            return Err(EvaluationError::List {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
     };
     let mut found: Vec<PathBuf> = entries
         .flatten()

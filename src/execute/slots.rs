@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader};
+use std::io::{self, BufRead, BufReader};
 use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,48 @@ use super::signals::INTERRUPTED;
 use crate::engine::ProviderKind;
 use crate::manifest::diagnostic::display_path;
 use crate::plan::{Plan, Process, Role};
-use crate::results::files::write_atomic;
+use crate::results::files::{RecordError, write_atomic};
+
+/// Why a worker process did not succeed, naming the process.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WorkerError {
+    #[error("{name}: {source}")]
+    Spec { name: String, source: RecordError },
+    #[error("{name}: cannot create {}: {source}", path.display())]
+    Create {
+        name: String,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{name}: cannot start {}: {source}", runner.display())]
+    Start {
+        name: String,
+        runner: PathBuf,
+        source: io::Error,
+    },
+    #[error("{name}: cannot start the worker: {source}")]
+    StartWorker { name: String, source: io::Error },
+    /// The runner's own path cannot be found, or the worker cannot be waited for.
+    #[error("{name}: {source}")]
+    Io { name: String, source: io::Error },
+    /// It ended with a failure: its exit status (`None`: killed by a signal) and its log's last
+    /// lines.
+    #[error("{name} {} (log {}):\n{tail}", ended(*code), display_path(log))]
+    Failed {
+        name: String,
+        code: Option<i32>,
+        log: PathBuf,
+        tail: String,
+    },
+}
+
+/// How a failed process ended, from its exit status (`None`: killed by a signal).
+fn ended(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exited with status {c}"),
+        None => "was killed by a signal".to_string(),
+    }
+}
 
 /// A run's worker processes: the plan, each process's job (`None`: nothing to do), and the
 /// staged runner that executes them.
@@ -102,7 +143,7 @@ impl Workers<'_> {
             let _ = tx.send(RunEvent {
                 process: p.index,
                 kind: RunEventKind::Finished {
-                    failure: result.err(),
+                    failure: result.err().map(|e| e.to_string()),
                 },
             });
             if failed {
@@ -116,21 +157,27 @@ impl Workers<'_> {
         p: &Process,
         job: &JobSpec,
         tx: &mpsc::Sender<RunEvent>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WorkerError> {
         let describe = || process_name(self.plan, p);
         let spec_path = spec_path(self.run_dir, self.plan, p);
         let text = serde_json::to_string_pretty(job).expect("jobs serialise");
-        write_atomic(&spec_path, text.as_bytes()).map_err(|e| format!("{}: {e}", describe()))?;
-        let create = |d: &Path| {
-            fs::create_dir_all(d)
-                .map_err(|e| format!("{}: cannot create {}: {e}", describe(), d.display()))
+        write_atomic(&spec_path, text.as_bytes()).map_err(|source| WorkerError::Spec {
+            name: describe(),
+            source,
+        })?;
+        let cannot_create = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| WorkerError::Create {
+                name: describe(),
+                path,
+                source,
+            }
         };
-        create(&p.cache_dir)?;
+        fs::create_dir_all(&p.cache_dir).map_err(cannot_create(&p.cache_dir))?;
         if let Some(v) = &job.videos {
-            create(v)?;
+            fs::create_dir_all(v).map_err(cannot_create(v))?;
         }
-        let log = fs::File::create(&p.log)
-            .map_err(|e| format!("{}: cannot create {}: {e}", describe(), p.log.display()))?;
+        let log = fs::File::create(&p.log).map_err(cannot_create(&p.log))?;
         let mut cmd = Command::new(self.runner);
         cmd.arg("worker")
             .arg("--spec")
@@ -146,12 +193,10 @@ impl Workers<'_> {
             cmd.env("CUDA_VISIBLE_DEVICES", &self.plan.slots[p.slot].device);
         }
         bind_to_parent(&mut cmd, self.run_lock);
-        let mut child = cmd.spawn().map_err(|e| {
-            format!(
-                "{}: cannot start {}: {e}",
-                describe(),
-                self.runner.display()
-            )
+        let mut child = cmd.spawn().map_err(|source| WorkerError::Start {
+            name: describe(),
+            runner: self.runner.to_path_buf(),
+            source,
         })?;
         let send = |kind| {
             let _ = tx.send(RunEvent {
@@ -170,20 +215,19 @@ impl Workers<'_> {
                 }
             }
         }
-        let status = child.wait().map_err(|e| format!("{}: {e}", describe()))?;
+        let status = child.wait().map_err(|source| WorkerError::Io {
+            name: describe(),
+            source,
+        })?;
         if status.success() {
             return Ok(());
         }
-        let tail = log_tail(&p.log, 20);
-        let how = match status.code() {
-            Some(c) => format!("exited with status {c}"),
-            None => "was killed by a signal".to_string(),
-        };
-        Err(format!(
-            "{} {how} (log {}):\n{tail}",
-            describe(),
-            display_path(&p.log)
-        ))
+        Err(WorkerError::Failed {
+            name: describe(),
+            code: status.code(),
+            log: p.log.clone(),
+            tail: log_tail(&p.log, 20),
+        })
     }
 }
 

@@ -8,14 +8,37 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::load::LoadedRun;
 use crate::results::arrays::{ArrayKind, kept_files};
+use crate::results::files::RecordError;
 use crate::results::records::ProcessRole;
+
+/// Why a pair of kept arrays could not be compared, naming the file.
+#[derive(Debug, thiserror::Error)]
+enum QualityError {
+    #[error(transparent)]
+    Open(#[from] RecordError),
+    #[error(
+        "{} holds {a_len} bytes and {} {b_len}: the runs made outputs of other shapes",
+        a.display(),
+        b.display()
+    )]
+    Lengths {
+        a: PathBuf,
+        a_len: u64,
+        b: PathBuf,
+        b_len: u64,
+    },
+    #[error("cannot read {}: {source} (changed while read?)", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{} holds {len} bytes, not whole float32 values", path.display())]
+    NotFloat32 { path: PathBuf, len: u64 },
+}
 
 /// One run's latents against the reference's, over the prompts both kept.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -187,8 +210,8 @@ fn per_prompt<S: Send>(
     b: &LoadedRun,
     kind: ArrayKind,
     prompts: &[u32],
-    sums: impl Fn(&Path, &Path) -> Result<S, String> + Sync,
-) -> Result<Vec<(u32, S)>, String> {
+    sums: impl Fn(&Path, &Path) -> Result<S, QualityError> + Sync,
+) -> Result<Vec<(u32, S)>, QualityError> {
     prompts
         .par_iter()
         .map(|&i| {
@@ -230,17 +253,16 @@ fn noise_differs(a: &LoadedRun, b: &LoadedRun) -> Option<String> {
 
 /// Reads two files of the same length side by side, a chunk of each at a time, handing the
 /// pairs to `each`; an error names the file and says why.
-fn read_pairs(a: &Path, b: &Path, mut each: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
-    let open = |p: &Path| -> Result<(File, u64), String> {
-        crate::results::files::open_regular(p, u64::MAX).map_err(|e| e.to_string())
-    };
+fn read_pairs(a: &Path, b: &Path, mut each: impl FnMut(&[u8], &[u8])) -> Result<(), QualityError> {
+    let open = |p: &Path| crate::results::files::open_regular(p, u64::MAX);
     let ((mut fa, la), (mut fb, lb)) = (open(a)?, open(b)?);
     if la != lb {
-        return Err(format!(
-            "{} holds {la} bytes and {} {lb}: the runs made outputs of other shapes",
-            a.display(),
-            b.display()
-        ));
+        return Err(QualityError::Lengths {
+            a: a.to_path_buf(),
+            a_len: la,
+            b: b.to_path_buf(),
+            b_len: lb,
+        });
     }
     // A multiple of 4 bytes, so that float32 values never straddle two chunks.
     const CHUNK: usize = 1 << 20;
@@ -248,9 +270,10 @@ fn read_pairs(a: &Path, b: &Path, mut each: impl FnMut(&[u8], &[u8])) -> Result<
     let mut left = la;
     while left > 0 {
         let n = CHUNK.min(left as usize);
-        let read = |f: &mut File, buf: &mut [u8], p: &Path| -> Result<(), String> {
-            f.read_exact(buf).map_err(|e: io::Error| {
-                format!("cannot read {}: {e} (changed while read?)", p.display())
+        let read = |f: &mut File, buf: &mut [u8], p: &Path| -> Result<(), QualityError> {
+            f.read_exact(buf).map_err(|source| QualityError::Read {
+                path: p.to_path_buf(),
+                source,
             })
         };
         read(&mut fa, &mut xa[..n], a)?;
@@ -268,7 +291,7 @@ struct LatentSums {
     ref2: f64,
 }
 
-fn latent_sums(a: &Path, b: &Path) -> Result<LatentSums, String> {
+fn latent_sums(a: &Path, b: &Path) -> Result<LatentSums, QualityError> {
     let mut s = LatentSums::default();
     let mut len = 0u64;
     read_pairs(a, b, |xa, xb| {
@@ -281,10 +304,10 @@ fn latent_sums(a: &Path, b: &Path) -> Result<LatentSums, String> {
         }
     })?;
     if !len.is_multiple_of(4) {
-        return Err(format!(
-            "{} holds {len} bytes, not whole float32 values",
-            a.display()
-        ));
+        return Err(QualityError::NotFloat32 {
+            path: a.to_path_buf(),
+            len,
+        });
     }
     Ok(s)
 }
@@ -337,7 +360,7 @@ struct FrameSums {
     max: u8,
 }
 
-fn frame_sums(a: &Path, b: &Path) -> Result<FrameSums, String> {
+fn frame_sums(a: &Path, b: &Path) -> Result<FrameSums, QualityError> {
     let mut s = FrameSums::default();
     read_pairs(a, b, |xa, xb| {
         s.values += xa.len() as u64;
@@ -517,15 +540,15 @@ mod tests {
             write(d, "a", &f32s(&[1.0, 2.0])),
             write(d, "b", &f32s(&[1.0])),
         );
-        let e = latent_sums(&pa, &pb).unwrap_err();
+        let e = latent_sums(&pa, &pb).unwrap_err().to_string();
         assert!(
             e.contains("holds 8 bytes and") && e.contains("other shapes"),
             "{e}"
         );
         let (pa, pb) = (write(d, "a", &[0; 6]), write(d, "b", &[0; 6]));
-        let e = latent_sums(&pa, &pb).unwrap_err();
+        let e = latent_sums(&pa, &pb).unwrap_err().to_string();
         assert!(e.contains("not whole float32 values"), "{e}");
-        let e = frame_sums(&pa, &d.join("missing")).unwrap_err();
+        let e = frame_sums(&pa, &d.join("missing")).unwrap_err().to_string();
         assert!(e.starts_with("cannot read"), "{e}");
     }
 

@@ -139,7 +139,7 @@ pub fn prompt_state(
         if let Err(why) = crate::video::check_mp4(&path) {
             return PromptState::DamagedVideo {
                 video: v.clone(),
-                why,
+                why: why.to_string(),
             };
         }
     }

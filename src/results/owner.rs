@@ -27,6 +27,27 @@ pub struct OwnerMark {
     pub ino: u64,
 }
 
+/// Why a folder is not a run's to remove, in the words that follow the folder's name.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnerError {
+    #[error("it is outside the run's results folder and carries no owner mark ({OWNER_FILE})")]
+    Unmarked,
+    #[error("its owner mark cannot be read: {0}")]
+    MarkUnreadable(RecordError),
+    /// The mark names another run: its name and results folder.
+    #[error("its owner mark names run `{run}` of {}", run_dir.display())]
+    OtherRun { run: String, run_dir: PathBuf },
+    /// The mark names another results folder (`run_dir`) of the run `run`.
+    #[error(
+        "its owner mark names the results folder {} of run `{run}`, and this folder is another \
+         (a copy, or another run of the same name)",
+        run_dir.display()
+    )]
+    OtherFolder { run: String, run_dir: PathBuf },
+    #[error("the run's folder cannot be read: {0}")]
+    RunDirUnreadable(std::io::Error),
+}
+
 /// The device and inode of `dir` (a symbolic link followed).
 fn identity(dir: &Path) -> std::io::Result<(u64, u64)> {
     let meta = std::fs::metadata(dir)?;
@@ -57,7 +78,7 @@ pub fn mark(folder: &Path, run: &str, run_dir: &Path) -> Result<(), RecordError>
 
 /// Whether `folder` (which exists) is the run `run`'s to remove, the run's results folder
 /// being `run_dir`: `Err` says why not.
-pub fn check(folder: &Path, run: &str, run_dir: &Path) -> Result<(), String> {
+pub fn check(folder: &Path, run: &str, run_dir: &Path) -> Result<(), OwnerError> {
     // Inside the run's folder, also once symbolic links are resolved.
     if folder.starts_with(run_dir)
         && let (Ok(f), Ok(d)) = (folder.canonicalize(), run_dir.canonicalize())
@@ -67,28 +88,22 @@ pub fn check(folder: &Path, run: &str, run_dir: &Path) -> Result<(), String> {
     }
     let mark: OwnerMark = match read_json(&folder.join(OWNER_FILE)) {
         Ok(m) => m,
-        Err(e) if e.is_not_found() => {
-            return Err(format!(
-                "it is outside the run's results folder and carries no owner mark ({OWNER_FILE})"
-            ));
-        }
-        Err(e) => return Err(format!("its owner mark cannot be read: {e}")),
+        Err(e) if e.is_not_found() => return Err(OwnerError::Unmarked),
+        Err(e) => return Err(OwnerError::MarkUnreadable(e)),
     };
     if mark.run != run {
-        return Err(format!(
-            "its owner mark names run `{}` of {}",
-            mark.run,
-            mark.run_dir.display()
-        ));
+        return Err(OwnerError::OtherRun {
+            run: mark.run,
+            run_dir: mark.run_dir,
+        });
     }
     match identity(run_dir) {
         Ok((dev, ino)) if (dev, ino) == (mark.dev, mark.ino) => Ok(()),
-        Ok(_) => Err(format!(
-            "its owner mark names the results folder {} of run `{run}`, and this folder is \
-             another (a copy, or another run of the same name)",
-            mark.run_dir.display()
-        )),
-        Err(e) => Err(format!("the run's folder cannot be read: {e}")),
+        Ok(_) => Err(OwnerError::OtherFolder {
+            run: run.to_string(),
+            run_dir: mark.run_dir,
+        }),
+        Err(e) => Err(OwnerError::RunDirUnreadable(e)),
     }
 }
 
@@ -106,13 +121,13 @@ mod tests {
         let staging = root.path().join("work/r");
         assert!(check(&staging, "r", &run_dir).is_err(), "no mark yet");
         mark(&staging, "r", &run_dir).unwrap();
-        assert_eq!(check(&staging, "r", &run_dir), Ok(()));
-        let other = check(&staging, "r", &copy).unwrap_err();
+        check(&staging, "r", &run_dir).unwrap();
+        let other = check(&staging, "r", &copy).unwrap_err().to_string();
         assert!(other.contains("this folder is another"), "{other}");
-        let name = check(&staging, "s", &run_dir).unwrap_err();
+        let name = check(&staging, "s", &run_dir).unwrap_err().to_string();
         assert!(name.contains("names run `r`"), "{name}");
         // Inside the run's own folder, no mark is needed.
         std::fs::create_dir(run_dir.join("runtime_state")).unwrap();
-        assert_eq!(check(&run_dir.join("runtime_state"), "r", &run_dir), Ok(()));
+        check(&run_dir.join("runtime_state"), "r", &run_dir).unwrap();
     }
 }

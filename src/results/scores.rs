@@ -118,6 +118,26 @@ impl EvaluationRecord {
     }
 }
 
+/// Why a scores file's text gives no scores, in the words that follow "the scores file PATH".
+#[derive(Debug, thiserror::Error)]
+pub enum ScoresError {
+    #[error("is not JSON ({0})")]
+    NotJson(serde_json::Error),
+    /// The text is JSON but not an object: what it is instead.
+    #[error("holds {0}, not an object of dimension -> score")]
+    NotAnObject(String),
+    #[error("holds no scores (an empty object)")]
+    Empty,
+    #[error("gives `{0}` more than once, so which score is meant is not clear")]
+    Repeated(String),
+    /// A dimension's value is not a score: what it is instead.
+    #[error("gives `{dimension}` {value}, not a number (or VBench's [score, per-video results])")]
+    NotAScore { dimension: String, value: String },
+    /// Dimensions asked for that the file has no score for.
+    #[error("has no score for {} (evaluation.dimensions)", .0.join(", "))]
+    Missing(Vec<String>),
+}
+
 /// The first key a JSON object repeats: JSON allows it, and serde_json keeps the last value.
 struct FirstRepeat(Option<String>);
 
@@ -149,22 +169,19 @@ impl<'de> serde::Deserialize<'de> for FirstRepeat {
 }
 
 /// The scores of a scores file's text; every one of `dimensions` must have one.
-pub fn parse_scores(text: &str, dimensions: &[String]) -> Result<BTreeMap<String, f64>, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("is not JSON ({e})"))?;
+pub fn parse_scores(
+    text: &str,
+    dimensions: &[String],
+) -> Result<BTreeMap<String, f64>, ScoresError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ScoresError::NotJson)?;
     let serde_json::Value::Object(map) = value else {
-        return Err(format!(
-            "holds {}, not an object of dimension -> score",
-            kind_of(&value)
-        ));
+        return Err(ScoresError::NotAnObject(kind_of(&value)));
     };
     if map.is_empty() {
-        return Err("holds no scores (an empty object)".into());
+        return Err(ScoresError::Empty);
     }
     if let Ok(FirstRepeat(Some(key))) = serde_json::from_str(text) {
-        return Err(format!(
-            "gives `{key}` more than once, so which score is meant is not clear"
-        ));
+        return Err(ScoresError::Repeated(key));
     }
     let mut scores = BTreeMap::new();
     for (dimension, v) in &map {
@@ -174,23 +191,20 @@ pub fn parse_scores(text: &str, dimensions: &[String]) -> Result<BTreeMap<String
             _ => None,
         };
         let Some(score) = score.filter(|s| s.is_finite()) else {
-            return Err(format!(
-                "gives `{dimension}` {}, not a number (or VBench's [score, per-video results])",
-                kind_of(v)
-            ));
+            return Err(ScoresError::NotAScore {
+                dimension: dimension.clone(),
+                value: kind_of(v),
+            });
         };
         scores.insert(dimension.clone(), score);
     }
-    let missing: Vec<&str> = dimensions
+    let missing: Vec<String> = dimensions
         .iter()
         .filter(|d| !scores.contains_key(*d))
-        .map(String::as_str)
+        .cloned()
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "has no score for {} (evaluation.dimensions)",
-            missing.join(", ")
-        ));
+        return Err(ScoresError::Missing(missing));
     }
     Ok(scores)
 }
@@ -224,7 +238,9 @@ mod tests {
     #[test]
     fn a_dimension_given_twice_is_refused_not_read_as_its_last_value() {
         let text = r#"{"color": 0.5, "subject_consistency": 0.9, "color": [0.7, []]}"#;
-        let e = parse_scores(text, &dims(&["color"])).unwrap_err();
+        let e = parse_scores(text, &dims(&["color"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`color` more than once"), "{e}");
         let once = r#"{"color": 0.5, "subject_consistency": 0.9}"#;
         assert_eq!(parse_scores(once, &dims(&["color"])).unwrap()["color"], 0.5);
@@ -254,10 +270,12 @@ mod tests {
             (r#"{"color": ["x"]}"#, "gives `color` a list"),
             (r#"{"color": NaN}"#, "is not JSON"),
         ] {
-            let e = parse_scores(text, &[]).unwrap_err();
+            let e = parse_scores(text, &[]).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
-        let e = parse_scores(r#"{"color": 0.5}"#, &dims(&["color", "scene"])).unwrap_err();
+        let e = parse_scores(r#"{"color": 0.5}"#, &dims(&["color", "scene"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("has no score for scene"), "{e}");
     }
 }

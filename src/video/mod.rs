@@ -14,6 +14,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+pub use self::mp4::Mp4Error;
+use crate::results::files::RecordError;
+
 /// Largest frame OpenH264 accepts (level 5.2): 3840 wide by 2160 high, or the transpose.
 const MAX_LONG_SIDE: usize = 3840;
 const MAX_SHORT_SIDE: usize = 2160;
@@ -143,11 +146,20 @@ fn write_atomically(
 /// MB), small enough to read into memory.
 const MP4_LIMIT: u64 = 4 << 30;
 
+/// Why a file is not a whole MP4: it cannot be read, or its boxes say what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Mp4CheckError {
+    #[error(transparent)]
+    Read(#[from] RecordError),
+    #[error(transparent)]
+    Incomplete(#[from] Mp4Error),
+}
+
 /// Checks that the file at `path` is a whole MP4 (what [`write_mp4`] leaves): a file cut short
 /// or emptied by a crash, or not an MP4 at all, is an error saying what is wrong.
-pub fn check_mp4(path: &Path) -> Result<(), String> {
-    let bytes = crate::results::files::read_bounded(path, MP4_LIMIT).map_err(|e| e.to_string())?;
-    mp4::check_complete(&bytes)
+pub fn check_mp4(path: &Path) -> Result<(), Mp4CheckError> {
+    let bytes = crate::results::files::read_bounded(path, MP4_LIMIT)?;
+    Ok(mp4::check_complete(&bytes)?)
 }
 
 #[cfg(test)]

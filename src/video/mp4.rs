@@ -274,21 +274,39 @@ fn hdlr(b: &mut Vec<u8>) {
     });
 }
 
-/// Appends a box: 32-bit size, four-character type, then whatever `body` writes. The size is
-/// patched in afterwards, so nesting calls builds the tree without computing sizes by hand.
+/// Why a file is not a whole MP4 as [`header`] and the encoder write one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mp4Error {
+    #[error("{0} stray bytes after the last box")]
+    StrayBytes(usize),
+    #[error("a box's 64-bit size is cut off")]
+    SizeCutOff,
+    /// A box's size is below its header's, or above the `left` bytes from its start to the end.
+    #[error("box `{name}` at byte {at} claims {size} bytes; the file ends {left} bytes later")]
+    BoxOverrun {
+        name: String,
+        at: usize,
+        size: u64,
+        left: usize,
+    },
+    #[error("it does not start with an `ftyp` box")]
+    NoFtyp,
+    #[error("it has no `{0}` box")]
+    NoBox(&'static str),
+    #[error("its `mdat` box is empty")]
+    EmptyMdat,
+}
+
 /// Checks that a file is a whole MP4 as [`header`] and the encoder write one: top-level boxes
 /// that tile the file exactly, `ftyp` first, then `mdat` and `moov` with a non-empty `mdat`. A
 /// file cut short by a crash, or empty, fails, naming what is wrong.
-pub fn check_complete(bytes: &[u8]) -> Result<(), String> {
+pub fn check_complete(bytes: &[u8]) -> Result<(), Mp4Error> {
     let mut at = 0usize;
     let mut kinds = Vec::new();
     let mut mdat_payload = 0u64;
     while at < bytes.len() {
         if bytes.len() - at < 8 {
-            return Err(format!(
-                "{} stray bytes after the last box",
-                bytes.len() - at
-            ));
+            return Err(Mp4Error::StrayBytes(bytes.len() - at));
         }
         let size32 = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
         let kind: [u8; 4] = bytes[at + 4..at + 8].try_into().expect("4 bytes");
@@ -298,15 +316,16 @@ pub fn check_complete(bytes: &[u8]) -> Result<(), String> {
                 u64::from_be_bytes(bytes[at + 8..at + 16].try_into().expect("8 bytes")),
                 16,
             ),
-            1 => return Err("a box's 64-bit size is cut off".into()),
+            1 => return Err(Mp4Error::SizeCutOff),
             n => (u64::from(n), 8),
         };
-        let name = String::from_utf8_lossy(&kind).into_owned();
         if size < header || at as u64 + size > bytes.len() as u64 {
-            return Err(format!(
-                "box `{name}` at byte {at} claims {size} bytes; the file ends {} bytes later",
-                bytes.len() - at
-            ));
+            return Err(Mp4Error::BoxOverrun {
+                name: String::from_utf8_lossy(&kind).into_owned(),
+                at,
+                size,
+                left: bytes.len() - at,
+            });
         }
         if &kind == b"mdat" {
             mdat_payload = size - header;
@@ -315,22 +334,21 @@ pub fn check_complete(bytes: &[u8]) -> Result<(), String> {
         at += size as usize;
     }
     if kinds.first() != Some(b"ftyp") {
-        return Err("it does not start with an `ftyp` box".into());
+        return Err(Mp4Error::NoFtyp);
     }
-    for needed in [b"mdat", b"moov"] {
-        if !kinds.contains(needed) {
-            return Err(format!(
-                "it has no `{}` box",
-                String::from_utf8_lossy(needed)
-            ));
+    for needed in ["mdat", "moov"] {
+        if !kinds.iter().any(|k| k.as_slice() == needed.as_bytes()) {
+            return Err(Mp4Error::NoBox(needed));
         }
     }
     if mdat_payload == 0 {
-        return Err("its `mdat` box is empty".into());
+        return Err(Mp4Error::EmptyMdat);
     }
     Ok(())
 }
 
+/// Appends a box: 32-bit size, four-character type, then whatever `body` writes. The size is
+/// patched in afterwards, so nesting calls builds the tree without computing sizes by hand.
 fn write_box(out: &mut Vec<u8>, kind: &[u8; 4], body: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
     put_u32(out, 0);
@@ -547,9 +565,14 @@ mod tests {
             sync: true,
         }]);
         assert_eq!(check_complete(&file), Ok(()));
-        assert!(check_complete(&[]).unwrap_err().contains("ftyp"));
+        assert!(
+            check_complete(&[])
+                .unwrap_err()
+                .to_string()
+                .contains("ftyp")
+        );
         for cut in [file.len() - 1, file.len() / 2, 12] {
-            let error = check_complete(&file[..cut]).unwrap_err();
+            let error = check_complete(&file[..cut]).unwrap_err().to_string();
             assert!(
                 error.contains("claims") || error.contains("stray"),
                 "{cut}: {error}"

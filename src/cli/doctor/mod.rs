@@ -245,7 +245,7 @@ pub fn gpu_checks() -> Vec<Check> {
             name: "gpus".into(),
             ok: false,
             detail: match other {
-                Err(e) => e,
+                Err(e) => e.to_string(),
                 Ok(_) => "the driver lists no GPU".into(),
             },
             fix: Some(format!(

@@ -414,7 +414,7 @@ impl SlurmWork<'_> {
         let mut last_query = Instant::now() - Duration::from_secs(60);
         let mut live = BTreeMap::new();
         // Since when Slurm has answered none of the questions, and what it said last.
-        let mut unanswered: Option<(Instant, String)> = None;
+        let mut unanswered: Option<(Instant, query::SlurmQueryError)> = None;
         let mut lost = None;
         loop {
             drain();

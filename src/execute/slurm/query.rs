@@ -4,9 +4,9 @@
 //! (`slurm/task-<job>_<n>.json`) tell which have ended.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
+use std::io::{self, Read};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -16,6 +16,52 @@ use crate::results::records::SlurmRecord;
 
 /// How long one `squeue`, `scontrol` or `sacct` may take before it counts as not answering.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why one Slurm command gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmCommandError {
+    #[error("cannot run {program}: {source}")]
+    Start {
+        program: &'static str,
+        source: io::Error,
+    },
+    #[error("{program} did not answer in {} s", QUERY_TIMEOUT.as_secs())]
+    Timeout { program: &'static str },
+    #[error("cannot wait for {program}: {source}")]
+    Wait {
+        program: &'static str,
+        source: io::Error,
+    },
+    /// It failed and wrote nothing on its standard error.
+    #[error("{program} failed ({status})")]
+    Failed {
+        program: &'static str,
+        status: ExitStatus,
+    },
+    /// It failed: what it wrote on its standard error, trimmed.
+    #[error("{0}")]
+    Said(String),
+}
+
+impl SlurmCommandError {
+    /// Whether the command said that it does not know the job.
+    fn unknown_job(&self) -> bool {
+        matches!(self, SlurmCommandError::Said(said) if said.contains("Invalid job id"))
+    }
+}
+
+/// Why none of `squeue`, `scontrol` and `sacct` told where a job's tasks stand: what each said.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "squeue: {squeue}; scontrol: {}; sacct: {sacct}",
+    scontrol.as_ref().map_or_else(|| "no such job".to_string(), ToString::to_string)
+)]
+pub struct SlurmQueryError {
+    squeue: SlurmCommandError,
+    /// `None`: `scontrol` no longer holds the job.
+    scontrol: Option<SlurmCommandError>,
+    sacct: SlurmCommandError,
+}
 
 /// A task's state as Slurm tells it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -52,28 +98,33 @@ pub fn live_tasks(job_id: &str) -> BTreeMap<usize, TaskState> {
 /// The job's tasks that are queued or running: from `squeue`, else from the tasks in a live
 /// state that `scontrol` or `sacct` show; `Err` (what each said) when none of them answered.
 /// A job Slurm does not know any more has ended.
-pub fn query_live(job_id: &str) -> Result<BTreeMap<usize, TaskState>, String> {
-    let squeue_failed = match squeue(job_id) {
+pub fn query_live(job_id: &str) -> Result<BTreeMap<usize, TaskState>, SlurmQueryError> {
+    let squeue = match squeue(job_id) {
         Ok(live) => return Ok(live),
         Err(e) => e,
     };
-    let mut why = vec![format!("squeue: {squeue_failed}")];
-    for (name, query) in [("scontrol", scontrol as Query), ("sacct", sacct)] {
-        match query(job_id) {
-            Ok(Some(all)) => {
-                return Ok(all.into_iter().filter(|(_, s)| is_live(&s.state)).collect());
-            }
-            // scontrol no longer holds the job: sacct may still know it.
-            Ok(None) if name == "scontrol" => why.push("scontrol: no such job".into()),
-            Ok(None) => return Ok(BTreeMap::new()),
-            Err(e) => why.push(format!("{name}: {e}")),
-        }
+    let live = |all: BTreeMap<usize, TaskState>| -> BTreeMap<usize, TaskState> {
+        all.into_iter().filter(|(_, s)| is_live(&s.state)).collect()
+    };
+    // scontrol no longer holds the job: sacct may still know it.
+    let scontrol = match scontrol(job_id) {
+        Ok(Some(all)) => return Ok(live(all)),
+        Ok(None) => None,
+        Err(e) => Some(e),
+    };
+    match sacct(job_id) {
+        Ok(Some(all)) => Ok(live(all)),
+        Ok(None) => Ok(BTreeMap::new()),
+        Err(sacct) => Err(SlurmQueryError {
+            squeue,
+            scontrol,
+            sacct,
+        }),
     }
-    Err(why.join("; "))
 }
 
 /// A query of every task of a job: `Ok(None)` when the command does not know the job.
-type Query = fn(&str) -> Result<Option<BTreeMap<usize, TaskState>>, String>;
+type Query = fn(&str) -> Result<Option<BTreeMap<usize, TaskState>>, SlurmCommandError>;
 
 /// The states of the job's tasks as `scontrol` (while the controller still holds the job) or
 /// `sacct` (where accounting is on) tell them, ended tasks included; empty when neither knows.
@@ -108,7 +159,7 @@ pub fn standing(run_dir: &Path, job: &SlurmRecord) -> Standing {
             if all_reported_ended(run_dir, &job.job_id, &tasks) {
                 Standing::Ended
             } else {
-                Standing::Unknown(why)
+                Standing::Unknown(why.to_string())
             }
         }
     }
@@ -123,14 +174,14 @@ pub(super) fn all_reported_ended(run_dir: &Path, job_id: &str, tasks: &[usize]) 
 
 /// Runs a Slurm command, giving it [`QUERY_TIMEOUT`]: its standard output when it succeeded,
 /// else what went wrong (its standard error, or that it could not start or did not answer).
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
+fn run(program: &'static str, args: &[&str]) -> Result<String, SlurmCommandError> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(|source| SlurmCommandError::Start { program, source })?;
     // Read while it runs, so that a long answer cannot fill the pipe and stall it.
     let mut stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
@@ -152,12 +203,9 @@ fn run(program: &str, args: &[&str]) -> Result<String, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "{program} did not answer in {} s",
-                    QUERY_TIMEOUT.as_secs()
-                ));
+                return Err(SlurmCommandError::Timeout { program });
             }
-            Err(e) => return Err(format!("cannot wait for {program}: {e}")),
+            Err(source) => return Err(SlurmCommandError::Wait { program, source }),
         }
     };
     let stdout = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
@@ -167,18 +215,18 @@ fn run(program: &str, args: &[&str]) -> Result<String, String> {
     } else {
         let said = stderr.trim();
         Err(if said.is_empty() {
-            format!("{program} failed ({status})")
+            SlurmCommandError::Failed { program, status }
         } else {
-            said.to_string()
+            SlurmCommandError::Said(said.to_string())
         })
     }
 }
 
 /// `squeue`'s tasks of the job (one line per array task); an unknown job has none.
-fn squeue(job_id: &str) -> Result<BTreeMap<usize, TaskState>, String> {
+fn squeue(job_id: &str) -> Result<BTreeMap<usize, TaskState>, SlurmCommandError> {
     let text = match run("squeue", &["-h", "-r", "-j", job_id, "-o", "%K|%T|%N"]) {
         Ok(text) => text,
-        Err(e) if e.contains("Invalid job id") => return Ok(BTreeMap::new()),
+        Err(e) if e.unknown_job() => return Ok(BTreeMap::new()),
         Err(e) => return Err(e),
     };
     let mut tasks = BTreeMap::new();
@@ -205,10 +253,10 @@ fn squeue(job_id: &str) -> Result<BTreeMap<usize, TaskState>, String> {
 
 /// `scontrol`'s tasks of the job, queued, running and ended; `None` once the controller no
 /// longer holds it.
-fn scontrol(job_id: &str) -> Result<Option<BTreeMap<usize, TaskState>>, String> {
+fn scontrol(job_id: &str) -> Result<Option<BTreeMap<usize, TaskState>>, SlurmCommandError> {
     let text = match run("scontrol", &["show", "job", "-o", job_id]) {
         Ok(text) => text,
-        Err(e) if e.contains("Invalid job id") => return Ok(None),
+        Err(e) if e.unknown_job() => return Ok(None),
         Err(e) => return Err(e),
     };
     let mut tasks = BTreeMap::new();
@@ -236,7 +284,7 @@ fn scontrol(job_id: &str) -> Result<Option<BTreeMap<usize, TaskState>>, String> 
 }
 
 /// `sacct`'s tasks of the job (where accounting is on); `None` when it has none.
-fn sacct(job_id: &str) -> Result<Option<BTreeMap<usize, TaskState>>, String> {
+fn sacct(job_id: &str) -> Result<Option<BTreeMap<usize, TaskState>>, SlurmCommandError> {
     let text = run(
         "sacct",
         &["-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,NodeList"],

@@ -8,9 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::super::lock::Lock;
-use super::super::slots::{bind_to_parent, log_tail};
+use super::super::slots::{WorkerError, bind_to_parent, log_tail};
 use super::{TaskList, TaskProcess, TaskReport, task_report_path};
-use crate::manifest::diagnostic::display_path;
 use crate::results::files::{read_json, write_json_atomic};
 
 /// `runner slurm-task`: runs task `task` of the list at `path` on this node, holding the run
@@ -79,6 +78,7 @@ pub fn run_task(path: &Path, task: usize) -> i32 {
             let _ = fs::remove_dir_all(v);
         }
         if let Err(f) = result {
+            let f = f.to_string();
             report.failure = Some(f.clone());
             return finish(report, Some(f));
         }
@@ -92,20 +92,25 @@ pub fn run_task(path: &Path, task: usize) -> i32 {
 /// Runs one process of a task as local workers run: `runner worker --spec`, its events to its
 /// event file and its standard error to its log, bound to this task as a local worker is to its
 /// apply: it dies with the task, and holds the run's lock (shared) while it lives.
-fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), String> {
-    let create = |d: &Path| {
-        fs::create_dir_all(d).map_err(|e| format!("{}: cannot create {}: {e}", p.name, d.display()))
+fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), WorkerError> {
+    let cannot_create = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| WorkerError::Create {
+            name: p.name.clone(),
+            path,
+            source,
+        }
     };
-    create(&p.cache_dir)?;
+    fs::create_dir_all(&p.cache_dir).map_err(cannot_create(&p.cache_dir))?;
     if let Some(v) = &p.videos {
-        create(v)?;
+        fs::create_dir_all(v).map_err(cannot_create(v))?;
     }
-    let open = |f: &Path| {
-        fs::File::create(f).map_err(|e| format!("{}: cannot create {}: {e}", p.name, f.display()))
-    };
-    let log = open(&p.log)?;
-    let events = open(&p.events)?;
-    let runner = std::env::current_exe().map_err(|e| format!("{}: {e}", p.name))?;
+    let log = fs::File::create(&p.log).map_err(cannot_create(&p.log))?;
+    let events = fs::File::create(&p.events).map_err(cannot_create(&p.events))?;
+    let runner = std::env::current_exe().map_err(|source| WorkerError::Io {
+        name: p.name.clone(),
+        source,
+    })?;
     let mut cmd = Command::new(runner);
     bind_to_parent(&mut cmd, lock.fd());
     let status = cmd
@@ -118,18 +123,17 @@ fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), Stri
         .env("CUDA_CACHE_PATH", p.cache_dir.join("cuda_jit"))
         .env("OMP_NUM_THREADS", list.cpu_threads.to_string())
         .status()
-        .map_err(|e| format!("{}: cannot start the worker: {e}", p.name))?;
+        .map_err(|source| WorkerError::StartWorker {
+            name: p.name.clone(),
+            source,
+        })?;
     if status.success() {
         return Ok(());
     }
-    let how = match status.code() {
-        Some(c) => format!("exited with status {c}"),
-        None => "was killed by a signal".to_string(),
-    };
-    Err(format!(
-        "{} {how} (log {}):\n{}",
-        p.name,
-        display_path(&p.log),
-        log_tail(&p.log, 20)
-    ))
+    Err(WorkerError::Failed {
+        name: p.name.clone(),
+        code: status.code(),
+        log: p.log.clone(),
+        tail: log_tail(&p.log, 20),
+    })
 }
