@@ -216,7 +216,10 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
 
 /// `--indices`: the manifest's index-list syntax, every index inside the prompt file.
 fn prompt_indices(list: &str, prompt_count: usize) -> Result<Vec<u32>, String> {
-    let indices = match list.parse::<crate::manifest::IndexList>()? {
+    let indices = match list
+        .parse::<crate::manifest::IndexList>()
+        .map_err(|e| e.to_string())?
+    {
         crate::manifest::IndexList::All => (0..prompt_count as u32).collect(),
         crate::manifest::IndexList::List(indices) => indices,
     };
