@@ -23,7 +23,7 @@ mod builder;
 mod providers;
 pub(crate) use builder::build_small_session;
 use builder::*;
-pub use providers::available_providers;
+pub use providers::{ProviderQueryError, available_providers};
 use providers::{disabled_optimizers, execution_providers};
 
 #[derive(Debug, thiserror::Error)]
