@@ -51,8 +51,8 @@ pub use generate::{
 pub use noise::fill_normal;
 pub use one_time::OneTimeWork;
 pub use options::{
-    CudaOptions, Diagnostics, DitAttention, FusedPart, Provider, RuntimeOptions, TensorRtOptions,
-    check_diagnostics_env,
+    CudaOptions, Diagnostics, DiagnosticsEnvError, DitAttention, FusedPart, Provider,
+    RuntimeOptions, TensorRtOptions, check_diagnostics_env,
 };
 pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};

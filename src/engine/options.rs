@@ -483,23 +483,29 @@ const ORT_LOG_LEVELS: [(&str, ort::logging::LogLevel); 3] = [
     ("warning", ort::logging::LogLevel::Warning),
 ];
 
+/// A diagnostic switch of the environment set to a value it does not take, and what to do instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DiagnosticsEnvError {
+    /// `UNSTEP_ORT_LOG` set to a name not in [`ORT_LOG_LEVELS`].
+    #[error(
+        "{var}={0:?} is not a log level: set it to verbose, info or warning, or unset it",
+        var = crate::env_vars::EnvVars::UNSTEP_ORT_LOG
+    )]
+    OrtLogLevel(String),
+}
+
 /// ONNX Runtime's log level named `name` (one of [`ORT_LOG_LEVELS`]), or what to do instead.
-pub(crate) fn ort_log_level(name: &str) -> Result<ort::logging::LogLevel, String> {
+pub(crate) fn ort_log_level(name: &str) -> Result<ort::logging::LogLevel, DiagnosticsEnvError> {
     ORT_LOG_LEVELS
         .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, level)| *level)
-        .ok_or_else(|| {
-            format!(
-                "{}={name:?} is not a log level: set it to verbose, info or warning, or unset it",
-                crate::env_vars::EnvVars::UNSTEP_ORT_LOG
-            )
-        })
+        .ok_or_else(|| DiagnosticsEnvError::OrtLogLevel(name.to_string()))
 }
 
 /// Checks the diagnostic switches of the environment that take one of a list of values, so that a
 /// misspelt one stops a command that builds sessions before any work, not at its first session.
-pub fn check_diagnostics_env() -> Result<(), String> {
+pub fn check_diagnostics_env() -> Result<(), DiagnosticsEnvError> {
     match &Diagnostics::from_env().ort_log_level {
         Some(level) => ort_log_level(level).map(|_| ()),
         None => Ok(()),

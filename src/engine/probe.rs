@@ -68,7 +68,7 @@ pub fn probe_environment(explicit: Option<&Path>) -> Vec<Check> {
                     "use an ONNX Runtime GPU build (e.g. `pip install onnxruntime-gpu`, or ORT_DYLIB_PATH)".to_string()
                 }),
             ),
-            Err(error) => (false, error, None),
+            Err(error) => (false, error.to_string(), None),
         };
         checks.push(Check {
             name: format!("execution provider {provider}"),

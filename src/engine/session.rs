@@ -23,7 +23,7 @@ mod builder;
 mod providers;
 pub(crate) use builder::build_small_session;
 use builder::*;
-pub use providers::available_providers;
+pub use providers::{ProviderQueryError, available_providers};
 use providers::{disabled_optimizers, execution_providers};
 
 #[derive(Debug, thiserror::Error)]
@@ -565,17 +565,37 @@ impl Contract {
     }
 }
 
-fn check_outlet(outlet: &Outlet, ty: TensorElementType, rank: usize) -> Result<(), String> {
+/// Why a graph's input or output does not fit the bundle contract, said after its name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum OutletError {
+    #[error("is not a tensor")]
+    NotTensor,
+    #[error("has element type {actual:?}, expected {expected:?}")]
+    ElementType {
+        actual: TensorElementType,
+        expected: TensorElementType,
+    },
+    #[error("has rank {actual}, expected {expected}")]
+    Rank { actual: usize, expected: usize },
+}
+
+fn check_outlet(outlet: &Outlet, ty: TensorElementType, rank: usize) -> Result<(), OutletError> {
     let (Some(actual_ty), Some(shape)) =
         (outlet.dtype().tensor_type(), outlet.dtype().tensor_shape())
     else {
-        return Err("is not a tensor".into());
+        return Err(OutletError::NotTensor);
     };
     if actual_ty != ty {
-        return Err(format!("has element type {actual_ty:?}, expected {ty:?}"));
+        return Err(OutletError::ElementType {
+            actual: actual_ty,
+            expected: ty,
+        });
     }
     if rank != 0 && shape.len() != rank {
-        return Err(format!("has rank {}, expected {rank}", shape.len()));
+        return Err(OutletError::Rank {
+            actual: shape.len(),
+            expected: rank,
+        });
     }
     Ok(())
 }

@@ -266,7 +266,7 @@ fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
     let available = engine::session::available_providers()
         .into_iter()
         .find(|(name, _)| *name == kind.name())
-        .is_some_and(|(_, ok)| ok == Ok(true));
+        .is_some_and(|(_, ok)| matches!(ok, Ok(true)));
     if available {
         return Ok(());
     }

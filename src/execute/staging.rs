@@ -560,7 +560,7 @@ fn walk_files(
 fn unzip(archive: &Path, dst: &Path) -> Result<(), StagingError> {
     crate::engine::bundle::extract_bundle_zip(archive, dst).map_err(|reason| StagingError::Zip {
         path: archive.to_path_buf(),
-        reason,
+        reason: reason.to_string(),
     })
 }
 

@@ -26,6 +26,33 @@ pub const PLACEHOLDERS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Why an argument list is not an evaluation command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandTemplateError {
+    #[error(
+        "the command is empty; write the program and its arguments, like [\"vbench\", \
+         \"evaluate\", …]"
+    )]
+    Empty,
+    #[error("the command's first element, the program, is empty")]
+    EmptyProgram,
+    /// `{name}` where `name` is not one of [`PLACEHOLDERS`].
+    #[error(
+        "unknown placeholder `{{{0}}}`; the command may use {known}",
+        known = known_placeholders()
+    )]
+    UnknownPlaceholder(String),
+}
+
+/// The placeholders as written in a command, separated by commas.
+fn known_placeholders() -> String {
+    let known: Vec<String> = PLACEHOLDERS
+        .iter()
+        .map(|(p, _)| format!("{{{p}}}"))
+        .collect();
+    known.join(", ")
+}
+
 /// An evaluation command: a program and its arguments, as a list. It runs without a shell, so
 /// nothing in it (or in what its placeholders stand for) is expanded, split or redirected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,16 +62,12 @@ pub struct CommandTemplate {
 
 impl CommandTemplate {
     /// A command of these arguments, checked: not empty, a program, known placeholders.
-    pub fn new(argv: Vec<String>) -> Result<CommandTemplate, String> {
+    pub fn new(argv: Vec<String>) -> Result<CommandTemplate, CommandTemplateError> {
         let Some(program) = argv.first() else {
-            return Err(
-                "the command is empty; write the program and its arguments, like \
-                        [\"vbench\", \"evaluate\", …]"
-                    .into(),
-            );
+            return Err(CommandTemplateError::Empty);
         };
         if program.trim().is_empty() {
-            return Err("the command's first element, the program, is empty".into());
+            return Err(CommandTemplateError::EmptyProgram);
         }
         for arg in &argv {
             check_placeholders(arg)?;
@@ -117,7 +140,7 @@ pub fn quote(arg: &str) -> String {
 }
 
 /// Refuses `{name}` where `name` is not a placeholder.
-fn check_placeholders(arg: &str) -> Result<(), String> {
+fn check_placeholders(arg: &str) -> Result<(), CommandTemplateError> {
     let mut rest = arg;
     while let Some(start) = rest.find('{') {
         let after = &rest[start + 1..];
@@ -127,14 +150,7 @@ fn check_placeholders(arg: &str) -> Result<(), String> {
         if len > 0 && after[len..].starts_with('}') {
             let name = &after[..len];
             if !PLACEHOLDERS.iter().any(|(p, _)| *p == name) {
-                let known: Vec<String> = PLACEHOLDERS
-                    .iter()
-                    .map(|(p, _)| format!("{{{p}}}"))
-                    .collect();
-                return Err(format!(
-                    "unknown placeholder `{{{name}}}`; the command may use {}",
-                    known.join(", ")
-                ));
+                return Err(CommandTemplateError::UnknownPlaceholder(name.to_string()));
             }
         }
         rest = after;
@@ -224,18 +240,27 @@ impl JsonSchema for CommandTemplate {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dimensions(pub Vec<String>);
 
+/// Why a list of names is not a list of evaluation dimensions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum DimensionsError {
+    #[error(
+        "`{0}` is not a dimension name; use letters, digits and `_` (VBench's names, like \
+         subject_consistency)"
+    )]
+    BadName(String),
+    #[error("dimension `{0}` is listed twice")]
+    Twice(String),
+}
+
 impl Dimensions {
-    fn of(names: Vec<String>) -> Result<Dimensions, String> {
+    fn of(names: Vec<String>) -> Result<Dimensions, DimensionsError> {
         let mut seen = Vec::new();
         for n in names {
             if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!(
-                    "`{n}` is not a dimension name; use letters, digits and `_` (VBench's names, \
-                     like subject_consistency)"
-                ));
+                return Err(DimensionsError::BadName(n));
             }
             if seen.contains(&n) {
-                return Err(format!("dimension `{n}` is listed twice"));
+                return Err(DimensionsError::Twice(n));
             }
             seen.push(n);
         }
@@ -344,35 +369,47 @@ impl fmt::Display for ScoresFile {
     }
 }
 
+/// Why a text is not a scores file path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScoresFileError {
+    /// An empty or absolute path, or one holding a NUL.
+    #[error(
+        "`{0}` is not a path inside the run's eval/ folder; write a relative path like \
+         \"raw_scores.json\""
+    )]
+    NotRelative(String),
+    #[error("`{0}` has an empty, `.` or `..` part; write a path inside the run's eval/ folder")]
+    BadPart(String),
+    /// A `*` in a folder, or more than one in the file name.
+    #[error("`{0}`: only the file name may hold a `*`, and only one")]
+    Star(String),
+    /// [`SCORES_JSON`], the runner's own file.
+    #[error(
+        "eval/{SCORES_JSON} is where the runner keeps the scores it read; let the command write \
+         another file"
+    )]
+    RunnersOwn,
+}
+
 impl FromStr for ScoresFile {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ScoresFileError;
+    fn from_str(s: &str) -> Result<Self, ScoresFileError> {
         let parts: Vec<&str> = s.split('/').collect();
         if s.is_empty() || s.starts_with('/') || s.contains('\0') {
-            return Err(format!(
-                "`{s}` is not a path inside the run's eval/ folder; write a relative path like \
-                 \"raw_scores.json\""
-            ));
+            return Err(ScoresFileError::NotRelative(s.to_string()));
         }
         if parts
             .iter()
             .any(|p| p.is_empty() || *p == "." || *p == "..")
         {
-            return Err(format!(
-                "`{s}` has an empty, `.` or `..` part; write a path inside the run's eval/ folder"
-            ));
+            return Err(ScoresFileError::BadPart(s.to_string()));
         }
         let (last, folders) = parts.split_last().expect("split gives one part at least");
         if folders.iter().any(|p| p.contains('*')) || last.matches('*').count() > 1 {
-            return Err(format!(
-                "`{s}`: only the file name may hold a `*`, and only one"
-            ));
+            return Err(ScoresFileError::Star(s.to_string()));
         }
         if s == SCORES_JSON {
-            return Err(format!(
-                "eval/{SCORES_JSON} is where the runner keeps the scores it read; let the command \
-                 write another file"
-            ));
+            return Err(ScoresFileError::RunnersOwn);
         }
         Ok(ScoresFile(s.to_string()))
     }
@@ -408,7 +445,7 @@ impl JsonSchema for ScoresFile {
 mod tests {
     use super::*;
 
-    fn template(v: &[&str]) -> Result<CommandTemplate, String> {
+    fn template(v: &[&str]) -> Result<CommandTemplate, CommandTemplateError> {
         CommandTemplate::new(v.iter().map(|s| s.to_string()).collect())
     }
 

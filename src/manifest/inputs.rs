@@ -88,26 +88,37 @@ pub fn read_text_file(
     })
 }
 
+/// Why a prompt file gives no prompts; the message reads after the file's name.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PromptFileError {
+    #[error(transparent)]
+    Read(#[from] TextFileError),
+    #[error("has no prompts; write one prompt per line")]
+    NoPrompts,
+    /// A blank line, by its 1-based number.
+    #[error(
+        "line {0} is blank; every line is one prompt (its index is its line number minus one), so \
+         remove the blank line"
+    )]
+    BlankLine(usize),
+}
+
 /// The prompts of a prompt file's text: one a line, a prompt's index its zero-based line number.
 /// Lines may end in `\n` or `\r\n`, and a UTF-8 byte-order mark at the start is not part of the
 /// first prompt. A blank line is an error naming it: dropping it would shift every later
 /// prompt's index, and so its noise.
-pub fn parse_prompt_file(text: &str) -> Result<Vec<String>, String> {
+pub fn parse_prompt_file(text: &str) -> Result<Vec<String>, PromptFileError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let body = text.strip_suffix('\n').unwrap_or(text);
     if body.is_empty() {
-        return Err("has no prompts; write one prompt per line".into());
+        return Err(PromptFileError::NoPrompts);
     }
     body.split('\n')
         .enumerate()
         .map(|(i, line)| {
             let line = line.strip_suffix('\r').unwrap_or(line);
             if line.trim().is_empty() {
-                Err(format!(
-                    "line {} is blank; every line is one prompt (its index is its line number \
-                     minus one), so remove the blank line",
-                    i + 1
-                ))
+                Err(PromptFileError::BlankLine(i + 1))
             } else {
                 Ok(line.to_string())
             }
@@ -116,8 +127,8 @@ pub fn parse_prompt_file(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// Reads and parses a prompt file; the error reads after the file's name.
-pub fn read_prompt_file(path: &Path) -> Result<Vec<String>, String> {
-    let text = read_text_file(path, PROMPTS_LIMIT, "prompt file").map_err(|e| e.to_string())?;
+pub fn read_prompt_file(path: &Path) -> Result<Vec<String>, PromptFileError> {
+    let text = read_text_file(path, PROMPTS_LIMIT, "prompt file")?;
     parse_prompt_file(&text)
 }
 
@@ -144,7 +155,7 @@ mod tests {
             ("a\n\n", "line 2 is blank"),
         ];
         for (text, want) in bad {
-            let e = parse_prompt_file(text).unwrap_err();
+            let e = parse_prompt_file(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
     }

@@ -160,25 +160,42 @@ pub const EXTRA_ARGS_VAR: &str = "UNSTEP_EXTRA_ARGS";
 /// surroundings) and so are never read as `UNSTEP_<TABLE>__<KEY>`.
 const NOT_SETTINGS: &[&str] = &["UNSTEP_ORT_CACHE_DIR"];
 
+/// Why an override's text is not a value of its key's type; the message reads after the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OverrideValueError {
+    #[error("`{0}` is not a boolean; use 1/0 or true/false")]
+    NotBoolean(String),
+    #[error("`{0}` is not an integer")]
+    NotInteger(String),
+    #[error("`{0}` is not a number")]
+    NotNumber(String),
+    /// Text in quotes that TOML reads as something other than a string.
+    #[error("`{0}` is not a quoted string")]
+    NotQuotedString(String),
+    /// Text in quotes that is not TOML.
+    #[error("`{0}` is not a TOML string; write it without quotes, or as a TOML string")]
+    NotTomlString(String),
+}
+
 /// Converts an override's text to a value of the key's type. Text keys stay strings and are
 /// checked by their own types when the layers are merged.
-pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, String> {
+pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, OverrideValueError> {
     let ty = keys().get(key).map_or(ValueType::Text, |k| k.ty);
     let t = text.trim();
     match ty {
         ValueType::Bool => match t.to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" | "on" => Ok(toml::Value::Boolean(true)),
             "0" | "false" | "no" | "off" => Ok(toml::Value::Boolean(false)),
-            _ => Err(format!("`{t}` is not a boolean; use 1/0 or true/false")),
+            _ => Err(OverrideValueError::NotBoolean(t.to_string())),
         },
         ValueType::Integer => t
             .parse::<i64>()
             .map(toml::Value::Integer)
-            .map_err(|_| format!("`{t}` is not an integer")),
+            .map_err(|_| OverrideValueError::NotInteger(t.to_string())),
         ValueType::Float => t
             .parse::<f64>()
             .map(toml::Value::Float)
-            .map_err(|_| format!("`{t}` is not a number")),
+            .map_err(|_| OverrideValueError::NotNumber(t.to_string())),
         ValueType::IntegerArray => t
             .trim_start_matches('[')
             .trim_end_matches(']')
@@ -188,7 +205,7 @@ pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, String> {
                 p.trim()
                     .parse::<i64>()
                     .map(toml::Value::Integer)
-                    .map_err(|_| format!("`{}` is not an integer", p.trim()))
+                    .map_err(|_| OverrideValueError::NotInteger(p.trim().to_string()))
             })
             .collect::<Result<Vec<_>, _>>()
             .map(toml::Value::Array),
@@ -198,7 +215,7 @@ pub fn parse_text(key: &str, text: &str) -> Result<toml::Value, String> {
 
 /// A text value as given, or the string inside TOML quotes (`"x"`, `'x'`), as the value would be
 /// written in a manifest: `--set name="abc"` is the name `abc`, not `"abc"`.
-pub(super) fn unquote(t: &str) -> Result<String, String> {
+pub(super) fn unquote(t: &str) -> Result<String, OverrideValueError> {
     let quoted = t.len() >= 2
         && ((t.starts_with('"') && t.ends_with('"')) || (t.starts_with('\'') && t.ends_with('\'')));
     if !quoted {
@@ -207,11 +224,9 @@ pub(super) fn unquote(t: &str) -> Result<String, String> {
     match toml::from_str::<toml::Table>(&format!("v = {t}")) {
         Ok(table) => match table.get("v") {
             Some(toml::Value::String(s)) => Ok(s.clone()),
-            _ => Err(format!("`{t}` is not a quoted string")),
+            _ => Err(OverrideValueError::NotQuotedString(t.to_string())),
         },
-        Err(_) => Err(format!(
-            "`{t}` is not a TOML string; write it without quotes, or as a TOML string"
-        )),
+        Err(_) => Err(OverrideValueError::NotTomlString(t.to_string())),
     }
 }
 

@@ -749,7 +749,7 @@ fn read_prompts(
         return None;
     }
     match read
-        .map_err(|e| e.to_string())
+        .map_err(inputs::PromptFileError::from)
         .and_then(|text| inputs::parse_prompt_file(&text))
     {
         Ok(prompts) => Some(prompts),

@@ -27,7 +27,7 @@ pub(super) fn read(
         return None;
     }
     let names = read
-        .map_err(|e| e.to_string())
+        .map_err(inputs::PromptFileError::from)
         .and_then(|text| inputs::parse_prompt_file(&text));
     let error = |message: String, hint: &str| {
         at_key(
@@ -40,7 +40,7 @@ pub(super) fn read(
     match names {
         Err(e) => {
             errors.push(error(
-                e,
+                e.to_string(),
                 "one standard prompt per line, UTF-8 (see docs/vbench.md)",
             ));
             None

@@ -4,15 +4,26 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
+/// Why a path's `${VAR}` or `~` cannot be expanded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathExpandError {
+    #[error("`~` is used but HOME is not set; write the full path")]
+    NoHome,
+    /// A `${` without its `}`, in the path as written.
+    #[error("unclosed `${{` in `{0}`")]
+    Unclosed(String),
+    /// A variable without a default that is unset or empty, by its name.
+    #[error("`${{{0}}}` is not set; set it or write the path")]
+    Unset(String),
+}
+
 /// Expands `${VAR}`, `${VAR:-default}` and a leading `~/` from `env`; an unset variable without
 /// a default is an error naming it.
-pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, String> {
+pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, PathExpandError> {
     let mut out = String::new();
     let mut rest = text;
     if let Some(tail) = rest.strip_prefix("~/") {
-        let home = env
-            .get("HOME")
-            .ok_or("`~` is used but HOME is not set; write the full path")?;
+        let home = env.get("HOME").ok_or(PathExpandError::NoHome)?;
         out.push_str(home);
         out.push('/');
         rest = tail;
@@ -22,7 +33,7 @@ pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, Stri
         let after = &rest[start + 2..];
         let end = after
             .find('}')
-            .ok_or_else(|| format!("unclosed `${{` in `{text}`"))?;
+            .ok_or_else(|| PathExpandError::Unclosed(text.to_string()))?;
         let inner = &after[..end];
         let (var, default) = match inner.split_once(":-") {
             Some((v, d)) => (v, Some(d)),
@@ -32,7 +43,7 @@ pub fn expand(text: &str, env: &BTreeMap<String, String>) -> Result<String, Stri
             Some(v) => out.push_str(v),
             None => match default {
                 Some(d) => out.push_str(d),
-                None => return Err(format!("`${{{var}}}` is not set; set it or write the path")),
+                None => return Err(PathExpandError::Unset(var.to_string())),
             },
         }
         rest = &after[end + 1..];
@@ -168,7 +179,12 @@ mod tests {
         assert_eq!(expand("${TMPDIR:-/tmp}/x", &env).unwrap(), "/scratch/x");
         assert_eq!(expand("${TMPDIR:-/tmp}/x", &empty).unwrap(), "/tmp/x");
         assert_eq!(expand("~/a", &env).unwrap(), "/h/a");
-        assert!(expand("${NOPE}/x", &empty).unwrap_err().contains("NOPE"));
+        assert!(
+            expand("${NOPE}/x", &empty)
+                .unwrap_err()
+                .to_string()
+                .contains("NOPE")
+        );
         assert!(expand("${NOPE", &empty).is_err());
     }
 

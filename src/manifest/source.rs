@@ -45,7 +45,7 @@ impl SourceFile {
         })?;
         let mut leaves = BTreeMap::new();
         collect(&text, "", spanned.get_ref(), &mut leaves)
-            .map_err(|(span, msg)| syntax_error(&path, &text, span, &msg))?;
+            .map_err(|(span, e)| syntax_error(&path, &text, span, &e.to_string()))?;
         let line_starts = std::iter::once(0)
             .chain(text.match_indices('\n').map(|(i, _)| i + 1))
             .collect();
@@ -128,7 +128,7 @@ fn collect(
     prefix: &str,
     table: &DeTable<'_>,
     out: &mut BTreeMap<String, Leaf>,
-) -> Result<(), (Range<usize>, String)> {
+) -> Result<(), (Range<usize>, TomlValueError)> {
     for (key, value) in table.iter() {
         let path = if prefix.is_empty() {
             key.get_ref().to_string()
@@ -161,8 +161,19 @@ fn collect(
     Ok(())
 }
 
+/// Why a parsed TOML value has no plain TOML value; the message reads after "invalid TOML: ".
+#[derive(Debug, thiserror::Error)]
+enum TomlValueError {
+    /// An integer, as written, outside `i64`.
+    #[error("integer `{0}` does not fit in 64 bits")]
+    IntegerRange(String),
+    /// A float, as written without `_`, that does not parse.
+    #[error("`{0}` is not a float")]
+    NotFloat(String),
+}
+
 /// Converts a spanned parse value into a plain TOML value.
-fn to_value(v: &DeValue<'_>) -> Result<toml::Value, String> {
+fn to_value(v: &DeValue<'_>) -> Result<toml::Value, TomlValueError> {
     Ok(match v {
         DeValue::String(s) => toml::Value::String(s.to_string()),
         DeValue::Integer(i) => {
@@ -174,7 +185,7 @@ fn to_value(v: &DeValue<'_>) -> Result<toml::Value, String> {
                     .trim_start_matches("0b"),
                 i.radix(),
             )
-            .map_err(|_| format!("integer `{}` does not fit in 64 bits", i.as_str()))?;
+            .map_err(|_| TomlValueError::IntegerRange(i.as_str().to_string()))?;
             toml::Value::Integer(n)
         }
         DeValue::Float(f) => {
@@ -183,7 +194,7 @@ fn to_value(v: &DeValue<'_>) -> Result<toml::Value, String> {
                 "inf" | "+inf" => f64::INFINITY,
                 "-inf" => f64::NEG_INFINITY,
                 "nan" | "+nan" | "-nan" => f64::NAN,
-                _ => s.parse().map_err(|_| format!("`{s}` is not a float"))?,
+                _ => s.parse().map_err(|_| TomlValueError::NotFloat(s.clone()))?,
             };
             toml::Value::Float(n)
         }

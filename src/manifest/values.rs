@@ -39,30 +39,44 @@ impl RunName {
     }
 }
 
+/// Why a text is not a run name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunNameError {
+    #[error("a run name cannot be empty")]
+    Empty,
+    /// `.` or `..`.
+    #[error("`{0}` is not a usable run name")]
+    DotName(String),
+    /// A name holding a character outside `[A-Za-z0-9._=-]`: the name and the first such one.
+    #[error("run name `{name}` contains `{bad}`; use letters, digits, `.`, `_`, `-` and `=` only")]
+    Character { name: String, bad: char },
+    /// A name longer than 200 bytes, by its length.
+    #[error("a run name of {0} characters is too long for a folder name; use at most 200")]
+    TooLong(usize),
+}
+
 impl FromStr for RunName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = RunNameError;
+    fn from_str(s: &str) -> Result<Self, RunNameError> {
         if s.is_empty() {
-            return Err("a run name cannot be empty".into());
+            return Err(RunNameError::Empty);
         }
         if s == "." || s == ".." {
-            return Err(format!("`{s}` is not a usable run name"));
+            return Err(RunNameError::DotName(s.to_owned()));
         }
         if let Some(bad) = s
             .chars()
             .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '=')))
         {
-            return Err(format!(
-                "run name `{s}` contains `{bad}`; use letters, digits, `.`, `_`, `-` and `=` only"
-            ));
+            return Err(RunNameError::Character {
+                name: s.to_owned(),
+                bad,
+            });
         }
         // The name is a folder's name (and part of lock and marker file names): file systems
         // hold 255 bytes, and 200 leaves room for what is added to it.
         if s.len() > 200 {
-            return Err(format!(
-                "a run name of {} characters is too long for a folder name; use at most 200",
-                s.len()
-            ));
+            return Err(RunNameError::TooLong(s.len()));
         }
         Ok(RunName(s.to_owned()))
     }
@@ -140,28 +154,48 @@ impl IndexList {
     }
 }
 
+/// Why a text is not an index list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexListError {
+    #[error("an index list cannot be empty; write `all` or e.g. `0-19`")]
+    Empty,
+    /// A list with an empty entry, as written.
+    #[error("`{0}` has an empty entry; list indices like `0,3,5-7`")]
+    EmptyEntry(String),
+    /// An entry starting with `-`.
+    #[error("`{0}` is negative; prompt indices count from 0 (e.g. `0-19`)")]
+    Negative(String),
+    /// A bound that is not a `u32`.
+    #[error("`{0}` is not a prompt index; use non-negative integers like `0,3,5-7`")]
+    NotIndex(String),
+    /// A range `part` whose end `hi` is below its start `lo`.
+    #[error("range `{part}` runs backwards; write `{hi}-{lo}`")]
+    Backwards { part: String, lo: u32, hi: u32 },
+    #[error("index {0} appears twice; list each prompt once")]
+    Twice(u32),
+    /// Index `index` listed after the larger `last`.
+    #[error("indices must be sorted: {index} comes after {last}; sort the list")]
+    Unsorted { index: u32, last: u32 },
+}
+
 impl FromStr for IndexList {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = IndexListError;
+    fn from_str(s: &str) -> Result<Self, IndexListError> {
         let s = s.trim();
         if s.eq_ignore_ascii_case("all") {
             return Ok(IndexList::All);
         }
         if s.is_empty() {
-            return Err("an index list cannot be empty; write `all` or e.g. `0-19`".into());
+            return Err(IndexListError::Empty);
         }
         let mut out: Vec<u32> = Vec::new();
         for part in s.split(',') {
             let part = part.trim();
             if part.is_empty() {
-                return Err(format!(
-                    "`{s}` has an empty entry; list indices like `0,3,5-7`"
-                ));
+                return Err(IndexListError::EmptyEntry(s.to_owned()));
             }
             if part.starts_with('-') {
-                return Err(format!(
-                    "`{part}` is negative; prompt indices count from 0 (e.g. `0-19`)"
-                ));
+                return Err(IndexListError::Negative(part.to_owned()));
             }
             let (lo, hi) = match part.split_once('-') {
                 Some((a, b)) => (parse_index(a)?, parse_index(b)?),
@@ -171,17 +205,19 @@ impl FromStr for IndexList {
                 }
             };
             if hi < lo {
-                return Err(format!("range `{part}` runs backwards; write `{hi}-{lo}`"));
+                return Err(IndexListError::Backwards {
+                    part: part.to_owned(),
+                    lo,
+                    hi,
+                });
             }
             for i in lo..=hi {
                 if let Some(&last) = out.last() {
                     if i == last {
-                        return Err(format!("index {i} appears twice; list each prompt once"));
+                        return Err(IndexListError::Twice(i));
                     }
                     if i < last {
-                        return Err(format!(
-                            "indices must be sorted: {i} comes after {last}; sort the list"
-                        ));
+                        return Err(IndexListError::Unsorted { index: i, last });
                     }
                 }
                 out.push(i);
@@ -191,11 +227,10 @@ impl FromStr for IndexList {
     }
 }
 
-fn parse_index(s: &str) -> Result<u32, String> {
+fn parse_index(s: &str) -> Result<u32, IndexListError> {
     let s = s.trim();
-    s.parse::<u32>().map_err(|_| {
-        format!("`{s}` is not a prompt index; use non-negative integers like `0,3,5-7`")
-    })
+    s.parse::<u32>()
+        .map_err(|_| IndexListError::NotIndex(s.to_owned()))
 }
 
 impl fmt::Display for IndexList {
@@ -279,7 +314,7 @@ mod tests {
             ("-1", "is negative"),
         ];
         for (text, want) in bad {
-            let err = text.parse::<IndexList>().unwrap_err();
+            let err = text.parse::<IndexList>().unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
     }
@@ -306,15 +341,15 @@ mod tests {
     #[test]
     fn run_names_fit_a_folder_name() {
         assert!("a".repeat(200).parse::<RunName>().is_ok());
-        let e = "a".repeat(201).parse::<RunName>().unwrap_err();
+        let e = "a".repeat(201).parse::<RunName>().unwrap_err().to_string();
         assert!(e.contains("too long"), "{e}");
     }
 
     #[test]
     fn negative_and_empty_index_entries_say_so() {
-        let e = "-1".parse::<IndexList>().unwrap_err();
+        let e = "-1".parse::<IndexList>().unwrap_err().to_string();
         assert!(e.contains("`-1` is negative"), "{e}");
-        let e = "0,,2".parse::<IndexList>().unwrap_err();
+        let e = "0,,2".parse::<IndexList>().unwrap_err().to_string();
         assert!(e.contains("empty entry"), "{e}");
     }
 }

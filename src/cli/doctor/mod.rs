@@ -432,7 +432,7 @@ fn diagnostics_check() -> Check {
         return Check {
             name,
             ok: false,
-            detail: e,
+            detail: e.to_string(),
             fix: None,
         };
     }

@@ -473,7 +473,8 @@ impl Bundle {
             return bad("[text_encoder] layers and vocab must be positive".into());
         }
         if let Some(weights) = &m.weights {
-            check_weights(weights, m.tokenizer.kind).map_err(BundleError::Inconsistent)?;
+            check_weights(weights, m.tokenizer.kind)
+                .map_err(|e| BundleError::Inconsistent(e.to_string()))?;
         }
         if m.precision == Precision::Fp8 && m.graphs.dit_fused.is_none() {
             return bad(
@@ -713,25 +714,48 @@ fn unpack_zip(path: &Path, unpack_dir: &Path) -> Result<PathBuf, BundleError> {
         .map(|s| s.to_os_string())
         .unwrap_or_else(|| "bundle".into());
     let target = unpack_dir.join(stem);
-    extract_bundle_zip(path, &target).map_err(|message| BundleError::Zip {
+    extract_bundle_zip(path, &target).map_err(|e| BundleError::Zip {
         path: path.to_path_buf(),
-        message,
+        message: e.to_string(),
     })?;
     Ok(target)
+}
+
+/// Why a bundle archive cannot be extracted, said as the reason beside the archive's path.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BundleZipError {
+    #[error(transparent)]
+    Open(std::io::Error),
+    #[error(transparent)]
+    Archive(#[from] zip::result::ZipError),
+    #[error("an entry has an unsafe path")]
+    UnsafePath,
+    #[error("no {BUNDLE_TOML} at the archive's root or in its single top-level folder")]
+    NoManifest,
+    #[error("create {}: {source}", .path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Extracts the bundle archive `archive` into `dst`. An archive whose files all sit under one top
 /// folder (a zipped bundle directory) is unwrapped, so `bundle.toml` ends up at `dst`'s top
 /// either way; an archive without it there, or with an entry whose path would leave `dst`, is
 /// refused. The error is the reason, for the caller to put beside the archive's path.
-pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), String> {
-    let file = std::fs::File::open(archive).map_err(|e| e.to_string())?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| e.to_string())?;
+pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), BundleZipError> {
+    let file = std::fs::File::open(archive).map_err(BundleZipError::Open)?;
+    let mut zip = zip::ZipArchive::new(file)?;
     let names: Vec<PathBuf> = (0..zip.len())
         .filter_map(|i| zip.by_index(i).ok().and_then(|f| f.enclosed_name()))
         .collect();
     if names.len() != zip.len() {
-        return Err("an entry has an unsafe path".into());
+        return Err(BundleZipError::UnsafePath);
     }
     let strip = if names.iter().any(|n| n == Path::new(BUNDLE_TOML)) {
         None
@@ -747,16 +771,17 @@ pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), Strin
         None => PathBuf::from(BUNDLE_TOML),
     };
     if !names.contains(&top) {
-        return Err(format!(
-            "no {BUNDLE_TOML} at the archive's root or in its single top-level folder"
-        ));
+        return Err(BundleZipError::NoManifest);
     }
     let create = |dir: &Path| {
-        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))
+        std::fs::create_dir_all(dir).map_err(|source| BundleZipError::Create {
+            path: dir.to_path_buf(),
+            source,
+        })
     };
     create(dst)?;
     for (i, name) in names.iter().enumerate() {
-        let mut entry = zip.by_index(i).map_err(|e| e.to_string())?;
+        let mut entry = zip.by_index(i)?;
         let rel = match &strip {
             Some(top) => name.strip_prefix(top).unwrap_or(name),
             None => name,
@@ -769,10 +794,14 @@ pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), Strin
         if let Some(parent) = target.parent() {
             create(parent)?;
         }
-        let mut out = std::fs::File::create(&target)
-            .map_err(|e| format!("create {}: {e}", target.display()))?;
-        std::io::copy(&mut entry, &mut out)
-            .map_err(|e| format!("write {}: {e}", target.display()))?;
+        let mut out = std::fs::File::create(&target).map_err(|source| BundleZipError::Create {
+            path: target.clone(),
+            source,
+        })?;
+        std::io::copy(&mut entry, &mut out).map_err(|source| BundleZipError::Write {
+            path: target.clone(),
+            source,
+        })?;
     }
     Ok(())
 }

@@ -179,12 +179,31 @@ impl WeightsSection {
     }
 }
 
+/// Why a bundle's `[weights]` tables do not fit their sources (`table`: `[weights.<part>]`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum WeightsTableError {
+    #[error("{table} source = \"released\" needs its file")]
+    ReleasedWithoutFile { table: String },
+    #[error("{table} source = \"released\" needs the file's sha256 (64 hex digits)")]
+    ReleasedWithoutSha256 { table: String },
+    #[error("{table} source = \"released\" takes no seed")]
+    ReleasedWithSeed { table: String },
+    #[error("{table} source = \"random\" takes no file, sha256 or entry")]
+    RandomWithFile { table: String },
+    #[error("{table} takes no entry (only the DiT's checkpoint has entries)")]
+    EntryNotDit { table: String },
+    #[error("[weights.tokenizer] belongs to a umt5 tokenizer only")]
+    TokenizerNotUmt5,
+    #[error("[weights.tokenizer] sha256 must be 64 hex digits")]
+    TokenizerSha256,
+}
+
 /// `[weights]`: a released part names its file and sha256 and has no seed, a random part names
 /// no file; only the DiT has an entry, and only a umt5 bundle a tokenizer.
 pub(super) fn check_weights(
     weights: &WeightsSection,
     tokenizer: TokenizerKind,
-) -> Result<(), String> {
+) -> Result<(), WeightsTableError> {
     let parts = [
         ("dit", &weights.dit),
         ("vae", &weights.vae),
@@ -196,40 +215,32 @@ pub(super) fn check_weights(
         match w.source {
             WeightSource::Released => {
                 if w.file.is_none() {
-                    return Err(format!("{table} source = \"released\" needs its file"));
+                    return Err(WeightsTableError::ReleasedWithoutFile { table });
                 }
                 match &w.sha256 {
                     Some(hash) if is_sha256(hash) => {}
-                    _ => {
-                        return Err(format!(
-                            "{table} source = \"released\" needs the file's sha256 (64 hex digits)"
-                        ));
-                    }
+                    _ => return Err(WeightsTableError::ReleasedWithoutSha256 { table }),
                 }
                 if w.seed.is_some() {
-                    return Err(format!("{table} source = \"released\" takes no seed"));
+                    return Err(WeightsTableError::ReleasedWithSeed { table });
                 }
             }
             WeightSource::Random => {
                 if w.file.is_some() || w.sha256.is_some() || w.entry.is_some() {
-                    return Err(format!(
-                        "{table} source = \"random\" takes no file, sha256 or entry"
-                    ));
+                    return Err(WeightsTableError::RandomWithFile { table });
                 }
             }
         }
         if part != "dit" && w.entry.is_some() {
-            return Err(format!(
-                "{table} takes no entry (only the DiT's checkpoint has entries)"
-            ));
+            return Err(WeightsTableError::EntryNotDit { table });
         }
     }
     if let Some(t) = &weights.tokenizer {
         if tokenizer != TokenizerKind::Umt5 {
-            return Err("[weights.tokenizer] belongs to a umt5 tokenizer only".into());
+            return Err(WeightsTableError::TokenizerNotUmt5);
         }
         if !is_sha256(&t.sha256) {
-            return Err("[weights.tokenizer] sha256 must be 64 hex digits".into());
+            return Err(WeightsTableError::TokenizerSha256);
         }
     }
     Ok(())

@@ -210,7 +210,8 @@ pub(super) fn session_builder(
             .map_err(|e| load(e.to_string()))?;
     }
     if let Some(level) = &options.diagnostics.ort_log_level {
-        let level = crate::engine::options::ort_log_level(level).map_err(load)?;
+        let level =
+            crate::engine::options::ort_log_level(level).map_err(|e| load(e.to_string()))?;
         builder = builder
             .with_log_level(level)
             .map_err(|e| load(e.to_string()))?

@@ -88,15 +88,20 @@ fn cuda_provider(options: &CudaOptions) -> ep::CUDA {
     cuda
 }
 
+/// Why ONNX Runtime cannot say whether it has a provider compiled in: its own error.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct ProviderQueryError(#[from] ort::Error);
+
 /// Whether this ONNX Runtime build has each provider compiled in (not whether it will register:
 /// that also needs the CUDA libraries and a GPU).
-pub fn available_providers() -> Vec<(&'static str, Result<bool, String>)> {
+pub fn available_providers() -> Vec<(&'static str, Result<bool, ProviderQueryError>)> {
     vec![
-        ("cpu", ep::CPU::is_available().map_err(|e| e.to_string())),
-        ("cuda", ep::CUDA::is_available().map_err(|e| e.to_string())),
+        ("cpu", ep::CPU::is_available().map_err(ProviderQueryError)),
+        ("cuda", ep::CUDA::is_available().map_err(ProviderQueryError)),
         (
             "tensorrt",
-            ep::TensorRT::is_available().map_err(|e| e.to_string()),
+            ep::TensorRT::is_available().map_err(ProviderQueryError),
         ),
     ]
 }
