@@ -9,6 +9,7 @@ mod checks;
 pub mod diagnostic;
 mod dotted;
 pub mod evaluation;
+mod extra_args;
 pub mod inputs;
 pub mod layers;
 pub mod load;
