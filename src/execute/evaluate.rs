@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use super::lock::{Lock, LockError};
 use super::outcome::{ApplyError, ApplyOptions, Outcome};
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::evaluation::{CommandTemplate, ScoresFile, quote};
+use crate::manifest::evaluation::{
+    CommandTemplate, CommandTemplateError, ScoresFile, ScoresFileError, quote,
+};
 use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
 use crate::results::files::{RUN_JSON, RecordError, read_json, write_json_atomic};
@@ -41,9 +43,9 @@ const LOG_TAIL_LINES: usize = 5;
 #[derive(Debug, thiserror::Error)]
 enum EvaluationError {
     #[error("the recorded evaluation command is not valid: {0}")]
-    Command(String),
+    Command(CommandTemplateError),
     #[error("the recorded evaluation.scores_file is not valid: {0}")]
-    ScoresFileSetting(String),
+    ScoresFileSetting(ScoresFileError),
     #[error("cannot create {}: {source}", display_path(path))]
     Create { path: PathBuf, source: io::Error },
     #[error("cannot write {}: {source}", display_path(path))]
@@ -173,12 +175,11 @@ fn run(
     run: &str,
     eval: &mut EvaluationRecord,
 ) -> Result<std::collections::BTreeMap<String, f64>, EvaluationError> {
-    let template = CommandTemplate::new(eval.command.clone())
-        .map_err(|e| EvaluationError::Command(e.to_string()))?;
+    let template = CommandTemplate::new(eval.command.clone()).map_err(EvaluationError::Command)?;
     let scores_file = eval
         .scores_file
         .parse::<ScoresFile>()
-        .map_err(|e| EvaluationError::ScoresFileSetting(e.to_string()))?;
+        .map_err(EvaluationError::ScoresFileSetting)?;
     let run_dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
     let eval_dir = run_dir.join(EVAL_DIR);
     let logs = run_dir.join("logs");

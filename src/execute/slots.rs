@@ -23,7 +23,7 @@ use crate::results::files::{RecordError, write_atomic};
 
 /// Why a worker process did not succeed, naming the process.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum WorkerError {
+pub(super) enum ProcessError {
     #[error("{name}: {source}")]
     Spec { name: String, source: RecordError },
     #[error("{name}: cannot create {}: {source}", path.display())]
@@ -157,17 +157,17 @@ impl Workers<'_> {
         p: &Process,
         job: &JobSpec,
         tx: &mpsc::Sender<RunEvent>,
-    ) -> Result<(), WorkerError> {
+    ) -> Result<(), ProcessError> {
         let describe = || process_name(self.plan, p);
         let spec_path = spec_path(self.run_dir, self.plan, p);
         let text = serde_json::to_string_pretty(job).expect("jobs serialise");
-        write_atomic(&spec_path, text.as_bytes()).map_err(|source| WorkerError::Spec {
+        write_atomic(&spec_path, text.as_bytes()).map_err(|source| ProcessError::Spec {
             name: describe(),
             source,
         })?;
         let cannot_create = |path: &Path| {
             let path = path.to_path_buf();
-            move |source| WorkerError::Create {
+            move |source| ProcessError::Create {
                 name: describe(),
                 path,
                 source,
@@ -193,7 +193,7 @@ impl Workers<'_> {
             cmd.env("CUDA_VISIBLE_DEVICES", &self.plan.slots[p.slot].device);
         }
         bind_to_parent(&mut cmd, self.run_lock);
-        let mut child = cmd.spawn().map_err(|source| WorkerError::Start {
+        let mut child = cmd.spawn().map_err(|source| ProcessError::Start {
             name: describe(),
             runner: self.runner.to_path_buf(),
             source,
@@ -215,14 +215,14 @@ impl Workers<'_> {
                 }
             }
         }
-        let status = child.wait().map_err(|source| WorkerError::Io {
+        let status = child.wait().map_err(|source| ProcessError::Io {
             name: describe(),
             source,
         })?;
         if status.success() {
             return Ok(());
         }
-        Err(WorkerError::Failed {
+        Err(ProcessError::Failed {
             name: describe(),
             code: status.code(),
             log: p.log.clone(),

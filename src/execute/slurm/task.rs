@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::super::lock::Lock;
-use super::super::slots::{WorkerError, bind_to_parent, log_tail};
+use super::super::slots::{ProcessError, bind_to_parent, log_tail};
 use super::{TaskList, TaskProcess, TaskReport, task_report_path};
 use crate::results::files::{read_json, write_json_atomic};
 
@@ -92,10 +92,10 @@ pub fn run_task(path: &Path, task: usize) -> i32 {
 /// Runs one process of a task as local workers run: `runner worker --spec`, its events to its
 /// event file and its standard error to its log, bound to this task as a local worker is to its
 /// apply: it dies with the task, and holds the run's lock (shared) while it lives.
-fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), WorkerError> {
+fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), ProcessError> {
     let cannot_create = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| WorkerError::Create {
+        move |source| ProcessError::Create {
             name: p.name.clone(),
             path,
             source,
@@ -107,7 +107,7 @@ fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), Work
     }
     let log = fs::File::create(&p.log).map_err(cannot_create(&p.log))?;
     let events = fs::File::create(&p.events).map_err(cannot_create(&p.events))?;
-    let runner = std::env::current_exe().map_err(|source| WorkerError::Io {
+    let runner = std::env::current_exe().map_err(|source| ProcessError::Io {
         name: p.name.clone(),
         source,
     })?;
@@ -123,14 +123,14 @@ fn run_process(list: &TaskList, p: &TaskProcess, lock: &Lock) -> Result<(), Work
         .env("CUDA_CACHE_PATH", p.cache_dir.join("cuda_jit"))
         .env("OMP_NUM_THREADS", list.cpu_threads.to_string())
         .status()
-        .map_err(|source| WorkerError::StartWorker {
+        .map_err(|source| ProcessError::StartWorker {
             name: p.name.clone(),
             source,
         })?;
     if status.success() {
         return Ok(());
     }
-    Err(WorkerError::Failed {
+    Err(ProcessError::Failed {
         name: p.name.clone(),
         code: status.code(),
         log: p.log.clone(),
