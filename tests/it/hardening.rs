@@ -747,18 +747,13 @@ fn an_apply_whose_output_pipe_closes_finishes_its_run() {
     let t = Test::new();
     generation(&t, "gen", "0-3");
     let run_dir = t.path().join("results/gen");
-    let out = std::process::Command::new("bash")
+    let out = t
+        .command("bash")
         .args([
             "-c",
             "\"$0\" apply gen.toml 2>&1 | head -1; echo \"apply exited ${PIPESTATUS[0]}\"",
             env!("CARGO_BIN_EXE_runner"),
         ])
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -63,6 +63,21 @@ impl Test {
         self.dir.path()
     }
 
+    /// `program` (the runner, or a shell that starts it) in the test's folder, with PATH and
+    /// ONNX Runtime's location its only environment: no setting of this machine's reaches it.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.current_dir(self.cwd.as_deref().unwrap_or(self.dir.path()))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default());
+        for var in ["ORT_DYLIB_PATH", "UNSTEP_ORT_CACHE_DIR"] {
+            if let Ok(v) = std::env::var(var) {
+                cmd.env(var, v);
+            }
+        }
+        cmd
+    }
+
     /// Starts an invocation; add arguments and variables, then `run`.
     pub fn cmd(&self) -> Run<'_> {
         Run {
@@ -86,17 +101,8 @@ impl Run<'_> {
 
     pub fn run(&self) -> Output {
         let t = self.test;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_runner"));
-        cmd.args(&self.args)
-            .current_dir(t.cwd.as_deref().unwrap_or(t.dir.path()))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", t.dir.path());
-        for var in ["ORT_DYLIB_PATH", "UNSTEP_ORT_CACHE_DIR"] {
-            if let Ok(v) = std::env::var(var) {
-                cmd.env(var, v);
-            }
-        }
+        let mut cmd = t.command(env!("CARGO_BIN_EXE_runner"));
+        cmd.args(&self.args).env("HOME", t.dir.path());
         for (k, v) in &self.env {
             cmd.env(k, v);
         }

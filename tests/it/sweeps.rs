@@ -12,14 +12,8 @@ const SIGMAS: &str = "[sweep]\n\"method.clean_sigma\" = [0.005, 0.01]\n";
 
 /// The runner started in the test folder with `args`, its output piped.
 fn spawn_runner(t: &Test, args: &[&str]) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_runner"))
+    t.command(env!("CARGO_BIN_EXE_runner"))
         .args(args)
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::support::{Test, processes_with, repo};
@@ -333,15 +333,9 @@ pub(crate) fn spawn_apply(t: &Test, manifest: &str) -> std::process::Child {
 
 /// `runner apply --quiet ARGS` started in the background, its stderr piped.
 pub(crate) fn spawn_apply_with(t: &Test, args: &[&str]) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_runner"))
+    t.command(env!("CARGO_BIN_EXE_runner"))
         .args(["apply", "--quiet"])
         .args(args)
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        )
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

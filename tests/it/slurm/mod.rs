@@ -69,14 +69,8 @@ pub(super) fn smoke_args(t: &Test, executor: &str, indices: &str) -> Vec<String>
 }
 
 pub(super) fn runner(t: &Test, args: &[String]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_runner"));
-    cmd.args(args)
-        .current_dir(t.path())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(
-            std::env::vars().filter(|(k, _)| k == "UNSTEP_ORT_CACHE_DIR" || k == "ORT_DYLIB_PATH"),
-        );
+    let mut cmd = t.command(env!("CARGO_BIN_EXE_runner"));
+    cmd.args(args);
     cmd
 }
 
