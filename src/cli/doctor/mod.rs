@@ -414,8 +414,9 @@ fn provider_library_fix(
 /// the file it mapped ([`engine::mapped_library`]), or the loader's message. The library stays
 /// loaded (the doctor is a short process).
 fn load_library(name: &str) -> Result<String, String> {
-    // SAFETY: loading runs the library's initialisers; the CUDA, cuDNN and ONNX Runtime provider
-    // libraries have no initialisers with preconditions, and nothing of the library is called here.
+    // SAFETY: loading runs the library's initialisers; the CUDA and cuDNN libraries this loads
+    // (`cuda_library_checks`) have none with preconditions, and nothing of the library is called
+    // here. ONNX Runtime's provider libraries have (`missing_links` checks them without loading).
     let library =
         unsafe { libloading::Library::new(name) }.map_err(|e| engine::loader_message(&e))?;
     std::mem::forget(library);
