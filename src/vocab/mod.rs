@@ -11,7 +11,7 @@ pub mod values;
 
 pub use method::{Method, MethodFlags};
 pub use settings::{
-    ArenaExtend, AttentionBackend, ConvAlgoSearch, Emit, FusedKernels, Precision, ProviderKind,
-    SvdRank, TimedRegionEnd,
+    ArenaExtend, AttentionBackend, AttentionPrecision, ConvAlgoSearch, Emit, FusedKernels,
+    Precision, ProviderKind, SvdRank, TimedRegionEnd,
 };
 pub use times::{OneTimeWork, StartupTimes};

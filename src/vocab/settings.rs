@@ -74,6 +74,32 @@ setting_enum! {
 }
 
 setting_enum! {
+    /// The arithmetic of the DiT's self-attention in the runner's fused DiT.
+    pub enum AttentionPrecision {
+        /// In the bundle's float type (cuDNN's flash attention on CUDA): the exact mode.
+        #[default]
+        Fp16,
+        /// Opt-in 8-bit attention, never the default: Q·Kᵀ in int8 (K less its mean over the
+        /// keys, which leaves the softmax unchanged; one scale per 16 query rows and per 64 keys
+        /// of a head) and P·V in float8 E4M3 (one scale per channel of V), float32
+        /// accumulation. The runner's own kernel on Hopper GPUs (sm_90), its CPU reference on
+        /// the CPU. Its times and scores are not those of full precision.
+        Int8,
+    }
+}
+
+impl AttentionPrecision {
+    /// What the 8-bit mode computes below the tensors' float type, as reports and comparisons
+    /// say it; `None` for the exact mode.
+    pub fn reduced(self) -> Option<&'static str> {
+        match self {
+            AttentionPrecision::Int8 => Some("DiT self-attention in int8 and float8"),
+            AttentionPrecision::Fp16 => None,
+        }
+    }
+}
+
+setting_enum! {
     /// The attention kernel. On the CUDA provider it is ONNX Runtime's `sdpa_kernel` option of
     /// `MultiHeadAttention`, which uses that kernel where it supports the inputs and its unfused
     /// kernel elsewhere; a kernel that can never run for the provider and precision is refused

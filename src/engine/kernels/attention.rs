@@ -40,6 +40,7 @@ use cudarc::driver::{result as driver, sys};
 use ort::value::TensorElementType;
 
 use super::DOMAIN;
+use super::attention8::Attention8;
 use super::cuda::{
     CudaError, CurrentContext, Handle, REMEDY, device_function, device_info, primary_context,
 };
@@ -48,6 +49,7 @@ use super::cudnn::{
     engine_configs, execute_plan, execution_plan, handle, listed, scratch, serialize_plan,
 };
 use crate::engine::one_time::{self, Work};
+use crate::vocab::AttentionPrecision;
 
 /// Query rows of one cuDNN thread block on sm_90 (its kernel `knob_7_64x128x128`).
 pub(crate) const TILE_ROWS: usize = 64;
@@ -106,6 +108,25 @@ pub(crate) enum AttentionError {
     },
     #[error("cuLaunchKernel (merge): {0}")]
     Merge(driver::DriverError),
+    /// The 8-bit attention asked for on a GPU that is not a Hopper.
+    #[error(
+        "{DOMAIN} Attention: the 8-bit attention (method.attention_precision = \"int8\") runs on \
+         Hopper GPUs (compute capability 9.0); this GPU is {major}.{minor}: run with \
+         attention_precision = \"fp16\""
+    )]
+    Int8Device { major: i32, minor: i32 },
+    #[error(
+        "{DOMAIN} Attention: the 8-bit attention takes a head size of 128; this model's is {0}: \
+         run with attention_precision = \"fp16\""
+    )]
+    Int8HeadSize(usize),
+    #[error("{kernel}: {source}")]
+    Int8Launch {
+        kernel: &'static str,
+        source: driver::DriverError,
+    },
+    #[error("cuTensorMapEncodeTiled (the 8-bit attention's tiles): {0}")]
+    TensorMap(driver::DriverError),
     #[error(transparent)]
     Cudnn(#[from] CudnnError),
     #[error(transparent)]
@@ -368,16 +389,24 @@ pub(crate) struct AttentionKernel {
     prepared: Vec<Arc<Prepared>>,
     /// Whether a partial last wave is split ([`split`]); off only to measure against.
     pub(crate) split_enabled: bool,
+    /// The 8-bit attention, which runs every call instead of cuDNN's when the process's
+    /// `attention_precision` is int8 ([`super::KernelSettings`]).
+    int8: Option<Attention8>,
     /// The most runs of the keys a split may use ([`MAX_PARTS`]; fewer only to measure against).
     pub(crate) max_parts: usize,
 }
 
 impl AttentionKernel {
-    /// The kernel of element type `ty` on device `ordinal`: float16 only.
+    /// The kernel of element type `ty` on device `ordinal`: float16 only; in 8 bits when the
+    /// process's kernels are set so.
     pub(crate) fn new(ty: TensorElementType, ordinal: i32) -> Result<Self, AttentionError> {
         if ty != TensorElementType::Float16 {
             return Err(AttentionError::ElementType(ty));
         }
+        let int8 = match super::settings().attention_precision {
+            AttentionPrecision::Int8 => Some(Attention8::new(ordinal)?),
+            AttentionPrecision::Fp16 => None,
+        };
         check_cudnn()?;
         let context = primary_context(ordinal)?;
         let (module_context, merge) = device_function(ordinal, "unstep_attention_merge_f16")?;
@@ -393,6 +422,7 @@ impl AttentionKernel {
             prepared: Vec::new(),
             split_enabled: true,
             max_parts: MAX_PARTS,
+            int8,
         })
     }
 
@@ -427,6 +457,9 @@ impl AttentionKernel {
             return Ok(());
         }
         check_aligned(&[("Q", q), ("K", k), ("V", v), ("O", o)])?;
+        if let Some(int8) = &self.int8 {
+            return int8.launch(sizes, [q, k, v, o], stream);
+        }
         let hd = 2 * sizes.half_hd;
         if !hd.is_multiple_of(8) || hd > 256 {
             return Err(AttentionError::HeadSize(hd));

@@ -1,11 +1,13 @@
-//! What the CUDA kernels of the `ai.unstep` operators share: the CUDA driver and NVRTC, the module
-//! of `kernels.cu` per device, the primary context, and the checked call.
+//! What the CUDA kernels of the `ai.unstep` operators share: the CUDA driver and NVRTC, the modules
+//! of `kernels.cu` and `attention8.cu` per device, the primary context, and the checked call.
 //!
 //! - The CUDA driver (`libcuda.so`) and NVRTC (`libnvrtc.so.13`) are loaded at run time (cudarc's
 //!   dynamic loading): the runner builds and runs without CUDA, and a missing library is an error
 //!   when a session asks for these kernels.
 //! - `kernels.cu` is compiled by NVRTC once per device and process, when the first kernel is
-//!   created (session creation), to a cubin for the device's compute capability (`sm_XY`), and
+//!   created (session creation), to a cubin for the device's compute capability (`sm_XY`;
+//!   `attention8.cu`, the 8-bit attention's, for `sm_90a`, Hopper's own instructions, when an
+//!   `Attention` kernel in that mode is created), and
 //!   loaded with `cuModuleLoadData` into the device's primary context, the context ONNX Runtime's
 //!   CUDA provider works in through the runtime API. A cubin rather than PTX, so that an NVRTC
 //!   newer than the driver (within one CUDA major version) still works: the driver does not JIT
@@ -88,6 +90,50 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 /// The CUDA C source of the kernels.
 pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 
+/// A CUDA C source of the runner's kernels, compiled per device: what its module is built from.
+pub(crate) struct KernelSource {
+    /// Its file's name (messages, kept images).
+    pub(crate) file: &'static str,
+    /// What compiling it is called in an NVRTC error.
+    compiling: &'static str,
+    pub(crate) text: &'static str,
+    /// The NVRTC architecture of a device of compute capability (major, minor).
+    arch: fn(i32, i32) -> String,
+    /// The functions a module of it must have.
+    entry_points: fn() -> Vec<String>,
+}
+
+impl KernelSource {
+    /// The architecture this source is compiled for on a device of `info`.
+    pub(crate) fn arch_of(&self, major: i32, minor: i32) -> String {
+        (self.arch)(major, minor)
+    }
+}
+
+/// `kernels.cu`: the row kernels and helpers, for the device's own compute capability.
+pub(crate) static KERNELS: KernelSource = KernelSource {
+    file: "kernels.cu",
+    compiling: "compile kernels.cu",
+    text: SOURCE,
+    arch: |major, minor| format!("sm_{major}{minor}"),
+    entry_points: super::entry_points,
+};
+
+/// `attention8.cu`: the 8-bit attention, for Hopper's `sm_90a` (wgmma and bulk tensor copies),
+/// whatever the device (attention8.rs refuses other devices before asking for it).
+pub(crate) static ATTENTION8: KernelSource = KernelSource {
+    file: "attention8.cu",
+    compiling: "compile attention8.cu",
+    text: super::attention8::SOURCE,
+    arch: |_, _| "sm_90a".to_string(),
+    entry_points: || {
+        super::attention8::ENTRY_POINTS
+            .iter()
+            .map(|name| name.to_string())
+            .collect()
+    },
+};
+
 /// What a CUDA error message suggests instead, last, after ", " (an fp8 DiT's refusals take it
 /// out: it has no ONNX Runtime kernels to fall back to).
 pub(crate) const REMEDY: &str =
@@ -145,21 +191,38 @@ fn nvrtc_version() -> String {
 /// the results are the CPU kernels' up to the order of the row sums.
 const NVRTC_OPTIONS: [&str; 2] = ["--fmad=false", "--std=c++17"];
 
-/// The file under the kernel cache folder's `nvrtc/` that keeps `kernels.cu`'s image for `arch`:
+/// The file under the kernel cache folder's `nvrtc/` that keeps `source`'s image for `arch`:
 /// named by a hash of everything the image depends on (the source, NVRTC's options and version,
 /// the architecture), so that another build of the runner or another NVRTC never reads it.
-pub(crate) fn image_file(cache_dir: &Path, arch: &str, nvrtc: &str) -> PathBuf {
+pub(crate) fn image_file(
+    cache_dir: &Path,
+    source: &KernelSource,
+    arch: &str,
+    nvrtc: &str,
+) -> PathBuf {
     let key = crate::engine::bundle::sha256_hex(
-        format!("{SOURCE}\0{}\0{arch}\0{nvrtc}", NVRTC_OPTIONS.join(" ")).as_bytes(),
+        format!(
+            "{}\0{}\0{arch}\0{nvrtc}",
+            source.text,
+            NVRTC_OPTIONS.join(" ")
+        )
+        .as_bytes(),
     );
+    let stem = source.file.trim_end_matches(".cu");
     cache_dir
         .join("nvrtc")
-        .join(format!("kernels-{arch}-{}.cubin", &key[..16]))
+        .join(format!("{stem}-{arch}-{}.cubin", &key[..16]))
 }
 
 /// Compiles `kernels.cu` with NVRTC for `arch` (`sm_90` gives a cubin, `compute_90` PTX) and
 /// returns the image. Needs NVRTC, not a GPU.
+#[cfg(test)]
 pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, CudaError> {
+    compile_source(&KERNELS, arch)
+}
+
+/// Compiles `source` with NVRTC for `arch`, as [`compile`] does `kernels.cu`.
+pub(crate) fn compile_source(source: &KernelSource, arch: &str) -> Result<Vec<u8>, CudaError> {
     let error = |what: &'static str, e: nvrtc::NvrtcError, log: Option<String>| CudaError::Nvrtc {
         version: nvrtc_version(),
         what,
@@ -168,10 +231,11 @@ pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, CudaError> {
         log,
     };
     let fail = |what: &'static str, e: nvrtc::NvrtcError| error(what, e, None);
-    let source = CString::new(SOURCE).expect("kernels.cu has no NUL byte");
-    let name = c"unstep_kernels.cu";
+    let (file, compiling) = (source.file, source.compiling);
+    let source = CString::new(source.text).expect("a kernel source has no NUL byte");
+    let name = CString::new(format!("unstep_{file}")).expect("a file name has no NUL byte");
     let program =
-        nvrtc::create_program(&source, Some(name)).map_err(|e| fail("create the program", e))?;
+        nvrtc::create_program(&source, Some(&name)).map_err(|e| fail("create the program", e))?;
     let mut options = vec![format!("--gpu-architecture={arch}")];
     options.extend(NVRTC_OPTIONS.iter().map(|o| o.to_string()));
     let cubin = arch.starts_with("sm_");
@@ -182,7 +246,7 @@ pub(crate) fn compile(arch: &str) -> Result<Vec<u8>, CudaError> {
                 let log = nvrtc::get_program_log(program)
                     .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
                     .unwrap_or_default();
-                error("compile kernels.cu", e, Some(log))
+                error(compiling, e, Some(log))
             })
             .and_then(|()| {
                 if cubin {
@@ -222,17 +286,23 @@ struct DeviceModule {
     functions: Vec<(String, Handle<sys::CUfunction>)>,
 }
 
-/// The module of device `ordinal`, compiled and loaded on first use; a failure is kept too, so
-/// every session of the process reports the same error.
-fn device_module(ordinal: i32) -> Result<&'static DeviceModule, CudaError> {
-    type Loaded = Vec<(i32, Result<&'static DeviceModule, CudaError>)>;
+/// The module of `source` on device `ordinal`, compiled and loaded on first use; a failure is
+/// kept too, so every session of the process reports the same error.
+fn device_module(
+    source: &'static KernelSource,
+    ordinal: i32,
+) -> Result<&'static DeviceModule, CudaError> {
+    type Loaded = Vec<(&'static str, i32, Result<&'static DeviceModule, CudaError>)>;
     static MODULES: Mutex<Loaded> = Mutex::new(Vec::new());
     let mut modules = MODULES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((_, module)) = modules.iter().find(|(o, _)| *o == ordinal) {
+    if let Some((_, _, module)) = modules
+        .iter()
+        .find(|(f, o, _)| *f == source.file && *o == ordinal)
+    {
         return module.clone();
     }
-    let module = load_module(ordinal).map(|m| &*Box::leak(Box::new(m)));
-    modules.push((ordinal, module.clone()));
+    let module = load_module(source, ordinal).map(|m| &*Box::leak(Box::new(m)));
+    modules.push((source.file, ordinal, module.clone()));
     module
 }
 
@@ -286,11 +356,11 @@ fn driver_error(what: &str, ordinal: i32, source: driver::DriverError) -> CudaEr
     }
 }
 
-fn load_module(ordinal: i32) -> Result<DeviceModule, CudaError> {
+fn load_module(source: &KernelSource, ordinal: i32) -> Result<DeviceModule, CudaError> {
     let kernels = |e: CudaError| CudaError::Kernels(Box::new(e));
     let fail = |what: &str, e| kernels(driver_error(what, ordinal, e));
     let info = device_info(ordinal).map_err(kernels)?;
-    let arch = format!("sm_{}{}", info.major, info.minor);
+    let arch = source.arch_of(info.major, info.minor);
     let context = primary_context(ordinal).map_err(kernels)?.0;
     let _current = CurrentContext::enter(context).map_err(|e| fail("cuCtxPushCurrent", e))?;
     let load = |image: &[u8]| {
@@ -300,7 +370,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, CudaError> {
     // The image an earlier process kept, when it loads; otherwise compiled now, and kept.
     let file = super::settings()
         .cache_dir
-        .map(|dir| image_file(&dir, &arch, &nvrtc_version()));
+        .map(|dir| image_file(&dir, source, &arch, &nvrtc_version()));
     let kept = one_time::timed(Work::KernelCompile, || {
         let image = std::fs::read(file.as_deref()?).ok()?;
         load(&image).ok()
@@ -308,7 +378,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, CudaError> {
     let module = match kept {
         Some(module) => module,
         None => {
-            let image = one_time::timed(Work::KernelCompile, || compile(&arch))
+            let image = one_time::timed(Work::KernelCompile, || compile_source(source, &arch))
                 .map_err(|e| CudaError::WithRemedy(Box::new(e)))?;
             if let Some(file) = &file {
                 super::keep(file, &image, "compiles the kernels");
@@ -320,7 +390,7 @@ fn load_module(ordinal: i32) -> Result<DeviceModule, CudaError> {
         }
     };
     let mut functions = Vec::new();
-    for name in super::entry_points() {
+    for name in (source.entry_points)() {
         let c_name = CString::new(name.as_str()).expect("entry point names have no NUL byte");
         // SAFETY: `module` was just loaded and is never unloaded.
         let function = unsafe { driver::module::get_function(module, c_name) }
@@ -346,7 +416,16 @@ pub(super) fn device_function(
     ordinal: i32,
     name: &str,
 ) -> Result<(Handle<sys::CUcontext>, Handle<sys::CUfunction>), CudaError> {
-    let module = device_module(ordinal)?;
+    source_function(&KERNELS, ordinal, name)
+}
+
+/// The function `name` of `source` on device `ordinal`, as [`device_function`].
+pub(super) fn source_function(
+    source: &'static KernelSource,
+    ordinal: i32,
+    name: &str,
+) -> Result<(Handle<sys::CUcontext>, Handle<sys::CUfunction>), CudaError> {
+    let module = device_module(source, ordinal)?;
     let function = module
         .functions
         .iter()

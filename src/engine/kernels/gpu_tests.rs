@@ -6,6 +6,7 @@ use half::f16;
 use ort::value::TensorElementType;
 
 use super::attention::{self, AttentionKernel};
+use super::attention8::Attention8;
 use super::conv::ConvKernel;
 use super::cuda;
 use super::gemm::{GemmError, GemmKernel, Probe};
@@ -643,4 +644,84 @@ fn cuda_kernel_times() {
     }
     let rms = RmsCase::<f16>::new(&mut rng, &[4, 480, 832, 96], true);
     run_case(&rms, stream, "BiasRmsNorm [4, 480, 832, 96] silu");
+}
+
+/// Runs an Attention case in the 8-bit mode (`Attention8`) on `stream`; returns O and, with
+/// `repeats`, the mean time of one call (quantisation included) in µs.
+fn run_attention8(
+    case: &AttentionCase<f16>,
+    stream: sys::CUstream,
+    repeats: usize,
+) -> (Vec<f16>, f64) {
+    let plan = case.plan();
+    let kernel = Attention8::new(0).unwrap();
+    let bufs: Vec<DeviceBuf> = case
+        .inputs()
+        .iter()
+        .map(|data| upload(data))
+        .chain([upload(&vec![f16::NAN; case.q.len()])])
+        .collect();
+    let pointers = [bufs[0].0, bufs[1].0, bufs[2].0, bufs[3].0];
+    driver::ctx::synchronize().unwrap();
+    kernel.launch(&plan, pointers, stream).unwrap();
+    let micros = mean_micros(stream, repeats, || {
+        kernel.launch(&plan, pointers, stream).unwrap();
+    });
+    // SAFETY: the test's stream.
+    unsafe { driver::stream::synchronize(stream) }.unwrap();
+    (download::<f16>(&bufs[3], case.q.len()), micros)
+}
+
+/// ‖a − b‖ / ‖b‖ of two float16 outputs, and whether any element is not finite.
+fn relative_l2_f16(a: &[f16], b: &[f16]) -> (f64, bool) {
+    let (mut diff, mut norm, mut bad) = (0f64, 0f64, false);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.to_f64(), y.to_f64());
+        bad |= !x.is_finite();
+        diff += (x - y) * (x - y);
+        norm += y * y;
+    }
+    ((diff / norm).sqrt(), bad)
+}
+
+/// The 8-bit attention on the GPU against its CPU kernel (the same quantisation: within 1e-2,
+/// the `exp2` approximation and the order of sums moving a weight's E4M3 rounding now and then)
+/// and against cuDNN's float16 attention (within its quantisation, 5e-2 on random data), on
+/// shapes with partial tiles and batches, then at a block's rows and a video's key counts with
+/// the time of one call against cuDNN's.
+#[test]
+#[ignore = "needs a Hopper GPU, its driver, cuDNN and NVRTC on LD_LIBRARY_PATH"]
+fn cuda_attention_8bit_matches_the_cpu_kernel() {
+    let stream = test_stream();
+    let mut rng = Rng(48);
+    for (sizes, heads) in [
+        ([1, 200, 300, 256], 2),
+        ([2, 130, 257, 256], 2),
+        ([1, 4680, 4680, 1536], 12),
+    ] {
+        let case = AttentionCase::<f16>::new(&mut rng, sizes, heads);
+        let what = format!("Attention, 8-bit, {sizes:?} heads {heads}");
+        let (gpu, _) = run_attention8(&case, stream, 0);
+        let (against_cpu, bad) = relative_l2_f16(&gpu, &case.cpu_int8());
+        let (fp16, _) = run_attention(&case, stream, 0, 0);
+        let (against_fp16, _) = relative_l2_f16(&gpu, &fp16);
+        eprintln!(
+            "{what}: against its CPU kernel {against_cpu:.2e}, against fp16 {against_fp16:.2e}"
+        );
+        assert!(!bad, "{what}: an output was not written or not finite");
+        assert!(
+            against_cpu < 1e-2,
+            "{what}: {against_cpu} against the CPU kernel"
+        );
+        assert!(against_fp16 < 5e-2, "{what}: {against_fp16} against fp16");
+    }
+    for keys in [4680, 18720, 32760] {
+        let case = AttentionCase::<f16>::new(&mut rng, [1, 4680, keys, 1536], 12);
+        let (_, fp16) = run_attention(&case, stream, attention::MAX_PARTS, 30);
+        let (_, int8) = run_attention8(&case, stream, 30);
+        eprintln!(
+            "Attention [1, 4680, {keys}, 1536] heads 12: fp16 (cuDNN) {fp16:.1} µs, 8-bit {int8:.1} µs ({:.3})",
+            int8 / fp16
+        );
+    }
 }

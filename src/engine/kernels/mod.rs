@@ -66,6 +66,7 @@
 //! that list. `docs/ARCHITECTURE.md` lists every file the exporter's side touches too.
 
 mod attention;
+mod attention8;
 mod conv;
 mod cuda;
 pub(crate) use cuda::{DeviceMemory, REMEDY};
@@ -106,12 +107,16 @@ pub(crate) struct KernelSettings {
     /// Print each CUDA kernel's creation time at its session's build (with `UNSTEP_ORT_LOG`,
     /// beside ONNX Runtime's own log of the build).
     pub(crate) creation_log: bool,
+    /// The arithmetic of `Attention` nodes (`method.attention_precision`): fp16, or the 8-bit
+    /// attention (its CUDA kernel, attention8.rs, or its CPU reference).
+    pub(crate) attention_precision: crate::vocab::AttentionPrecision,
 }
 
 static SETTINGS: Mutex<KernelSettings> = Mutex::new(KernelSettings {
     cache_dir: None,
     conv_log: false,
     creation_log: false,
+    attention_precision: crate::vocab::AttentionPrecision::Fp16,
 });
 
 /// Sets [`KernelSettings`] for the sessions this process builds from now on.
@@ -132,7 +137,7 @@ fn keep(file: &std::path::Path, bytes: &[u8], what: &str) {
     }
 }
 
-fn settings() -> KernelSettings {
+pub(crate) fn settings() -> KernelSettings {
     SETTINGS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)

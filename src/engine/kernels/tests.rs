@@ -221,3 +221,31 @@ fn nvrtc_compiles_the_kernels() {
         "an sm_90 compile gives a cubin (ELF)"
     );
 }
+
+/// `attention8.cu` compiles with NVRTC for `sm_90a` (Hopper's wgmma and bulk tensor copies) to a
+/// cubin with every entry point the host side launches, none of them spilling to local memory
+/// (`LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib cargo test --lib nvrtc -- --ignored`).
+#[test]
+#[ignore = "needs libnvrtc.so.13 on LD_LIBRARY_PATH"]
+fn nvrtc_compiles_the_8bit_attention() {
+    cuda::check_nvrtc().unwrap();
+    let ptx =
+        String::from_utf8(cuda::compile_source(&cuda::ATTENTION8, "compute_90a").unwrap()).unwrap();
+    for name in super::attention8::ENTRY_POINTS {
+        assert!(
+            ptx.contains(&format!(".entry {name}(")),
+            "no entry point {name} in the PTX"
+        );
+    }
+    assert!(
+        ptx.contains("wgmma.mma_async"),
+        "the attention runs on wgmma"
+    );
+    assert!(!ptx.contains(".local"), "a kernel uses local memory");
+    let cubin = cuda::compile_source(&cuda::ATTENTION8, "sm_90a").unwrap();
+    assert_eq!(
+        &cubin[..4],
+        b"\x7fELF",
+        "an sm_90a compile gives a cubin (ELF)"
+    );
+}

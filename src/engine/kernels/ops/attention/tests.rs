@@ -265,3 +265,85 @@ pub(crate) fn check_through_onnx_runtime<T: Tolerance>(rng: &mut Rng) {
     assert_eq!(out[0].0, case.q_shape);
     assert_close(&out[0].1, &case.reference(), &format!("{t} Attention O"));
 }
+
+impl<T: Element> AttentionCase<T> {
+    /// The 8-bit mode's CPU kernel on this case.
+    pub(crate) fn cpu_int8(&self) -> Vec<T> {
+        let plan = self.plan();
+        let mut o = vec![T::from_f32(0.0); self.q.len()];
+        attention_int8(&plan, &self.q, &self.k, &self.v, &mut o);
+        o
+    }
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn relative_l2(a: &[f64], b: &[f64]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let norm: f64 = b.iter().map(|y| y * y).sum();
+    (diff / norm).sqrt()
+}
+
+/// The 8-bit mode computes the attention to within its quantisation (int8 scores, E4M3 weights
+/// and values: a few percent of the output's norm on random data, where the output is an
+/// average of uncorrelated values), and does quantise (its result is not the float one), on
+/// shapes whose rows and keys are no whole number of its 16-row, 64-key and 128-key groups.
+#[test]
+fn the_8bit_mode_matches_the_reference_within_its_quantisation() {
+    let mut rng = Rng(48);
+    for (shape, heads) in [
+        ([1, 37, 300, 256], 2),
+        ([2, 16, 128, 128], 1),
+        ([1, 5, 1, 64], 2),
+        ([1, 130, 1000, 128], 1),
+    ] {
+        let case = AttentionCase::<f32>::new(&mut rng, shape, heads);
+        let want = case.reference();
+        let error = relative_l2(&wide(&case.cpu_int8()), &want);
+        assert!(error < 0.05, "{shape:?}: relative error {error}");
+        let exact = relative_l2(&wide(&case.cpu()), &want);
+        assert!(
+            error > 10.0 * exact,
+            "{shape:?}: 8-bit {error} against float {exact}: nothing was quantised"
+        );
+    }
+}
+
+/// The keys less their mean: one vector added to every key (a channel bias, as trained
+/// projections have) leaves the 8-bit mode's result within its rounding, where int8 codes of the
+/// keys as they are would spend their range on the bias.
+#[test]
+fn the_8bit_mode_is_indifferent_to_a_bias_common_to_the_keys() {
+    let mut rng = Rng(49);
+    let case = AttentionCase::<f32>::new(&mut rng, [1, 48, 512, 128], 1);
+    let mut biased = AttentionCase::<f32>::new(&mut Rng(49), [1, 48, 512, 128], 1);
+    let bias: Vec<f32> = rng.vec(128, -40.0, 40.0);
+    for (i, k) in biased.k.iter_mut().enumerate() {
+        *k += bias[i % 128];
+    }
+    // The float attention of the biased keys is the same function of Q.
+    let exact = relative_l2(&biased.reference(), &case.reference());
+    assert!(exact < 1e-5, "{exact}");
+    let plain = wide(&case.cpu_int8());
+    let shifted = wide(&biased.cpu_int8());
+    let change = relative_l2(&shifted, &plain);
+    let error = relative_l2(&plain, &case.reference());
+    assert!(
+        change < error,
+        "a bias of the keys moved the result by {change}, more than its quantisation error {error}"
+    );
+}
+
+/// Scores that put all of a row's weight on one key give that key's value, to E4M3's precision
+/// (one weight of 448 rounds exactly; V's code is within 2⁻⁴ of it).
+#[test]
+fn the_8bit_mode_follows_a_peaked_softmax() {
+    let (l, d) = (200, 128);
+    let mut rng = Rng(50);
+    let mut case = AttentionCase::<f32>::new(&mut rng, [1, 1, l, d], 1);
+    let hot = 137;
+    case.q = case.k[hot * d..(hot + 1) * d].iter().map(|x| x * 400.0).collect();
+    let out = case.cpu_int8();
+    for (c, (got, want)) in out.iter().zip(&case.v[hot * d..(hot + 1) * d]).enumerate() {
+        assert!((got - want).abs() <= 1.0 / 16.0 + 1e-3, "channel {c}");
+    }
+}
