@@ -52,15 +52,15 @@ pub use noise::fill_normal;
 pub use one_time::OneTimeWork;
 pub use options::{
     CudaOptions, Diagnostics, DiagnosticsEnvError, DitAttention, FusedPart, Provider,
-    RuntimeOptions, TensorRtOptions, check_diagnostics_env,
+    RuntimeOptions, TensorRtOptions, check_diagnostics_env, int8_attention_refusal,
 };
 pub use ort_lib::{OrtLoadError, OrtLocation, OrtRuntime, OrtSource};
 pub use probe::{Check, probe_environment};
 pub use schedule::{MethodSettings, Schedule, ScheduleError};
 pub use session::{ContextInterface, KvInterface, SessionError, StartupTimes};
 pub use settings::{
-    ArenaExtend, AttentionBackend, ConvAlgoSearch, Emit, FusedKernels, Precision, ProviderKind,
-    SvdRank,
+    ArenaExtend, AttentionBackend, AttentionPrecision, ConvAlgoSearch, Emit, FusedKernels,
+    Precision, ProviderKind, SvdRank,
 };
 pub use text::{PromptTokenizer, PromptTokens, TokenizerError};
 

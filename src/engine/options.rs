@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::bundle::Bundle;
 use super::session::SessionError;
 use super::settings::{
-    ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
+    ArenaExtend, AttentionBackend, AttentionPrecision, ConvAlgoSearch, FusedKernels, Precision,
+    ProviderKind,
 };
 
 impl AttentionBackend {
@@ -155,6 +156,39 @@ pub enum DitAttention {
     /// selects, inside the fused DiT with the runner's other kernels and CUDA graphs. On CUDA for
     /// every attention backend but `auto` and `cudnn_flash`, which are the runner's call.
     OnnxRuntimeInFused,
+}
+
+/// Why the 8-bit attention cannot run with these settings (its CUDA kernel and CPU kernel are
+/// the runner's `Attention` in the fused DiT), before any bundle is opened: `None` when it may
+/// (the bundle's graphs are checked when the sessions are built).
+pub fn int8_attention_refusal(
+    provider: ProviderKind,
+    dit_kernels: FusedKernels,
+    backend: AttentionBackend,
+) -> Option<&'static str> {
+    match (provider, dit_kernels, backend) {
+        (ProviderKind::Tensorrt, _, _) => Some(
+            "TensorRT chooses its own attention kernels; the 8-bit attention runs on \
+             runtime.provider = \"cuda\" (or \"cpu\", for tests)",
+        ),
+        (_, FusedKernels::Onnxruntime, _) => Some(
+            "the 8-bit attention is the runner's own, in its fused DiT; use runtime.dit_kernels = \
+             \"auto\" or \"unstep\"",
+        ),
+        (ProviderKind::Cpu, FusedKernels::Auto, _) => Some(
+            "on the CPU the 8-bit attention is the runner's CPU kernel in its fused DiT, which \
+             `auto` does not choose there; set runtime.dit_kernels = \"unstep\"",
+        ),
+        (ProviderKind::Cuda, _, b)
+            if !matches!(b, AttentionBackend::Auto | AttentionBackend::CudnnFlash) =>
+        {
+            Some(
+                "the 8-bit attention takes the place of the runner's own attention call, which \
+                 attention_backend = \"auto\" or \"cudnn_flash\" selects",
+            )
+        }
+        _ => None,
+    }
 }
 
 impl DitAttention {
@@ -414,6 +448,9 @@ pub struct RuntimeOptions {
     /// `text_contexts`).
     #[serde(default)]
     pub context_cache_dir: Option<PathBuf>,
+    /// The arithmetic of the fused DiT's self-attention (`method.attention_precision`).
+    #[serde(default)]
+    pub attention_precision: AttentionPrecision,
 }
 
 /// The diagnostic switches: read from the environment once, by the command that resolves the

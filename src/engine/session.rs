@@ -17,6 +17,7 @@ use super::ort_lib::{self, OrtLoadError, OrtRuntime};
 pub use super::settings::{
     ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
 };
+use crate::vocab::AttentionPrecision;
 pub use crate::vocab::StartupTimes;
 
 mod builder;
@@ -59,6 +60,10 @@ pub enum SessionError {
         "an fp8 bundle runs its DiT's 8-bit matrix multiplies only with the runner's kernels on its `dit_fused` graph (runtime.dit_kernels = \"auto\" or \"unstep\", `--dit-kernels`) on the CUDA provider: {reason}"
     )]
     Fp8NeedsRunnerKernels { reason: String },
+    #[error(
+        "the 8-bit attention (method.attention_precision = \"int8\") cannot run here: {reason}"
+    )]
+    Int8AttentionUnavailable { reason: String },
     #[error("load graph {graph}: {message}")]
     Load { graph: String, message: String },
     #[error(
@@ -254,11 +259,32 @@ impl GraphSessions {
             .vae_kernels
             .resolve(FusedPart::Vae, &options.provider, bundle)?;
         let dit_attention = DitAttention::of(dit_kernels, &options.provider, &bundle.manifest);
+        if options.attention_precision == AttentionPrecision::Int8 {
+            let attention = match &options.provider {
+                Provider::Cuda(c) => c.attention,
+                _ => AttentionBackend::Auto,
+            };
+            let refusal =
+                super::int8_attention_refusal(options.provider.kind(), dit_kernels, attention);
+            let reason = match (refusal, dit_attention) {
+                (Some(reason), _) => Some(reason.to_string()),
+                (None, DitAttention::Runner) => None,
+                (None, _) => Some(
+                    "the bundle's DiT has no runner attention of its own (a `dit_fused` graph of \
+                     exporter 0.10.0 or later); export the bundle again"
+                        .to_string(),
+                ),
+            };
+            if let Some(reason) = reason {
+                return Err(SessionError::Int8AttentionUnavailable { reason });
+            }
+        }
         let names = GraphNames::of(bundle, dit_kernels, vae_kernels, dit_attention);
         super::kernels::configure(super::kernels::KernelSettings {
             cache_dir: options.kernel_cache_dir.clone(),
             conv_log: options.diagnostics.conv_log,
             creation_log: options.diagnostics.ort_log_level.is_some(),
+            attention_precision: options.attention_precision,
         });
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {

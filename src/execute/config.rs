@@ -51,6 +51,7 @@ pub fn engine_options(
         diagnostics: Diagnostics::default(),
         kernel_cache_dir: None,
         context_cache_dir: None,
+        attention_precision: method.attention_precision,
     }
     .with_diagnostics_from_env()
 }

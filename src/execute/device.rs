@@ -52,6 +52,23 @@ pub fn fp8_unable(gpus: &[GpuInfo], devices: &[String]) -> Option<String> {
         })
 }
 
+/// The first of the GPUs named by `devices` that cannot run the 8-bit attention (a Hopper GPU,
+/// compute capability 9.0, alone: its kernel is built on Hopper's own instructions), described;
+/// GPUs the list does not have and those of unknown capability are left to the workers.
+pub fn int8_attention_unable(gpus: &[GpuInfo], devices: &[String]) -> Option<String> {
+    gpus.iter()
+        .filter(|g| devices.contains(&g.index))
+        .find(|g| g.compute_capability.is_some_and(|cc| cc != (9, 0)))
+        .map(|g| {
+            let (major, minor) = g.compute_capability.unwrap_or_default();
+            format!(
+                "GPU {} ({}) has compute capability {major}.{minor}; the 8-bit attention runs on \
+                 Hopper GPUs (9.0) alone",
+                g.index, g.name
+            )
+        })
+}
+
 /// The indices of the GPUs the driver lists, for a run whose GPUs they decide: a generation run
 /// by local processes on a GPU provider with `CUDA_VISIBLE_DEVICES` unset. `None` for any other
 /// run, and when `nvidia-smi` cannot list them.

@@ -80,6 +80,7 @@ pub(super) fn preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyErr
     random_weights_preflight(r)?;
     cpu_precision_preflight(r, config)?;
     fp8_gpu_preflight(r)?;
+    attention_precision_preflight(r)?;
     fused_kernels_preflight(r, config)?;
     video_names_preflight(r, config)?;
     tokenizer_preflight(r)?;
@@ -489,6 +490,43 @@ fn fp8_gpu_preflight(r: &Resolved) -> Result<(), ApplyError> {
         "run the fp16 bundle of the same weights on this GPU (method.precision = \"fp16\"), or \
          set runtime.visible_devices to Hopper GPUs",
     ))
+}
+
+/// The 8-bit attention where it cannot run: with settings that do not run the runner's own
+/// attention (TensorRT, ONNX Runtime's DiT kernels, another attention backend), or on GPUs that
+/// are not Hopper GPUs; refused with the setting's location before any work.
+fn attention_precision_preflight(r: &Resolved) -> Result<(), ApplyError> {
+    let m = &r.manifest;
+    if m.method.attention_precision != engine::AttentionPrecision::Int8 {
+        return Ok(());
+    }
+    let origin = r
+        .settings
+        .get("method.attention_precision")
+        .map(|s| s.origin.to_string())
+        .unwrap_or_else(|| "method.attention_precision".to_string());
+    let hint = "set the settings it names, or run with method.attention_precision = \"fp16\"";
+    if let Some(reason) = engine::int8_attention_refusal(
+        m.runtime.provider,
+        m.runtime.dit_kernels,
+        m.method.attention_backend,
+    ) {
+        return Err(ApplyError::refused(format!("{origin}: {reason}"), hint));
+    }
+    if m.runtime.provider == ProviderKind::Cpu || m.executor.kind != ExecutorKind::Local {
+        return Ok(());
+    }
+    let Ok(gpus) = super::device::gpus() else {
+        return Ok(());
+    };
+    match super::device::int8_attention_unable(&gpus, &crate::plan::visible_devices(r)) {
+        Some(problem) => Err(ApplyError::refused(
+            format!("{origin}: {problem}"),
+            "run with method.attention_precision = \"fp16\" on this GPU, or set \
+             runtime.visible_devices to Hopper GPUs",
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The runner's fused kernels asked for by name (`runtime.dit_kernels` / `runtime.vae_kernels` =

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
 use crate::engine::{
-    self, AttentionBackend, Bundle, GenerateError, GenerateOptions, Generated, Generator,
-    Precision, Provider, Schedule, SessionError,
+    self, AttentionBackend, AttentionPrecision, Bundle, GenerateError, GenerateOptions, Generated,
+    Generator, Precision, Provider, Schedule, SessionError,
 };
 use crate::exit;
 use crate::results::arrays::ArrayKind;
@@ -72,12 +72,20 @@ fn loaded_version(maps: &str, stem: &str) -> Option<String> {
 
 /// The attention kernel a generator's provider was configured with, as results record it; with a
 /// fused DiT whose self-attention is the runner's own call of cuDNN, or ONNX Runtime's
-/// `MultiHeadAttention` in its place, also that.
-pub fn attention_name(provider: &Provider, generator: &Generator) -> String {
+/// `MultiHeadAttention` in its place, also that; and the 8-bit attention when it ran.
+pub fn attention_name(
+    provider: &Provider,
+    generator: &Generator,
+    attention_precision: AttentionPrecision,
+) -> String {
     let precision = generator.bundle().manifest.precision;
     let name = provider_attention_name(provider, precision);
-    match generator.dit_attention().describe(provider, precision) {
+    let name = match generator.dit_attention().describe(provider, precision) {
         Some(self_attention) => format!("{name}, {self_attention}"),
+        None => name,
+    };
+    match attention_precision.reduced() {
+        Some(note) => format!("{name}; 8-bit ({note})"),
         None => name,
     }
 }
@@ -104,7 +112,11 @@ fn facts(job: &JobSpec, generator: &Generator, ort_version: &str) -> WorkerFacts
     WorkerFacts {
         provider: job.engine.provider.name().into(),
         ort_version: ort_version.into(),
-        attention_backend: attention_name(&job.engine.provider, generator),
+        attention_backend: attention_name(
+            &job.engine.provider,
+            generator,
+            job.engine.attention_precision,
+        ),
         dit_kernels: generator.dit_kernels().name().into(),
         vae_kernels: generator.vae_kernels().name().into(),
         bundle_preset: bundle.preset.clone(),

@@ -113,6 +113,11 @@ pub const ENV_VARS: &[EnvVar] = &[
         probe_only: false,
     },
     EnvVar {
+        var: "UNSTEP_ATTENTION_PRECISION",
+        key: "method.attention_precision",
+        probe_only: false,
+    },
+    EnvVar {
         var: "UNSTEP_CACHE_MODE",
         key: "cache.mode",
         probe_only: false,

@@ -1,6 +1,7 @@
 //! What makes two runs' times or scores not comparable as equals: the warnings `runner compare`
 //! prints (warm caches, failed runs, and every difference in what ran: GPU, provider, attention
-//! kernel, kernel sets, library versions, bundle, weights, precision, timed region, diagnostics).
+//! kernel, kernel sets, library versions, bundle, weights, precision, attention precision, timed
+//! region, diagnostics).
 
 use super::load::LoadedRun;
 use super::render::{name_of, opt, weights_of};
@@ -123,6 +124,24 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
             None => line,
         },
     );
+    // The 8-bit attention on one side only: another arithmetic, as a reduced precision is.
+    let attention_precision = differs(
+        "attention precision",
+        name_of(&ra.attention_precision),
+        name_of(&rb.attention_precision),
+    )
+    .map(|line| {
+        let reduced = [ra.attention_precision, rb.attention_precision]
+            .into_iter()
+            .find_map(|p| p.reduced().map(|note| (p, note)));
+        match reduced {
+            Some((p, note)) => format!(
+                "{line}; {p} is the 8-bit attention ({note}): its times and scores are not \
+                 comparable to fp16's as equals"
+            ),
+            None => line,
+        }
+    });
     // Profiling, logging and left-out optimizers change the times they were measured with.
     let diagnostics = (ra.diagnostics != rb.diagnostics).then(|| {
         format!(
@@ -160,6 +179,7 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
                 rb.weights.as_ref().map_or("n/a".into(), weights_of),
             ),
             precision,
+            attention_precision,
             differs(
                 "timed region end",
                 ra.timed_region_ends.to_string(),

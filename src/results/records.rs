@@ -13,7 +13,7 @@ use crate::manifest::{
     AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
 use crate::plan::{Plan, Role};
-use crate::vocab::{OneTimeWork, StartupTimes};
+use crate::vocab::{AttentionPrecision, OneTimeWork, StartupTimes};
 
 /// The role of the process that produced a timing record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -368,6 +368,10 @@ pub struct RunRecord {
     #[serde(default)]
     pub weights: Option<WeightsRecord>,
     pub precision: Precision,
+    /// The DiT's self-attention arithmetic (`method.attention_precision`; records written before
+    /// the setting ran fp16).
+    #[serde(default)]
+    pub attention_precision: AttentionPrecision,
     pub device: DeviceRecord,
     pub versions: LibraryVersions,
     pub warmup: WarmupRecord,
@@ -631,6 +635,7 @@ impl RunRecord {
             tokenizer: None,
             weights: None,
             precision: m.method.precision,
+            attention_precision: m.method.attention_precision,
             device: DeviceRecord::default(),
             versions: LibraryVersions::default(),
             warmup: WarmupRecord {

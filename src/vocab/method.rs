@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::settings::{AttentionBackend, Emit, Precision, SvdRank};
+use super::settings::{AttentionBackend, AttentionPrecision, Emit, Precision, SvdRank};
 use super::values::{AttentionWindow, Bounded, DenoisingSteps, Positive, Sigma};
 
 /// Declares the method table: `Method` (serde, schema, `Default`) and `MethodFlags`, its
@@ -134,6 +134,11 @@ method_table! {
     /// Attention kernel. Env: `UNSTEP_ATTENTION_BACKEND`. Extra arg: `--attention-backend`.
     #[class = "flag"]
     attention_backend: AttentionBackend = AttentionBackend::Auto;
+    /// The DiT's self-attention: `fp16` (exact) or `int8` (opt-in 8-bit attention: Q·Kᵀ in int8,
+    /// P·V in float8; the runner's fused DiT on Hopper GPUs, or its CPU reference).
+    /// Env: `UNSTEP_ATTENTION_PRECISION`. Extra arg: `--attention-precision`.
+    #[class = "flag"]
+    attention_precision: AttentionPrecision = AttentionPrecision::Fp16;
     /// Latent frames of past context each block attends to; -1 = all.
     #[class = "config"]
     attention_window: AttentionWindow = AttentionWindow(-1);
@@ -175,7 +180,7 @@ mod tests {
         .unwrap();
         let schema = serde_json::to_value(schemars::schema_for!(Method)).unwrap();
         let properties = schema["properties"].as_object().unwrap();
-        assert_eq!(properties.len(), 13);
+        assert_eq!(properties.len(), 14);
         for (key, property) in properties {
             let class = property["x-unstep-class"].as_str().unwrap();
             let row = docs
