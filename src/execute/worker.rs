@@ -2,6 +2,7 @@
 //! of sessions. `runner worker --spec` runs a job `runner apply` wrote; `runner worker`'s flags
 //! build a job and run it through the same code, so both write the same timing records.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -38,8 +39,9 @@ pub enum WorkerError {
     Write { path: PathBuf, reason: String },
     #[error(
         "bundle file(s) {} changed after staging (the staged bundle shares its files with the \
-         source bundle by hard link, and the source was rewritten in place); apply again to \
-         stage it anew, and do not export into a bundle a run is using",
+         source bundle by hard link, and the source was rewritten in place, whatever its \
+         modification time says); apply again to stage it anew, and do not export into or \
+         sync a bundle a run is using",
         .0.join(", ")
     )]
     BundleChanged(Vec<String>),
@@ -127,20 +129,38 @@ fn emit(job: &JobSpec, event: &RunEventKind) {
 /// Builds the sessions: the bundle opened and checked against the job's export settings, every
 /// prompt's context encoded first with the text encoder alone on the device, then the DiT and
 /// the decoder (docs/generation.md).
+///
+/// The staged bundle's files are checked against their stamps before they are read and again
+/// once the sessions hold them: the audit's hashes, which the record names, are trusted only
+/// for files that no write touched in between.
 fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
     // Schedule errors are reported before the (slow) session build.
     Schedule::new(&job.method).map_err(GenerateError::from)?;
-    let changed = super::staging::changed_since_staged(&job.bundle, &job.bundle_stamps);
-    if !changed.is_empty() {
-        return Err(WorkerError::BundleChanged(changed));
-    }
+    let mut stamps = job.bundle_stamps.clone();
+    unchanged_since_staged(job, &mut stamps)?;
     let bundle = Bundle::open_with_known_hashes(&job.bundle, &job.unpack_dir, &job.bundle_sha256)
         .map_err(GenerateError::from)?;
     bundle
         .check_export(&job.export)
         .map_err(GenerateError::from)?;
     let prompts = job.prompts.iter().map(|p| p.text.as_str());
-    Ok(Generator::with_prompts(bundle, &job.engine, prompts)?)
+    let generator = Generator::with_prompts(bundle, &job.engine, prompts)?;
+    unchanged_since_staged(job, &mut stamps)?;
+    Ok(generator)
+}
+
+/// Refuses the staged bundle when a file differs from its stamp (see
+/// [`super::staging::changed_since_staged`]).
+fn unchanged_since_staged(
+    job: &JobSpec,
+    stamps: &mut BTreeMap<String, super::staging::FileStamp>,
+) -> Result<(), WorkerError> {
+    let changed = super::staging::changed_since_staged(&job.bundle, stamps);
+    if changed.is_empty() {
+        Ok(())
+    } else {
+        Err(WorkerError::BundleChanged(changed))
+    }
 }
 
 /// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
