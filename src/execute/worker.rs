@@ -18,6 +18,7 @@ use crate::results::arrays::ArrayKind;
 use crate::results::files::append_jsonl;
 use crate::results::names::video_name;
 use crate::results::records::{ProcessStart, TimingRecord};
+use crate::results::video_file::VideoFile;
 
 /// Videos are written at 16 frames per second, as the model's training data.
 pub const FPS: u32 = 16;
@@ -252,7 +253,7 @@ fn keep(
     generated: &Generated,
     process_start: Option<ProcessStart>,
 ) -> Result<TimingRecord, WorkerError> {
-    let video = match &job.videos {
+    let (video, video_file) = match &job.videos {
         Some(dir) if !generated.frames.is_empty() => {
             let name = prompt
                 .video
@@ -262,14 +263,15 @@ fn keep(
             let [n, h, w, _] = generated.frame_shape;
             crate::video::write_mp4(&path, &generated.frames, n, h, w, FPS)
                 .map_err(|e| write_error(&path, e))?;
-            Some(
-                path.strip_prefix(&job.run_dir)
-                    .unwrap_or(&path)
-                    .display()
-                    .to_string(),
-            )
+            let written = VideoFile::of(&path).map_err(|e| write_error(&path, e))?;
+            let video = path
+                .strip_prefix(&job.run_dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            (Some(video), Some(written))
         }
-        _ => None,
+        _ => (None, None),
     };
     let kept_bytes = save_outputs(job, generated)?;
     let t = &generated.times;
@@ -290,6 +292,7 @@ fn keep(
         config_hash: job.config_hash.clone(),
         prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
         video,
+        video_file,
         kept_bytes,
         process_start,
         one_time: Some(generated.one_time).filter(|w| !w.is_empty()),

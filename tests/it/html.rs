@@ -537,6 +537,7 @@ fn fake_generation(t: &Test, name: &str, count: usize, video: Option<&Path>) -> 
             config_hash: record.config_hash.clone(),
             prompt_sha256: Some(unstep::results::prompt_hash(prompt)),
             video: Some(format!("videos/{file}")),
+            video_file: None,
             process_start: None,
             one_time: None,
             kept_bytes: Default::default(),
