@@ -44,9 +44,10 @@ pub struct JobSpec {
     /// when opened.
     #[serde(default)]
     pub bundle_sha256: BTreeMap<String, String>,
-    /// Size and modification time of each staged bundle file when the audit hashed it: a file
-    /// that no longer matches (a hard-linked file rewritten through its source) is refused
-    /// rather than trusted on its recorded hash. Empty: nothing to compare.
+    /// Size, modification and status-change times and audited sha256 of each staged bundle file
+    /// when the audit hashed it: a file whose times moved is hashed again, and one that no longer
+    /// has its audited hash (a hard-linked file rewritten through its source) is refused rather
+    /// than trusted on its recorded hash. Empty: nothing to compare.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub bundle_stamps: BTreeMap<String, super::staging::FileStamp>,
     /// Where a `.zip` bundle is unpacked.

@@ -97,6 +97,11 @@ pub(super) fn completed(
                 "warning: the video of prompt {prompt}, {}, is damaged ({why}); it is made again",
                 display_path(&run_dir.join(video))
             )),
+            PromptState::OtherVideo { video, why } => notes.push(format!(
+                "warning: the video of prompt {prompt}, {}, is not the one its worker wrote \
+                 ({why}); it is made again",
+                display_path(&run_dir.join(video))
+            )),
             _ => {}
         }
         if let Some(v) = s.stale_video() {

@@ -7,8 +7,10 @@
 //! without a second copy where the file system allows: a reflink (a copy-on-write clone, as
 //! independent as a copy), else a hard link (the same file under a second name), and a copy only
 //! across file systems. A hard-linked file changes when its source is rewritten in place, so each
-//! placed file's size and modification time are kept ([`FileStamp`]) and every worker compares
-//! them before it trusts the audit's hashes. Before anything is staged, [`space_needed`] tells
+//! placed file's size, modification and status-change times are kept with its audited hash
+//! ([`FileStamp`]), and every worker compares them before it trusts the audit's hashes: a
+//! rewrite can set the modification time back (`touch -r`, `rsync --inplace -t`), but not the
+//! status-change time, and a file whose times moved is hashed again. Before anything is staged, [`space_needed`] tells
 //! what will really be copied, and `runner apply` refuses when the work root's file system has
 //! less free.
 
@@ -106,24 +108,54 @@ fn count(placements: &mut Placements, how: Placement, bytes: u64) {
     }
 }
 
-/// A placed file's size and modification time: a hard-linked file rewritten in place through its
-/// source changes them, and a worker that finds them changed refuses the file instead of trusting
-/// the audit's hash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A placed file as the audit saw it: its size, its modification and status-change times, and
+/// the sha256 the audit recorded. A hard-linked file rewritten in place through its source
+/// changes its status-change time (ctime) whatever else the writer restores, since no call sets
+/// that time; a worker that finds a stamp's times moved hashes the file again, and refuses it
+/// unless it still has the audited hash (a change of its metadata alone, such as another link to
+/// it, moves the time too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStamp {
     pub len: u64,
     /// Modification time, nanoseconds since the epoch.
     pub modified_ns: i128,
+    /// Status-change time, nanoseconds since the epoch.
+    pub changed_ns: i128,
+    pub sha256: String,
 }
 
-impl FileStamp {
-    pub fn of(path: &Path) -> std::io::Result<FileStamp> {
+/// A file's size and times, read from its metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileTimes {
+    len: u64,
+    modified_ns: i128,
+    changed_ns: i128,
+}
+
+impl FileTimes {
+    fn of(path: &Path) -> std::io::Result<FileTimes> {
         use std::os::unix::fs::MetadataExt;
         let meta = fs::metadata(path)?;
-        Ok(FileStamp {
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Ok(FileTimes {
             len: meta.len(),
-            modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            modified_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            changed_ns: ns(meta.ctime(), meta.ctime_nsec()),
         })
+    }
+
+    fn stamp(self, sha256: String) -> FileStamp {
+        FileStamp {
+            len: self.len,
+            modified_ns: self.modified_ns,
+            changed_ns: self.changed_ns,
+            sha256,
+        }
+    }
+
+    fn matches(&self, stamp: &FileStamp) -> bool {
+        (self.len, self.modified_ns, self.changed_ns)
+            == (stamp.len, stamp.modified_ns, stamp.changed_ns)
     }
 }
 
@@ -281,33 +313,71 @@ fn fill(req: &StageRequest, dir: &Path) -> Result<Filled, StagingError> {
     } else {
         place_dir(&req.bundle, &bundle, &mut placements)?;
     }
-    // Stamps before hashes: a rewrite of a linked file during the audit changes its stamp.
-    let stamps = stamps(&bundle)?;
+    // Times before hashes: a rewrite of a linked file during the audit moves its times, so the
+    // worker hashes it again.
+    let times = times(&bundle)?;
     let audit = audit(dir)?;
     let path = dir.join(AUDIT_FILE);
     let text = serde_json::to_string_pretty(&audit).expect("audits serialise");
     fs::write(&path, text).map_err(io(&path))?;
+    let stamps = stamps(times, &audit);
     Ok((audit, placements, stamps))
 }
 
-/// The stamp of every file below a staged bundle, by path relative to it.
-fn stamps(bundle: &Path) -> Result<BTreeMap<String, FileStamp>, StagingError> {
+/// The size and times of every file below a staged bundle, by path relative to it.
+fn times(bundle: &Path) -> Result<BTreeMap<String, FileTimes>, StagingError> {
     let mut files = Vec::new();
     walk_files(bundle, bundle, &mut files)?;
     files
         .into_iter()
-        .map(|(rel, path)| Ok((rel, FileStamp::of(&path).map_err(io(&path))?)))
+        .map(|(rel, path)| Ok((rel, FileTimes::of(&path).map_err(io(&path))?)))
+        .collect()
+}
+
+/// Each bundle file's times with its audited hash (the audit names it `bundle/<path>`).
+fn stamps(times: BTreeMap<String, FileTimes>, audit: &Audit) -> BTreeMap<String, FileStamp> {
+    times
+        .into_iter()
+        .map(|(rel, t)| {
+            let sha256 = audit
+                .files
+                .get(&format!("bundle/{rel}"))
+                .cloned()
+                .unwrap_or_default();
+            (rel, t.stamp(sha256))
+        })
         .collect()
 }
 
 /// The files that differ from their stamps, by path relative to `bundle`: missing, another
-/// size, or another modification time.
-pub fn changed_since_staged(bundle: &Path, stamps: &BTreeMap<String, FileStamp>) -> Vec<String> {
-    stamps
-        .iter()
-        .filter(|(rel, stamp)| FileStamp::of(&bundle.join(rel)).ok().as_ref() != Some(*stamp))
-        .map(|(rel, _)| rel.clone())
-        .collect()
+/// size, or, where a time moved, another sha256 than the audited one. A file whose times moved
+/// but whose bytes are the audited ones (its metadata changed, or it was written back as it was)
+/// gets its stamp updated to its times now, so that it is not hashed again at the next check.
+pub fn changed_since_staged(
+    bundle: &Path,
+    stamps: &mut BTreeMap<String, FileStamp>,
+) -> Vec<String> {
+    let mut changed = Vec::new();
+    for (rel, stamp) in stamps.iter_mut() {
+        let path = bundle.join(rel);
+        let Ok(now) = FileTimes::of(&path) else {
+            changed.push(rel.clone());
+            continue;
+        };
+        if now.matches(stamp) {
+            continue;
+        }
+        // Hashed between two reads of its times that agree: the hash is of the file as it is.
+        let same = now.len == stamp.len
+            && sha256_file(&path).is_ok_and(|h| h == stamp.sha256)
+            && FileTimes::of(&path).is_ok_and(|t| t == now);
+        if same {
+            *stamp = now.stamp(stamp.sha256.clone());
+        } else {
+            changed.push(rel.clone());
+        }
+    }
+    changed
 }
 
 fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, StagingError> {
@@ -320,6 +390,8 @@ fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, Stagi
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .ok_or_else(|| mismatch(format!("{AUDIT_FILE} is missing or unreadable")))?;
+    // Times before hashes, as when staging.
+    let times = times(&req.dir.join("bundle"))?;
     let actual = audit(&req.dir)?;
     if actual != recorded {
         let changed = first_difference(&recorded, &actual);
@@ -349,9 +421,7 @@ fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, Stagi
     if resolved != req.resolved_manifest {
         return Err(mismatch("the resolved manifest differs".into()));
     }
-    // The audit above read every file; stamps taken now describe what it read (a rewrite during
-    // it is caught by the workers' comparison or the hashes).
-    let stamps = stamps(&req.dir.join("bundle"))?;
+    let stamps = stamps(times, &recorded);
     // Reused, it is this apply's: kept again only if this run fails too.
     let kept = req.dir.join(KEPT_FILE);
     if kept.exists() {
@@ -676,16 +746,64 @@ mod tests {
             p.copied_bytes, small as u64,
             "only the small files are written"
         );
-        assert!(changed_since_staged(&stage.bundle, &stage.bundle_stamps).is_empty());
+        let mut stamps = stage.bundle_stamps.clone();
+        assert!(changed_since_staged(&stage.bundle, &mut stamps).is_empty());
 
         // Rewritten in place through the source (another size here): the stamp tells.
         fs::write(req.bundle.join("sub/graph.onnx"), b"a longer graph").unwrap();
         if p.hard_linked == 3 {
             assert_eq!(
-                changed_since_staged(&stage.bundle, &stage.bundle_stamps),
+                changed_since_staged(&stage.bundle, &mut stamps),
                 vec!["sub/graph.onnx".to_string()]
             );
         }
+    }
+
+    /// Rewrites `path` in place (the same inode, the same size) with `bytes`, and sets its
+    /// modification time back to what it was, as `rsync --inplace -t` or `touch -r` leave it.
+    fn rewrite_keeping_mtime(path: &Path, bytes: &[u8]) {
+        use std::io::Write;
+        let before = fs::metadata(path).unwrap();
+        assert_eq!(before.len(), bytes.len() as u64, "the same size");
+        let mut f = fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.write_all(bytes).unwrap();
+        f.set_modified(before.modified().unwrap()).unwrap();
+        drop(f);
+        let after = fs::metadata(path).unwrap();
+        assert_eq!(
+            (after.len(), after.modified().unwrap()),
+            (before.len(), before.modified().unwrap())
+        );
+    }
+
+    /// A hard-linked file rewritten through its source with its size and modification time kept
+    /// is found changed: its status-change time moved, and its bytes are not the audited ones.
+    /// A change of its metadata alone (another link to it) moves that time too, but the bytes are
+    /// the audited ones, so it is not.
+    #[test]
+    fn a_rewrite_in_place_that_restores_the_mtime_is_found() {
+        let root = tempfile::tempdir().unwrap();
+        let req = request(root.path(), false);
+        let stage = stage(&req).unwrap();
+        if stage.placements.hard_linked != 3 {
+            eprintln!(
+                "note: this file system reflinks; the staged files do not share the source's"
+            );
+            return;
+        }
+        let source = req.bundle.join("sub/graph.onnx");
+        let mut stamps = stage.bundle_stamps.clone();
+        fs::hard_link(&source, root.path().join("another-link")).unwrap();
+        assert!(changed_since_staged(&stage.bundle, &mut stamps).is_empty());
+
+        rewrite_keeping_mtime(&source, b"GRAPH");
+        assert_eq!(
+            changed_since_staged(&stage.bundle, &mut stamps),
+            vec!["sub/graph.onnx".to_string()]
+        );
+        // Written back as it was, it is the audited file again.
+        rewrite_keeping_mtime(&source, b"graph");
+        assert!(changed_since_staged(&stage.bundle, &mut stamps).is_empty());
     }
 
     /// What staging will write is counted by file system: nothing of the bundle on its own file

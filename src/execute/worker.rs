@@ -2,6 +2,7 @@
 //! of sessions. `runner worker --spec` runs a job `runner apply` wrote; `runner worker`'s flags
 //! build a job and run it through the same code, so both write the same timing records.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use crate::results::arrays::ArrayKind;
 use crate::results::files::append_jsonl;
 use crate::results::names::video_name;
 use crate::results::records::{ProcessStart, TimingRecord};
+use crate::results::video_file::VideoFile;
 
 /// Videos are written at 16 frames per second, as the model's training data.
 pub const FPS: u32 = 16;
@@ -38,8 +40,9 @@ pub enum WorkerError {
     Write { path: PathBuf, reason: String },
     #[error(
         "bundle file(s) {} changed after staging (the staged bundle shares its files with the \
-         source bundle by hard link, and the source was rewritten in place); apply again to \
-         stage it anew, and do not export into a bundle a run is using",
+         source bundle by hard link, and the source was rewritten in place, whatever its \
+         modification time says); apply again to stage it anew, and do not export into or \
+         sync a bundle a run is using",
         .0.join(", ")
     )]
     BundleChanged(Vec<String>),
@@ -139,20 +142,38 @@ fn emit(job: &JobSpec, event: &RunEventKind) {
 /// Builds the sessions: the bundle opened and checked against the job's export settings, every
 /// prompt's context encoded first with the text encoder alone on the device, then the DiT and
 /// the decoder (docs/generation.md).
+///
+/// The staged bundle's files are checked against their stamps before they are read and again
+/// once the sessions hold them: the audit's hashes, which the record names, are trusted only
+/// for files that no write touched in between.
 fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
     // Schedule errors are reported before the (slow) session build.
     Schedule::new(&job.method).map_err(GenerateError::from)?;
-    let changed = super::staging::changed_since_staged(&job.bundle, &job.bundle_stamps);
-    if !changed.is_empty() {
-        return Err(WorkerError::BundleChanged(changed));
-    }
+    let mut stamps = job.bundle_stamps.clone();
+    unchanged_since_staged(job, &mut stamps)?;
     let bundle = Bundle::open_with_known_hashes(&job.bundle, &job.unpack_dir, &job.bundle_sha256)
         .map_err(GenerateError::from)?;
     bundle
         .check_export(&job.export)
         .map_err(GenerateError::from)?;
     let prompts = job.prompts.iter().map(|p| p.text.as_str());
-    Ok(Generator::with_prompts(bundle, &job.engine, prompts)?)
+    let generator = Generator::with_prompts(bundle, &job.engine, prompts)?;
+    unchanged_since_staged(job, &mut stamps)?;
+    Ok(generator)
+}
+
+/// Refuses the staged bundle when a file differs from its stamp (see
+/// [`super::staging::changed_since_staged`]).
+fn unchanged_since_staged(
+    job: &JobSpec,
+    stamps: &mut BTreeMap<String, super::staging::FileStamp>,
+) -> Result<(), WorkerError> {
+    let changed = super::staging::changed_since_staged(&job.bundle, stamps);
+    if changed.is_empty() {
+        Ok(())
+    } else {
+        Err(WorkerError::BundleChanged(changed))
+    }
 }
 
 /// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
@@ -244,7 +265,7 @@ fn keep(
     generated: &Generated,
     process_start: Option<ProcessStart>,
 ) -> Result<TimingRecord, WorkerError> {
-    let video = match &job.videos {
+    let (video, video_file) = match &job.videos {
         Some(dir) if !generated.frames.is_empty() => {
             let name = prompt
                 .video
@@ -254,14 +275,15 @@ fn keep(
             let [n, h, w, _] = generated.frame_shape;
             crate::video::write_mp4(&path, &generated.frames, n, h, w, FPS)
                 .map_err(|e| write_error(&path, e))?;
-            Some(
-                path.strip_prefix(&job.run_dir)
-                    .unwrap_or(&path)
-                    .display()
-                    .to_string(),
-            )
+            let written = VideoFile::of(&path).map_err(|e| write_error(&path, e))?;
+            let video = path
+                .strip_prefix(&job.run_dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            (Some(video), Some(written))
         }
-        _ => None,
+        _ => (None, None),
     };
     let kept_bytes = save_outputs(job, generated)?;
     let t = &generated.times;
@@ -282,6 +304,7 @@ fn keep(
         config_hash: job.config_hash.clone(),
         prompt_sha256: Some(crate::results::prompt_hash(&prompt.text)),
         video,
+        video_file,
         kept_bytes,
         process_start,
         one_time: Some(generated.one_time).filter(|w| !w.is_empty()),

@@ -304,6 +304,7 @@ mod tests {
             config_hash: String::new(),
             prompt_sha256: None,
             video: None,
+            video_file: None,
             kept_bytes: Default::default(),
             process_start: None,
             one_time: None,

@@ -5,8 +5,9 @@
 //!
 //! A prompt is complete when the latest timing record of its shard processes has the run's
 //! configuration and the prompt's current text, its video (when the run writes videos) is a
-//! whole MP4 under the name the prompt has now, and each array the run keeps is there with the
-//! size it was written with.
+//! whole MP4 under the name the prompt has now and the very video its worker wrote (its size,
+//! and its sha256 where the file is not untouched since: [`VideoFile`]), and each array the run
+//! keeps is there with the size it was written with.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -15,6 +16,8 @@ use super::arrays::ArrayKind;
 use super::files::read_process_timings;
 use super::names::VideoNames;
 use super::records::{ProcessRole, RunRecord, TimingRecord};
+#[cfg(doc)]
+use super::video_file::VideoFile;
 
 /// What a complete prompt of a run has.
 #[derive(Debug, Clone, Default)]
@@ -56,6 +59,12 @@ pub enum PromptState {
         video: String,
         why: String,
     },
+    /// The file under the video's name is not the video its worker wrote (swapped, overwritten,
+    /// zero-filled).
+    OtherVideo {
+        video: String,
+        why: String,
+    },
     /// A kept array is missing, or of another size than written.
     Array {
         kind: ArrayKind,
@@ -73,7 +82,9 @@ impl PromptState {
     pub fn stale_video(&self) -> Option<&str> {
         match self {
             PromptState::OtherText { video } => video.as_deref(),
-            PromptState::Renamed { video } | PromptState::DamagedVideo { video, .. } => Some(video),
+            PromptState::Renamed { video }
+            | PromptState::DamagedVideo { video, .. }
+            | PromptState::OtherVideo { video, .. } => Some(video),
             _ => None,
         }
     }
@@ -88,6 +99,9 @@ impl PromptState {
             PromptState::Renamed { .. } => "its video has another name now".into(),
             PromptState::NoVideo => "its video is missing".into(),
             PromptState::DamagedVideo { why, .. } => format!("its video is damaged ({why})"),
+            PromptState::OtherVideo { why, .. } => {
+                format!("its video is not the one recorded ({why})")
+            }
             PromptState::Array { kind, why } => format!("its kept {} {why}", kind.dir()),
         }
     }
@@ -140,6 +154,13 @@ pub fn prompt_state(
             return PromptState::DamagedVideo {
                 video: v.clone(),
                 why: why.to_string(),
+            };
+        }
+        // A whole MP4 may still be another prompt's, or another run's.
+        if let Some(why) = rec.video_file.as_ref().and_then(|f| f.differs(&path)) {
+            return PromptState::OtherVideo {
+                video: v.clone(),
+                why,
             };
         }
     }

@@ -344,6 +344,7 @@ pub(crate) mod tests {
             config_hash: "abc".into(),
             prompt_sha256: None,
             video: None,
+            video_file: None,
             kept_bytes: Default::default(),
             process_start: None,
             one_time: None,

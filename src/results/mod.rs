@@ -12,6 +12,7 @@ pub mod scores;
 pub mod stats;
 pub mod summary;
 pub mod time;
+pub mod video_file;
 pub mod video_index;
 
 pub use files::{

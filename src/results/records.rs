@@ -109,6 +109,11 @@ pub struct TimingRecord {
     pub prompt_sha256: Option<String>,
     /// The video, relative to the run directory, when one was kept.
     pub video: Option<String>,
+    /// That video as its worker wrote it (size, sha256, the file's identity): a file under its
+    /// name that is not this video does not make the prompt complete. Absent in records of
+    /// earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub video_file: Option<super::video_file::VideoFile>,
     /// The size in bytes of each array kept for the prompt, by kind (`latents`, `frames`), as
     /// written: a kept array of another size is not this prompt's whole output. Absent when none
     /// was kept, and in records of earlier runners.

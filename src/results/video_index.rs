@@ -8,7 +8,7 @@
 //! prompt's latest record names its video), so a resumed run's index is that of all its videos.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -39,6 +39,18 @@ pub struct VideoEntry {
     pub name: String,
     pub sha256: String,
     pub bytes: u64,
+}
+
+impl VideoEntry {
+    /// The video's file in the run folder `run_dir`, or `None` where its name is not a plain file
+    /// name (empty, `.`, `..`, or holding a `/` or a NUL byte): `videos.json` is read like any
+    /// file of a results folder, which may come from anywhere, and what it names stays inside the
+    /// run's `videos/` folder.
+    pub fn file_in(&self, run_dir: &Path) -> Option<PathBuf> {
+        let n = self.name.as_str();
+        let plain = !matches!(n, "" | "." | "..") && !n.contains(['/', '\0']);
+        plain.then(|| run_dir.join(VIDEOS_DIR).join(n))
+    }
 }
 
 /// `videos.json`.
@@ -97,4 +109,43 @@ pub fn write(
 /// Reads `videos.json`.
 pub fn read(run_dir: &Path) -> Result<VideoIndex, RecordError> {
     read_json(&run_dir.join(VIDEOS_JSON))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a plain file name is a video of the run: nothing `videos.json` says leads outside
+    /// its `videos/` folder.
+    #[test]
+    fn a_video_is_a_plain_file_in_the_runs_videos_folder() {
+        let entry = |name: &str| VideoEntry {
+            index: 0,
+            prompt: "a cat".into(),
+            standard_prompt: None,
+            name: name.into(),
+            sha256: String::new(),
+            bytes: 0,
+        };
+        let run = Path::new("/r/results/run");
+        for name in ["0000.mp4", "a cat #1?.mp4", "javascript:alert(1)", "..mp4"] {
+            assert_eq!(
+                entry(name).file_in(run),
+                Some(run.join("videos").join(name)),
+                "{name}"
+            );
+        }
+        for name in [
+            "",
+            ".",
+            "..",
+            "../0000.mp4",
+            "../../other/videos/0000.mp4",
+            "/etc/passwd",
+            "sub/0000.mp4",
+            "0000.mp4\0",
+        ] {
+            assert_eq!(entry(name).file_in(run), None, "{name:?}");
+        }
+    }
 }

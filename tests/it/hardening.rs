@@ -767,3 +767,55 @@ fn an_apply_whose_output_pipe_closes_finishes_its_run() {
         "the staging is removed"
     );
 }
+
+/// Videos that are not the ones their workers wrote, though whole MP4s of the same names: two
+/// swapped, one zero-filled in place (its size kept) and one overwritten with a copy of another.
+/// `runner status` counts them as not done, and a re-apply makes them again; the videos end
+/// byte-identical to the first run's.
+#[test]
+fn swapped_zero_filled_and_copied_videos_are_not_complete() {
+    let t = Test::new();
+    generation(&t, "swapped", "0-5");
+    let run_dir = t.path().join("results/swapped");
+    let out = t.cmd().args(["apply", "--quiet", "swapped.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let original = videos(&run_dir);
+    let dir = run_dir.join("videos");
+    let at = |i: usize| dir.join(&original[i].0);
+    std::fs::rename(at(0), dir.join("swap.tmp")).unwrap();
+    std::fs::rename(at(1), at(0)).unwrap();
+    std::fs::rename(dir.join("swap.tmp"), at(1)).unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).open(at(2)).unwrap();
+        f.write_all(&vec![0u8; original[2].1.len()]).unwrap();
+    }
+    std::fs::copy(at(5), at(4)).unwrap();
+    assert_ne!(original[4].1, original[5].1);
+
+    let status = t.cmd().args(["status", "swapped", "--json"]).run();
+    assert_eq!(status.code, 0, "{}", status.render());
+    let s: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(
+        (s["prompts_done"].as_u64(), s["prompts"].as_u64()),
+        (Some(2), Some(6)),
+        "{s}"
+    );
+
+    let again = t.cmd().args(["apply", "swapped.toml"]).run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert!(
+        again
+            .stderr
+            .contains("resuming: 2 prompts already complete, 4 to go"),
+        "{}",
+        again.render()
+    );
+    assert!(
+        again.stderr.contains("is not the one its worker wrote (")
+            && again.stderr.contains("is damaged ("),
+        "{}",
+        again.render()
+    );
+    assert_eq!(videos(&run_dir), original);
+}

@@ -537,6 +537,7 @@ fn fake_generation(t: &Test, name: &str, count: usize, video: Option<&Path>) -> 
             config_hash: record.config_hash.clone(),
             prompt_sha256: Some(unstep::results::prompt_hash(prompt)),
             video: Some(format!("videos/{file}")),
+            video_file: None,
             process_start: None,
             one_time: None,
             kept_bytes: Default::default(),
@@ -613,4 +614,256 @@ fn a_946_prompt_comparison_opens_with_only_the_rows_in_view_loaded() {
         "#only=videos",
         &t.path().join("results/compare-ref-vs-alt.png"),
     );
+}
+
+/// Markup that, if a page ran it, would mark the page's root element with `data-pwned="<at>"`:
+/// a script, an image's error handler and an SVG's load handler, after quotes that would end an
+/// attribute.
+fn payload(at: &str) -> String {
+    let mark = format!("document.documentElement.setAttribute('data-pwned','{at}')");
+    format!(
+        "\"'><script>{mark}</script><img src=x onerror=\"{mark}\"><svg onload=\"{mark}\"></svg>"
+    )
+}
+
+/// `doc` with the payload added to every string (and every key of a map) that still reads as a
+/// `T` afterwards, each marked with its place (`label` and its JSON pointer); a change that `T`
+/// refuses, or a key that `T` drops, is undone.
+fn inject<T: serde::de::DeserializeOwned + serde::Serialize>(
+    doc: serde_json::Value,
+    label: &str,
+) -> serde_json::Value {
+    use serde_json::Value;
+    fn places(v: &Value, at: String, out: &mut Vec<(String, Option<String>)>) {
+        match v {
+            Value::String(_) => out.push((at, None)),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    places(item, format!("{at}/{i}"), out);
+                }
+            }
+            Value::Object(map) => {
+                for (k, item) in map {
+                    out.push((at.clone(), Some(k.clone())));
+                    places(item, format!("{at}/{k}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let reads = |v: &Value| serde_json::from_value::<T>(v.clone()).ok();
+    assert!(reads(&doc).is_some(), "{label}: {doc}");
+    let mut found = Vec::new();
+    places(&doc, String::new(), &mut found);
+    let mut doc = doc;
+    // Values first, then keys: a renamed key moves the pointers below it.
+    found.sort_by_key(|(_, key)| key.is_some());
+    found.reverse();
+    found.sort_by_key(|(_, key)| key.is_some());
+    for (at, key) in found {
+        let mut next = doc.clone();
+        let mark: String = format!("{label}{at}")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let new_key = match &key {
+            None => {
+                let Some(Value::String(s)) = next.pointer_mut(&at) else {
+                    continue;
+                };
+                s.push_str(&payload(&mark));
+                None
+            }
+            Some(k) => {
+                let Some(Value::Object(map)) = next.pointer_mut(&at) else {
+                    continue;
+                };
+                let v = map.remove(k).unwrap();
+                let new_key = format!("{k}{}", payload(&mark));
+                map.insert(new_key.clone(), v);
+                Some(new_key)
+            }
+        };
+        let Some(read) = reads(&next) else { continue };
+        let kept = match new_key {
+            None => true,
+            Some(new_key) => serde_json::to_string(&read)
+                .unwrap()
+                .contains(serde_json::to_string(&new_key).unwrap().trim_matches('"')),
+        };
+        if kept {
+            doc = next;
+        }
+    }
+    doc
+}
+
+/// Every file of a run folder that the pages read, with the payload in every string it can
+/// hold: run.json (with a failure and evaluation scores), summary.json, each line of
+/// timings.jsonl, videos.json (with names that lead out of the run's videos/ folder), and a
+/// latency.svg that is nothing but script.
+fn inject_run_folder(run_dir: &Path, label: &str) {
+    let mut run = read_json(&run_dir.join(RUN_JSON));
+    run["failure"] = "a worker failed".into();
+    run["evaluation"] = serde_json::json!({
+        "command": ["vbench"], "dimensions": ["color"], "scores_file": "scores.json",
+        "names_file": null, "status": "succeeded", "started_at": null, "ended_at": null,
+        "scores": {"color": 0.5}, "failure": null
+    });
+    let run = inject::<RunRecord>(run, &format!("{label}_run"));
+    write_json_atomic(&run_dir.join(RUN_JSON), &run).unwrap();
+    let summary = inject::<Summary>(
+        read_json(&run_dir.join(SUMMARY_JSON)),
+        &format!("{label}_summary"),
+    );
+    write_json_atomic(&run_dir.join(SUMMARY_JSON), &summary).unwrap();
+    let timings: String = std::fs::read_to_string(run_dir.join(TIMINGS_JSONL))
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, line)| {
+            let v = inject::<TimingRecord>(
+                serde_json::from_str(line).unwrap(),
+                &format!("{label}_timing{i}"),
+            );
+            serde_json::to_string(&v).unwrap() + "\n"
+        })
+        .collect();
+    std::fs::write(run_dir.join(TIMINGS_JSONL), timings).unwrap();
+    // The videos keep their names (a name with markup holds a `/` and is left out, below).
+    let videos = read_json(&run_dir.join(VIDEOS_JSON));
+    let names: Vec<serde_json::Value> = videos["videos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].clone())
+        .collect();
+    let mut videos = inject::<VideoIndex>(videos, &format!("{label}_videos"));
+    let list = videos["videos"].as_array_mut().unwrap();
+    for (v, name) in list.iter_mut().zip(names) {
+        v["name"] = name;
+    }
+    let first = list[0].clone();
+    let hostile = [
+        "../../../outside.mp4".to_string(),
+        "/etc/hostname".to_string(),
+        "javascript:alert(1)".to_string(),
+        "..".to_string(),
+        payload(&format!("{label}_video_name")),
+    ];
+    for (i, name) in hostile.into_iter().enumerate() {
+        let mut v = first.clone();
+        v["index"] = (100 + i).into();
+        v["name"] = name.into();
+        list.push(v);
+    }
+    write_json_atomic(&run_dir.join(VIDEOS_JSON), &videos).unwrap();
+    let mark = format!("document.documentElement.setAttribute('data-pwned','{label}_svg')");
+    std::fs::write(
+        run_dir.join("latency.svg"),
+        format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" onload=\"{mark}\"><script>{mark}</script>\
+             <foreignObject><img xmlns=\"http://www.w3.org/1999/xhtml\" src=\"x\" \
+             onerror=\"{mark}\"/></foreignObject></svg>\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// Every byte a page takes from a run folder is data: with markup in every string of every file
+/// the pages read and a latency.svg of script, neither page runs any of it in a browser (the
+/// plots are drawn from the timings, the rest escaped), and every video the pages link is a file
+/// in its run's videos/ folder.
+#[test]
+fn markup_in_the_run_folders_files_never_runs_in_the_pages() {
+    let t = Test::new();
+    let mp4 = t.path().join("short.mp4");
+    short_mp4(&mp4);
+    let a = fake_generation(&t, "a", 3, Some(&mp4));
+    let b = fake_generation(&t, "b", 3, Some(&mp4));
+    inject_run_folder(&a, "a");
+    inject_run_folder(&b, "b");
+    let report = t.path().join("report.html");
+    let compare = t.path().join("compare.html");
+    for (args, page) in [
+        (vec!["report", "a", "--html=report.html"], &report),
+        (vec!["compare", "a", "b", "--html=compare.html"], &compare),
+    ] {
+        let out = t.cmd().args(args.clone()).run();
+        assert_eq!(out.code, 0, "{args:?}: {}", out.render());
+        let html = std::fs::read_to_string(page).unwrap();
+        // The markup reached the page, as text: from the record, its scores, the video index's
+        // prompts and, in the report's first prompts, the timings.
+        let timings = (args[0] == "report").then_some("a_timing0_slot");
+        for at in [
+            "a_run_failure",
+            "a_run_evaluation_scores",
+            "a_run_settings_method_precision_value",
+            "a_videos_videos_0_prompt",
+        ]
+        .into_iter()
+        .chain(timings)
+        {
+            let text = format!(
+                "&lt;script&gt;document.documentElement.setAttribute(&#39;data-pwned&#39;,\
+                 &#39;{at}&#39;)"
+            );
+            assert!(html.contains(&text), "{args:?}: {at}");
+        }
+        for raw in [
+            "<script>document",
+            "<img src=x",
+            "<svg onload",
+            "<foreignObject",
+        ] {
+            assert!(!html.contains(raw), "{args:?}: {raw} in the page");
+        }
+        // (The run's name, from run.json, holds the markup too.)
+        let left_out = "` are left out: videos.json names files outside the run&#39;s videos/ \
+                        folder, such as `../../../outside.mp4`";
+        assert_eq!(
+            html.matches(left_out).count(),
+            args.len() - 2,
+            "{args:?}: {}",
+            &html[html.find("<ul class=\"warnings\">").unwrap_or(0)..][..2000]
+        );
+        // Every video linked is a file of its run's videos/ folder.
+        let videos = tags(&html, "video");
+        assert_eq!(videos.len(), (args.len() - 2) * 4, "{args:?}");
+        for video in videos {
+            let rel = percent_decode(&attr(video, "data-src").unwrap());
+            let mut file = PathBuf::new();
+            for part in t.path().join(&rel).iter() {
+                if part == ".." {
+                    file.pop();
+                } else {
+                    file.push(part);
+                }
+            }
+            assert!(
+                [&a, &b]
+                    .iter()
+                    .any(|r| file.parent() == Some(r.join("videos").as_path())),
+                "{args:?}: {rel} is not a run's video"
+            );
+        }
+    }
+
+    let Some(browser) = browser() else { return };
+    for (page, runs) in [(&report, 1), (&compare, 2)] {
+        for fragment in ["", "#only=videos&selftest"] {
+            let (dom, _) = dump(&browser, page, fragment);
+            let root = tags(&dom, "html");
+            assert!(
+                !root.is_empty() && root.iter().all(|t| !t.contains("data-pwned")),
+                "{}{fragment}: script from the run folder ran: {root:?}",
+                page.display()
+            );
+            assert!(dom.contains("<section id=\"latency\""));
+            if !fragment.is_empty() {
+                // The page's own script ran: scripts do run here.
+                check_synced_row(&selftest(&dom), runs);
+            }
+        }
+    }
 }

@@ -102,6 +102,7 @@ fn fake_run(
         config_hash: record.config_hash.clone(),
         prompt_sha256: None,
         video: None,
+        video_file: None,
         kept_bytes: Default::default(),
         process_start: None,
         one_time: None,

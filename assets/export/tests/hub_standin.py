@@ -13,7 +13,9 @@ get_hf_file_metadata and http_get, utils/_http.py's hf_raise_for_status), with i
 
 Knobs for the tests: `cut` {(repo, path): N} ends every transfer of that file's bytes at offset N
 by closing the connection; `tokens` {repo: token} makes a repository want `Bearer token`;
-`missing` {(repo, path)} answers 404.  `log` has one `Request` per request, in order.
+`missing` {(repo, path)} answers 404; `etags` {(repo, path): text} sends that ETag (X-Linked-Etag
+for a large file) in place of the file's own, as a hostile or broken hub might.  `log` has one
+`Request` per request, in order.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class StandInHub:
         self.cut: dict = {}
         self.tokens: dict = {}
         self.missing: set = set()
+        self.etags: dict = {}
         self.log: list[Request] = []
         self._lock = threading.Lock()
         hub = self
@@ -120,16 +123,18 @@ class StandInHub:
             return self._error(h, 404, "EntryNotFound", f"{path} does not exist on \"{revision}\"")
         served = self.files[key]
         head = {"X-Repo-Commit": COMMIT}
+        etag = self.etags.get(key)
         if path.endswith(LFS_SUFFIXES):
             h.send_response(302)
-            for k, v in {**head, "X-Linked-Etag": f'"{served.sha256}"', "X-Linked-Size": str(len(served.data)),
+            for k, v in {**head, "X-Linked-Etag": f'"{etag or served.sha256}"',
+                         "X-Linked-Size": str(len(served.data)),
                          "ETag": f'"{served.blob}"',
                          "Location": f"http://localhost:{self.port}/lfs/{served.sha256}",
                          "Content-Length": "0"}.items():
                 h.send_header(k, v)
             h.end_headers()
             return
-        return self._bytes(h, req, key, served, {**head, "ETag": f'"{served.blob}"'}, body)
+        return self._bytes(h, req, key, served, {**head, "ETag": f'"{etag or served.blob}"'}, body)
 
     def _bytes(self, h, req: Request, key, served: Served, headers: dict, body: bool):
         data, start = served.data, 0

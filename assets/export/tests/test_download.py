@@ -8,6 +8,7 @@ unimportable, so that a download path that needs them fails here."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -59,12 +60,13 @@ def hub(served):
         yield h
 
 
-def run(args, hub_or_endpoint, home: Path, **env):
+def run(args, hub_or_endpoint, home: Path, cwd: Path | None = None, **env):
     endpoint = getattr(hub_or_endpoint, "endpoint", hub_or_endpoint)
     base = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     e = {**base, "PYTHONPATH": str(EXPORT_DIR), "HF_ENDPOINT": endpoint, "HF_HOME": str(home / "hf-home"),
          "HF_HUB_DISABLE_PROGRESS_BARS": "1", **env}
-    return subprocess.run([sys.executable, "-c", REFUSING, *args], env=e, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", REFUSING, *args], env=e, capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
 
 
 def download(out: Path, hub, home: Path, *extra, **env):
@@ -212,6 +214,17 @@ def test_bad_out_is_exit_2(tmp_path):
     assert f"--out {f} is a file, not a directory" in r.stderr and "hint: give a directory" in r.stderr
 
 
+def test_empty_out_is_exit_2(tmp_path):
+    """An empty --out would be the current folder without saying so."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    r = run(["download", "--out", ""], "http://127.0.0.1:9", tmp_path, cwd=cwd)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert 'error: failed to use --out "": the path is empty' in r.stderr
+    assert "hint: give a directory for the released files" in r.stderr
+    assert list(cwd.iterdir()) == []
+
+
 def test_offline(served, hub, tmp_path):
     out = tmp_path / "released"
     r = download(out, hub, tmp_path, HF_HUB_OFFLINE="1")
@@ -265,3 +278,80 @@ def test_released_conflicts_with_file_options(served, tmp_path, capsys, other):
 def test_released_defaults_to_the_wan_preset(served, tmp_path, capsys):
     cli_fails(capsys, ["export", "--released", str(served), "--out", str(tmp_path / "b")],
               "the preset wan-1.3b expects dim 1536")
+
+
+# ---------------------------------------------------------------------------------------------
+# (e) nothing the hub sends becomes a path, and no symbolic link is written through
+# ---------------------------------------------------------------------------------------------
+
+def _tree(root: Path, leave_out: tuple = ()) -> set:
+    """Every path below `root` (symbolic links as themselves), but those below `leave_out`."""
+    return {p for p in root.rglob("*") if not any(p == x or x in p.parents for x in leave_out)}
+
+
+@pytest.mark.parametrize("shape", ["climbs", "slashes", "dots"])
+def test_an_etag_never_becomes_a_path(served, hub, tmp_path, shape):
+    """A hub (or anything on the way) that sends an ETag holding `/` or `..`: the partial file and
+    its lock are named by a hash of it, so nothing is made outside --out and no folder is named
+    after it, on the run that is cut and on the run that resumes."""
+    work = tmp_path / "work"
+    out = work / "out"
+    for f in (TOK, DIT):
+        partial_dir = out / f.folder / ".cache" / "huggingface" / "download" / Path(f.path).parent
+        # "x/.." cancels itself; then one ".." per folder from the partial's folder up to `work`.
+        climb = "/.." * len(partial_dir.relative_to(work).parts)
+        hub.etags[(f.repo, f.path)] = {"climbs": f"x/..{climb}/escaped", "slashes": "a/b/c", "dots": "../.."}[shape]
+    before = _tree(tmp_path)
+    hub.cut[(TOK.repo, TOK.path)] = 10
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    del hub.cut[(TOK.repo, TOK.path)]
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    same_files(out, served)
+    made_outside = _tree(tmp_path, (out, tmp_path / "hf-home")) - before - {work, out}
+    assert made_outside == set()
+    # Below --out: the files, their records and locks, and no folder or file named after the ETag.
+    for f in (TOK, DIT):
+        name = re.escape(Path(f.path).name)
+        own = re.compile(rf"{name}(\.metadata|\.lock|\.[0-9a-f]{{32}}\.part\.lock)?")
+        for p in _tree(out):
+            assert p.resolve().is_relative_to(out.resolve()), p
+            assert not p.name.startswith(Path(f.path).name) or own.fullmatch(p.name), p
+            assert "escaped" not in p.name and p.name not in ("a", "b", "c"), p
+
+
+def _cut_then_plant_link(hub, out: Path, tmp_path: Path, suffix: str) -> tuple[Path, Path]:
+    """A download of the tokenizer cut short, which leaves its partial file; then a symbolic link
+    at the partial's path plus `suffix` (`""`: the partial itself; `".lock"`: its lock) to a
+    file outside --out.  Returns the link and the file it points to."""
+    hub.cut[(TOK.repo, TOK.path)] = 10
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    del hub.cut[(TOK.repo, TOK.path)]
+    (part,) = (out / TOK.folder).rglob(f"{Path(TOK.path).name}.*.part")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not the hub's to write")
+    link = part.with_name(part.name + suffix)
+    link.unlink(missing_ok=True)
+    link.symlink_to(victim)
+    return link, victim
+
+
+@pytest.mark.parametrize("suffix", ["", ".lock"], ids=["partial", "lock"])
+def test_a_link_at_the_partial_file_is_not_written_through(hub, tmp_path, suffix):
+    out = tmp_path / "released"
+    link, victim = _cut_then_plant_link(hub, out, tmp_path, suffix)
+    r = download(out, hub, tmp_path)
+    assert victim.read_bytes() == b"not the hub's to write"
+    assert link.is_symlink()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"error: failed to fetch {TOK.repo} {TOK.path}: {link} is a symbolic link" in r.stderr
+    assert f"hint: remove the link (rm '{link}') and run the same command again" in r.stderr
+    assert not TOK.local(out).exists()
+    # The other files, fetched by the cut run, are kept; with the link gone, the tokenizer is fetched.
+    assert r.stdout.count("already complete") == 3
+    link.unlink()
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert victim.read_bytes() == b"not the hub's to write"

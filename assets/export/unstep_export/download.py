@@ -10,12 +10,14 @@ the token `hf auth login` saved under HF_HOME, HF_HUB_OFFLINE, proxies.  Per fil
 2. A file already at its place is kept when huggingface_hub's record of a local-folder download
    (`.cache/huggingface/download/<path>.metadata`, which hf_hub_download(local_dir=...) writes and
    reads too) has the same ETag, or, without a record, when its sha256 is the ETag of an LFS file.
-3. Otherwise its bytes go into `<name>.<etag>.part` beside that record, which a later run continues
-   with a Range request: hf_hub_download writes into a file unique to its process and deletes it
+3. Otherwise its bytes go into `<name>.<sha256 of the ETag>.part` beside that record (nothing the
+   hub sends becomes part of a path), which a later run continues with a Range request: hf_hub_download writes into a file unique to its process and deletes it
    when the transfer fails, so an interrupted 11 GB text encoder would start over.  The transfer
    is huggingface_hub's http_get (which also retries a broken connection from where it stopped,
    within one run); the file is then checked (its size, and its sha256 against an LFS ETag),
-   moved into place and recorded as hf_hub_download records it.
+   moved into place and recorded as hf_hub_download records it.  The partial file and its lock are
+   opened without following symbolic links: a link planted at either is refused, never written
+   through.
 
 With HF_HUB_OFFLINE set nothing is asked of the network: each file is there, or that is an error.
 A file that fails does not stop the others; the command then exits 1 (2 for a bad --out).
@@ -23,11 +25,14 @@ A file that fails does not stop the others; the command then exits 1 (2 for a ba
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -57,7 +62,7 @@ def _size(n) -> str:
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
         while block := f.read(1 << 24):
             h.update(block)
     return h.hexdigest()
@@ -119,7 +124,11 @@ def explain(e: BaseException, f: ReleasedFile, revision: str) -> DownloadError:
 
 
 def prepare_out(out) -> Path:
-    """The released folder, created; a path that cannot be one is bad input (exit 2)."""
+    """The released folder, created; a path that cannot be one is bad input (exit 2).  An empty
+    path is refused: it would mean the current folder without saying so."""
+    if not str(out).strip():
+        raise DownloadError("the path is empty", "give a directory for the released files (it is created if "
+                            "missing), e.g. --out released", BAD_INPUT)
     root = Path(out).expanduser()
     if root.exists() and not root.is_dir():
         raise DownloadError(f"--out {root} is a file, not a directory",
@@ -135,6 +144,53 @@ def prepare_out(out) -> Path:
     return root.resolve()
 
 
+def partial_name(dest_name: str, etag: str) -> str:
+    """The partial file of one version (ETag) of the file `dest_name`: named by the sha256 of the
+    ETag, so that nothing the hub sends becomes part of a path (an ETag may hold `/` or `..`)."""
+    return f"{dest_name}.{hashlib.sha256(etag.encode()).hexdigest()[:32]}.part"
+
+
+def _open_own(path: Path, flags: int) -> int:
+    """Opens a file this module writes in its own folder, never through a symbolic link: a link
+    there (planted, or made by something else) is refused, so no byte the hub sends is written
+    where the link points."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise DownloadError(f"{path} is a symbolic link, not a file of this download, and is not followed",
+                                f"remove the link (rm '{path}') and run the same command again") from e
+        raise
+
+
+@contextmanager
+def _locked(path: Path, say):
+    """Holds an exclusive lock (flock) on `path` for one writer of a partial file; the lock file is
+    opened like the partial file (no symbolic link followed, never truncated)."""
+    fd = _open_own(path, os.O_RDWR | os.O_CREAT)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for another download writing {path.name[:-len('.lock')]}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _record(local_dir: Path, f: ReleasedFile, commit: str, etag: str):
+    """Records a complete file as hf_hub_download does; its record is not written through a
+    symbolic link either."""
+    from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
+
+    record = get_local_download_paths(local_dir, f.path).metadata_path
+    if record.is_symlink():
+        raise DownloadError(f"{record} is a symbolic link, not a file of this download, and is not followed",
+                            f"remove the link (rm '{record}') and run the same command again")
+    write_download_metadata(local_dir=local_dir, filename=f.path, commit_hash=commit, etag=etag)
+
+
 def _record_is_current(local_dir: Path, f: ReleasedFile, etag: str) -> bool:
     from huggingface_hub._local_folder import read_download_metadata
 
@@ -145,9 +201,9 @@ def _record_is_current(local_dir: Path, f: ReleasedFile, etag: str) -> bool:
 def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
     """Brings one file into `root` (see the module's docstring); returns what was done."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
-    from huggingface_hub._local_folder import get_local_download_paths, write_download_metadata
+    from huggingface_hub._local_folder import get_local_download_paths
     from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+    from huggingface_hub.utils import build_hf_headers
 
     local_dir, dest = root / f.folder, f.local(root)
     if constants.is_offline_mode():
@@ -167,11 +223,11 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
         if _record_is_current(local_dir, f, etag):
             return f"already complete ({_size(dest.stat().st_size)})"
         if lfs and _sha256(dest) == etag:
-            write_download_metadata(local_dir=local_dir, filename=f.path, commit_hash=meta.commit_hash, etag=etag)
+            _record(local_dir, f, meta.commit_hash, etag)
             return f"already complete ({_size(dest.stat().st_size)}, sha256 checked)"
 
     paths = get_local_download_paths(local_dir, f.path)
-    partial = paths.metadata_path.parent / f"{dest.name}.{etag}.part"
+    partial = paths.metadata_path.parent / partial_name(dest.name, etag)
     # A partial file of another version of the file cannot be continued.
     for stale in partial.parent.glob(f"{dest.name}.*.part"):
         if stale != partial:
@@ -181,10 +237,11 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
         # A signed address off the hub: the token stays with the hub.
         headers.pop("authorization", None)
 
-    with WeakFileLock(partial.with_name(partial.name + ".lock")):
-        have = partial.stat().st_size if partial.is_file() else 0
+    with _locked(partial.with_name(partial.name + ".lock"), say), \
+            os.fdopen(_open_own(partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
+        have = os.fstat(out.fileno()).st_size
         if size is not None and have > size:
-            partial.unlink()
+            out.truncate(0)
             have = 0
         free = shutil.disk_usage(partial.parent).free
         if size is not None and size - have > free:
@@ -192,15 +249,16 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
                                 "make room there or give another --out", BAD_INPUT)
         say(f"resuming at {have} of {_size(size)}" if have else f"fetching {_size(size)}")
         try:
-            with open(partial, "ab") as out:
-                http_get(meta.location, out, resume_size=have, headers=headers, expected_size=size,
-                         displayed_filename=dest.name)
+            http_get(meta.location, out, resume_size=have, headers=headers, expected_size=size,
+                     displayed_filename=dest.name)
+            out.flush()
         except BaseException:
-            kept = partial.stat().st_size if partial.is_file() else 0
+            out.flush()
+            kept = os.fstat(out.fileno()).st_size
             if kept:
                 say(f"{kept} bytes kept in {partial}; the next run continues from there")
             raise
-        got = partial.stat().st_size
+        got = os.fstat(out.fileno()).st_size
         if size is not None and got != size:
             raise DownloadError(f"got {got} bytes, the hub says {size}", "run the same command again")
         if lfs:
@@ -210,7 +268,7 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
                 raise DownloadError(f"the bytes received have sha256 {digest}, the hub says {etag}; the partial "
                                     "file was removed", "run the same command again")
         os.replace(partial, dest)
-    write_download_metadata(local_dir=local_dir, filename=f.path, commit_hash=meta.commit_hash, etag=etag)
+    _record(local_dir, f, meta.commit_hash, etag)
     return f"done ({_size(got)}{', sha256 checked' if lfs else ''})"
 
 
@@ -223,7 +281,7 @@ def download(out, revisions: dict | None = None, say=print, warn=None) -> int:
         root = prepare_out(out)
         import huggingface_hub  # noqa: F401  (only to say clearly when it is missing)
     except DownloadError as e:
-        _report(warn, f"failed to use --out {out}", e)
+        _report(warn, f"failed to use --out {out}" if str(out) else 'failed to use --out ""', e)
         return e.status
     except ImportError as e:
         warn(f"error: failed to import huggingface_hub ({e})")

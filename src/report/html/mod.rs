@@ -6,8 +6,11 @@
 //!
 //! The videos are linked by paths relative to the page and get their `src` only when their row
 //! comes into view, so a page of 946 prompts opens at once and the page keeps working when the
-//! results folder is copied elsewhere as a whole. Every string that comes from records (prompts,
-//! settings, paths) is escaped. The page's script is small and uses nothing but the browser.
+//! results folder is copied elsewhere as a whole. A results folder may come from anyone, so every
+//! byte taken from a run folder is data: every string from its records (prompts, settings,
+//! paths) is escaped, the latency plots are drawn from the timings rather than read from its
+//! `latency.svg`, and a video is linked only when `videos.json` names a plain file of the run's
+//! `videos/` folder. The page's script is small and uses nothing but the browser.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -20,8 +23,8 @@ use super::load::LoadedRun;
 use super::quality::Quality;
 use super::render::{PhaseSplit, Provenance, seconds};
 use super::{Comparison, ManyComparison, SettingsDiff};
-use crate::results::video_index::{self, VIDEOS_DIR, VideoEntry, VideoIndex};
-use crate::results::{LATENCY_SVG, RecordError, measured, write_atomic};
+use crate::results::video_index::{self, VIDEOS_DIR, VIDEOS_JSON, VideoEntry, VideoIndex};
+use crate::results::{RecordError, measured, write_atomic};
 
 mod assets;
 mod sections;
@@ -329,15 +332,31 @@ impl Builder {
                         VideoIndex::default()
                     }
                 };
-                let videos_dir = absolute(&run.dir).join(VIDEOS_DIR);
-                let by_prompt = index
-                    .videos
-                    .into_iter()
-                    .map(|v| {
-                        let href = url_path(&relative(&page_dir, &videos_dir.join(&v.name)));
-                        (v.index, (v, href))
-                    })
-                    .collect();
+                let run_dir = absolute(&run.dir);
+                let (mut by_prompt, mut outside) = (BTreeMap::new(), Vec::new());
+                for v in index.videos {
+                    match v.file_in(&run_dir) {
+                        Some(file) => {
+                            let href = url_path(&relative(&page_dir, &file));
+                            by_prompt.insert(v.index, (v, href));
+                        }
+                        None => outside.push(v.name),
+                    }
+                }
+                if let Some(first) = outside.first() {
+                    self.warnings.push(format!(
+                        "{} video(s) of `{}` are left out: {VIDEOS_JSON} names {} outside the \
+                         run's {VIDEOS_DIR}/ folder, such as `{first}` (the runner writes plain \
+                         file names there: check where this results folder came from)",
+                        outside.len(),
+                        run.name,
+                        if outside.len() == 1 {
+                            "a file"
+                        } else {
+                            "files"
+                        },
+                    ));
+                }
                 RunVideos { by_prompt }
             })
             .collect()

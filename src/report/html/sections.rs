@@ -229,15 +229,13 @@ pub(super) fn phase_table(runs: &[LoadedRun]) -> String {
     s
 }
 
-/// Each run's latency plot, inline: the run's `latency.svg`, or the same plot drawn from its
-/// timings where the file is missing (a run interrupted before the end draws none).
+/// Each run's latency plot, inline, drawn here from its timings: the plot `latency.svg` holds,
+/// but never that file's bytes, which would run whatever script a results folder's file holds
+/// when the page opens.
 pub(super) fn latency_plots(runs: &[LoadedRun]) -> String {
     let mut s = String::from("<div class=\"plots\">");
     for run in runs {
-        let svg = std::fs::read_to_string(run.dir.join(LATENCY_SVG))
-            .ok()
-            .filter(|t| t.trim_start().starts_with("<svg"))
-            .unwrap_or_else(|| crate::report::latency_svg(&run.name, &run.timings));
+        let svg = crate::report::latency_svg(&run.name, &run.timings);
         let _ = write!(
             s,
             "<figure><figcaption><code>{}</code></figcaption>{}</figure>",

@@ -788,6 +788,85 @@ fn a_bundle_on_the_work_roots_file_system_is_staged_without_a_second_copy() {
     assert_eq!(dit.nlink(), 1);
 }
 
+/// Rewrites `path` in place (the same inode, the same size) with `bytes`, then sets its
+/// modification time back, as `rsync --inplace -t` or `touch -r` leave a file.
+fn rewrite_keeping_mtime(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let before = std::fs::metadata(path).unwrap();
+    assert_eq!(before.len(), bytes.len() as u64);
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.set_modified(before.modified().unwrap()).unwrap();
+}
+
+/// The bundle's tokenizer rewritten in place through the source while a run uses its hard-linked
+/// snapshot, its size kept and its modification time set back: the shard that starts after it
+/// refuses the file, and the run fails naming it instead of recording the audited tokenizer for
+/// videos made with another.
+#[test]
+fn a_bundle_file_rewritten_during_a_run_with_its_mtime_set_back_fails_the_run() {
+    use std::os::unix::fs::MetadataExt;
+    let t = Test::new();
+    let bundle = t.path().join("bundle");
+    crate::support::copy_tiny_bundle(&bundle);
+    // Two shards of three prompts one after the other on one slot.
+    let text = manifest(&t, "generation", TWO_SLOTS)
+        .replace("[prompts]\n", "[prompts]\nindices = \"0-5\"\n")
+        .replace("[runtime]\n", "[runtime]\ncpu_slots = 1\n")
+        .replace(
+            &format!("bundle = \"{}\"", repo().join("assets/tiny").display()),
+            &format!("bundle = \"{}\"", bundle.display()),
+        );
+    std::fs::write(t.path().join("rewritten.toml"), text).unwrap();
+    let run_dir = t.path().join("results/rewritten");
+    let child = spawn_apply(&t, "rewritten.toml");
+    // Once the first shard has made a prompt, the second has not started.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !std::fs::read_to_string(run_dir.join("timings.jsonl"))
+        .unwrap_or_default()
+        .contains("\"role\":\"shard\"")
+        && !std::fs::read_dir(run_dir.join("timings"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                std::fs::read_to_string(e.path())
+                    .unwrap_or_default()
+                    .contains("\"role\":\"shard\"")
+            })
+    {
+        assert!(Instant::now() < deadline, "no shard finished a prompt");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tokenizer = bundle.join("tokenizer.json");
+    let linked = std::fs::metadata(&tokenizer).unwrap().nlink() > 1;
+    let original = std::fs::read_to_string(&tokenizer).unwrap();
+    let other = original.replacen("\"▁the\"", "\"▁thE\"", 1);
+    assert_ne!(other, original);
+    rewrite_keeping_mtime(&tokenizer, other.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let run = read_json(&run_dir.join("run.json"));
+    if !linked {
+        eprintln!("note: the file system reflinks; the snapshot does not share the source's file");
+        assert_eq!(run["status"], "succeeded", "{stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("bundle file(s) tokenizer.json changed after staging"),
+        "{stderr}"
+    );
+    assert_eq!(run["status"], "failed", "{run}");
+    assert!(
+        run["failure"]
+            .as_str()
+            .unwrap()
+            .contains("tokenizer.json changed after staging"),
+        "{run}"
+    );
+}
+
 /// A generation of fewer prompts than shards runs: the empty shards have no process, the plan
 /// says they are skipped, and the prompt gets the video it gets in any other layout.
 #[test]
