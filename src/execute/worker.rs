@@ -140,7 +140,13 @@ fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
         .check_export(&job.export)
         .map_err(GenerateError::from)?;
     let prompts = job.prompts.iter().map(|p| p.text.as_str());
-    Ok(Generator::with_prompts(bundle, &job.engine, prompts)?)
+    let later = job.contexts_for_later.iter().map(String::as_str);
+    Ok(Generator::with_prompts_and_later(
+        bundle,
+        &job.engine,
+        prompts,
+        later,
+    )?)
 }
 
 /// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
@@ -163,6 +169,7 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         ready_s: started.elapsed().as_secs_f64(),
         parts: generator.startup(),
         one_time: engine::one_time::take(),
+        text_contexts: generator.text_contexts(),
     });
     let facts = facts(job, &generator, &ort.version);
     crate::say!(
@@ -260,6 +267,7 @@ fn keep(
         slot: job.label.slot.clone(),
         prompt: prompt.index,
         text_encoding_s: t.text_encoding.as_secs_f64(),
+        text_context: Some(generated.text_context),
         dit_s: t.dit.as_secs_f64(),
         vae_s: t.vae.as_secs_f64(),
         layout_s: t.layout.as_secs_f64(),

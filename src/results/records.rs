@@ -13,7 +13,7 @@ use crate::manifest::{
     AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
 use crate::plan::{Plan, Role};
-use crate::vocab::{OneTimeWork, StartupTimes};
+use crate::vocab::{ContextSource, OneTimeWork, StartupTimes, TextContexts};
 
 /// The role of the process that produced a timing record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,8 +88,13 @@ pub struct TimingRecord {
     /// Global prompt index.
     pub prompt: u32,
     /// Outside the timed region; recorded for completeness. When an earlier process with the
-    /// same cache folder encoded the prompt, the time to read its kept context.
+    /// same cache folder encoded the prompt, the time to read its kept context
+    /// (`text_context`).
     pub text_encoding_s: f64,
+    /// Whether this process encoded the prompt's text context or read the one an earlier
+    /// process with the same cache folder kept. Absent in records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_context: Option<ContextSource>,
     pub dit_s: f64,
     pub vae_s: f64,
     /// Final clamp and uint8 layout; 0 when it is excluded from the timed region.
@@ -128,7 +133,7 @@ pub struct TimingRecord {
 /// A worker process's start, from its `main` to its sessions ready for the first prompt, in
 /// seconds. The parts do not add up to `ready_s`: loading ONNX Runtime, opening the bundle and
 /// the rest are not split out.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ProcessStart {
     pub ready_s: f64,
     /// The text encoder, the DiT's and the decoder's sessions, the buffers.
@@ -138,6 +143,11 @@ pub struct ProcessStart {
     /// a kept image), and the decoder's convolution choices in its first run.
     #[serde(default)]
     pub one_time: OneTimeWork,
+    /// How many text contexts the process encoded, and how many it read from those an earlier
+    /// process kept, before its DiT's sessions (`text_encoder_s`). Absent in records of
+    /// earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_contexts: Option<TextContexts>,
 }
 
 /// Whether the source checkout was at a commit, and whether it had local changes.

@@ -91,6 +91,7 @@ fn fake_run(
         slot: "gpu0".into(),
         prompt,
         text_encoding_s: 0.25,
+        text_context: None,
         session_run_s: None,
         // Binary fractions, so the phase split prints exactly.
         dit_s: total * 0.5,
@@ -123,6 +124,7 @@ fn fake_run(
             conv_choices_s: 0.5,
             ..OneTimeWork::default()
         },
+        text_contexts: None,
     });
     first.one_time = Some(OneTimeWork {
         attention_plans_s: 20.0,

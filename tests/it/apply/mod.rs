@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{Test, processes_with, repo};
 
+mod contexts;
 mod refusals;
 
 /// A manifest over the tiny bundle with its results, work root and caches inside the test.
