@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
@@ -149,23 +149,28 @@ fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
     )?)
 }
 
-/// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
-/// in `main`.
-static PROCESS_STARTED: OnceLock<Instant> = OnceLock::new();
+/// When this process started, as near as it can tell, on the monotonic clock and the wall
+/// clock: [`mark_process_start`] sets it first thing in `main`.
+static PROCESS_STARTED: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+
+fn process_started() -> (Instant, SystemTime) {
+    *PROCESS_STARTED.get_or_init(|| (Instant::now(), SystemTime::now()))
+}
 
 /// Notes the process's start, for the time its sessions took to get ready
 /// ([`ProcessStart::ready_s`]).
 pub fn mark_process_start() {
-    PROCESS_STARTED.get_or_init(Instant::now);
+    process_started();
 }
 
 /// Runs a job: builds the sessions, generates every prompt in order, and for each measured
 /// prompt writes its video and outputs when asked, then appends its timing record.
 pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
-    let started = *PROCESS_STARTED.get_or_init(Instant::now);
+    let (started, started_at) = process_started();
     let ort = engine::ort_lib::runtime(job.engine.ort_library.as_deref())?;
     let mut generator = build(job)?;
     let mut process_start = Some(ProcessStart {
+        started_at: Some(crate::results::time::rfc3339(started_at)),
         ready_s: started.elapsed().as_secs_f64(),
         parts: generator.startup(),
         one_time: engine::one_time::take(),

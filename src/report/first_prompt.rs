@@ -194,6 +194,7 @@ mod tests {
                 r.role = role;
                 if i == 0 {
                     r.process_start = Some(ProcessStart {
+                        started_at: None,
                         ready_s: 4.5,
                         parts: StartupTimes {
                             // The warmup read its bundle whole to check it; the measurement

@@ -135,6 +135,11 @@ pub struct TimingRecord {
 /// the rest are not split out.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ProcessStart {
+    /// When the process started (RFC 3339, UTC, whole seconds), which tells the processes of
+    /// one apply of a resumed run from those of the applies before it. Absent in records of
+    /// earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     pub ready_s: f64,
     /// The text encoder, the DiT's and the decoder's sessions, the buffers.
     #[serde(flatten)]
@@ -404,6 +409,11 @@ pub struct RunRecord {
     /// The last apply's staging: how long the snapshot took before any worker started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging: Option<StagingRecord>,
+    /// The last apply's wall time. Absent when it ran no workers to their end (`--detach`, an
+    /// apply that only evaluated, one that failed before its workers) and in records of earlier
+    /// runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<ApplyWall>,
     pub processes: Vec<ProcessRecord>,
     /// The evaluation settings and the last evaluation's outcome and scores (a generation with
     /// `[evaluation] command`).
@@ -456,6 +466,15 @@ pub struct StagingRecord {
     /// earlier runners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placements: Option<Placements>,
+}
+
+/// An apply's wall time: from its start (before its staging) to the end of its workers (or of the
+/// Slurm job it followed), its evaluation apart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplyWall {
+    /// When the apply started (RFC 3339, UTC, whole seconds): its processes started after it.
+    pub started_at: String,
+    pub seconds: f64,
 }
 
 /// How a snapshot's large files (the bundle's, the runner) were placed: which placements they
@@ -669,6 +688,7 @@ impl RunRecord {
             config_hash: super::config_hash(resolved),
             diagnostics: Vec::new(),
             staging: None,
+            wall: None,
             processes,
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),

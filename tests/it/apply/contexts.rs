@@ -106,6 +106,21 @@ fn a_generations_shards_read_the_contexts_their_warmup_kept_and_a_fresh_run_enco
         report.stdout
     );
 
+    // The apply's wall time is on record, and the report prints it with the slot's three
+    // process starts in it.
+    let wall = read_json(&run_dir.join("run.json"))["wall"]["seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(wall > 0.0);
+    assert!(
+        report
+            .stdout
+            .contains(&format!("wall time {wall:.2} s (the last apply"))
+            && report.stdout.contains("  cpu0  3 processes ready in "),
+        "{}",
+        report.stdout
+    );
+
     // Another run of the same prompts with fresh isolated caches encodes its own.
     apply(&t, "ctx.toml", &["name=fresh"]);
     let fresh_dir = t.path().join("results/fresh");
