@@ -33,6 +33,8 @@ pub struct SlotStarts {
 /// The last apply's wall time and its processes' starts in it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WallTime {
+    /// When the apply started.
+    pub started_at: String,
     pub wall_s: f64,
     /// Of it, the apply's staging snapshot, before any worker started.
     pub staging_s: Option<f64>,
@@ -108,6 +110,7 @@ impl WallTime {
             };
         }
         WallTime {
+            started_at: wall.started_at.clone(),
             wall_s: wall.seconds,
             staging_s,
             slots,
@@ -123,9 +126,10 @@ impl WallTime {
             .map_or_else(String::new, |s| format!("; staging {s:.2} of it"));
         let _ = writeln!(
             t,
-            "\nwall time {:.2} s (the last apply, from its start to its workers' end{staging}); \
-             process starts in it, per slot (its processes one after another), seconds",
-            self.wall_s
+            "\nwall time {:.2} s (the apply started {}, from its start to its workers' \
+             end{staging}); process starts in it, per slot (its processes one after another), \
+             seconds",
+            self.wall_s, self.started_at
         );
         if self.slots.is_empty() {
             let _ = writeln!(t, "  no process start recorded");

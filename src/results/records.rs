@@ -409,9 +409,9 @@ pub struct RunRecord {
     /// The last apply's staging: how long the snapshot took before any worker started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging: Option<StagingRecord>,
-    /// The last apply's wall time. Absent when it ran no workers to their end (`--detach`, an
-    /// apply that only evaluated, one that failed before its workers) and in records of earlier
-    /// runners.
+    /// The last apply's wall time. An apply that only evaluated keeps the one of the apply
+    /// before it; absent when the last apply ran no workers to their end (`--detach`, a failure
+    /// before its workers) and in records of earlier runners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall: Option<ApplyWall>,
     pub processes: Vec<ProcessRecord>,

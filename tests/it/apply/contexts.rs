@@ -115,7 +115,7 @@ fn a_generations_shards_read_the_contexts_their_warmup_kept_and_a_fresh_run_enco
     assert!(
         report
             .stdout
-            .contains(&format!("wall time {wall:.2} s (the last apply"))
+            .contains(&format!("wall time {wall:.2} s (the apply started "))
             && report.stdout.contains("  cpu0  3 processes ready in "),
         "{}",
         report.stdout
