@@ -192,6 +192,7 @@ fn job_from_args(args: &WorkerArgs, temp_unpack: Option<&Path>) -> Result<JobSpe
                 video: None,
             })
             .collect(),
+        contexts_for_later: Vec::new(),
         engine: runtime_options(args, &method),
         method: MethodSettings::of(&method, args.seed),
         export: ExportSettings::asked(&args.method),

@@ -44,6 +44,7 @@ pub mod session;
 pub use crate::vocab::settings;
 pub mod text;
 
+pub use crate::vocab::{ContextSource, TextContexts};
 pub use bundle::{Bundle, BundleError, BundleManifest, ExportSettings};
 pub use generate::{
     GenerateError, GenerateOptions, Generated, Generator, PhaseTimes, TimedRegionEnd,

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
 
 use super::config::RunConfig;
 use super::evaluate::{evaluate_only, evaluated, saves_videos, write_video_index};
@@ -34,13 +35,14 @@ use crate::results::files::{
     write_json_atomic,
 };
 use crate::results::names::VideoNames;
-use crate::results::records::{BundleRecord, CacheLabel, RunRecord, RunStatus};
+use crate::results::records::{ApplyWall, BundleRecord, CacheLabel, RunRecord, RunStatus};
 
 pub use super::outcome::{ApplyError, ApplyOptions, Outcome};
 pub use super::signals::interrupted;
 
 /// Runs a plan.
 pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, ApplyError> {
+    let began = (Instant::now(), SystemTime::now());
     let config = RunConfig::resolve(r);
     refuse_before_work(r, plan, &config, opts)?;
     let config_hash = crate::results::config_hash(r);
@@ -68,6 +70,10 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
         mut failures,
         slurm_job,
     } = ended;
+    run.record.wall = Some(ApplyWall {
+        started_at: crate::results::time::rfc3339(began.1),
+        seconds: began.0.elapsed().as_secs_f64(),
+    });
     if let Some(facts) = facts {
         record_facts(&mut run.record, facts, r, &run.stage);
     }

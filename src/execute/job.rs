@@ -53,6 +53,12 @@ pub struct JobSpec {
     /// Where a `.zip` bundle is unpacked.
     pub unpack_dir: PathBuf,
     pub prompts: Vec<PromptSpec>,
+    /// The texts of prompts this process does not generate whose contexts it encodes and keeps
+    /// in its context folder ([`RuntimeOptions::context_cache_dir`]) for the processes after it
+    /// with the same cache folder: a warmup's, for the shards that follow it, so that they read
+    /// their contexts rather than load the text encoder.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub contexts_for_later: Vec<String>,
     /// This process's session options (its cache folders included).
     pub engine: RuntimeOptions,
     pub method: MethodSettings,

@@ -52,6 +52,33 @@ impl JobFactory<'_> {
             .then(|| self.plan.run_dir.join(kind.dir()))
     }
 
+    /// The texts of the prompts that the processes after warmup `p` with its cache folder will
+    /// generate (a generation's shards on its slot, a probe's measurement) and `p` does not,
+    /// each once: `p` encodes and keeps their contexts, which those processes then read. Text
+    /// encoding is outside the timed region, so this moves no timed work.
+    fn later_texts(&self, p: &Process, own: &[PromptSpec]) -> Vec<String> {
+        let prompts = self.r.prompts.as_deref().unwrap_or_default();
+        let mut texts: Vec<String> = Vec::new();
+        for q in &self.plan.processes[p.index + 1..] {
+            if q.is_warmup() || q.cache_dir != p.cache_dir || !self.plan.selects(q) {
+                continue;
+            }
+            let shard = matches!(q.role, Role::Shard { .. });
+            for &i in &q.prompts {
+                if shard && self.done.contains(&i) {
+                    continue;
+                }
+                let Some(text) = prompts.get(i as usize) else {
+                    continue;
+                };
+                if !own.iter().any(|o| &o.text == text) && !texts.contains(text) {
+                    texts.push(text.clone());
+                }
+            }
+        }
+        texts
+    }
+
     /// The job of process `p`, or `None` when it has nothing to do: a resumed shard whose
     /// prompts are complete, its slot's warmup when every shard of the slot is, or a process
     /// whose skip marker exists.
@@ -94,6 +121,11 @@ impl JobFactory<'_> {
             return None;
         }
         let run_dir = &self.plan.run_dir;
+        let contexts_for_later = if role == ProcessRole::Warmup {
+            self.later_texts(p, &todo)
+        } else {
+            Vec::new()
+        };
         Some(JobSpec {
             label: JobLabel {
                 run: self.plan.run.clone(),
@@ -107,6 +139,7 @@ impl JobFactory<'_> {
             bundle_stamps: self.stage.bundle_stamps.clone(),
             unpack_dir: p.cache_dir.join("bundle_unpacked"),
             prompts: todo,
+            contexts_for_later,
             engine: self.config.engine_for(&p.cache_dir),
             method: self.config.method.clone(),
             export: self.config.export.clone(),

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::events::{RunEventKind, WorkerFacts};
 use super::job::{JobSpec, PromptSpec};
@@ -157,7 +157,8 @@ fn build(job: &JobSpec) -> Result<Generator, WorkerError> {
         .check_export(&job.export)
         .map_err(GenerateError::from)?;
     let prompts = job.prompts.iter().map(|p| p.text.as_str());
-    let generator = Generator::with_prompts(bundle, &job.engine, prompts)?;
+    let later = job.contexts_for_later.iter().map(String::as_str);
+    let generator = Generator::with_prompts_and_later(bundle, &job.engine, prompts, later)?;
     unchanged_since_staged(job, &mut stamps)?;
     Ok(generator)
 }
@@ -176,26 +177,32 @@ fn unchanged_since_staged(
     }
 }
 
-/// When this process started, as near as it can tell: [`mark_process_start`] sets it first thing
-/// in `main`.
-static PROCESS_STARTED: OnceLock<Instant> = OnceLock::new();
+/// When this process started, as near as it can tell, on the monotonic clock and the wall
+/// clock: [`mark_process_start`] sets it first thing in `main`.
+static PROCESS_STARTED: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+
+fn process_started() -> (Instant, SystemTime) {
+    *PROCESS_STARTED.get_or_init(|| (Instant::now(), SystemTime::now()))
+}
 
 /// Notes the process's start, for the time its sessions took to get ready
 /// ([`ProcessStart::ready_s`]).
 pub fn mark_process_start() {
-    PROCESS_STARTED.get_or_init(Instant::now);
+    process_started();
 }
 
 /// Runs a job: builds the sessions, generates every prompt in order, and for each measured
 /// prompt writes its video and outputs when asked, then appends its timing record.
 pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
-    let started = *PROCESS_STARTED.get_or_init(Instant::now);
+    let (started, started_at) = process_started();
     let ort = engine::ort_lib::runtime(job.engine.ort_library.as_deref())?;
     let mut generator = build(job)?;
     let mut process_start = Some(ProcessStart {
+        started_at: Some(crate::results::time::rfc3339(started_at)),
         ready_s: started.elapsed().as_secs_f64(),
         parts: generator.startup(),
         one_time: engine::one_time::take(),
+        text_contexts: generator.text_contexts(),
     });
     let facts = facts(job, &generator, &ort.version);
     crate::say!(
@@ -294,6 +301,7 @@ fn keep(
         slot: job.label.slot.clone(),
         prompt: prompt.index,
         text_encoding_s: t.text_encoding.as_secs_f64(),
+        text_context: Some(generated.text_context),
         dit_s: t.dit.as_secs_f64(),
         vae_s: t.vae.as_secs_f64(),
         layout_s: t.layout.as_secs_f64(),

@@ -48,7 +48,7 @@ impl FirstPrompts {
                 role: r.role,
                 slot: r.slot.clone(),
                 prompt: r.prompt,
-                start: r.process_start,
+                start: r.process_start.clone(),
                 first_s: r.timed_total_s,
                 one_time: r.one_time.unwrap_or_default(),
             });
@@ -75,11 +75,11 @@ impl FirstPrompts {
                 .map_or_else(|| "n/a".to_string(), |s| format!("{s:.3}"))
         );
         for p in &self.processes {
-            let ready = p.start.map_or_else(
+            let ready = p.start.as_ref().map_or_else(
                 || "ready time not recorded".to_string(),
                 |s| {
                     format!(
-                        "ready in {:.2} ({}text encoder {:.2}, DiT sessions {:.2}, decoder \
+                        "ready in {:.2} ({}{}, DiT sessions {:.2}, decoder \
                          sessions and first run beside them {:.2}{}, buffers {:.2}{})",
                         s.ready_s,
                         // Shown where it took a hundredth of a second or more: a bundle whose
@@ -89,7 +89,7 @@ impl FirstPrompts {
                         } else {
                             String::new()
                         },
-                        s.parts.text_encoder_s,
+                        text_part(s),
                         s.parts.dit_sessions_s,
                         s.parts.decoder_sessions_s,
                         if s.parts.decoder_first_run_s > 0.0 {
@@ -130,6 +130,36 @@ impl FirstPrompts {
     }
 }
 
+/// The text contexts' part of a process's start: the text encoder's time, with how many contexts
+/// it encoded and read where the record says; or, where every context was read from those an
+/// earlier process kept, that (the text encoder was not loaded).
+fn text_part(s: &ProcessStart) -> String {
+    let seconds = s.parts.text_encoder_s;
+    let Some(c) = s.text_contexts else {
+        return format!("text encoder {seconds:.2}");
+    };
+    let plural = |n: u32| if n == 1 { "" } else { "s" };
+    if c.encoded == 0 {
+        return format!(
+            "{} text context{} read {seconds:.2}, text encoder not loaded",
+            c.read,
+            plural(c.read)
+        );
+    }
+    let mut parts = vec![format!(
+        "{} context{} encoded",
+        c.encoded,
+        plural(c.encoded)
+    )];
+    if c.for_later > 0 {
+        parts.push(format!("{} of them for later processes", c.for_later));
+    }
+    if c.read > 0 {
+        parts.push(format!("{} read", c.read));
+    }
+    format!("text encoder {seconds:.2} ({})", parts.join(", "))
+}
+
 /// The kinds of work done, with their seconds (`attention plans 1.90, graph capture 2.29`), or
 /// `None` when none was; kinds that print as 0.00 are left out (a capture's wait of a few
 /// microseconds), though "the rest" counts them.
@@ -164,6 +194,7 @@ mod tests {
                 r.role = role;
                 if i == 0 {
                     r.process_start = Some(ProcessStart {
+                        started_at: None,
                         ready_s: 4.5,
                         parts: StartupTimes {
                             // The warmup read its bundle whole to check it; the measurement
@@ -179,6 +210,7 @@ mod tests {
                             kernel_compile_s: 1.5,
                             ..OneTimeWork::default()
                         },
+                        text_contexts: None,
                     });
                     r.one_time = Some(OneTimeWork {
                         attention_plans_s: 20.0 - 16.0 * process as f64,
@@ -222,6 +254,47 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("3.4x steady"), "{t}");
+    }
+
+    /// A start says how its text contexts came: encoded (some for the processes after it), or
+    /// all read from those an earlier process kept, without the text encoder.
+    #[test]
+    fn the_start_says_which_text_contexts_were_read_rather_than_encoded() {
+        use crate::vocab::TextContexts;
+        let start = |contexts: Option<TextContexts>| ProcessStart {
+            parts: StartupTimes {
+                text_encoder_s: 1.5,
+                ..StartupTimes::default()
+            },
+            text_contexts: contexts,
+            ..ProcessStart::default()
+        };
+        let counts = |encoded, read, for_later| TextContexts {
+            encoded,
+            read,
+            for_later,
+        };
+        for (contexts, expected) in [
+            (None, "text encoder 1.50"),
+            (
+                Some(counts(5, 0, 4)),
+                "text encoder 1.50 (5 contexts encoded, 4 of them for later processes)",
+            ),
+            (
+                Some(counts(1, 2, 0)),
+                "text encoder 1.50 (1 context encoded, 2 read)",
+            ),
+            (
+                Some(counts(0, 1, 0)),
+                "1 text context read 1.50, text encoder not loaded",
+            ),
+            (
+                Some(counts(0, 3, 0)),
+                "3 text contexts read 1.50, text encoder not loaded",
+            ),
+        ] {
+            assert_eq!(text_part(&start(contexts)), expected);
+        }
     }
 
     /// Records of earlier runners (no start, no work) still give each process's first prompt.

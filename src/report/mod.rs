@@ -12,6 +12,7 @@ pub mod runs;
 pub mod runs_columns;
 pub mod scores;
 pub mod svg;
+pub mod wall;
 pub mod warnings;
 
 pub use first_prompt::{FirstPrompt, FirstPrompts};
@@ -20,3 +21,4 @@ pub use many::ManyComparison;
 pub use render::{CompareRow, Comparison, PhaseSplit, Provenance, Report, report_text};
 pub use runs::{RunRow, SettingsDiff, list_runs, runs_table};
 pub use svg::{latency_svg, write_latency_svg};
+pub use wall::WallTime;

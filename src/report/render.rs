@@ -189,6 +189,9 @@ pub struct Report<'a> {
     pub peak_device_memory_bytes: Option<u64>,
     /// Each process's start and first prompt, and where its extra time went.
     pub first_prompts: super::FirstPrompts,
+    /// A generation's last apply: its wall time and its processes' starts in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wall: Option<super::WallTime>,
     pub provenance: Provenance,
     /// How many prompts' latents and frames the run kept (`latents`, `frames`), when it kept any.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -214,11 +217,19 @@ impl<'a> Report<'a> {
             phase_split: PhaseSplit::of(&measured(&run.timings, run.record.kind)),
             peak_device_memory_bytes: peak_memory(&measured(&run.timings, run.record.kind)),
             first_prompts: super::FirstPrompts::of(&run.timings),
+            wall: generation_wall(run),
             provenance: Provenance::of(&run.record),
             kept: crate::results::arrays::kept_counts(&run.dir),
             evaluation: run.record.evaluation.as_ref(),
         }
     }
+}
+
+/// A generation's wall time and its processes' starts in it, when its record has the wall time.
+fn generation_wall(run: &LoadedRun) -> Option<super::WallTime> {
+    (run.record.kind == Kind::Generation)
+        .then(|| super::WallTime::of(&run.record, &run.timings))
+        .flatten()
 }
 
 fn gib(bytes: u64) -> String {
@@ -265,6 +276,9 @@ pub fn report_text(run: &LoadedRun) -> String {
     statistics_table(&mut t, &run.summary);
     let measured = measured(&run.timings, r.kind);
     phase_split(&mut t, &measured);
+    if let Some(wall) = generation_wall(run) {
+        wall.write(&mut t);
+    }
     super::FirstPrompts::of(&run.timings).write(&mut t);
     let _ = writeln!(
         t,

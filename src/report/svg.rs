@@ -295,6 +295,7 @@ mod tests {
             slot: "gpu0".into(),
             prompt,
             text_encoding_s: 0.0,
+            text_context: None,
             dit_s: 0.0,
             vae_s: 0.0,
             layout_s: 0.0,

@@ -335,6 +335,7 @@ pub(crate) mod tests {
             slot: "gpu0".into(),
             prompt,
             text_encoding_s: 0.05,
+            text_context: None,
             dit_s: total * 0.6,
             vae_s: total * 0.35,
             layout_s: total * 0.05,

@@ -21,7 +21,7 @@ pub use files::{
 };
 pub use hash::{config_hash, prompt_hash};
 pub use records::{
-    AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
+    ApplyWall, AttentionRecord, BundleRecord, CacheLabel, CacheRecord, DeviceRecord, GitState,
     LibraryVersions, ManifestRecord, PlacesRecord, ProcessRecord, ProcessRole, ProcessSkip,
     ProcessStart, RunRecord, RunStatus, SettingRecord, SweepRecord, TimedRegionEnd, TimingRecord,
     TokenizerRecord, WarmupRecord, WeightsRecord,

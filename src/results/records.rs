@@ -13,7 +13,7 @@ use crate::manifest::{
     AttentionBackend, CacheMode, CacheScope, Kind, Precision, ProviderKind, Resolved,
 };
 use crate::plan::{Plan, Role};
-use crate::vocab::{AttentionPrecision, OneTimeWork, StartupTimes};
+use crate::vocab::{AttentionPrecision, ContextSource, OneTimeWork, StartupTimes, TextContexts};
 
 /// The role of the process that produced a timing record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,8 +88,13 @@ pub struct TimingRecord {
     /// Global prompt index.
     pub prompt: u32,
     /// Outside the timed region; recorded for completeness. When an earlier process with the
-    /// same cache folder encoded the prompt, the time to read its kept context.
+    /// same cache folder encoded the prompt, the time to read its kept context
+    /// (`text_context`).
     pub text_encoding_s: f64,
+    /// Whether this process encoded the prompt's text context or read the one an earlier
+    /// process with the same cache folder kept. Absent in records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_context: Option<ContextSource>,
     pub dit_s: f64,
     pub vae_s: f64,
     /// Final clamp and uint8 layout; 0 when it is excluded from the timed region.
@@ -133,8 +138,13 @@ pub struct TimingRecord {
 /// A worker process's start, from its `main` to its sessions ready for the first prompt, in
 /// seconds. The parts do not add up to `ready_s`: loading ONNX Runtime, opening the bundle and
 /// the rest are not split out.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ProcessStart {
+    /// When the process started (RFC 3339, UTC, whole seconds), which tells the processes of
+    /// one apply of a resumed run from those of the applies before it. Absent in records of
+    /// earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     pub ready_s: f64,
     /// The text encoder, the DiT's and the decoder's sessions, the buffers.
     #[serde(flatten)]
@@ -143,6 +153,11 @@ pub struct ProcessStart {
     /// a kept image), and the decoder's convolution choices in its first run.
     #[serde(default)]
     pub one_time: OneTimeWork,
+    /// How many text contexts the process encoded, and how many it read from those an earlier
+    /// process kept, before its DiT's sessions (`text_encoder_s`). Absent in records of
+    /// earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_contexts: Option<TextContexts>,
 }
 
 /// Whether the source checkout was at a commit, and whether it had local changes.
@@ -403,6 +418,11 @@ pub struct RunRecord {
     /// The last apply's staging: how long the snapshot took before any worker started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging: Option<StagingRecord>,
+    /// The last apply's wall time. An apply that only evaluated keeps the one of the apply
+    /// before it; absent when the last apply ran no workers to their end (`--detach`, a failure
+    /// before its workers) and in records of earlier runners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<ApplyWall>,
     pub processes: Vec<ProcessRecord>,
     /// The evaluation settings and the last evaluation's outcome and scores (a generation with
     /// `[evaluation] command`).
@@ -455,6 +475,15 @@ pub struct StagingRecord {
     /// earlier runners.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placements: Option<Placements>,
+}
+
+/// An apply's wall time: from its start (before its staging) to the end of its workers (or of the
+/// Slurm job it followed), its evaluation apart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApplyWall {
+    /// When the apply started (RFC 3339, UTC, whole seconds): its processes started after it.
+    pub started_at: String,
+    pub seconds: f64,
 }
 
 /// How a snapshot's large files (the bundle's, the runner) were placed: which placements they
@@ -669,6 +698,7 @@ impl RunRecord {
             config_hash: super::config_hash(resolved),
             diagnostics: Vec::new(),
             staging: None,
+            wall: None,
             processes,
             sweep: sweep_record(resolved),
             places: Some(places(resolved, plan)),

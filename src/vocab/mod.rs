@@ -14,4 +14,4 @@ pub use settings::{
     ArenaExtend, AttentionBackend, AttentionPrecision, ConvAlgoSearch, Emit, FusedKernels,
     Precision, ProviderKind, SvdRank, TimedRegionEnd,
 };
-pub use times::{OneTimeWork, StartupTimes};
+pub use times::{ContextSource, OneTimeWork, StartupTimes, TextContexts};

@@ -73,3 +73,37 @@ impl OneTimeWork {
         self.named().iter().all(|(_, s)| *s == 0.0)
     }
 }
+
+/// Where a process took a prompt's text context from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextSource {
+    /// This process ran the text encoder on the prompt.
+    Encoded,
+    /// This process read the context an earlier process with the same cache folder kept, and
+    /// did not run the text encoder on it.
+    Read,
+}
+
+impl ContextSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContextSource::Encoded => "encoded",
+            ContextSource::Read => "read",
+        }
+    }
+}
+
+/// How a process that encoded its prompts before its DiT's sessions came by their text contexts,
+/// by count of distinct prompt texts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TextContexts {
+    /// Contexts this process ran the text encoder for: its own prompts' and those it kept for
+    /// the processes after it.
+    pub encoded: u32,
+    /// Its own prompts' contexts read from those an earlier process kept.
+    pub read: u32,
+    /// Of `encoded`, the contexts of prompts this process does not generate, kept for the
+    /// processes after it with the same cache folder (a generation's shards, after their warmup).
+    pub for_later: u32,
+}

@@ -527,6 +527,7 @@ fn fake_generation(t: &Test, name: &str, count: usize, video: Option<&Path>) -> 
             slot: format!("cpu{}", i * 2 / count),
             prompt: i as u32,
             text_encoding_s: 0.25,
+            text_context: None,
             session_run_s: None,
             dit_s: total * 0.5,
             vae_s: total * 0.375,

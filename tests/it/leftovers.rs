@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::apply::{generation, manifest, shard_prompts, spawn_apply};
-use crate::support::{Test, tree};
+use crate::support::{Test, repo, tree};
 
 /// A generation of prompts 0-7 in four shards over two CPU slots: shards 0 and 2 on slot cpu0
 /// share its warmup, as shards 1 and 3 share cpu1's.
@@ -45,6 +45,17 @@ fn each_shard_apply_keeps_its_own_log_of_a_warmup_other_shards_share() {
         assert!(text.contains("worker: onnx runtime"), "{text}");
         let spec = dir.join(format!("specs/000.shard-{shard}.json"));
         assert!(spec.is_file(), "{}: {:?}", spec.display(), tree(&dir));
+        // The warmup (on prompt 0) encodes the contexts of its apply's shards only: shard 0's
+        // prompt 1, or shard 2's prompts 4 and 5.
+        let later = crate::apply::read_json(&spec)["contexts_for_later"].clone();
+        let prompts: Vec<String> = std::fs::read_to_string(repo().join("assets/prompts/tiny.txt"))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let expected = if shard == "0" { vec![1] } else { vec![4, 5] };
+        let expected: Vec<&str> = expected.iter().map(|&i| prompts[i].as_str()).collect();
+        assert_eq!(later, serde_json::json!(expected), "--shard {shard}");
     }
     assert!(
         !dir.join("logs/00-warmup1-slot0.log").exists(),

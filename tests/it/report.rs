@@ -91,6 +91,7 @@ fn fake_run(
         slot: "gpu0".into(),
         prompt,
         text_encoding_s: 0.25,
+        text_context: None,
         session_run_s: None,
         // Binary fractions, so the phase split prints exactly.
         dit_s: total * 0.5,
@@ -110,6 +111,7 @@ fn fake_run(
     // The warmup's first prompt: its start and one-time work, as a GPU worker records them.
     let mut first = timing(0, ProcessRole::Warmup, 0, 40.0);
     first.process_start = Some(ProcessStart {
+        started_at: None,
         ready_s: 12.5,
         parts: StartupTimes {
             bundle_check_s: 0.0,
@@ -124,6 +126,7 @@ fn fake_run(
             conv_choices_s: 0.5,
             ..OneTimeWork::default()
         },
+        text_contexts: None,
     });
     first.one_time = Some(OneTimeWork {
         attention_plans_s: 20.0,
@@ -557,4 +560,162 @@ fn compare_warns_when_kernels_libraries_bundle_or_weights_differ() {
         .split_whitespace()
         .collect();
     assert!(row.contains(&"random"), "{}", runs.stdout);
+}
+
+/// A generation's report prints its last apply's wall time and each slot's process starts in
+/// it, from the processes' ready times: a start recorded before that apply (a resumed run's
+/// earlier apply) is left out.
+#[test]
+fn report_of_a_generation_prints_its_wall_time_and_the_starts_in_it() {
+    use unstep::results::{ApplyWall, records::StagingRecord};
+    let t = Test::new();
+    let dir = t.path();
+    std::fs::create_dir_all(dir.join("experiments")).unwrap();
+    std::fs::write(dir.join("prompts.txt"), PROMPTS).unwrap();
+    let manifest = dir.join("experiments/gen.toml");
+    // Two GPUs, three shards: gpu0 runs its warmup, shard 0 and shard 2; gpu1 its warmup and
+    // shard 1.
+    std::fs::write(
+        &manifest,
+        "kind = \"generation\"\n[prompts]\nfile = \"../prompts.txt\"\nindices = \"0-4\"\n\
+         [shards]\ncount = 3\n[runtime]\nvisible_devices = \"0,1\"\n[assets]\nbundle = \"bundle\"\n",
+    )
+    .unwrap();
+    let resolved = load(&LoadRequest {
+        manifest,
+        env: Default::default(),
+        sets: Vec::new(),
+        extra_args: Vec::new(),
+        cwd: dir.to_path_buf(),
+    })
+    .unwrap_or_else(|d| panic!("{d}"));
+    let plan = unstep::plan::build(&resolved).unwrap();
+    let run_dir = &plan.run_dir;
+    std::fs::create_dir_all(run_dir).unwrap();
+    let mut record = RunRecord::new(&resolved, &plan, std::time::SystemTime::now());
+    record.host = Some("h200-node-3".into());
+    record.started_at = "2026-12-06T10:00:00Z".into();
+    record.resumed_at = vec!["2026-12-06T11:00:00Z".into()];
+    record.finish(RunStatus::Succeeded, None);
+    record.ended_at = Some("2026-12-06T11:01:20Z".into());
+    record.staging = Some(StagingRecord {
+        seconds: 2.5,
+        reused: true,
+        placements: None,
+    });
+    record.wall = Some(ApplyWall {
+        started_at: "2026-12-06T11:00:00Z".into(),
+        seconds: 80.0,
+    });
+    write_json_atomic(&run_dir.join(RUN_JSON), &record).unwrap();
+
+    // (process, role, shard, slot, prompt, start: (when, ready seconds)); process 1 (shard 0)
+    // finished its prompts in the first apply and did not run in the second.
+    type Row<'a> = (
+        usize,
+        ProcessRole,
+        Option<usize>,
+        &'a str,
+        u32,
+        Option<(&'a str, f64)>,
+    );
+    let rows: [Row; 7] = [
+        (
+            1,
+            ProcessRole::Shard,
+            Some(0),
+            "gpu0",
+            0,
+            Some(("2026-12-06T10:00:05Z", 9.5)),
+        ),
+        (1, ProcessRole::Shard, Some(0), "gpu0", 1, None),
+        (
+            0,
+            ProcessRole::Warmup,
+            None,
+            "gpu0",
+            0,
+            Some(("2026-12-06T11:00:03Z", 10.0)),
+        ),
+        (
+            3,
+            ProcessRole::Warmup,
+            None,
+            "gpu1",
+            2,
+            Some(("2026-12-06T11:00:03Z", 12.0)),
+        ),
+        (
+            2,
+            ProcessRole::Shard,
+            Some(2),
+            "gpu0",
+            4,
+            Some(("2026-12-06T11:00:30Z", 5.0)),
+        ),
+        (
+            4,
+            ProcessRole::Shard,
+            Some(1),
+            "gpu1",
+            2,
+            Some(("2026-12-06T11:00:40Z", 4.0)),
+        ),
+        (4, ProcessRole::Shard, Some(1), "gpu1", 3, None),
+    ];
+    let records: Vec<TimingRecord> = rows
+        .into_iter()
+        .map(|(process, role, shard, slot, prompt, start)| TimingRecord {
+            process,
+            role,
+            shard,
+            slot: slot.into(),
+            prompt,
+            text_encoding_s: 0.0,
+            text_context: None,
+            dit_s: 2.0,
+            vae_s: 0.5,
+            layout_s: 0.0,
+            timed_total_s: 2.5,
+            session_run_s: None,
+            peak_device_memory_bytes: None,
+            timed_region_ends: record.timed_region_ends,
+            config_hash: record.config_hash.clone(),
+            prompt_sha256: None,
+            video: None,
+            kept_bytes: Default::default(),
+            process_start: start.map(|(when, ready_s)| ProcessStart {
+                started_at: Some(when.into()),
+                ready_s,
+                ..ProcessStart::default()
+            }),
+            one_time: None,
+        })
+        .collect();
+    for r in &records {
+        append_jsonl(&run_dir.join(TIMINGS_JSONL), r).unwrap();
+    }
+
+    let out = t.cmd().args(["report", "gen"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    // gpu0: the warmup 10.00 and shard 2 5.00 of the second apply, 15 of 80 s; gpu1: 16 of 80.
+    assert!(
+        out.stdout.contains(
+            "  gpu0  2 processes ready in 15.00 (warmup 10.00, shard 2 5.00): 18.8% of the wall time"
+        ),
+        "{}",
+        out.stdout
+    );
+    filtered(t.path(), || {
+        insta::assert_snapshot!("report_generation_wall", out.render())
+    });
+    let json = t.cmd().args(["report", "gen", "--json"]).run();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["wall"]["wall_s"], 80.0);
+    assert_eq!(v["wall"]["slots"][1]["slot"], "gpu1");
+    assert_eq!(v["wall"]["slots"][1]["ready_s"], 16.0);
+    assert_eq!(
+        v["wall"]["slots"][0]["processes"].as_array().unwrap().len(),
+        2
+    );
 }

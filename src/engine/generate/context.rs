@@ -16,23 +16,40 @@ use super::{GenerateError, PhaseTimes, run_error};
 use crate::engine::bundle::Bundle;
 use crate::engine::session::{GraphSessions, RuntimeOptions};
 use crate::engine::text::PromptTokenizer;
+use crate::vocab::{ContextSource, TextContexts};
 
-/// Contexts encoded ahead, by prompt text, with the time each encoding took.
-pub(super) type Ahead = HashMap<String, (HostContext, Duration)>;
+/// A context encoded ahead: the context, the time it took to encode (or read), and which of the
+/// two.
+#[derive(Debug)]
+pub(super) struct AheadContext {
+    pub(super) context: HostContext,
+    pub(super) took: Duration,
+    pub(super) source: ContextSource,
+}
+
+/// Contexts encoded ahead, by prompt text.
+pub(super) type Ahead = HashMap<String, AheadContext>;
 
 /// Encodes every distinct prompt text of `prompts` with the bundle's text encoder alone, which is
 /// dropped before this returns. With [`RuntimeOptions::context_cache_dir`], a context an earlier
 /// process kept there ([`context_file`]) is read instead, each one encoded here is kept there,
 /// and when every prompt's context is kept the text encoder is not loaded at all.
+///
+/// The texts of `for_later` are prompts this process does not generate: with a context folder,
+/// each one not kept there yet is encoded and kept for the processes after this one that share
+/// the folder (a generation's shards after their warmup), and not held here. Without a folder
+/// they are left alone.
 pub(super) fn encode_ahead<'a>(
     bundle: &Bundle,
     runtime: &RuntimeOptions,
     prompts: impl IntoIterator<Item = &'a str>,
-) -> Result<Ahead, GenerateError> {
+    for_later: impl IntoIterator<Item = &'a str>,
+) -> Result<(Ahead, TextContexts), GenerateError> {
     let dir = runtime.context_cache_dir.as_deref();
     let file = |text: &str| dir.map(|d| context_file(d, bundle, runtime.provider.name(), text));
     let values = bundle.manifest.architecture.text_len * bundle.manifest.architecture.text_dim;
     let mut contexts = HashMap::new();
+    let mut counts = TextContexts::default();
     let mut missing = Vec::new();
     for text in prompts {
         if contexts.contains_key(text) || missing.contains(&text) {
@@ -41,27 +58,66 @@ pub(super) fn encode_ahead<'a>(
         let started = Instant::now();
         match file(text).and_then(|f| read_context(&f, values)) {
             Some(context) => {
-                contexts.insert(text.to_string(), (context, started.elapsed()));
+                let took = started.elapsed();
+                let source = ContextSource::Read;
+                contexts.insert(
+                    text.to_string(),
+                    AheadContext {
+                        context,
+                        took,
+                        source,
+                    },
+                );
+                counts.read += 1;
             }
             None => missing.push(text),
         }
     }
-    if missing.is_empty() {
-        return Ok(contexts);
+    let mut later = Vec::new();
+    if dir.is_some() {
+        for text in for_later {
+            let known = contexts.contains_key(text) || missing.contains(&text);
+            if known || later.contains(&text) {
+                continue;
+            }
+            if !file(text).is_some_and(|f| kept_whole(&f, values)) {
+                later.push(text);
+            }
+        }
+    }
+    if missing.is_empty() && later.is_empty() {
+        return Ok((contexts, counts));
     }
     let tokenizer = bundle.tokenizer()?;
     let mut encoder = GraphSessions::build_text_encoder(bundle, runtime)?;
     for text in missing {
         let started = Instant::now();
         let context = encode_to_host(&mut encoder, &tokenizer, text)?;
-        let elapsed = started.elapsed();
+        let took = started.elapsed();
         if let Some(f) = file(text) {
             keep_context(&f, &context);
         }
-        contexts.insert(text.to_string(), (context, elapsed));
+        let source = ContextSource::Encoded;
+        contexts.insert(
+            text.to_string(),
+            AheadContext {
+                context,
+                took,
+                source,
+            },
+        );
+        counts.encoded += 1;
+    }
+    for text in later {
+        let context = encode_to_host(&mut encoder, &tokenizer, text)?;
+        if let Some(f) = file(text) {
+            keep_context(&f, &context);
+        }
+        counts.encoded += 1;
+        counts.for_later += 1;
     }
     drop(encoder);
-    Ok(contexts)
+    Ok((contexts, counts))
 }
 
 /// The file that keeps a prompt's context under `dir`: named by a hash of the bundle's files
@@ -138,6 +194,17 @@ fn read_context(file: &Path, values: usize) -> Option<HostContext> {
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]))
                 .collect(),
         ),
+    })
+}
+
+/// Whether `file` holds a kept context of `values` values by its size (one tag byte, then two or
+/// four bytes a value); its contents are checked when a process reads it.
+fn kept_whole(file: &Path, values: usize) -> bool {
+    std::fs::metadata(file).is_ok_and(|m| {
+        m.is_file()
+            && [2, 4]
+                .iter()
+                .any(|width| m.len() == 1 + (values * width) as u64)
     })
 }
 

@@ -44,6 +44,7 @@ use super::session::{
 };
 pub use super::settings::TimedRegionEnd;
 use super::text::{PromptTokenizer, TokenizerError};
+use crate::vocab::{ContextSource, TextContexts};
 use context::{Ahead, encode_ahead, encode_to_host, text_encoder_released};
 use dims::Dims;
 use state::DeviceLoop;
@@ -100,6 +101,9 @@ pub struct Generated {
     pub times: PhaseTimes,
     /// The one-time work this prompt did (the first of a process, or one with a new shape).
     pub one_time: OneTimeWork,
+    /// Whether this process encoded the prompt's text context or read one an earlier process
+    /// kept.
+    pub text_context: ContextSource,
     pub timed_region_end: TimedRegionEnd,
     /// Device memory in use after the prompt (an upper bound of its peak; see
     /// `engine::cuda_memory`); `None` on the CPU.
@@ -161,6 +165,9 @@ pub struct Generator {
     /// Contexts encoded ahead ([`Generator::with_prompts`]) by prompt text, with the time each
     /// encoding took.
     ahead: Ahead,
+    /// How the contexts encoded ahead were come by; `None` when prompts are encoded as they are
+    /// generated.
+    text_contexts: Option<TextContexts>,
     startup: StartupTimes,
 }
 
@@ -200,12 +207,26 @@ impl Generator {
         runtime: &RuntimeOptions,
         prompts: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, GenerateError> {
+        Self::with_prompts_and_later(bundle, runtime, prompts, [])
+    }
+
+    /// [`Generator::with_prompts`], and with [`RuntimeOptions::context_cache_dir`] also the
+    /// contexts of `for_later`, prompts this process does not generate, encoded and kept in that
+    /// folder for the processes after it (a generation's warmup does this for its shards, which
+    /// then never load the text encoder). Contexts kept there already are not encoded again.
+    pub fn with_prompts_and_later<'a>(
+        bundle: Bundle,
+        runtime: &RuntimeOptions,
+        prompts: impl IntoIterator<Item = &'a str>,
+        for_later: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, GenerateError> {
         check_provider_precision(&bundle, runtime)?;
         let started = Instant::now();
-        let contexts = encode_ahead(&bundle, runtime, prompts)?;
+        let (contexts, counts) = encode_ahead(&bundle, runtime, prompts, for_later)?;
         let text_encoder_s = started.elapsed().as_secs_f64();
         let mut generator = Self::build(bundle, runtime, Some(contexts))?;
         generator.startup.text_encoder_s = text_encoder_s;
+        generator.text_contexts = Some(counts);
         Ok(generator)
     }
 
@@ -251,6 +272,7 @@ impl Generator {
             dims,
             state,
             ahead: ahead.unwrap_or_default(),
+            text_contexts: None,
             startup,
         })
     }
@@ -289,6 +311,12 @@ impl Generator {
         self.startup
     }
 
+    /// How many text contexts the generator encoded and read before its DiT's sessions
+    /// ([`Generator::with_prompts`]); `None` when it encodes prompts as they are generated.
+    pub fn text_contexts(&self) -> Option<TextContexts> {
+        self.text_contexts
+    }
+
     /// Generates one prompt. `prompt_index` is the prompt's global index: it selects the noise,
     /// so the same index gives the same video whatever else is generated around it.
     pub fn generate(
@@ -300,8 +328,8 @@ impl Generator {
         let schedule = Schedule::new(&options.method)?;
         // The prompt's context: encoded ahead ([`Generator::with_prompts`]) or now.
         let encoded;
-        let (context, encoding) = match self.ahead.get(prompt_text) {
-            Some((context, encoding)) => (context, *encoding),
+        let (context, encoding, source) = match self.ahead.get(prompt_text) {
+            Some(ahead) => (&ahead.context, ahead.took, ahead.source),
             None => {
                 let started = Instant::now();
                 let encoder = self
@@ -310,7 +338,7 @@ impl Generator {
                     .as_mut()
                     .ok_or_else(text_encoder_released)?;
                 encoded = encode_to_host(encoder, &self.tokenizer, prompt_text)?;
-                (&encoded, started.elapsed())
+                (&encoded, started.elapsed(), ContextSource::Encoded)
             }
         };
         let seed = options.method.seed;
@@ -339,6 +367,7 @@ impl Generator {
             frame_shape: [video_frames, d.height, d.width, 3],
             times: out.times,
             one_time: super::one_time::take(),
+            text_context: source,
             timed_region_end: out.end,
             peak_device_memory: out.peak_device_memory,
         })

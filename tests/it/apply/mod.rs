@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::support::{Test, processes_with, repo};
 
 mod attention8;
+mod contexts;
 mod refusals;
 
 /// A manifest over the tiny bundle with its results, work root and caches inside the test.

@@ -566,6 +566,71 @@ fn kept_text_contexts_spare_the_text_encoder_and_give_the_same_latents() {
     );
 }
 
+/// Contexts kept for later: a generator asked to keep the contexts of prompts it does not
+/// generate encodes each once into the context folder, and a later generator of those prompts
+/// reads them all without loading the (here broken) text encoder, says so, and generates the
+/// latents of one that encodes its prompt itself; without a context folder nothing is encoded
+/// for later.
+#[test]
+fn contexts_kept_for_later_processes_are_read_without_the_text_encoder() {
+    use unstep::engine::{ContextSource, TextContexts};
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = bundle_copy(dir.path());
+    let unpack = dir.path().join("unpack");
+    let folder = dir.path().join("text_contexts");
+    let kept = RuntimeOptions {
+        context_cache_dir: Some(folder.clone()),
+        ..runtime()
+    };
+    let texts = prompts();
+    let (t0, t1, t2) = (texts[0].as_str(), texts[1].as_str(), texts[2].as_str());
+    let counts = |encoded, read, for_later| {
+        Some(TextContexts {
+            encoded,
+            read,
+            for_later,
+        })
+    };
+    let opened = unstep::engine::Bundle::open(&bundle, &unpack).unwrap();
+    let known = opened.manifest.files.clone();
+    let open = || unstep::engine::Bundle::open_with_known_hashes(&bundle, &unpack, &known).unwrap();
+
+    // The reference: prompt 1 encoded by the generator that generates it, nothing kept.
+    let mut itself = Generator::with_prompts(open(), &runtime(), [t1]).unwrap();
+    let expected = itself
+        .generate(1, t1, &latents_only(MethodSettings::default()))
+        .unwrap();
+    assert_eq!(expected.text_context, ContextSource::Encoded);
+    drop(itself);
+    // No context folder: the later prompts are left alone.
+    let alone = Generator::with_prompts_and_later(open(), &runtime(), [t0], [t1, t2]).unwrap();
+    assert_eq!(alone.text_contexts(), counts(1, 0, 0));
+    drop(alone);
+
+    // Prompt 0 its own, 1 and 2 for later (0 again among them, and 2 twice: each once).
+    let first = Generator::with_prompts_and_later(opened, &kept, [t0], [t1, t0, t2, t2]).unwrap();
+    assert_eq!(first.text_contexts(), counts(3, 0, 2));
+    drop(first);
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 3);
+
+    std::fs::write(bundle.join("text_encoder.onnx"), b"not a graph").unwrap();
+    let mut later = Generator::with_prompts(open(), &kept, [t1, t2])
+        .expect("every context kept: the text encoder is not loaded");
+    assert_eq!(later.text_contexts(), counts(0, 2, 0));
+    let got = later
+        .generate(1, t1, &latents_only(MethodSettings::default()))
+        .unwrap();
+    assert_eq!(got.text_context, ContextSource::Read);
+    assert_eq!(
+        got.latents, expected.latents,
+        "read and encoded give the same latents"
+    );
+    drop(later);
+    // A later prompt kept already is not encoded again (the broken encoder is not loaded).
+    let again = Generator::with_prompts_and_later(open(), &kept, [t1], [t2]).unwrap();
+    assert_eq!(again.text_contexts(), counts(0, 1, 0));
+}
+
 /// The VAE decoded beside the DiT (a second thread) or after it gives the same outputs bit for
 /// bit, for both emit modes and a windowed attention; the first is also the golden video.
 #[test]
