@@ -683,6 +683,7 @@ fn report_of_a_generation_prints_its_wall_time_and_the_starts_in_it() {
             config_hash: record.config_hash.clone(),
             prompt_sha256: None,
             video: None,
+            video_file: None,
             kept_bytes: Default::default(),
             process_start: start.map(|(when, ready_s)| ProcessStart {
                 started_at: Some(when.into()),
