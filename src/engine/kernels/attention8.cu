@@ -125,6 +125,21 @@ __device__ __forceinline__ void load32(const u16* p, float* x) {
     }
 }
 
+// The int8 codes of x[0..32] · inv at dst (32 bytes, 16-byte aligned).
+__device__ __forceinline__ void store_i8x32(i8* dst, const float* x, float inv) {
+    U32x4* out = reinterpret_cast<U32x4*>(dst);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        U32x4 w;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float* s = x + 16 * u + 4 * i;
+            w.w[i] = i8x4(s[0] * inv, s[1] * inv, s[2] * inv, s[3] * inv);
+        }
+        out[u] = w;
+    }
+}
+
 // 1. Grid (H, splits, B), STATS_THREADS threads: thread t reads 8 channels (16 bytes) of its
 // head, (t % 16) · 8 to + 8, of the keys l0 + t / 16, l0 + t / 16 + 16, ... of its split (K only
 // at multiples of KMEAN_STRIDE; rows_per_split is a multiple of 16); the 16 rows' partial results
@@ -217,17 +232,7 @@ extern "C" __global__ void __launch_bounds__(QUANT_THREADS) unstep_att8_quant_q_
     const float inv = a > 0.0f ? I8_MAX / a : 0.0f;
     const i64 bh = (i64)b * H + h;
     if (t % 64 == 0) qscale[bh * (Spad / Q_GROUP) + row / Q_GROUP] = a / I8_MAX;
-    U32x4* out = reinterpret_cast<U32x4*>(qq + (bh * Spad + row) * HD + c0);
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-        U32x4 w;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float* s = x + 16 * u + 4 * i;
-            w.w[i] = i8x4(s[0] * inv, s[1] * inv, s[2] * inv, s[3] * inv);
-        }
-        out[u] = w;
-    }
+    store_i8x32(qq + (bh * Spad + row) * HD + c0, x, inv);
 }
 
 // 4. Grid (Lpad / 64, H, B), QUANT_THREADS threads, as 3 with one scale per 64 keys.
@@ -255,17 +260,7 @@ extern "C" __global__ void __launch_bounds__(QUANT_THREADS) unstep_att8_quant_k_
     const float inv = a > 0.0f ? I8_MAX / a : 0.0f;
     const i64 bh = (i64)b * H + h;
     if (t == 0) kscale[bh * (Lpad / K_GROUP) + blockIdx.x] = a / I8_MAX;
-    U32x4* out = reinterpret_cast<U32x4*>(kq + (bh * Lpad + row) * HD + c0);
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-        U32x4 w;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float* s = x + 16 * u + 4 * i;
-            w.w[i] = i8x4(s[0] * inv, s[1] * inv, s[2] * inv, s[3] * inv);
-        }
-        out[u] = w;
-    }
+    store_i8x32(kq + (bh * Lpad + row) * HD + c0, x, inv);
 }
 
 // 5. Grid (Lpad / 64, H, B), QUANT_THREADS threads: the block's 64 keys of one head through
@@ -354,6 +349,8 @@ __device__ __forceinline__ void wgmma_commit() {
 __device__ __forceinline__ void reg_fence(int& r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+// The 64 accumulator registers of an m64n128 wgmma: their place in the instruction, and the
+// operands that bind them (int32 scores, float32 output).
 #define WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define WG_OPS_S32(d) \
     "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
