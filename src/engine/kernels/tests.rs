@@ -194,8 +194,8 @@ fn the_launch_constants_are_the_sources() {
     );
 }
 
-/// kernels.cu compiles with NVRTC, to PTX for compute_90 and to an sm_90 cubin (what sessions
-/// load), with every entry point (every layout of every row operator of the registry) and without
+/// kernels.cu compiles with NVRTC, to PTX for compute_90 and to cubins (what sessions load) for
+/// Hopper (sm_90) and Blackwell (sm_100, sm_103, sm_120), with every entry point (every layout of every row operator of the registry) and without
 /// local memory (the rows stay in registers). Needs CUDA 13's NVRTC, not a GPU: `scripts/test`
 /// runs it with the test packages' NVRTC on the library path (by hand:
 /// `LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib cargo test --lib nvrtc -- --ignored`).
@@ -214,12 +214,16 @@ fn nvrtc_compiles_the_kernels() {
         !ptx.contains(".local"),
         "the kernels use local memory (a row spilled out of registers)"
     );
-    let cubin = cuda::compile("sm_90").unwrap();
-    assert_eq!(
-        &cubin[..4],
-        b"\x7fELF",
-        "an sm_90 compile gives a cubin (ELF)"
-    );
+    // Hopper, and Blackwell's data-centre (GB200: sm_100, GB300: sm_103) and desktop (sm_120)
+    // GPUs: the row kernels use no instruction of one architecture alone.
+    for arch in ["sm_90", "sm_100", "sm_103", "sm_120"] {
+        let cubin = cuda::compile(arch).unwrap();
+        assert_eq!(
+            &cubin[..4],
+            b"\x7fELF",
+            "an {arch} compile gives a cubin (ELF)"
+        );
+    }
 }
 
 /// `attention8.cu` compiles with NVRTC for `sm_90a` (Hopper's wgmma and bulk tensor copies) to a
