@@ -367,10 +367,10 @@ pub fn changed_since_staged(
         if now.matches(stamp) {
             continue;
         }
-        // Hashed between two reads of its times that agree: the hash is of the file as it is.
-        let same = now.len == stamp.len
-            && sha256_file(&path).is_ok_and(|h| h == stamp.sha256)
-            && FileTimes::of(&path).is_ok_and(|t| t == now);
+        // The audited bytes, whatever moved its times: another link made to the same file (a
+        // concurrent staging of the bundle) moves its ctime, and a read of the times after the
+        // hash could see another one. A rewrite, even one caught half-way, hashes otherwise.
+        let same = now.len == stamp.len && sha256_file(&path).is_ok_and(|h| h == stamp.sha256);
         if same {
             *stamp = now.stamp(stamp.sha256.clone());
         } else {
