@@ -5,6 +5,8 @@
 # OUT_DIR as it goes.
 #   benches/attention8_e2e.sh OUT_DIR STEP...
 # Steps: `kernel` (benches/attention8.py: the kernel alone against cuDNN's fp16 attention),
+# `gputest` (the runner's GPU test of the 8-bit attention against its CPU kernel and cuDNN: a
+# test binary built here with `cargo test --release --lib --no-run`, named by TEST_BINARY),
 # `fp16`, `int8` (fp16 bundle, 8-bit attention), `quantize` (the fp8 bundle from the fp16 one),
 # `fp8` (fp8 bundle: float8 matrix multiplies), `fp8int8` (both), `compare` (each run against
 # fp16). RUNNER (default target/release/runner); BUNDLE (default assets/wan-1.3b, seeded
@@ -42,6 +44,8 @@ probe() {
 for step in "$@"; do
   case $step in
     kernel) PYTHONUNBUFFERED=1 logged kernel python3 benches/attention8.py "$out" ;;
+    gputest) logged gputest "${TEST_BINARY:?TEST_BINARY names the lib test binary}" \
+      cuda_attention_8bit --ignored --nocapture ;;
     fp16) probe att_fp16 "$bundle" fp16 ;;
     int8) probe att_int8 "$bundle" int8 ;;
     quantize) logged quantize env PYTHONPATH=assets/export python3 -m unstep_export quantize \
