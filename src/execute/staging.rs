@@ -1,6 +1,7 @@
 //! The staging area: a run executes from a snapshot in its work root — the resolved manifest,
 //! the manifest files, the prompt file, the asset bundle and the runner binary — with an audit
-//! (the sha256 of every staged file). Workers read only from the snapshot, so editing the
+//! (the sha256 of every staged file). How files are placed and what a snapshot will write are in
+//! `staging/place.rs`; how a placed file is proved unchanged, in `staging/stamps.rs`. Workers read only from the snapshot, so editing the
 //! checkout or re-exporting a bundle mid-run cannot change a run unnoticed.
 //!
 //! The bundle's files and the runner are large (a released bundle is 27 GB), so they are placed
@@ -20,6 +21,14 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+
+mod place;
+mod stamps;
+
+use place::{FileError, copy_file, count, dir_size, io, is_zip, place_dir, place_file, walk_files};
+pub use place::{SpaceNeeded, space_needed};
+use stamps::FileTimes;
+pub use stamps::{FileStamp, changed_since_staged};
 
 pub use crate::results::records::Placements;
 
@@ -64,99 +73,8 @@ pub enum StagingError {
     Symlink(PathBuf),
     #[error("cannot read the bundle archive {}: {reason}", .path.display())]
     Zip { path: PathBuf, reason: String },
-    #[error("cannot stage {}: {source}", .path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A copy names both ends: a full disk is the destination's, a vanished file the source's.
-    #[error("cannot copy {} to {}: {source}", .from.display(), .to.display())]
-    Copy {
-        from: PathBuf,
-        to: PathBuf,
-        source: std::io::Error,
-    },
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StagingError + '_ {
-    move |source| StagingError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// How a file reached the snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// A copy-on-write clone (`FICLONE`): no data copied, and independent of its source.
-    Reflink,
-    /// A second name of the source file: no data copied.
-    HardLink,
-    /// A copy of the bytes.
-    Copy,
-}
-
-/// Counts one placed file of `bytes`.
-fn count(placements: &mut Placements, how: Placement, bytes: u64) {
-    match how {
-        Placement::Reflink => placements.reflinked += 1,
-        Placement::HardLink => placements.hard_linked += 1,
-        Placement::Copy => {
-            placements.copied += 1;
-            placements.copied_bytes += bytes;
-        }
-    }
-}
-
-/// A placed file as the audit saw it: its size, its modification and status-change times, and
-/// the sha256 the audit recorded. A hard-linked file rewritten in place through its source
-/// changes its status-change time (ctime) whatever else the writer restores, since no call sets
-/// that time; a worker that finds a stamp's times moved hashes the file again, and refuses it
-/// unless it still has the audited hash (a change of its metadata alone, such as another link to
-/// it, moves the time too).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileStamp {
-    pub len: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub modified_ns: i128,
-    /// Status-change time, nanoseconds since the epoch.
-    pub changed_ns: i128,
-    pub sha256: String,
-}
-
-/// A file's size and times, read from its metadata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileTimes {
-    len: u64,
-    modified_ns: i128,
-    changed_ns: i128,
-}
-
-impl FileTimes {
-    fn of(path: &Path) -> std::io::Result<FileTimes> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = fs::metadata(path)?;
-        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-        Ok(FileTimes {
-            len: meta.len(),
-            modified_ns: ns(meta.mtime(), meta.mtime_nsec()),
-            changed_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        })
-    }
-
-    fn stamp(self, sha256: String) -> FileStamp {
-        FileStamp {
-            len: self.len,
-            modified_ns: self.modified_ns,
-            changed_ns: self.changed_ns,
-            sha256,
-        }
-    }
-
-    fn matches(&self, stamp: &FileStamp) -> bool {
-        (self.len, self.modified_ns, self.changed_ns)
-            == (stamp.len, stamp.modified_ns, stamp.changed_ns)
-    }
+    #[error(transparent)]
+    File(#[from] FileError),
 }
 
 /// What goes into a snapshot.
@@ -349,37 +267,6 @@ fn stamps(times: BTreeMap<String, FileTimes>, audit: &Audit) -> BTreeMap<String,
         .collect()
 }
 
-/// The files that differ from their stamps, by path relative to `bundle`: missing, another
-/// size, or, where a time moved, another sha256 than the audited one. A file whose times moved
-/// but whose bytes are the audited ones (its metadata changed, or it was written back as it was)
-/// gets its stamp updated to its times now, so that it is not hashed again at the next check.
-pub fn changed_since_staged(
-    bundle: &Path,
-    stamps: &mut BTreeMap<String, FileStamp>,
-) -> Vec<String> {
-    let mut changed = Vec::new();
-    for (rel, stamp) in stamps.iter_mut() {
-        let path = bundle.join(rel);
-        let Ok(now) = FileTimes::of(&path) else {
-            changed.push(rel.clone());
-            continue;
-        };
-        if now.matches(stamp) {
-            continue;
-        }
-        // The audited bytes, whatever moved its times: another link made to the same file (a
-        // concurrent staging of the bundle) moves its ctime, and a read of the times after the
-        // hash could see another one. A rewrite, even one caught half-way, hashes otherwise.
-        let same = now.len == stamp.len && sha256_file(&path).is_ok_and(|h| h == stamp.sha256);
-        if same {
-            *stamp = now.stamp(stamp.sha256.clone());
-        } else {
-            changed.push(rel.clone());
-        }
-    }
-    changed
-}
-
 fn reuse(req: &StageRequest, started: std::time::Instant) -> Result<Stage, StagingError> {
     let mismatch = |reason: String| StagingError::AuditMismatch {
         dir: req.dir.clone(),
@@ -450,182 +337,6 @@ fn first_difference(a: &Audit, b: &Audit) -> String {
         .unwrap_or_else(|| "a file".into())
 }
 
-fn is_zip(path: &Path) -> bool {
-    path.is_file()
-        && path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("zip"))
-}
-
-fn copy_file(src: &Path, dst: &Path) -> Result<(), StagingError> {
-    if let Some(parent) = dst.parent() {
-        fs::create_dir_all(parent).map_err(io(parent))?;
-    }
-    fs::copy(src, dst).map_err(|source| StagingError::Copy {
-        from: src.to_path_buf(),
-        to: dst.to_path_buf(),
-        source,
-    })?;
-    Ok(())
-}
-
-/// Places `src` at `dst` without copying its bytes where the file system allows: a reflink,
-/// else a hard link, else a copy (another file system, or links refused).
-fn place_file(src: &Path, dst: &Path) -> Result<Placement, StagingError> {
-    if let Some(parent) = dst.parent() {
-        fs::create_dir_all(parent).map_err(io(parent))?;
-    }
-    if reflink(src, dst).is_ok() {
-        return Ok(Placement::Reflink);
-    }
-    if fs::hard_link(src, dst).is_ok() {
-        return Ok(Placement::HardLink);
-    }
-    copy_file(src, dst)?;
-    Ok(Placement::Copy)
-}
-
-/// A copy-on-write clone of `src` at `dst` (Linux's `FICLONE`, on Btrfs, XFS and the like);
-/// leaves no `dst` behind when the file system cannot clone.
-fn reflink(src: &Path, dst: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // _IOW(0x94, 9, int)
-    const FICLONE: libc::c_ulong = 0x4004_9409;
-    let from = fs::File::open(src)?;
-    let to = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(dst)?;
-    // SAFETY: both descriptors are open for the duration of the call.
-    let rc = unsafe { libc::ioctl(to.as_raw_fd(), FICLONE as _, from.as_raw_fd()) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let error = std::io::Error::last_os_error();
-    drop(to);
-    let _ = fs::remove_file(dst);
-    Err(error)
-}
-
-fn place_dir(src: &Path, dst: &Path, placements: &mut Placements) -> Result<(), StagingError> {
-    fs::create_dir_all(dst).map_err(io(dst))?;
-    for entry in fs::read_dir(src).map_err(io(src))? {
-        let entry = entry.map_err(io(src))?;
-        let path = entry.path();
-        let target = dst.join(entry.file_name());
-        if path.is_dir() {
-            place_dir(&path, &target, placements)?;
-        } else {
-            let len = fs::metadata(&path).map_err(io(&path))?.len();
-            count(placements, place_file(&path, &target)?, len);
-        }
-    }
-    Ok(())
-}
-
-/// The bytes of every file below `dir`.
-fn dir_size(dir: &Path) -> u64 {
-    let mut files = Vec::new();
-    let _ = walk_files(dir, dir, &mut files);
-    files
-        .iter()
-        .filter_map(|(_, p)| fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum()
-}
-
-/// What staging a request will write into the work root, and what its file system has free.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SpaceNeeded {
-    pub needed: u64,
-    pub available: u64,
-}
-
-/// The bytes a new snapshot will really write under `work_root` (files on another file system
-/// than the work root's are copied, those on the same one linked; a `.zip` bundle is unpacked;
-/// the small files are copied), and the bytes free there for this user. `None` when the free
-/// space cannot be read.
-pub fn space_needed(
-    work_root: &Path,
-    bundle: &Path,
-    runner: &Path,
-    small_files: &[&Path],
-) -> Option<SpaceNeeded> {
-    use std::os::unix::fs::MetadataExt;
-    let mut existing = work_root;
-    while !existing.exists() {
-        existing = existing.parent()?;
-    }
-    let device = fs::metadata(existing).ok()?.dev();
-    let available = free_bytes(existing)?;
-    let placed = |path: &Path| -> u64 {
-        fs::metadata(path)
-            .map(|m| if m.dev() == device { 0 } else { m.len() })
-            .unwrap_or(0)
-    };
-    let mut needed: u64 = placed(runner);
-    needed += small_files
-        .iter()
-        .filter_map(|p| fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum::<u64>();
-    if is_zip(bundle) {
-        needed += zip_unpacked_size(bundle).unwrap_or(0);
-    } else {
-        let mut files = Vec::new();
-        let _ = walk_files(bundle, bundle, &mut files);
-        needed += files.iter().map(|(_, p)| placed(p)).sum::<u64>();
-    }
-    Some(SpaceNeeded { needed, available })
-}
-
-/// The bytes a `.zip` bundle unpacks to, as its entries declare them.
-fn zip_unpacked_size(archive: &Path) -> Option<u64> {
-    let mut zip = zip::ZipArchive::new(fs::File::open(archive).ok()?).ok()?;
-    let mut total = 0u64;
-    for i in 0..zip.len() {
-        total = total.saturating_add(zip.by_index_raw(i).ok()?.size());
-    }
-    Some(total)
-}
-
-/// Bytes free for an unprivileged user on the file system of `path` (`statvfs`).
-fn free_bytes(path: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: a valid NUL-terminated path and a buffer of the right type.
-    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statvfs succeeded and filled it.
-    let st = unsafe { st.assume_init() };
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
-}
-
-/// Every file below `dir` (symbolic links to files included), by path relative to `base`, in
-/// name order.
-fn walk_files(
-    base: &Path,
-    dir: &Path,
-    files: &mut Vec<(String, PathBuf)>,
-) -> Result<(), StagingError> {
-    let mut entries: Vec<_> = fs::read_dir(dir)
-        .map_err(io(dir))?
-        .collect::<Result<_, _>>()
-        .map_err(io(dir))?;
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let path = entry.path();
-        if path.is_dir() {
-            walk_files(base, &path, files)?;
-        } else {
-            let rel = path.strip_prefix(base).expect("below base");
-            files.push((rel.to_string_lossy().into_owned(), path));
-        }
-    }
-    Ok(())
-}
-
 /// Extracts a bundle archive, as the engine does ([`crate::engine::bundle::extract_bundle_zip`]).
 fn unzip(archive: &Path, dst: &Path) -> Result<(), StagingError> {
     crate::engine::bundle::extract_bundle_zip(archive, dst).map_err(|reason| StagingError::Zip {
@@ -658,29 +369,12 @@ pub fn audit(dir: &Path) -> Result<Audit, StagingError> {
 
 /// The sha256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String, StagingError> {
-    crate::engine::bundle::sha256_file(path).map_err(io(path))
+    Ok(crate::engine::bundle::sha256_file(path).map_err(io(path))?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A copy onto a full device (`/dev/full`, as a full disk) names the destination as well as
-    /// the source, and the reason.
-    #[test]
-    fn a_failed_copy_names_both_ends() {
-        let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("weights.onnx");
-        std::fs::write(&src, vec![7u8; 1 << 16]).unwrap();
-        let error = copy_file(&src, Path::new("/dev/full"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("weights.onnx") && error.contains("to /dev/full"),
-            "{error}"
-        );
-        assert!(error.contains("No space left"), "{error}");
-    }
 
     fn request(root: &Path, reuse: bool) -> StageRequest {
         let src = root.join("src");
