@@ -163,11 +163,7 @@ fn random_weights_preflight(r: &Resolved) -> Result<(), ApplyError> {
     if random.is_empty() {
         return Ok(());
     }
-    let origin = r
-        .settings
-        .get("assets.bundle")
-        .map(|s| s.origin.to_string())
-        .unwrap_or_else(|| "assets.bundle".to_string());
+    let origin = origin_of(r, "assets.bundle");
     Err(ApplyError::refused(
         format!(
             "{origin}: asset bundle {} has seeded random weights ({}), and the manifest's \
@@ -447,11 +443,7 @@ fn cpu_precision_preflight(r: &Resolved, config: &RunConfig) -> Result<(), Apply
     if config.engine.provider != engine::Provider::Cpu || precision == engine::Precision::Fp32 {
         return Ok(());
     }
-    let origin = r
-        .settings
-        .get("runtime.provider")
-        .map(|s| s.origin.to_string())
-        .unwrap_or_else(|| "runtime.provider".to_string());
+    let origin = origin_of(r, "runtime.provider");
     Err(ApplyError::refused(
         format!(
             "{origin}: asset bundle {}: {}",
@@ -480,16 +472,21 @@ fn fp8_gpu_preflight(r: &Resolved) -> Result<(), ApplyError> {
     let Some(problem) = super::device::fp8_unable(&gpus, &crate::plan::visible_devices(r)) else {
         return Ok(());
     };
-    let origin = r
-        .settings
-        .get("method.precision")
-        .map(|s| s.origin.to_string())
-        .unwrap_or_else(|| "method.precision".to_string());
+    let origin = origin_of(r, "method.precision");
     Err(ApplyError::refused(
         format!("{origin}: {problem}"),
         "run the fp16 bundle of the same weights on this GPU (method.precision = \"fp16\"), or \
          set runtime.visible_devices to Hopper GPUs",
     ))
+}
+
+/// Where the setting `key` was set (`file:line:col`, the variable or the flag), or the key itself
+/// when no layer set it.
+fn origin_of(r: &Resolved, key: &str) -> String {
+    r.settings
+        .get(key)
+        .map(|s| s.origin.to_string())
+        .unwrap_or_else(|| key.to_string())
 }
 
 /// The 8-bit attention where it cannot run: with settings that do not run the runner's own
@@ -500,11 +497,7 @@ fn attention_precision_preflight(r: &Resolved) -> Result<(), ApplyError> {
     if m.method.attention_precision != engine::AttentionPrecision::Int8 {
         return Ok(());
     }
-    let origin = r
-        .settings
-        .get("method.attention_precision")
-        .map(|s| s.origin.to_string())
-        .unwrap_or_else(|| "method.attention_precision".to_string());
+    let origin = origin_of(r, "method.attention_precision");
     let hint = "set the settings it names, or run with method.attention_precision = \"fp16\"";
     if let Some(reason) = engine::int8_attention_refusal(
         m.runtime.provider,
@@ -568,11 +561,7 @@ fn fused_kernels_preflight(r: &Resolved, config: &RunConfig) -> Result<(), Apply
             kernels => kernels,
         };
         if let Err(e) = kernels.resolve(part, &runtime.provider, &bundle) {
-            let origin = r
-                .settings
-                .get(key)
-                .map(|s| s.origin.to_string())
-                .unwrap_or_else(|| key.to_string());
+            let origin = origin_of(r, key);
             return Err(ApplyError::refused(
                 format!("{origin}: {e}"),
                 "change the setting there, or export the bundle the setting needs",

@@ -79,6 +79,24 @@ fn switches(on: &[String]) -> String {
     }
 }
 
+/// A "differs" line of two runs' precisions, with what the reduced one of them computes and that
+/// its figures are not those of the other as equals (`what` the mode is, `exact` whose figures
+/// they are not comparable to); the line as it is when neither side or both are reduced.
+fn reduced_line(
+    line: String,
+    sides: [(String, Option<&'static str>); 2],
+    what: &str,
+    exact: &str,
+) -> String {
+    match sides {
+        [(name, Some(note)), (_, None)] | [(_, None), (name, Some(note))] => format!(
+            "{line}; {name} is {what} ({note}): its times and scores are not comparable to \
+             {exact} as equals"
+        ),
+        _ => line,
+    }
+}
+
 /// Differences between two runs that make their times not directly comparable.
 pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
     let mut w = Vec::new();
@@ -108,39 +126,29 @@ pub(super) fn comparison_warnings(a: &LoadedRun, b: &LoadedRun) -> Vec<String> {
         };
         (x != y).then(|| format!("{what} {verb}: `{}` has {x}, `{}` has {y}", a.name, b.name))
     };
-    // One side in a reduced precision (fp8) answers another question than the other side: the
-    // warning says so rather than only naming the two.
-    let reduced = match (ra.precision.reduced(), rb.precision.reduced()) {
-        (Some(note), None) => Some((ra.precision, note)),
-        (None, Some(note)) => Some((rb.precision, note)),
-        _ => None,
-    };
-    let precision = differs("precision", name_of(&ra.precision), name_of(&rb.precision)).map(
-        |line| match reduced {
-            Some((precision, note)) => format!(
-                "{line}; {precision} is the reduced-precision mode ({note}): its times and scores \
-                 are not comparable to full precision's as equals"
-            ),
-            None => line,
-        },
-    );
-    // The 8-bit attention on one side only: another arithmetic, as a reduced precision is.
+    // One side in a reduced precision (an fp8 bundle, the 8-bit attention) answers another
+    // question than the other side: the warning says so rather than only naming the two.
+    let precision =
+        differs("precision", name_of(&ra.precision), name_of(&rb.precision)).map(|line| {
+            reduced_line(
+                line,
+                [ra.precision, rb.precision].map(|p| (p.to_string(), p.reduced())),
+                "the reduced-precision mode",
+                "full precision's",
+            )
+        });
     let attention_precision = differs(
         "attention precision",
         name_of(&ra.attention_precision),
         name_of(&rb.attention_precision),
     )
     .map(|line| {
-        let reduced = [ra.attention_precision, rb.attention_precision]
-            .into_iter()
-            .find_map(|p| p.reduced().map(|note| (p, note)));
-        match reduced {
-            Some((p, note)) => format!(
-                "{line}; {p} is the 8-bit attention ({note}): its times and scores are not \
-                 comparable to fp16's as equals"
-            ),
-            None => line,
-        }
+        reduced_line(
+            line,
+            [ra.attention_precision, rb.attention_precision].map(|p| (p.to_string(), p.reduced())),
+            "the 8-bit attention",
+            "fp16's",
+        )
     });
     // Profiling, logging and left-out optimizers change the times they were measured with.
     let diagnostics = (ra.diagnostics != rb.diagnostics).then(|| {
