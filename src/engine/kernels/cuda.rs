@@ -104,7 +104,8 @@ pub(crate) struct KernelSource {
 }
 
 impl KernelSource {
-    /// The architecture this source is compiled for on a device of `info`.
+    /// The architecture this source is compiled for on a device of compute capability
+    /// (major, minor).
     pub(crate) fn arch_of(&self, major: i32, minor: i32) -> String {
         (self.arch)(major, minor)
     }

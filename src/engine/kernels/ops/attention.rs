@@ -294,34 +294,34 @@ pub(crate) fn attention_int8<T: Element>(
         .with_min_len(MIN_ROWS_PER_TASK)
         .enumerate()
         .for_each_init(
-            || vec![0f32; hd],
-            |acc, (r, o_row)| {
+            || (vec![0f32; hd], Vec::with_capacity(KEY_TILE)),
+            |(acc, scores), (r, o_row)| {
                 let (b, row) = (r / s, r % s);
                 let kv = &kv[b];
                 for h in 0..heads {
                     let qh = &qq[r * d + h * hd..][..hd];
                     let qs = q_scales[(b * heads + h) * q_groups + row / Q_GROUP] * qk_log2;
                     let keys = &kv.k[h * l * hd..][..l * hd];
+                    let k_scales = &kv.k_scales[h * l.div_ceil(K_GROUP)..];
                     let (mut m, mut total) = (f32::NEG_INFINITY, 0f32);
                     acc.fill(0.0);
                     for tile in (0..l).step_by(KEY_TILE) {
                         let end = (tile + KEY_TILE).min(l);
-                        let scores: Vec<f32> = (tile..end)
-                            .map(|j| {
+                        scores.clear();
+                        scores.extend((tile..end).map(|j| {
                                 let dot: i32 = qh
                                     .iter()
                                     .zip(&keys[j * hd..][..hd])
                                     .map(|(&a, &b)| a as i32 * b as i32)
                                     .sum();
-                                dot as f32 * (kv.k_scales[h * l.div_ceil(K_GROUP) + j / K_GROUP] * qs)
-                            })
-                            .collect();
+                            dot as f32 * (k_scales[j / K_GROUP] * qs)
+                        }));
                         let m_new = scores.iter().fold(m, |a, &x| a.max(x));
                         let alpha = (m - m_new).exp2();
                         m = m_new;
                         total *= alpha;
                         acc.iter_mut().for_each(|a| *a *= alpha);
-                        for (j, score) in (tile..end).zip(scores) {
+                        for (j, &score) in (tile..end).zip(scores.iter()) {
                             let p = (score - m + log2_p).exp2();
                             total += p;
                             let p = e4m3_value(e4m3(p));
