@@ -6,7 +6,8 @@ the DiT's shapes (4,680 query rows, 4,680 to 32,760 keys, 12 heads of 128), in o
 
 Compiles the source with NVRTC for sm_90a (CUDA 13's NVRTC from the `nvidia` Python packages)
 unless CUBIN is given, loads it with CuPy, and writes `attention8.json` and a table to OUT_DIR as
-it goes. Needs PyTorch and CuPy with CUDA, on a Hopper GPU.
+it goes; `ATT8_VARIANTS="name=path.cu,..."` times other sources of `unstep_att8_fwd` beside it.
+Needs PyTorch and CuPy with CUDA, on a Hopper GPU.
 """
 
 import ctypes
@@ -26,13 +27,13 @@ SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "eng
                    "attention8.cu")
 
 
-def nvrtc_compile(arch="sm_90a"):
+def nvrtc_compile(path=SRC, arch="sm_90a"):
     import nvidia
     libdir = os.path.join(nvidia.__path__[0], "cu13", "lib")
     lib = [p for p in glob.glob(os.path.join(libdir, "libnvrtc.so*")) if "builtins" not in p][0]
     n = ctypes.CDLL(lib)
     prog = ctypes.c_void_p()
-    src = open(SRC, "rb").read()
+    src = open(path, "rb").read()
     assert n.nvrtcCreateProgram(ctypes.byref(prog), src, b"attention8.cu", 0, None, None) == 0
     opts = [f"--gpu-architecture={arch}".encode(), b"--fmad=false", b"--std=c++17"]
     rc = n.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
@@ -98,17 +99,17 @@ class Att8:
         self.qq = f("unstep_att8_quant_q_f16")
         self.kq = f("unstep_att8_quant_k_f16")
         self.vq = f("unstep_att8_quant_v_f16")
-        self.pipelined = {}
+        self.kernels = {}
 
     PIPE_SMEM = 1024 + 2 * 8192 + 4 * 2 * 128 * 128 + 8 * 9
 
-    def add_pipelined(self, name, cubin_path):
+    def add_kernel(self, name, cubin_path):
         mod = cp.RawModule(path=cubin_path)
         fn = mod.get_function("unstep_att8_fwd")
         fn.max_dynamic_shared_size_bytes = self.PIPE_SMEM
-        self.pipelined[name] = (mod, fn)
+        self.kernels[name] = (mod, fn)
 
-    def attend_pipelined(self, t, o, name):
+    def attend(self, t, o, name):
         if "maps" not in t:
             BH = t["B"] * t["H"]
             t["maps"] = (
@@ -124,7 +125,7 @@ class Att8:
                 c.c_int32(t["S"]), c.c_int32(t["Spad"]), c.c_int32(t["L"]), c.c_int32(t["Lpad"]),
                 c.c_int32(t["D"]), c.c_int64(t["S"] * t["D"]),
                 c.c_float(math.log2(math.e) / math.sqrt(HD))]
-        launch(self.pipelined[name][1], (t["Spad"] // 128, t["H"], t["B"]), 384, self.PIPE_SMEM,
+        launch(self.kernels[name][1], (t["Spad"] // 128, t["H"], t["B"]), 384, self.PIPE_SMEM,
                args)
 
     def prepare(self, q, k, v, splits=32):
@@ -221,7 +222,6 @@ def checks(att, log):
             on = cp.asnumpy(o).astype(np.float64)
             row[f"rel_err_{name}"] = rel(on, ref)
             row[f"nan_{name}"] = int(np.isnan(on).sum())
-        on_wg2 = None
         # The quantised tensors against numpy's quantisation of the same inputs.
         kmean = kn.astype(np.float32)[:, ::8].mean(axis=1)
         row["kmean_max_abs_diff"] = float(np.abs(cp.asnumpy(t["kmean"]) - kmean).max())
@@ -246,15 +246,6 @@ def checks(att, log):
         vkeys[..., idx] = vdeq
         vback = vkeys[..., :L].transpose(0, 3, 1, 2).reshape(B, L, D)
         row["v_dequant_rel"] = rel(vback, vn.astype(np.float64))
-        if False:
-            # Which order of the keys within each 16 would the kernel's output fit?
-            inv = np.argsort(perm16())
-            for pname, order in (("perm16", perm16()), ("inverse", inv)):
-                idx = (np.arange(L) // 16) * 16 + order[np.arange(L) % 16]
-                idx = np.where(idx < L, idx, np.arange(L))
-                refp = reference(qn.astype(np.float64), kn.astype(np.float64),
-                                 vn.astype(np.float64)[:, idx])
-                row[f"rel_err_wg2_if_v_{pname}"] = rel(on, refp)
         limit = 0.01 if how == "vconst" else 0.06
         passed = all(row[f"rel_err_{n}"] < limit and row[f"nan_{n}"] == 0 for n in variants(att))
         row["pass"] = passed
@@ -264,11 +255,11 @@ def checks(att, log):
 
 
 def variants(att):
-    return list(att.pipelined)
+    return list(att.kernels)
 
 
 def run(att, t, o, name):
-    att.attend_pipelined(t, o, name)
+    att.attend(t, o, name)
 
 
 def e4m3_table():
@@ -373,13 +364,11 @@ def main():
     # More sources of unstep_att8_fwd to compare: ATT8_VARIANTS="name=path.cu,..."
     for spec in filter(None, os.environ.get("ATT8_VARIANTS", "").split(",")):
         name, path = spec.split("=")
-        global SRC
-        SRC = path
-        image = nvrtc_compile()
+        image = nvrtc_compile(path)
         vpath = os.path.join(out, f"{name}.cubin")
         open(vpath, "wb").write(image)
-        att.add_pipelined(name, vpath)
-    att.add_pipelined("pipelined", cubin)
+        att.add_kernel(name, vpath)
+    att.add_kernel("attention8", cubin)
     ok = checks(att, log)
     log({"checks_pass": ok})
     rows = speed(att, log)

@@ -19,25 +19,16 @@ runner=${RUNNER:-target/release/runner}
 bundle=${BUNDLE:-assets/wan-1.3b}
 prompts=${PROMPTS:-0-19}
 mkdir -p "$out"
-logged() {
-  local name=$1; shift
-  echo "== $name: $*"
-  local start=$(date +%s%N)
-  "$@" 2>&1 | tee "$out/$name.log"
-  local rc=${PIPESTATUS[0]}
-  printf "== %s: exit %s after %d ms\n" "$name" "$rc" $(( ($(date +%s%N) - start) / 1000000 ))
-  return "$rc"
-}
-# A probe of `fp16_quality.toml`'s settings on PROMPTS, frames kept: name, bundle, attention.
+. "$(dirname "$0")/logged.sh"
+# A probe of `fp16_quality.toml`'s settings on PROMPTS, frames kept: its name, bundle, the
+# bundle's precision and the attention's.
 probe() {
-  local name=$1 dir=$2 attention=$3
-  local manifest=experiments/fp16_quality.toml
-  [ "$attention" = int8 ] && manifest=experiments/int8_quality.toml
-  local extra=()
-  [ "$dir" != "$bundle" ] && extra=(--set method.precision=fp8)
+  local name=$1 dir=$2 precision=$3 attention=$4
   case $dir in /*) ;; *) dir=$PWD/$dir ;; esac
-  logged "$name" "$runner" apply "$manifest" --set "name=$name" --set "assets.bundle=$dir" \
-    --set "prompts.indices=$prompts" --set outputs.save_latents=false "${extra[@]}"
+  logged "$name" "$runner" apply experiments/fp16_quality.toml --set "name=$name" \
+    --set "assets.bundle=$dir" --set "method.precision=$precision" \
+    --set "method.attention_precision=$attention" --set "prompts.indices=$prompts" \
+    --set outputs.save_latents=false
   logged "$name-report" "$runner" report "$name"
   cp "results/$name/summary.json" "$out/$name-summary.json" 2>/dev/null
 }
@@ -46,12 +37,12 @@ for step in "$@"; do
     kernel) PYTHONUNBUFFERED=1 logged kernel python3 benches/attention8.py "$out" ;;
     gputest) logged gputest "${TEST_BINARY:?TEST_BINARY names the lib test binary}" \
       cuda_attention_8bit --ignored --nocapture ;;
-    fp16) probe att_fp16 "$bundle" fp16 ;;
-    int8) probe att_int8 "$bundle" int8 ;;
+    fp16) probe att_fp16 "$bundle" fp16 fp16 ;;
+    int8) probe att_int8 "$bundle" fp16 int8 ;;
     quantize) logged quantize env PYTHONPATH=assets/export python3 -m unstep_export quantize \
       --from "$bundle" --out "$bundle-fp8" ;;
-    fp8) probe att_fp8 "$bundle-fp8" fp16 ;;
-    fp8int8) probe att_fp8int8 "$bundle-fp8" int8 ;;
+    fp8) probe att_fp8 "$bundle-fp8" fp8 fp16 ;;
+    fp8int8) probe att_fp8int8 "$bundle-fp8" fp8 int8 ;;
     compare)
       for run in att_int8 att_fp8 att_fp8int8; do
         [ -d "results/$run" ] && logged "compare-$run" "$runner" compare att_fp16 "$run"

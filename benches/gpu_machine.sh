@@ -16,16 +16,7 @@ out=${2:?usage: benches/gpu_machine.sh export|probes|subset OUT_DIR ...}
 runner=${RUNNER:-target/release/runner}
 at=${BUNDLE_AT:-assets/wan-1.3b}
 mkdir -p "$out"
-# Each step's output on the terminal and in OUT_DIR/<name>.log; its exit status is printed.
-logged() {
-  local name=$1; shift
-  echo "== $name: $*"
-  local start=$(date +%s%N)
-  "$@" 2>&1 | tee "$out/$name.log"
-  local rc=${PIPESTATUS[0]}
-  printf "== %s: exit %s after %d ms\n" "$name" "$rc" $(( ($(date +%s%N) - start) / 1000000 ))
-  return "$rc"
-}
+. "$(dirname "$0")/logged.sh"
 case $step in
   export)
     dir=${BUNDLE_DIR:-$at}
