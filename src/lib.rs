@@ -12,6 +12,7 @@ pub mod engine;
 pub mod env_vars;
 pub mod execute;
 pub mod exit;
+pub mod file_identity;
 #[cfg(test)]
 mod layering;
 pub mod manifest;

@@ -27,9 +27,9 @@ mod stamps;
 
 use place::{FileError, copy_file, count, dir_size, io, is_zip, place_dir, place_file, walk_files};
 pub use place::{SpaceNeeded, space_needed};
-use stamps::FileTimes;
 pub use stamps::{FileStamp, changed_since_staged};
 
+use crate::file_identity::FileIdentity;
 pub use crate::results::records::Placements;
 
 /// The audit file of a staging folder.
@@ -243,17 +243,17 @@ fn fill(req: &StageRequest, dir: &Path) -> Result<Filled, StagingError> {
 }
 
 /// The size and times of every file below a staged bundle, by path relative to it.
-fn times(bundle: &Path) -> Result<BTreeMap<String, FileTimes>, StagingError> {
+fn times(bundle: &Path) -> Result<BTreeMap<String, FileIdentity>, StagingError> {
     let mut files = Vec::new();
     walk_files(bundle, bundle, &mut files)?;
     files
         .into_iter()
-        .map(|(rel, path)| Ok((rel, FileTimes::of(&path).map_err(io(&path))?)))
+        .map(|(rel, path)| Ok((rel, FileIdentity::of(&path).map_err(io(&path))?)))
         .collect()
 }
 
 /// Each bundle file's times with its audited hash (the audit names it `bundle/<path>`).
-fn stamps(times: BTreeMap<String, FileTimes>, audit: &Audit) -> BTreeMap<String, FileStamp> {
+fn stamps(times: BTreeMap<String, FileIdentity>, audit: &Audit) -> BTreeMap<String, FileStamp> {
     times
         .into_iter()
         .map(|(rel, t)| {
@@ -262,7 +262,7 @@ fn stamps(times: BTreeMap<String, FileTimes>, audit: &Audit) -> BTreeMap<String,
                 .get(&format!("bundle/{rel}"))
                 .cloned()
                 .unwrap_or_default();
-            (rel, t.stamp(sha256))
+            (rel, FileStamp::new(t, sha256))
         })
         .collect()
 }

@@ -3,13 +3,11 @@
 //! with another, overwritten or zero-filled is a whole MP4 all the same, and is not the
 //! prompt's.
 
-use std::io::Read;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use crate::manifest::load::hex;
+use crate::file_identity::{FileIdentity, sha256_file};
 
 /// A video as its worker wrote it: its size and sha256, and the file's identity then (its inode
 /// and its modification and status-change times). A file with that identity has not been
@@ -26,43 +24,16 @@ pub struct VideoFile {
     pub changed_ns: i128,
 }
 
-/// A file's size and identity, from its metadata.
-fn identity(path: &Path) -> std::io::Result<(u64, u64, i128, i128)> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path)?;
-    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-    Ok((
-        meta.len(),
-        meta.ino(),
-        ns(meta.mtime(), meta.mtime_nsec()),
-        ns(meta.ctime(), meta.ctime_nsec()),
-    ))
-}
-
-fn sha256_of(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            return Ok(hex(&hasher.finalize()));
-        }
-        hasher.update(&buf[..n]);
-    }
-}
-
 impl VideoFile {
     /// The video at `path` as it is now, read whole (a worker's own video, just written).
     pub fn of(path: &Path) -> std::io::Result<VideoFile> {
-        let (bytes, inode, modified_ns, changed_ns) = identity(path)?;
-        let sha256 = sha256_of(path)?;
+        let now = FileIdentity::of(path)?;
         Ok(VideoFile {
-            bytes,
-            sha256,
-            inode,
-            modified_ns,
-            changed_ns,
+            bytes: now.len,
+            sha256: sha256_file(path)?,
+            inode: now.inode,
+            modified_ns: now.modified_ns,
+            changed_ns: now.changed_ns,
         })
     }
 
@@ -70,20 +41,21 @@ impl VideoFile {
     /// its identity is not the one recorded (another file put in its place, or the file written
     /// since, whatever its modification time says), another sha256.
     pub fn differs(&self, path: &Path) -> Option<String> {
-        let now = match identity(path) {
+        let now = match FileIdentity::of(path) {
             Ok(now) => now,
             Err(e) => return Some(format!("cannot be read: {e}")),
         };
-        if now.0 != self.bytes {
+        if now.len != self.bytes {
             return Some(format!(
                 "holds {} bytes where its worker wrote {}",
-                now.0, self.bytes
+                now.len, self.bytes
             ));
         }
-        if now == (self.bytes, self.inode, self.modified_ns, self.changed_ns) {
+        let recorded = (self.inode, self.modified_ns, self.changed_ns);
+        if (now.inode, now.modified_ns, now.changed_ns) == recorded {
             return None;
         }
-        match sha256_of(path) {
+        match sha256_file(path) {
             Ok(h) if h == self.sha256 => None,
             Ok(_) => Some("its bytes are not the ones its worker wrote (another sha256)".into()),
             Err(e) => Some(format!("cannot be read: {e}")),

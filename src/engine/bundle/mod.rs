@@ -4,7 +4,6 @@
 //! reported before any generation (or any GPU) is touched.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -684,21 +683,7 @@ fn is_safe_relative(name: &str) -> bool {
     !name.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
-/// The sha256 of a file, lowercase hex, read in 1 MiB pieces (also used by `runner apply`'s
-/// staging audit).
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buffer)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buffer[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
-}
+pub use crate::file_identity::sha256_file;
 
 /// The sha256 of bytes in memory, lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {

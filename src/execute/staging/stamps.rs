@@ -3,10 +3,11 @@
 //! its status-change time too, and a file whose times moved is hashed again.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::file_identity::{FileIdentity, sha256_file};
 
 /// A placed file as the audit saw it: its size, its modification and status-change times, and
 /// the sha256 the audit recorded. A hard-linked file rewritten in place through its source
@@ -24,38 +25,20 @@ pub struct FileStamp {
     pub sha256: String,
 }
 
-/// A file's size and times, read from its metadata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileTimes {
-    len: u64,
-    modified_ns: i128,
-    changed_ns: i128,
-}
-
-impl FileTimes {
-    pub fn of(path: &Path) -> std::io::Result<FileTimes> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = fs::metadata(path)?;
-        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-        Ok(FileTimes {
-            len: meta.len(),
-            modified_ns: ns(meta.mtime(), meta.mtime_nsec()),
-            changed_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        })
-    }
-
-    pub fn stamp(self, sha256: String) -> FileStamp {
+impl FileStamp {
+    /// The stamp of a file of identity `now` and hash `sha256`.
+    pub fn new(now: FileIdentity, sha256: String) -> FileStamp {
         FileStamp {
-            len: self.len,
-            modified_ns: self.modified_ns,
-            changed_ns: self.changed_ns,
+            len: now.len,
+            modified_ns: now.modified_ns,
+            changed_ns: now.changed_ns,
             sha256,
         }
     }
 
-    pub fn matches(&self, stamp: &FileStamp) -> bool {
-        (self.len, self.modified_ns, self.changed_ns)
-            == (stamp.len, stamp.modified_ns, stamp.changed_ns)
+    /// Whether a file of identity `now` has this stamp's size and times.
+    fn matches(&self, now: &FileIdentity) -> bool {
+        (self.len, self.modified_ns, self.changed_ns) == (now.len, now.modified_ns, now.changed_ns)
     }
 }
 
@@ -70,20 +53,19 @@ pub fn changed_since_staged(
     let mut changed = Vec::new();
     for (rel, stamp) in stamps.iter_mut() {
         let path = bundle.join(rel);
-        let Ok(now) = FileTimes::of(&path) else {
+        let Ok(now) = FileIdentity::of(&path) else {
             changed.push(rel.clone());
             continue;
         };
-        if now.matches(stamp) {
+        if stamp.matches(&now) {
             continue;
         }
         // The audited bytes, whatever moved its times: another link made to the same file (a
         // concurrent staging of the bundle) moves its ctime, and a read of the times after the
         // hash could see another one. A rewrite, even one caught half-way, hashes otherwise.
-        let same = now.len == stamp.len
-            && crate::engine::bundle::sha256_file(&path).is_ok_and(|h| h == stamp.sha256);
+        let same = now.len == stamp.len && sha256_file(&path).is_ok_and(|h| h == stamp.sha256);
         if same {
-            *stamp = now.stamp(stamp.sha256.clone());
+            *stamp = FileStamp::new(now, stamp.sha256.clone());
         } else {
             changed.push(rel.clone());
         }
