@@ -237,20 +237,47 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         }
     }
     let mut measured = Vec::new();
-    for prompt in &job.prompts {
-        let generated = generator.generate(prompt.index, &prompt.text, &options)?;
-        let record = keep(job, prompt, &generated, process_start.take())?;
-        emit(
-            job,
-            &RunEventKind::PromptDone {
-                prompt: prompt.index,
-                timed_total_s: record.timed_total_s,
-            },
-        );
-        if job.bench.summary {
-            measured.push((generated.times, generated.peak_device_memory));
+    // Each generated prompt is kept (its video encoded on the CPU, its outputs and timing record
+    // written) on a second thread while the device generates the next one: encoding a video
+    // takes about as long as generating it, outside the timed region, and done in turn it
+    // doubled a generation's wall time. Prompts are kept in order, one at a time; at most one
+    // waits beside the one being kept, so a slow disk holds the generation back rather than
+    // piling frames up in memory. A failure to keep one stops the generation after the prompt
+    // in progress; a failed generation still keeps every prompt finished before it.
+    std::thread::scope(|scope| -> Result<(), WorkerError> {
+        let (send, received) =
+            std::sync::mpsc::sync_channel::<(&PromptSpec, Generated, Option<ProcessStart>)>(1);
+        let keeper = scope.spawn(move || -> Result<(), WorkerError> {
+            for (prompt, generated, process_start) in received {
+                let record = keep(job, prompt, &generated, process_start)?;
+                emit(
+                    job,
+                    &RunEventKind::PromptDone {
+                        prompt: prompt.index,
+                        timed_total_s: record.timed_total_s,
+                    },
+                );
+            }
+            Ok(())
+        });
+        for prompt in &job.prompts {
+            let generated = generator.generate(prompt.index, &prompt.text, &options)?;
+            if job.bench.summary {
+                measured.push((generated.times, generated.peak_device_memory));
+            }
+            // A closed channel: the keeper stopped on an error, which its join gives below.
+            if send
+                .send((prompt, generated, process_start.take()))
+                .is_err()
+            {
+                break;
+            }
         }
-    }
+        drop(send);
+        keeper
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })?;
     if job.bench.summary {
         print_summary(&measured);
     }

@@ -149,3 +149,50 @@ fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
         .expect("a cpu check");
     assert!(cpu.ok, "{cpu:?}");
 }
+
+/// Prompts are kept (outputs and record written) on a thread beside the generation: a prompt that
+/// cannot be kept stops the worker with its error, the prompts before it stay kept, and no prompt
+/// after it is recorded, though the next one may have been generated meanwhile.
+#[test]
+fn a_prompt_that_cannot_be_kept_stops_the_worker_after_the_ones_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let frames = dir.path().join("frames");
+    let timings = dir.path().join("timings.jsonl");
+    // Prompt 1's frames file cannot be written: a folder holds its name.
+    std::fs::create_dir_all(frames.join("frames_1.u8/occupied")).unwrap();
+    let output = worker(
+        dir.path(),
+        &[
+            "--indices",
+            "0-3",
+            "--save-frames",
+            frames.to_str().unwrap(),
+            "--timings",
+            timings.to_str().unwrap(),
+        ],
+    );
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(unstep::exit::FAILURE), "{err}");
+    assert!(err.contains("frames_1.u8"), "{err}");
+    let recorded: Vec<u64> = std::fs::read_to_string(&timings)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line).unwrap()["prompt"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        recorded,
+        [0],
+        "only the prompt before the failure is recorded"
+    );
+    assert!(frames.join("frames_0.u8").is_file());
+    for later in ["frames_2.u8", "frames_3.u8"] {
+        assert!(
+            !frames.join(later).exists(),
+            "{later} kept after the failure"
+        );
+    }
+}
