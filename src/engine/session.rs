@@ -280,12 +280,7 @@ impl GraphSessions {
             }
         }
         let names = GraphNames::of(bundle, dit_kernels, vae_kernels, dit_attention);
-        super::kernels::configure(super::kernels::KernelSettings {
-            cache_dir: options.kernel_cache_dir.clone(),
-            conv_log: options.diagnostics.conv_log,
-            creation_log: options.diagnostics.ort_log_level.is_some(),
-            attention_precision: options.attention_precision,
-        });
+        configure_kernels(options);
         // The runner's operators, for the sessions of fused graphs.
         let operators = |kernels: FusedKernels, part: FusedPart| {
             if kernels != FusedKernels::Unstep {
@@ -482,6 +477,39 @@ impl GraphSessions {
         first.check(&self.vae_first)?;
         step.check(&self.vae_step)?;
         Ok(())
+    }
+}
+
+/// Sets the runner's CUDA kernels' settings (their cache folder, logs, attention arithmetic) from
+/// `options`.
+fn configure_kernels(options: &RuntimeOptions) {
+    super::kernels::configure(super::kernels::KernelSettings {
+        cache_dir: options.kernel_cache_dir.clone(),
+        conv_log: options.diagnostics.conv_log,
+        creation_log: options.diagnostics.ort_log_level.is_some(),
+        attention_precision: options.attention_precision,
+    });
+}
+
+/// Starts compiling the runner's CUDA kernels on a thread of their own when the DiT's or the
+/// decoder's sessions of `bundle` will run them (the fused kernels resolve to the runner's on a
+/// CUDA provider), for a process that has other work to do first (its text encoder); the
+/// sessions built later find them loaded ([`super::kernels::compile_ahead`]). Nothing happens
+/// otherwise, and a kernel setting that would fail is left for the sessions' build to report.
+pub(crate) fn compile_kernels_ahead(bundle: &Bundle, options: &RuntimeOptions) {
+    let Provider::Cuda(cuda) = &options.provider else {
+        return;
+    };
+    let runs_them = |kernels: FusedKernels, part: FusedPart| {
+        kernels
+            .resolve(part, &options.provider, bundle)
+            .is_ok_and(|k| k == FusedKernels::Unstep)
+    };
+    if runs_them(options.dit_kernels, FusedPart::Dit)
+        || runs_them(options.vae_kernels, FusedPart::Vae)
+    {
+        configure_kernels(options);
+        super::kernels::compile_ahead(cuda.device_id, options.attention_precision);
     }
 }
 

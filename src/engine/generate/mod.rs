@@ -221,6 +221,8 @@ impl Generator {
         for_later: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, GenerateError> {
         check_provider_precision(&bundle, runtime)?;
+        // The kernels compile on their own thread while the text encoder runs.
+        super::session::compile_kernels_ahead(&bundle, runtime);
         let started = Instant::now();
         let (contexts, counts) = encode_ahead(&bundle, runtime, prompts, for_later)?;
         let text_encoder_s = started.elapsed().as_secs_f64();

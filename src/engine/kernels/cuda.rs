@@ -307,6 +307,12 @@ fn device_module(
     module
 }
 
+/// Compiles and loads `source` on device `ordinal` unless it is already: for a thread that does
+/// it ahead of the sessions ([`super::compile_ahead`]), which find the outcome kept.
+pub(super) fn load_ahead(source: &'static KernelSource, ordinal: i32) {
+    let _kept = device_module(source, ordinal);
+}
+
 /// The primary context of device `ordinal` (the one ONNX Runtime's CUDA provider works in),
 /// retained for the rest of the process.
 pub(super) fn primary_context(ordinal: i32) -> Result<Handle<sys::CUcontext>, CudaError> {

@@ -124,6 +124,25 @@ pub(crate) fn configure(settings: KernelSettings) {
     *SETTINGS.lock().unwrap_or_else(PoisonError::into_inner) = settings;
 }
 
+/// Compiles the runner's CUDA kernels for device `ordinal` (or loads the image the kernel cache
+/// folder keeps) on a thread of its own, with the 8-bit attention's when `precision` asks for it,
+/// so that the work overlaps what the process does before its sessions need them: NVRTC takes
+/// 6–7 s of one CPU core, and the text encoder runs meanwhile. Sessions that need the kernels
+/// before it is done wait for it, as they would for their own compile; a failure is kept and
+/// reported by them. Call after [`configure`].
+pub(crate) fn compile_ahead(ordinal: i32, precision: crate::vocab::AttentionPrecision) {
+    let spawned = std::thread::Builder::new()
+        .name("unstep-nvrtc".into())
+        .spawn(move || {
+            cuda::load_ahead(&cuda::KERNELS, ordinal);
+            if precision == crate::vocab::AttentionPrecision::Int8 {
+                cuda::load_ahead(&cuda::ATTENTION8, ordinal);
+            }
+        });
+    // No thread: the sessions compile the kernels themselves, as without this call.
+    drop(spawned);
+}
+
 /// Writes a file the kernels keep for later processes in the kernel cache folder, whole (a
 /// reader sees all of it or none); one that cannot be written is a warning, as it only costs the
 /// next process the work again (`what` it does again). A kept file that is missing, unreadable
