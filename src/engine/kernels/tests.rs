@@ -253,3 +253,21 @@ fn nvrtc_compiles_the_8bit_attention() {
         "an sm_90a compile gives a cubin (ELF)"
     );
 }
+
+/// The compiled image kept in the kernel cache folder is named by everything it depends on: a
+/// later process finds it under the same name, and another architecture, NVRTC version or
+/// source never reads it.
+#[test]
+fn the_kept_image_is_named_by_its_source_architecture_and_nvrtc() {
+    let dir = std::path::Path::new("cache");
+    let file = cuda::image_file(dir, &cuda::KERNELS, "sm_90", "13.0");
+    assert!(file.starts_with(dir.join("nvrtc")), "{}", file.display());
+    assert_eq!(file, cuda::image_file(dir, &cuda::KERNELS, "sm_90", "13.0"));
+    for other in [
+        cuda::image_file(dir, &cuda::KERNELS, "sm_100", "13.0"),
+        cuda::image_file(dir, &cuda::KERNELS, "sm_90", "13.1"),
+        cuda::image_file(dir, &cuda::ATTENTION8, "sm_90", "13.0"),
+    ] {
+        assert_ne!(file, other);
+    }
+}
