@@ -16,9 +16,9 @@ use std::ffi::c_void;
 
 use cudarc::driver::{result as driver, sys};
 
-use super::attention::{AttentionError, AttentionSizes};
+use super::attention_call::{AttentionError, AttentionSizes};
 use super::cuda::{
-    ATTENTION8, CurrentContext, Handle, device_info, primary_context, source_function,
+    CurrentContext, Handle, KernelSource, device_info, primary_context, source_function,
 };
 use super::cudnn::scratch;
 
@@ -34,6 +34,16 @@ pub(crate) const ENTRY_POINTS: [&str; 6] = [
     "unstep_att8_quant_v_f16",
     "unstep_att8_fwd",
 ];
+
+/// `attention8.cu`: the 8-bit attention, for Hopper's `sm_90a` (wgmma and bulk tensor copies),
+/// whatever the device (attention8.rs refuses other devices before asking for it).
+pub(crate) static ATTENTION8: KernelSource = KernelSource {
+    file: "attention8.cu",
+    compiling: "compile attention8.cu",
+    text: SOURCE,
+    arch: |_, _| "sm_90a".to_string(),
+    entry_points: || ENTRY_POINTS.iter().map(|name| name.to_string()).collect(),
+};
 
 /// The head size the kernels take (`HD` of attention8.cu).
 pub(crate) const HEAD_SIZE: usize = 128;

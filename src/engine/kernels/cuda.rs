@@ -95,12 +95,12 @@ pub(crate) struct KernelSource {
     /// Its file's name (messages, kept images).
     pub(crate) file: &'static str,
     /// What compiling it is called in an NVRTC error.
-    compiling: &'static str,
+    pub(crate) compiling: &'static str,
     pub(crate) text: &'static str,
     /// The NVRTC architecture of a device of compute capability (major, minor).
-    arch: fn(i32, i32) -> String,
+    pub(crate) arch: fn(i32, i32) -> String,
     /// The functions a module of it must have.
-    entry_points: fn() -> Vec<String>,
+    pub(crate) entry_points: fn() -> Vec<String>,
 }
 
 impl KernelSource {
@@ -118,21 +118,6 @@ pub(crate) static KERNELS: KernelSource = KernelSource {
     text: SOURCE,
     arch: |major, minor| format!("sm_{major}{minor}"),
     entry_points: super::entry_points,
-};
-
-/// `attention8.cu`: the 8-bit attention, for Hopper's `sm_90a` (wgmma and bulk tensor copies),
-/// whatever the device (attention8.rs refuses other devices before asking for it).
-pub(crate) static ATTENTION8: KernelSource = KernelSource {
-    file: "attention8.cu",
-    compiling: "compile attention8.cu",
-    text: super::attention8::SOURCE,
-    arch: |_, _| "sm_90a".to_string(),
-    entry_points: || {
-        super::attention8::ENTRY_POINTS
-            .iter()
-            .map(|name| name.to_string())
-            .collect()
-    },
 };
 
 /// What a CUDA error message suggests instead, last, after ", " (an fp8 DiT's refusals take it

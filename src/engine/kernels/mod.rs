@@ -67,6 +67,7 @@
 
 mod attention;
 mod attention8;
+mod attention_call;
 mod conv;
 mod cuda;
 pub(crate) use cuda::{DeviceMemory, REMEDY};
@@ -136,7 +137,7 @@ pub(crate) fn compile_ahead(ordinal: i32, precision: crate::vocab::AttentionPrec
         .spawn(move || {
             cuda::load_ahead(&cuda::KERNELS, ordinal);
             if precision == crate::vocab::AttentionPrecision::Int8 {
-                cuda::load_ahead(&cuda::ATTENTION8, ordinal);
+                cuda::load_ahead(&attention8::ATTENTION8, ordinal);
             }
         });
     // No thread: the sessions compile the kernels themselves, as without this call.

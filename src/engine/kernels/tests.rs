@@ -234,7 +234,8 @@ fn nvrtc_compiles_the_kernels() {
 fn nvrtc_compiles_the_8bit_attention() {
     cuda::check_nvrtc().unwrap();
     let ptx =
-        String::from_utf8(cuda::compile_source(&cuda::ATTENTION8, "compute_90a").unwrap()).unwrap();
+        String::from_utf8(cuda::compile_source(&attention8::ATTENTION8, "compute_90a").unwrap())
+            .unwrap();
     for name in super::attention8::ENTRY_POINTS {
         assert!(
             ptx.contains(&format!(".entry {name}(")),
@@ -246,7 +247,7 @@ fn nvrtc_compiles_the_8bit_attention() {
         "the attention runs on wgmma"
     );
     assert!(!ptx.contains(".local"), "a kernel uses local memory");
-    let cubin = cuda::compile_source(&cuda::ATTENTION8, "sm_90a").unwrap();
+    let cubin = cuda::compile_source(&attention8::ATTENTION8, "sm_90a").unwrap();
     assert_eq!(
         &cubin[..4],
         b"\x7fELF",
@@ -266,7 +267,7 @@ fn the_kept_image_is_named_by_its_source_architecture_and_nvrtc() {
     for other in [
         cuda::image_file(dir, &cuda::KERNELS, "sm_100", "13.0"),
         cuda::image_file(dir, &cuda::KERNELS, "sm_90", "13.1"),
-        cuda::image_file(dir, &cuda::ATTENTION8, "sm_90", "13.0"),
+        cuda::image_file(dir, &attention8::ATTENTION8, "sm_90", "13.0"),
     ] {
         assert_ne!(file, other);
     }
