@@ -114,7 +114,7 @@ impl ManifestArgs {
         let mut plans = Vec::new();
         let mut failed = false;
         for mut resolved in runs {
-            resolved.driver_gpus = crate::execute::device::driver_gpus_for(&resolved);
+            crate::execute::device::read_driver_gpus(&mut resolved);
             match crate::plan::build(&resolved) {
                 Ok(mut plan) => {
                     if let Some(range) = shards

@@ -616,3 +616,35 @@ fn quoted_set_values_are_the_text_inside_the_quotes() {
         "{plan}"
     );
 }
+
+/// Only lines of `nvidia-smi` that read as the queried fields become GPUs: a GPU the driver could
+/// not query (its line an error message, or `[Unknown Error]` values) is never a
+/// `CUDA_VISIBLE_DEVICES` value, and the plan warns with the line as the driver wrote it.
+#[test]
+fn a_gpu_the_driver_could_not_query_is_reported_not_planned() {
+    let t = full946_checkout();
+    let csv = "0, NVIDIA H200, 143771, 580.65.06, 9.0\nUnable to determine the device handle \
+               for GPU0000:3B:00.0: Unknown Error\n2, [Unknown Error], [Unknown Error], \
+               580.65.06, [Unknown Error]\n3, NVIDIA H200, 143771, 580.65.06, 9.0";
+    let path = crate::support::fake_nvidia_smi(&t, Some(csv));
+    let out = t
+        .cmd()
+        .env("PATH", &path)
+        .args(["plan", "--json", "experiments/full946.toml"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let devices: Vec<&str> = plan["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["device"].as_str().unwrap())
+        .collect();
+    assert_eq!(devices, ["0", "3"]);
+    let warnings = plan["warnings"].to_string();
+    assert!(
+        warnings.contains("Unable to determine the device handle for GPU0000:3B:00.0")
+            && warnings.contains("2, [Unknown Error]"),
+        "{warnings}"
+    );
+}
