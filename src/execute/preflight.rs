@@ -142,18 +142,18 @@ pub(crate) const RELEASED_BUNDLE_HINT: &str = "download the released weights wit
 
 /// A generation whose `[evaluation]` scores its videos must be of released weights: seeded random
 /// weights make videos that score like real ones and mean nothing. Refused at `assets.bundle`
-/// unless `assets.allow_random_weights = true`. A bundle that is not a readable directory is
-/// left to the worker.
+/// unless `assets.allow_random_weights = true`. Both forms of a bundle are read, a directory and
+/// a `.zip`; one whose `bundle.toml` cannot be read is left to the worker, which refuses it.
 fn random_weights_preflight(r: &Resolved) -> Result<(), ApplyError> {
     let m = &r.manifest;
     if m.kind != Kind::Generation || m.evaluation.command.is_none() || m.assets.allow_random_weights
     {
         return Ok(());
     }
-    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+    let Ok(manifest) = engine::Bundle::peek_manifest(&r.paths.bundle) else {
         return Ok(());
     };
-    let weights = bundle.manifest.weights.clone().unwrap_or_default();
+    let weights = manifest.weights.clone().unwrap_or_default();
     let random: Vec<&str> = weights
         .sources()
         .iter()

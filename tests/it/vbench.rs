@@ -632,6 +632,54 @@ fn an_interrupted_evaluation_is_stopped_and_recorded_as_interrupted() {
     assert_eq!(videos(&run_dir), made);
 }
 
+/// The refusal reads every form of a bundle: the same seeded random weights zipped are refused
+/// before anything is written, as the directory is.
+#[test]
+fn random_weights_in_a_zip_bundle_are_not_scored_either() {
+    use std::io::Write;
+    let t = Test::new();
+    let standard = [BUND, QUOTES];
+    let ext = extended(&standard);
+    vbench_generation(&t, "rnd", &strs(&ext), &standard, &evaluation(&t));
+    mode(&t, "scores 1.0");
+    let tiny = crate::support::repo().join("assets/tiny");
+    let zip_path = t.path().join("tiny.zip");
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(&zip_path).unwrap());
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for entry in std::fs::read_dir(&tiny).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let name = format!("tiny/{}", path.file_name().unwrap().to_str().unwrap());
+            zip.start_file(name, options).unwrap();
+            zip.write_all(&std::fs::read(&path).unwrap()).unwrap();
+        }
+    }
+    zip.finish().unwrap();
+    let path = t.path().join("rnd.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("allow_random_weights = true\n", "")
+        .replace(
+            &format!("bundle = \"{}\"", tiny.display()),
+            &format!("bundle = \"{}\"", zip_path.display()),
+        );
+    assert!(text.contains("tiny.zip"), "{text}");
+    std::fs::write(&path, text).unwrap();
+    let before = crate::support::tree(t.path());
+    let out = t.cmd().args(["apply", "--quiet", "rnd.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("rnd.toml:")
+            && out
+                .stderr
+                .contains("tiny.zip has seeded random weights (dit, vae, text_encoder)"),
+        "{}",
+        out.render()
+    );
+    assert_eq!(crate::support::tree(t.path()), before, "nothing written");
+}
+
 /// A generation of seeded random weights with an `[evaluation]` is refused before anything is
 /// written, at the bundle's setting, with the way to the released weights and the explicit
 /// switch; with `assets.allow_random_weights = true` it runs, and its record says the weights
