@@ -441,13 +441,8 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
         out.render()
     );
     // The garbage of the last evaluation was removed before this one ran.
-    assert!(
-        !run_dir
-            .join("eval/stand-in")
-            .read_dir()
-            .unwrap()
-            .any(|_| true)
-    );
+    let left = crate::support::tree(&run_dir.join("eval.attempt"));
+    assert!(left.iter().all(|f| !f.contains("results_")), "{left:?}");
     assert_eq!(
         status(&run_dir),
         ("evaluation_failed".into(), "failed".into())
@@ -485,6 +480,60 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
         evaluation,
         read_json(&run_dir.join("run.json"))["evaluation"]
     );
+}
+
+/// A scoring that fails or is interrupted after one that succeeded leaves the earlier scores
+/// (in `run.json` and `eval/scores.json`) and the earlier evaluation's output in `eval/` as they
+/// were; the report says whose scores they are. The next success replaces them.
+#[test]
+fn a_failed_evaluation_keeps_the_earlier_scores_and_output() {
+    let t = Test::new();
+    let standard = [BUND, QUOTES];
+    let ext = extended(&standard);
+    vbench_generation(&t, "keep", &strs(&ext), &standard, &evaluation(&t));
+    let run_dir = t.path().join("results/keep");
+    mode(&t, "scores 1.0");
+    let out = t.cmd().args(["apply", "--quiet", "keep.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let scores = read_json(&run_dir.join("eval/scores.json"));
+    let output = crate::support::tree(&run_dir.join("eval"));
+    let recorded = read_json(&run_dir.join("run.json"))["evaluation"]["scores"].clone();
+    assert_eq!(recorded, scores);
+
+    for failing in ["fail", "garbage", "nothing"] {
+        mode(&t, failing);
+        let out = t.cmd().args(["evaluate", "keep"]).run();
+        assert_eq!(out.code, 1, "{failing}: {}", out.render());
+        assert_eq!(
+            status(&run_dir),
+            ("evaluation_failed".into(), "failed".into())
+        );
+        let run = read_json(&run_dir.join("run.json"));
+        assert_eq!(run["evaluation"]["scores"], scores, "{failing}: {run}");
+        assert_eq!(read_json(&run_dir.join("eval/scores.json")), scores);
+        assert_eq!(
+            crate::support::tree(&run_dir.join("eval")),
+            output,
+            "{failing}"
+        );
+    }
+    let report = t.cmd().args(["report", "keep"]).run();
+    assert!(
+        report
+            .stdout
+            .contains("eval/scores.json, of the last evaluation that succeeded)"),
+        "{}",
+        report.stdout
+    );
+
+    mode(&t, "scores 0.5");
+    let out = t.cmd().args(["evaluate", "keep"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(
+        read_json(&run_dir.join("eval/scores.json")),
+        serde_json::json!({"subject_consistency": 0.5, "color": 0.49})
+    );
+    assert!(!run_dir.join("eval.attempt").exists());
 }
 
 /// `runner evaluate` refuses a run that has no evaluation, or whose generation is not complete.
