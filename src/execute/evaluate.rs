@@ -246,9 +246,11 @@ fn run(
         source,
     })?;
     let group = Group(child.id() as libc::pid_t);
+    // A limit past what the clock can hold (a record edited by hand; the manifest's is bounded)
+    // sets no deadline rather than overflowing.
     let deadline = eval
         .timeout_seconds
-        .map(|s| Instant::now() + Duration::from_secs(s));
+        .and_then(|s| Instant::now().checked_add(Duration::from_secs(s)));
     // Waited for in steps, so that an interruption or the time limit stops the command and
     // whatever it started, rather than waiting out a scoring that may take hours.
     let status = loop {

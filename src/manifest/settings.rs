@@ -350,11 +350,16 @@ pub struct Evaluation {
     /// hold one `*` (VBench's `results_<time>_eval_results.json`).
     #[serde(default)]
     pub scores_file: ScoresFile,
-    /// Seconds the command may run; past them it is stopped (SIGTERM to its process group, then
-    /// SIGKILL) and the run ends `evaluation_failed`, its videos kept. Default: no limit.
+    /// Seconds the command may run, 1 to 31536000 (a year); past them it is stopped (SIGTERM to
+    /// its process group, then SIGKILL) and the run ends `evaluation_failed`, its videos kept.
+    /// Default: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_seconds: Option<std::num::NonZeroU64>,
+    pub timeout_seconds: Option<EvaluationTimeout>,
 }
+
+/// `evaluation.timeout_seconds`: bounded so that the deadline it sets is a time the clock can
+/// hold.
+pub type EvaluationTimeout = Bounded<1, 31_536_000>;
 
 /// Where the workers run: local processes, or the tasks of one Slurm job array.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]

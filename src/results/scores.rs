@@ -86,7 +86,7 @@ impl EvaluationRecord {
             dimensions: e.dimensions.0.clone(),
             scores_file: e.scores_file.to_string(),
             names_file: r.paths.names_file.clone(),
-            timeout_seconds: e.timeout_seconds.map(|t| t.get()),
+            timeout_seconds: e.timeout_seconds.map(|t| t.0),
             status: EvaluationStatus::NotRun,
             argv: Vec::new(),
             started_at: None,
