@@ -113,7 +113,7 @@ fn vocab_imports_no_other_module() {
 
 #[test]
 fn the_bottom_helpers_import_no_other_module() {
-    for module in ["atomic_file", "file_identity"] {
+    for module in ["atomic_file", "bounded_command", "file_identity"] {
         let found = violations(module, |name| name == module);
         assert!(found.is_empty(), "{module} imports:\n{}", found.join("\n"));
     }

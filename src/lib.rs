@@ -7,6 +7,7 @@
 //! the words they share, below all of them.
 
 pub mod atomic_file;
+pub mod bounded_command;
 pub mod cli;
 pub mod engine;
 pub mod env_vars;

@@ -6,7 +6,7 @@ use super::ManifestArgs;
 use crate::execute::{self, ApplyOptions};
 use crate::exit;
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::{Kind, Origin, Resolved};
+use crate::manifest::{Kind, Resolved};
 use crate::plan::Plan;
 use crate::results::records::RunStatus;
 
@@ -186,15 +186,13 @@ fn after_failure(args: &ApplyArgs, r: &Resolved, plan: &Plan) -> String {
 }
 
 /// `runner apply` as this one was given (with `name` replaced by `new_name` when given),
-/// preceded by the environment variables that set its settings, quoted for a POSIX shell.
+/// preceded by the environment variables that set its settings (each whole, by its name: one
+/// `UNSTEP_EXTRA_ARGS` may set several), quoted for a POSIX shell.
 fn rerun_command(args: &ApplyArgs, r: &Resolved, new_name: Option<&str>) -> String {
     let mut vars: Vec<&str> = r
         .settings
         .values()
-        .filter_map(|s| match &s.origin {
-            Origin::Env { var } => Some(var.as_str()),
-            _ => None,
-        })
+        .filter_map(|s| s.origin.env_var())
         .collect();
     vars.sort_unstable();
     vars.dedup();

@@ -74,10 +74,25 @@ pub enum Command {
     /// Run one task of a run's Slurm job (started by Slurm from the script `runner apply` wrote).
     #[command(hide = true)]
     SlurmTask(status::SlurmTaskArgs),
+    /// Load ONNX Runtime and check it has a provider, in this process (started by `runner apply`
+    /// for a run whose library is not the one it loaded).
+    #[command(hide = true)]
+    CheckRuntime(CheckRuntimeArgs),
     /// Run a generation's evaluation (its `[evaluation]` command) on its videos and record the scores.
     Evaluate(evaluate::EvaluateArgs),
     /// Print a shell completion script: `runner completions bash > /etc/bash_completion.d/runner`.
     Completions(completions::CompletionsArgs),
+}
+
+/// `runner check-runtime`'s arguments.
+#[derive(Debug, Args)]
+pub struct CheckRuntimeArgs {
+    /// The library to load (else where ONNX Runtime is looked for).
+    #[arg(long, value_name = "PATH")]
+    pub ort_library: Option<PathBuf>,
+    /// The execution provider it must have.
+    #[arg(long, value_name = "PROVIDER")]
+    pub provider: crate::engine::ProviderKind,
 }
 
 /// The manifest and the command-line layer, shared by every command that reads a manifest.
@@ -114,7 +129,7 @@ impl ManifestArgs {
         let mut plans = Vec::new();
         let mut failed = false;
         for mut resolved in runs {
-            resolved.driver_gpus = crate::execute::device::driver_gpus_for(&resolved);
+            crate::execute::device::read_driver_gpus(&mut resolved);
             match crate::plan::build(&resolved) {
                 Ok(mut plan) => {
                     if let Some(range) = shards
@@ -206,6 +221,12 @@ pub fn main() -> i32 {
         Command::Clean(args) => runs::run_clean(&args),
         Command::Status(args) => status::run(&args),
         Command::SlurmTask(args) => crate::execute::slurm::run_task(&args.tasks, args.task),
+        Command::CheckRuntime(args) => {
+            match crate::execute::check_runtime(args.ort_library.as_deref(), args.provider) {
+                Ok(()) => exit::OK,
+                Err(e) => exit::report(&e),
+            }
+        }
         Command::Evaluate(args) => evaluate::run(&args),
         Command::Completions(args) => completions::run(&args),
     }

@@ -27,7 +27,7 @@ use super::slurm::SlurmWork;
 use super::staging::Stage;
 use super::start::{Started, start};
 use crate::manifest::diagnostic::display_path;
-use crate::manifest::{CacheMode, ExecutorKind, Kind, Resolved};
+use crate::manifest::{ExecutorKind, Kind, Resolved};
 use crate::plan::Plan;
 use crate::results::Summary;
 use crate::results::files::{
@@ -144,7 +144,7 @@ impl RunLocks {
         } else {
             Lock::acquire(&plan.run_dir, &plan.run)?
         };
-        let shared = if r.manifest.cache.mode == CacheMode::Shared {
+        let shared = if r.manifest.shares_state() {
             Some(Lock::acquire(&r.paths.shared_state_dir, &plan.run)?)
         } else {
             None

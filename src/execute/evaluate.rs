@@ -5,7 +5,9 @@
 //! `runner apply` runs it once every selected prompt has its video (and alone, when an apply
 //! finds them all made already); `runner evaluate RUN` runs it from the run's record. Any
 //! failure (the command cannot start, exits non-zero, or leaves no valid scores file) ends the
-//! run with status `evaluation_failed`; the videos are kept.
+//! run with status `evaluation_failed`; the videos are kept, and so are the scores and the
+//! `eval/` folder of an earlier evaluation that succeeded: the command writes into
+//! `eval.attempt/`, which replaces `eval/` only once its scores are read.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -28,8 +30,8 @@ use crate::results::files::{RUN_JSON, RecordError, read_json, write_json_atomic}
 use crate::results::names::VideoNames;
 use crate::results::records::{RunRecord, RunStatus};
 use crate::results::scores::{
-    EVAL_DIR, EVALUATION_LOG, EvaluationRecord, EvaluationStatus, SCORES_JSON, ScoresError,
-    parse_scores,
+    EVAL_ATTEMPT_DIR, EVAL_DIR, EVALUATION_LOG, EvaluationRecord, EvaluationStatus, SCORES_JSON,
+    ScoresError, parse_scores,
 };
 use crate::results::time::now;
 use crate::results::video_index;
@@ -52,8 +54,13 @@ enum EvaluationError {
     Write { path: PathBuf, source: io::Error },
     #[error("cannot list {}: {source}", display_path(path))]
     List { path: PathBuf, source: io::Error },
-    #[error("cannot remove the earlier scores {}: {source}", display_path(path))]
+    #[error("cannot remove the earlier attempt {}: {source}", display_path(path))]
     RemoveEarlier { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot put the new evaluation in place of {}: {source}",
+        display_path(path)
+    )]
+    Replace { path: PathBuf, source: io::Error },
     #[error(
         "cannot start the evaluation command `{shown}`: {source}; install `{program}` \
          (docs/vbench.md) or fix evaluation.command"
@@ -143,7 +150,6 @@ pub fn evaluate_run(
     let status = match outcome {
         Err(_) if interrupted => {
             eval.status = EvaluationStatus::Interrupted;
-            eval.scores = None;
             eval.failure = Some("interrupted".into());
             record.failure = None;
             RunStatus::Interrupted
@@ -157,7 +163,6 @@ pub fn evaluate_run(
         Err(why) => {
             let why = why.to_string();
             eval.status = EvaluationStatus::Failed;
-            eval.scores = None;
             eval.failure = Some(why.clone());
             record.failure = Some(why);
             RunStatus::EvaluationFailed
@@ -181,27 +186,24 @@ fn run(
         .parse::<ScoresFile>()
         .map_err(EvaluationError::ScoresFileSetting)?;
     let run_dir = std::path::absolute(run_dir).unwrap_or_else(|_| run_dir.to_path_buf());
-    let eval_dir = run_dir.join(EVAL_DIR);
+    // The command writes into a folder of its own, empty, so that what an earlier attempt left
+    // cannot pass for its scores, and `eval/` stays as the last evaluation that succeeded left
+    // it until this one has scores.
+    let eval_dir = run_dir.join(EVAL_ATTEMPT_DIR);
+    if let Err(source) = fs::remove_dir_all(&eval_dir)
+        && source.kind() != io::ErrorKind::NotFound
+    {
+        return Err(EvaluationError::RemoveEarlier {
+            path: eval_dir,
+            source,
+        });
+    }
     let logs = run_dir.join("logs");
     for d in [&eval_dir, &logs] {
         fs::create_dir_all(d).map_err(|source| EvaluationError::Create {
             path: d.clone(),
             source,
         })?;
-    }
-    // Scores an earlier evaluation left must not pass for this one's.
-    for old in matching(&eval_dir, &scores_file)?
-        .into_iter()
-        .chain([eval_dir.join(SCORES_JSON)])
-    {
-        if let Err(e) = fs::remove_file(&old)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(EvaluationError::RemoveEarlier {
-                path: old,
-                source: e,
-            });
-        }
     }
     let names_file = eval
         .names_file
@@ -244,9 +246,11 @@ fn run(
         source,
     })?;
     let group = Group(child.id() as libc::pid_t);
+    // A limit past what the clock can hold (a record edited by hand; the manifest's is bounded)
+    // sets no deadline rather than overflowing.
     let deadline = eval
         .timeout_seconds
-        .map(|s| Instant::now() + Duration::from_secs(s));
+        .and_then(|s| Instant::now().checked_add(Duration::from_secs(s)));
     // Waited for in steps, so that an interruption or the time limit stops the command and
     // whatever it started, rather than waiting out a scoring that may take hours.
     let status = loop {
@@ -304,7 +308,32 @@ fn run(
     let scores = parse_scores(&text, &eval.dimensions)
         .map_err(|source| EvaluationError::Scores { path, source })?;
     write_json_atomic(&eval_dir.join(SCORES_JSON), &scores).map_err(EvaluationError::KeepScores)?;
+    replace_eval_dir(&run_dir, &eval_dir)?;
     Ok(scores)
+}
+
+/// Puts the evaluation that has its scores (`attempt`) in place of the run's `eval/`: the
+/// earlier folder is moved aside, the new one renamed in, then the earlier one removed.
+fn replace_eval_dir(run_dir: &Path, attempt: &Path) -> Result<(), EvaluationError> {
+    let current = run_dir.join(EVAL_DIR);
+    let aside = run_dir.join(format!("{EVAL_DIR}.replaced"));
+    let replace = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| EvaluationError::Replace { path, source }
+    };
+    if let Err(e) = fs::remove_dir_all(&aside)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        return Err(replace(&aside)(e));
+    }
+    match fs::rename(&current, &aside) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(replace(&current)(e)),
+        _ => {}
+    }
+    fs::rename(attempt, &current).map_err(replace(&current))?;
+    // The earlier output is no longer the run's; a folder that cannot be removed is only space.
+    let _ = fs::remove_dir_all(&aside);
+    Ok(())
 }
 
 /// How long the command's process group has to end after SIGTERM before it is killed, unless

@@ -22,5 +22,5 @@ mod start;
 pub mod worker;
 
 pub use apply::{ApplyError, ApplyOptions, Outcome, apply};
-pub use preflight::before_work;
+pub use preflight::{before_work, check_runtime};
 pub use resume::{PreviousRun, previous_run};

@@ -142,18 +142,18 @@ pub(crate) const RELEASED_BUNDLE_HINT: &str = "download the released weights wit
 
 /// A generation whose `[evaluation]` scores its videos must be of released weights: seeded random
 /// weights make videos that score like real ones and mean nothing. Refused at `assets.bundle`
-/// unless `assets.allow_random_weights = true`. A bundle that is not a readable directory is
-/// left to the worker.
+/// unless `assets.allow_random_weights = true`. Both forms of a bundle are read, a directory and
+/// a `.zip`; one whose `bundle.toml` cannot be read is left to the worker, which refuses it.
 fn random_weights_preflight(r: &Resolved) -> Result<(), ApplyError> {
     let m = &r.manifest;
     if m.kind != Kind::Generation || m.evaluation.command.is_none() || m.assets.allow_random_weights
     {
         return Ok(());
     }
-    let Ok(bundle) = engine::Bundle::peek(&r.paths.bundle) else {
+    let Ok(manifest) = engine::Bundle::peek_manifest(&r.paths.bundle) else {
         return Ok(());
     };
-    let weights = bundle.manifest.weights.clone().unwrap_or_default();
+    let weights = manifest.weights.clone().unwrap_or_default();
     let random: Vec<&str> = weights
         .sources()
         .iter()
@@ -249,9 +249,25 @@ fn writable_preflight(target: &Path, what: &str, hint: &str) -> Result<(), Apply
 /// ONNX Runtime must be found for every provider, and a GPU provider must be in the build the
 /// workers will load: asked here, before anything is written, rather than when the first worker
 /// builds its sessions (a run failing there has staged a snapshot that blocks the next apply).
+///
+/// A process holds one ONNX Runtime. The first run checked loads its library here; a later run
+/// whose library is another one (a sweep over `runtime.ort_library`) is checked by a process of
+/// its own (`runner check-runtime`), as its workers will load it.
 fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
+    static LOADED: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let explicit = config.engine.ort_library.clone();
     let kind = config.engine.provider.kind();
-    let ort = engine::ort_lib::runtime(config.engine.ort_library.as_deref()).map_err(|e| {
+    let loaded = LOADED.get_or_init(|| explicit.clone());
+    if *loaded != explicit {
+        return check_runtime_in_child(explicit.as_deref(), kind);
+    }
+    check_runtime(explicit.as_deref(), kind)
+}
+
+/// Loads ONNX Runtime from `explicit` (or where it is looked for) in this process and checks
+/// that it has the provider `kind`: [`provider_preflight`]'s check, and `runner check-runtime`'s.
+pub fn check_runtime(explicit: Option<&Path>, kind: ProviderKind) -> Result<(), ApplyError> {
+    let ort = engine::ort_lib::runtime(explicit).map_err(|e| {
         ApplyError::refused(
             e.to_string(),
             "see `runner doctor` for where ONNX Runtime is looked for",
@@ -277,6 +293,39 @@ fn provider_preflight(config: &RunConfig) -> Result<(), ApplyError> {
         "install onnxruntime-gpu 1.31.1 (CUDA 13) or point runtime.ort_library at its library; \
          `runner doctor` checks it",
     ))
+}
+
+/// [`check_runtime`] in a process of its own (`runner check-runtime`, this same program): its
+/// refusal, as it printed it, is this run's.
+fn check_runtime_in_child(explicit: Option<&Path>, kind: ProviderKind) -> Result<(), ApplyError> {
+    let program = std::env::current_exe().map_err(|e| {
+        ApplyError::Io(format!(
+            "cannot find this program to check ONNX Runtime: {e}"
+        ))
+    })?;
+    let mut command = std::process::Command::new(program);
+    command.args(["check-runtime", "--provider", kind.name()]);
+    if let Some(path) = explicit {
+        command.arg("--ort-library").arg(path);
+    }
+    let out = command
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| ApplyError::Io(format!("cannot check ONNX Runtime in a process: {e}")))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let said = String::from_utf8_lossy(&out.stderr);
+    let mut lines = said.lines().map(str::trim).filter(|l| !l.is_empty());
+    let message = lines
+        .next()
+        .map(|l| l.trim_start_matches("error: ").to_string())
+        .unwrap_or_else(|| format!("checking ONNX Runtime failed ({})", out.status));
+    let hint = lines
+        .find_map(|l| l.strip_prefix("= hint: "))
+        .unwrap_or("see `runner doctor` for where ONNX Runtime is looked for")
+        .to_string();
+    Err(ApplyError::refused(message, hint))
 }
 
 /// A generation's videos are named after their prompts: two selected prompts that would share a

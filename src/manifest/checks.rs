@@ -338,12 +338,18 @@ fn check_overlaps(
             ));
             continue;
         }
-        // Results below a checkout (results/ is git-ignored) are fine; a folder that contains
-        // the checkout, or staging inside it, is not.
+        // Results below a checkout (results/ is git-ignored) are fine, but not in its own
+        // folders (`paths::CHECKOUT_OWN_DIRS`); a folder that contains the checkout, or staging
+        // inside it, is not.
         let inside_ok = *key != "staging.work_root";
+        let in_own_dir = |c: &PathBuf| {
+            paths::CHECKOUT_OWN_DIRS
+                .iter()
+                .any(|own| dir.starts_with(c.join(own)))
+        };
         if let Some(checkout) = checkouts
             .iter()
-            .find(|c| c.starts_with(dir) || (!inside_ok && dir.starts_with(c)))
+            .find(|c| c.starts_with(dir) || (!inside_ok && dir.starts_with(c)) || in_own_dir(c))
         {
             errors.push(fail(
                 format!(

@@ -21,6 +21,16 @@ pub enum Origin {
 }
 
 impl Origin {
+    /// The environment variable that set the value, by its name alone: an `Env` origin's `var`
+    /// may add which of its arguments did (`UNSTEP_EXTRA_ARGS (--steps)`). `None` for other
+    /// layers.
+    pub fn env_var(&self) -> Option<&str> {
+        match self {
+            Origin::Env { var } => var.split(' ').next(),
+            _ => None,
+        }
+    }
+
     /// The layer's rank in the precedence order (higher wins).
     pub fn layer_name(&self) -> &'static str {
         match self {
@@ -175,4 +185,22 @@ pub fn did_you_mean<'a>(
         .filter(|(score, _)| *score > 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A variable's name is what a shell sets, also when the origin says which argument of it
+    /// set the value.
+    #[test]
+    fn an_env_origin_names_its_variable() {
+        let of = |var: &str| Origin::Env { var: var.into() };
+        assert_eq!(
+            of("UNSTEP_EXTRA_ARGS (--clean-sigma-override)").env_var(),
+            Some("UNSTEP_EXTRA_ARGS")
+        );
+        assert_eq!(of("PROMPT_INDICES").env_var(), Some("PROMPT_INDICES"));
+        assert_eq!(Origin::Default.env_var(), None);
+    }
 }

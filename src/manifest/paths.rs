@@ -127,6 +127,7 @@ pub fn installations(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
         "VIRTUAL_ENV",
         "CONDA_PREFIX",
         "PYTHONHOME",
+        "PYENV_ROOT",
         "CUDA_HOME",
         "CUDA_PATH",
     ] {
@@ -134,8 +135,35 @@ pub fn installations(env: &BTreeMap<String, String>) -> Vec<PathBuf> {
             out.push(normalize(Path::new(v)));
         }
     }
+    // A user's own installs of Python and its tools, at the places their installers use.
+    if let Some(home) = env.get("HOME").filter(|v| !v.is_empty()) {
+        let home = normalize(Path::new(home));
+        for dir in USER_INSTALLATIONS {
+            out.push(home.join(dir));
+        }
+    }
     out
 }
+
+/// Folders under `$HOME` where installers put Python and its tools (pyenv, pip `--user`, conda
+/// and its variants, Rust's toolchains).
+const USER_INSTALLATIONS: &[&str] = &[
+    ".pyenv",
+    ".local/lib",
+    ".local/bin",
+    ".conda",
+    "miniconda3",
+    "anaconda3",
+    "miniforge3",
+    "mambaforge",
+    ".cargo",
+    ".rustup",
+];
+
+/// Folders of a source checkout that a run may never write into: its git store, its sources,
+/// and its `.cache/` (the ONNX Runtime and Python environments the project's scripts install).
+/// Elsewhere below a checkout (its git-ignored `results/`, a folder of the user's) is fine.
+pub const CHECKOUT_OWN_DIRS: &[&str] = &[".git", "src", ".cache"];
 
 /// The user-level compiler caches that `cache.clear_global` purges: CUDA's JIT cache at its
 /// default place, `$HOME/.nv/ComputeCache`, and the folder `CUDA_CACHE_PATH` names when it is set

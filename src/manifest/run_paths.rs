@@ -77,14 +77,19 @@ pub(super) fn resolve_paths(
 ) -> RunPaths {
     let mut path_of = |key: &str, text: &str| resolve_path(key, text, merged, req, project, errors);
     let outputs_dir = path_of("outputs.dir", &manifest.outputs.dir);
+    let run_dir = outputs_dir.join(name.as_str());
     RunPaths {
         prompts_file: path_of("prompts.file", &manifest.prompts.file),
         bundle: path_of("assets.bundle", &manifest.assets.bundle),
-        run_dir: outputs_dir.join(name.as_str()),
         outputs_dir,
         shared_state_dir: path_of("cache.shared_state_dir", &manifest.cache.shared_state_dir),
-        run_state_root: path_of("cache.run_state_root", &manifest.cache.run_state_root),
+        // Unset, a probe's state lives in its run folder, wherever `outputs.dir` puts that.
+        run_state_root: match merged.get("cache.run_state_root").map(|e| &e.origin) {
+            None | Some(Origin::Default) => run_dir.join("runtime_state"),
+            Some(_) => path_of("cache.run_state_root", &manifest.cache.run_state_root),
+        },
         work_root: path_of("staging.work_root", &manifest.staging.work_root),
+        run_dir,
         ort_library: manifest
             .runtime
             .ort_library

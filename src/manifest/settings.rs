@@ -255,7 +255,8 @@ pub struct Cache {
     /// contents (prompt contexts) or by kernel and shape (compiled kernels, convolution and
     /// attention plans), so a run of another bundle does not take its state as its own.
     pub shared_state_dir: String,
-    /// Where a probe's compiler state lives. Env: `UNSTEP_RUN_STATE_ROOT`.
+    /// Where a probe's compiler state lives (default: `runtime_state/` in the run's folder,
+    /// under `outputs.dir`). Env: `UNSTEP_RUN_STATE_ROOT`.
     pub run_state_root: String,
     /// Accept existing probe state instead of refusing it. Env: `UNSTEP_REUSE_RUNTIME_STATE`.
     pub reuse_runtime_state: bool,
@@ -350,11 +351,16 @@ pub struct Evaluation {
     /// hold one `*` (VBench's `results_<time>_eval_results.json`).
     #[serde(default)]
     pub scores_file: ScoresFile,
-    /// Seconds the command may run; past them it is stopped (SIGTERM to its process group, then
-    /// SIGKILL) and the run ends `evaluation_failed`, its videos kept. Default: no limit.
+    /// Seconds the command may run, 1 to 31536000 (a year); past them it is stopped (SIGTERM to
+    /// its process group, then SIGKILL) and the run ends `evaluation_failed`, its videos kept.
+    /// Default: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_seconds: Option<std::num::NonZeroU64>,
+    pub timeout_seconds: Option<EvaluationTimeout>,
 }
+
+/// `evaluation.timeout_seconds`: bounded so that the deadline it sets is a time the clock can
+/// hold.
+pub type EvaluationTimeout = Bounded<1, 31_536_000>;
 
 /// Where the workers run: local processes, or the tasks of one Slurm job array.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
@@ -404,6 +410,14 @@ pub enum ExecutorKind {
 pub const SHARED_STATE_DIR: &str = ".runtime_state/full946_generation";
 
 impl Manifest {
+    /// Whether the run's processes keep their state in the shared folder
+    /// (`cache.shared_state_dir`), where earlier runs' state may be: a generation with
+    /// `cache.mode = "shared"`. A probe's state is always its own (`cache.run_state_root`), so
+    /// the mode does not make a probe share anything.
+    pub fn shares_state(&self) -> bool {
+        self.kind == Kind::Generation && self.cache.mode == CacheMode::Shared
+    }
+
     /// The built-in defaults for a kind of run named `name`: the lowest layer.
     pub fn defaults(kind: Kind, name: &str) -> Manifest {
         let probe = kind == Kind::Probe;

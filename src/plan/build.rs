@@ -95,7 +95,8 @@ pub struct Plan {
     pub seed: u64,
     pub cache_mode: CacheMode,
     pub cache_scope: CacheScope,
-    /// `fresh` for isolated caches, `warm-cache` for shared ones.
+    /// `warm-cache` for a run that keeps its state in the shared folder
+    /// ([`crate::manifest::Manifest::shares_state`]), else `fresh`.
     pub cache_label: &'static str,
     pub timed_region: TimedRegion,
     pub shards: Vec<Shard>,
@@ -202,7 +203,6 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
     let gpus_from = (m.runtime.provider != ProviderKind::Cpu).then(|| gpu_choice(r).1);
     let prompt_count = prompt_count(r, &mut warnings);
     let selected = selected_prompts(&m.prompts.indices, prompt_count);
-    let shared = m.cache.mode == CacheMode::Shared;
     let mut list = ProcessList::new(r.paths.run_dir.join("logs"));
     let shards = match m.kind {
         Kind::Probe => probe(r, &slots, &selected, prompt_count, &mut list),
@@ -245,7 +245,11 @@ pub fn build(r: &Resolved) -> Result<Plan, PlanError> {
         seed: m.noise.seed,
         cache_mode: m.cache.mode,
         cache_scope: m.cache.scope,
-        cache_label: if shared { "warm-cache" } else { "fresh" },
+        cache_label: if m.shares_state() {
+            "warm-cache"
+        } else {
+            "fresh"
+        },
         timed_region: timed_region(m.timing.exclude_final_output_layout),
         shards,
         processes: list.processes,

@@ -248,10 +248,16 @@ fn notes(s: &mut String, plan: &Plan, r: &Resolved) {
             plan.run
         );
     }
-    if m.cache.mode == CacheMode::Shared {
+    if m.shares_state() {
         let _ = writeln!(
             s,
             "\nshared caches: results are labelled warm-cache, never fresh"
+        );
+    } else if m.cache.mode == CacheMode::Shared {
+        let _ = writeln!(
+            s,
+            "\ncache.mode = \"shared\" does not apply to a probe: its state is its own \
+             (cache.run_state_root), and its results are labelled fresh"
         );
     }
     if m.cache.clear_global {

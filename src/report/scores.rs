@@ -30,9 +30,16 @@ pub fn evaluation_section(t: &mut String, r: &RunRecord) {
     }
     match &e.scores {
         Some(scores) => {
+            // A failed or interrupted evaluation leaves the scores of the last one that
+            // succeeded.
+            let earlier = if e.status == EvaluationStatus::Succeeded {
+                ""
+            } else {
+                ", of the last evaluation that succeeded"
+            };
             let _ = writeln!(
                 t,
-                "  scores ({} dimension{}, {EVAL_DIR}/{SCORES_JSON})",
+                "  scores ({} dimension{}, {EVAL_DIR}/{SCORES_JSON}{earlier})",
                 scores.len(),
                 if scores.len() == 1 { "" } else { "s" }
             );

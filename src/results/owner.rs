@@ -79,8 +79,13 @@ pub fn mark(folder: &Path, run: &str, run_dir: &Path) -> Result<(), RecordError>
 /// Whether `folder` (which exists) is the run `run`'s to remove, the run's results folder
 /// being `run_dir`: `Err` says why not.
 pub fn check(folder: &Path, run: &str, run_dir: &Path) -> Result<(), OwnerError> {
-    // Inside the run's folder, also once symbolic links are resolved.
-    if folder.starts_with(run_dir)
+    // Inside the run's folder as named (absolute, `..` taken away lexically: a run may be named
+    // `../r` and its folders recorded as absolute paths), and also once symbolic links are
+    // resolved.
+    let lexical = |p: &Path| {
+        crate::manifest::paths::normalize(&std::path::absolute(p).unwrap_or_else(|_| p.into()))
+    };
+    if lexical(folder).starts_with(lexical(run_dir))
         && let (Ok(f), Ok(d)) = (folder.canonicalize(), run_dir.canonicalize())
         && f.starts_with(&d)
     {
@@ -129,5 +134,23 @@ mod tests {
         // Inside the run's own folder, no mark is needed.
         std::fs::create_dir(run_dir.join("runtime_state")).unwrap();
         check(&run_dir.join("runtime_state"), "r", &run_dir).unwrap();
+    }
+
+    /// A run named through `..` (`runner clean ../r --state`) owns what lies inside its folder,
+    /// whose recorded path has no `..`.
+    #[test]
+    fn a_run_named_through_dotdot_owns_its_folder() {
+        let root = tempfile::tempdir().unwrap();
+        let run_dir = root.path().join("results/r");
+        std::fs::create_dir_all(run_dir.join("runtime_state")).unwrap();
+        std::fs::create_dir_all(root.path().join("results/x")).unwrap();
+        let named = root.path().join("results/x/../r");
+        check(&run_dir.join("runtime_state"), "r", &named).unwrap();
+        check(&named.join("runtime_state"), "r", &run_dir).unwrap();
+        // Lexically inside but a link out of it is still not the run's.
+        let outside = root.path().join("elsewhere");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, run_dir.join("link")).unwrap();
+        assert!(check(&named.join("link"), "r", &run_dir).is_err());
     }
 }

@@ -59,11 +59,13 @@ pub enum CacheLabel {
 }
 
 impl CacheLabel {
-    /// Shared caches may hold state of earlier runs, so a shared run is never called fresh.
-    pub fn of(mode: CacheMode) -> CacheLabel {
-        match mode {
-            CacheMode::Isolated => CacheLabel::Fresh,
-            CacheMode::Shared => CacheLabel::WarmCache,
+    /// Shared caches may hold state of earlier runs, so a run that keeps its state there
+    /// ([`crate::manifest::Manifest::shares_state`]) is never called fresh.
+    pub fn of(m: &crate::manifest::Manifest) -> CacheLabel {
+        if m.shares_state() {
+            CacheLabel::WarmCache
+        } else {
+            CacheLabel::Fresh
         }
     }
 
@@ -564,7 +566,7 @@ fn setting_records(resolved: &Resolved) -> BTreeMap<String, SettingRecord> {
 
 /// Where the run of `plan` keeps its staging and runtime state.
 fn places(resolved: &Resolved, plan: &Plan) -> PlacesRecord {
-    let shared = resolved.manifest.cache.mode == CacheMode::Shared;
+    let shared = resolved.manifest.shares_state();
     let mut runtime_state: Vec<PathBuf> = Vec::new();
     if !shared {
         for p in &plan.processes {
@@ -683,7 +685,7 @@ impl RunRecord {
             cache: CacheRecord {
                 mode: m.cache.mode,
                 scope: m.cache.scope,
-                label: CacheLabel::of(m.cache.mode),
+                label: CacheLabel::of(m),
                 clear_global: m.cache.clear_global,
             },
             timed_region_ends: TimedRegionEnd::of(

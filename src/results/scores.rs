@@ -17,6 +17,9 @@ use crate::manifest::{Kind, Resolved};
 /// The run's evaluation folder, and the scores the runner read, inside it.
 pub const EVAL_DIR: &str = "eval";
 pub use crate::manifest::evaluation::SCORES_JSON;
+/// Where an evaluation writes (its `{eval_dir}`) until it has scores: then it replaces
+/// [`EVAL_DIR`], so that a failed evaluation leaves the earlier one's output as it was.
+pub const EVAL_ATTEMPT_DIR: &str = "eval.attempt";
 /// The evaluation command's output, inside `logs/`.
 pub const EVALUATION_LOG: &str = "evaluation.log";
 
@@ -66,7 +69,8 @@ pub struct EvaluationRecord {
     pub argv: Vec<String>,
     pub started_at: Option<String>,
     pub ended_at: Option<String>,
-    /// Dimension -> score, from the last evaluation that succeeded.
+    /// Dimension -> score, from the last evaluation that succeeded: one that fails or is
+    /// interrupted later leaves them (and `eval/`) as they were.
     pub scores: Option<BTreeMap<String, f64>>,
     /// Why the last evaluation failed.
     pub failure: Option<String>,
@@ -82,7 +86,7 @@ impl EvaluationRecord {
             dimensions: e.dimensions.0.clone(),
             scores_file: e.scores_file.to_string(),
             names_file: r.paths.names_file.clone(),
-            timeout_seconds: e.timeout_seconds.map(|t| t.get()),
+            timeout_seconds: e.timeout_seconds.map(|t| t.0),
             status: EvaluationStatus::NotRun,
             argv: Vec::new(),
             started_at: None,

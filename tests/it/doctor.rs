@@ -394,3 +394,49 @@ fn doctor_help_says_which_checks_are_required() {
         assert!(out.stdout.contains(needle), "{needle}: {}", out.stdout);
     }
 }
+
+/// `nvidia-smi` that fails says why on its standard output: the check shows that message, not
+/// an empty one; a GPU it could not query is a failed check of its own, with the line it wrote.
+#[test]
+fn doctor_shows_what_nvidia_smi_said() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = Test::new();
+    let dir = t.path().join("driver");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("nvidia-smi");
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let write = |body: &str| {
+        std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write("echo 'NVIDIA-SMI has failed because it could not talk to the driver (stdout)'\nexit 9");
+    let out = t.cmd().args(["doctor"]).env("PATH", &path).run();
+    let gpus = line_of(&out.stdout, "gpus");
+    assert!(
+        gpus.contains("nvidia-smi failed: NVIDIA-SMI has failed because it could not talk"),
+        "{}",
+        out.stdout
+    );
+
+    write(
+        "echo '0, NVIDIA H200, 143771, 580.95.05, 9.0'\necho 'Unable to determine the device \
+         handle for GPU0000:3B:00.0: Unknown Error'\nexit 15",
+    );
+    let out = t
+        .cmd()
+        .args(["doctor", "--provider", "cuda"])
+        .env("PATH", &path)
+        .run();
+    assert!(
+        line_of(&out.stdout, "gpu 0").starts_with("ok"),
+        "{}",
+        out.stdout
+    );
+    let bad = line_of(&out.stdout, "gpu ?");
+    assert!(
+        bad.starts_with("FAIL") && bad.contains("Unable to determine the device handle"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(out.code, 1, "{}", out.render());
+}

@@ -211,3 +211,50 @@ fn samples_vbench_never_reads_are_warned_about_in_plan_and_apply() {
         .run();
     assert!(!out.stdout.contains("warning: prompts"), "{}", out.render());
 }
+
+/// `evaluation.timeout_seconds` is bounded (1 to a year): a limit the clock cannot hold is refused
+/// by `plan` and `apply` at the value (exit 2, nothing written) instead of panicking once the
+/// evaluation starts; a record edited to such a limit is run without a deadline, not a panic.
+#[test]
+fn an_evaluation_timeout_past_the_clock_is_refused_at_its_value() {
+    let t = Test::new();
+    let run_dir = scored_generation(&t, "huge", "timeout_seconds = 9223372036854775807\n");
+    let located = regex::Regex::new(r"huge\.toml:\d+:\d+").unwrap();
+    for command in ["plan", "apply"] {
+        let before = crate::support::tree(t.path());
+        let out = t.cmd().args([command, "huge.toml"]).run();
+        assert_eq!(out.code, 2, "{command}: {}", out.render());
+        assert!(
+            located.is_match(&out.stderr)
+                && out.stderr.contains("9223372036854775807")
+                && out.stderr.contains("31536000"),
+            "{command}: {}",
+            out.render()
+        );
+        assert_eq!(
+            crate::support::tree(t.path()),
+            before,
+            "{command}: nothing written"
+        );
+    }
+
+    let path = t.path().join("huge.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(
+            "timeout_seconds = 9223372036854775807",
+            "timeout_seconds = 600",
+        ),
+    )
+    .unwrap();
+    mode(&t, "scores 1.0");
+    let out = t.cmd().args(["apply", "--quiet", "huge.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let mut run = read_json(&run_dir.join("run.json"));
+    run["evaluation"]["timeout_seconds"] = serde_json::json!(u64::MAX);
+    std::fs::write(run_dir.join("run.json"), run.to_string()).unwrap();
+    let out = t.cmd().args(["evaluate", "huge"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(status(&run_dir), ("succeeded".into(), "succeeded".into()));
+}

@@ -341,3 +341,77 @@ fn a_run_whose_warmup_the_shared_marker_skipped_reports_it_skipped() {
     assert_eq!(warmups.len(), 1, "{run}");
     assert_eq!(warmups[0]["skipped"], "warmup_marker", "{run}");
 }
+
+/// The command a failed probe prints for a measurement with fresh caches carries every layer of
+/// the failed apply, `UNSTEP_EXTRA_ARGS` included (its settings are recorded under names that
+/// add the flag): run as printed, it resolves the same settings but the name.
+#[test]
+fn a_failed_probe_hint_keeps_the_extra_args_variable() {
+    let t = Test::new();
+    let text = manifest(&t, "probe", "[warmup]\nrepeats = 1\n")
+        .replace("indices = \"0\"\n", "indices = \"0-3\"\n");
+    write(&t.path().join("probe.toml"), &text);
+    let run_dir = t.path().join("results/probe");
+    let child = t
+        .command(env!("CARGO_BIN_EXE_runner"))
+        .args(["apply", "--quiet", "probe.toml"])
+        .env("UNSTEP_EXTRA_ARGS", "--clean-sigma-override 0.03")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let spec = run_dir.join("specs/001.json");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the measurement never started");
+        if let Some(pid) = worker_pid(&spec) {
+            // SAFETY: killing a process this test started (through the runner).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let fresh = stderr
+        .lines()
+        .find(|l| l.contains("--set name=probe-2"))
+        .unwrap_or_else(|| panic!("{stderr}"))
+        .trim();
+    assert!(
+        fresh.starts_with("UNSTEP_EXTRA_ARGS='--clean-sigma-override 0.03' runner apply"),
+        "{fresh}"
+    );
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_runner"))
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let rerun = t
+        .command("sh")
+        .args(["-c", fresh])
+        .env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        rerun.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
+    let values = |run: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
+        run["settings"]
+            .as_object()
+            .unwrap()
+            .iter()
+            // The name, and the default that carries it (the state's folder), differ.
+            .filter(|(k, _)| !["name", "cache.run_state_root"].contains(&k.as_str()))
+            .map(|(k, s)| (k.clone(), s["value"].clone()))
+            .collect()
+    };
+    let failed = read_json(&run_dir.join("run.json"));
+    let again = read_json(&t.path().join("results/probe-2/run.json"));
+    assert_eq!(failed["settings"]["method.clean_sigma"]["value"], 0.03);
+    assert_eq!(values(&again), values(&failed));
+}

@@ -819,3 +819,55 @@ fn swapped_zero_filled_and_copied_videos_are_not_complete() {
     );
     assert_eq!(videos(&run_dir), original);
 }
+
+/// A run's folders may lie below a checkout, but never in its own folders (`.git/`, `src/`, the
+/// project's `.cache/` of ONNX Runtime and Python environments), nor in a user's Python
+/// install (`~/.pyenv` and the like): each is refused at the setting, with nothing written.
+#[test]
+fn outputs_in_a_checkouts_own_folders_or_a_users_python_are_refused() {
+    let t = project_checkout("${TMPDIR:-/tmp}/unstep_overlap_stage");
+    let project = t.path().join("project");
+    let manifest = project.join("experiments/away.toml");
+    let base = std::fs::read_to_string(&manifest).unwrap();
+    let home = t.path().to_path_buf();
+    let cases = [
+        (project.join("src/runs"), "overlaps the source checkout"),
+        (project.join(".git/runs"), "overlaps the source checkout"),
+        (project.join(".cache/runs"), "overlaps the source checkout"),
+        (
+            home.join(".pyenv/versions/runs"),
+            "overlaps the installation",
+        ),
+        (home.join("miniconda3/runs"), "overlaps the installation"),
+    ];
+    for (dir, says) in &cases {
+        std::fs::write(
+            &manifest,
+            format!("{base}[outputs]\ndir = \"{}\"\n", dir.display()),
+        )
+        .unwrap();
+        let before = crate::support::tree(t.path());
+        for command in ["plan", "apply"] {
+            let out = t.cmd().args([command, manifest.to_str().unwrap()]).run();
+            assert_eq!(out.code, 2, "{}: {}", dir.display(), out.render());
+            assert!(
+                out.stderr.contains(says) && out.stderr.contains("away.toml:"),
+                "{}: {}",
+                dir.display(),
+                out.render()
+            );
+        }
+        assert_eq!(crate::support::tree(t.path()), before, "{}", dir.display());
+    }
+    // A folder of the user's below the checkout is fine.
+    std::fs::write(
+        &manifest,
+        format!(
+            "{base}[outputs]\ndir = \"{}\"\n",
+            project.join("runs").display()
+        ),
+    )
+    .unwrap();
+    let out = t.cmd().args(["plan", manifest.to_str().unwrap()]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+}

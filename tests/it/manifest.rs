@@ -616,3 +616,83 @@ fn quoted_set_values_are_the_text_inside_the_quotes() {
         "{plan}"
     );
 }
+
+/// Only lines of `nvidia-smi` that read as the queried fields become GPUs: a GPU the driver could
+/// not query (its line an error message, or `[Unknown Error]` values) is never a
+/// `CUDA_VISIBLE_DEVICES` value, and the plan warns with the line as the driver wrote it.
+#[test]
+fn a_gpu_the_driver_could_not_query_is_reported_not_planned() {
+    let t = full946_checkout();
+    let csv = "0, NVIDIA H200, 143771, 580.65.06, 9.0\nUnable to determine the device handle \
+               for GPU0000:3B:00.0: Unknown Error\n2, [Unknown Error], [Unknown Error], \
+               580.65.06, [Unknown Error]\n3, NVIDIA H200, 143771, 580.65.06, 9.0";
+    let path = crate::support::fake_nvidia_smi(&t, Some(csv));
+    let out = t
+        .cmd()
+        .env("PATH", &path)
+        .args(["plan", "--json", "experiments/full946.toml"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let plan: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let devices: Vec<&str> = plan["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["device"].as_str().unwrap())
+        .collect();
+    assert_eq!(devices, ["0", "3"]);
+    let warnings = plan["warnings"].to_string();
+    assert!(
+        warnings.contains("Unable to determine the device handle for GPU0000:3B:00.0")
+            && warnings.contains("2, [Unknown Error]"),
+        "{warnings}"
+    );
+}
+
+/// A probe's runtime state follows its run folder wherever `outputs.dir` puts it, and a probe
+/// with `cache.mode = "shared"` (whose state is still its own) is planned as fresh, not
+/// warm-cache.
+#[test]
+fn a_probes_state_follows_outputs_dir_and_is_labelled_by_where_it_lives() {
+    let t = Test::new();
+    let text = crate::apply::manifest(&t, "probe", "")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0\"\n")
+        .replace(
+            &format!("dir = \"{}/results\"", t.path().display()),
+            &format!("dir = \"{}/elsewhere\"", t.path().display()),
+        );
+    assert!(text.contains("/elsewhere"), "{text}");
+    std::fs::write(t.path().join("p.toml"), &text).unwrap();
+    let plan = |extra: &[&str]| {
+        let out = t
+            .cmd()
+            .args(["plan", "--json", "p.toml"])
+            .args(extra.iter().copied())
+            .run();
+        assert_eq!(out.code, 0, "{}", out.render());
+        serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let p = plan(&[]);
+    let state = t.path().join("elsewhere/p/runtime_state");
+    for process in p["processes"].as_array().unwrap() {
+        let dir = process["cache_dir"].as_str().unwrap();
+        assert!(
+            std::path::Path::new(dir).starts_with(&state),
+            "{dir} is not under {}",
+            state.display()
+        );
+    }
+    assert_eq!(p["cache_label"], "fresh");
+    let shared = plan(&["--set", "cache.mode=shared"]);
+    assert_eq!(shared["cache_label"], "fresh", "{shared}");
+    let text = t
+        .cmd()
+        .args(["plan", "p.toml", "--set", "cache.mode=shared"])
+        .run();
+    assert!(
+        text.stdout
+            .contains("cache.mode = \"shared\" does not apply to a probe"),
+        "{}",
+        text.stdout
+    );
+}

@@ -249,10 +249,14 @@ fn compare_shows_deltas_and_ratios_and_warns_about_a_warm_cache_run() {
     fake_run(
         &t,
         "warm",
-        &["cache.mode=shared", "method.precision=bf16"],
+        &["method.precision=bf16"],
         &[4.0, 3.0, 3.0, 3.0],
         true,
-        |r| r.device.gpu_model = Some("NVIDIA GB200".into()),
+        |r| {
+            r.device.gpu_model = Some("NVIDIA GB200".into());
+            // A probe measured on the state an earlier measurement left.
+            r.cache.label = unstep::results::records::CacheLabel::WarmCache;
+        },
     );
     let out = t.cmd().args(["compare", "base", "warm"]).run();
     assert_eq!(out.code, 0, "{}", out.render());

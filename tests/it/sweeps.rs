@@ -474,3 +474,53 @@ fn sweep_flags_are_a_sweep_table_given_on_the_command_line() {
         assert_eq!(setting["origin"], format!("flag --sweep {sweep}"), "{run}");
     }
 }
+
+/// A process holds one ONNX Runtime, so each point of a sweep over `runtime.ort_library` has its
+/// library checked as its workers will load it: a point whose library cannot load is refused
+/// before the first run, and nothing is written.
+#[test]
+fn a_sweep_over_the_runtime_library_checks_each_point_before_the_first_run() {
+    let t = Test::new();
+    let path = generation(&t, "lib", "0-1");
+    let dir = std::path::PathBuf::from(std::env::var("UNSTEP_ORT_CACHE_DIR").unwrap());
+    let real = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .flat_map(|v| std::fs::read_dir(v.path()).unwrap().flatten())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libonnxruntime.so"))
+        })
+        .expect("the pinned ONNX Runtime");
+    let bogus = t.path().join("other/libonnxruntime.so.1.31.1");
+    std::fs::create_dir_all(bogus.parent().unwrap()).unwrap();
+    std::fs::write(&bogus, b"not a library").unwrap();
+    append(
+        &path,
+        &format!(
+            "[sweep]\n\"runtime.ort_library\" = [\"{}\", \"{}\"]\n",
+            real.display(),
+            bogus.display()
+        ),
+    );
+    // ONNX Runtime keeps a file of its own under $HOME/.cache/Microsoft once loaded: not the
+    // runner's writing.
+    let written = || -> Vec<String> {
+        tree(t.path())
+            .into_iter()
+            .filter(|f| !f.starts_with(".cache/Microsoft/"))
+            .collect()
+    };
+    let before = written();
+    let out = t.cmd().args(["apply", "--quiet", "lib.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr
+            .contains("the sweep was not started; nothing was written")
+            && out.stderr.contains("other/libonnxruntime.so.1.31.1"),
+        "{}",
+        out.render()
+    );
+    assert_eq!(written(), before, "nothing written");
+}

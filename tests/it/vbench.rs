@@ -441,13 +441,8 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
         out.render()
     );
     // The garbage of the last evaluation was removed before this one ran.
-    assert!(
-        !run_dir
-            .join("eval/stand-in")
-            .read_dir()
-            .unwrap()
-            .any(|_| true)
-    );
+    let left = crate::support::tree(&run_dir.join("eval.attempt"));
+    assert!(left.iter().all(|f| !f.contains("results_")), "{left:?}");
     assert_eq!(
         status(&run_dir),
         ("evaluation_failed".into(), "failed".into())
@@ -485,6 +480,60 @@ fn a_failing_evaluation_keeps_the_videos_and_runs_again_alone() {
         evaluation,
         read_json(&run_dir.join("run.json"))["evaluation"]
     );
+}
+
+/// A scoring that fails or is interrupted after one that succeeded leaves the earlier scores
+/// (in `run.json` and `eval/scores.json`) and the earlier evaluation's output in `eval/` as they
+/// were; the report says whose scores they are. The next success replaces them.
+#[test]
+fn a_failed_evaluation_keeps_the_earlier_scores_and_output() {
+    let t = Test::new();
+    let standard = [BUND, QUOTES];
+    let ext = extended(&standard);
+    vbench_generation(&t, "keep", &strs(&ext), &standard, &evaluation(&t));
+    let run_dir = t.path().join("results/keep");
+    mode(&t, "scores 1.0");
+    let out = t.cmd().args(["apply", "--quiet", "keep.toml"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let scores = read_json(&run_dir.join("eval/scores.json"));
+    let output = crate::support::tree(&run_dir.join("eval"));
+    let recorded = read_json(&run_dir.join("run.json"))["evaluation"]["scores"].clone();
+    assert_eq!(recorded, scores);
+
+    for failing in ["fail", "garbage", "nothing"] {
+        mode(&t, failing);
+        let out = t.cmd().args(["evaluate", "keep"]).run();
+        assert_eq!(out.code, 1, "{failing}: {}", out.render());
+        assert_eq!(
+            status(&run_dir),
+            ("evaluation_failed".into(), "failed".into())
+        );
+        let run = read_json(&run_dir.join("run.json"));
+        assert_eq!(run["evaluation"]["scores"], scores, "{failing}: {run}");
+        assert_eq!(read_json(&run_dir.join("eval/scores.json")), scores);
+        assert_eq!(
+            crate::support::tree(&run_dir.join("eval")),
+            output,
+            "{failing}"
+        );
+    }
+    let report = t.cmd().args(["report", "keep"]).run();
+    assert!(
+        report
+            .stdout
+            .contains("eval/scores.json, of the last evaluation that succeeded)"),
+        "{}",
+        report.stdout
+    );
+
+    mode(&t, "scores 0.5");
+    let out = t.cmd().args(["evaluate", "keep"]).run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    assert_eq!(
+        read_json(&run_dir.join("eval/scores.json")),
+        serde_json::json!({"subject_consistency": 0.5, "color": 0.49})
+    );
+    assert!(!run_dir.join("eval.attempt").exists());
 }
 
 /// `runner evaluate` refuses a run that has no evaluation, or whose generation is not complete.
@@ -630,6 +679,54 @@ fn an_interrupted_evaluation_is_stopped_and_recorded_as_interrupted() {
     );
     assert_eq!(status(&run_dir), ("succeeded".into(), "succeeded".into()));
     assert_eq!(videos(&run_dir), made);
+}
+
+/// The refusal reads every form of a bundle: the same seeded random weights zipped are refused
+/// before anything is written, as the directory is.
+#[test]
+fn random_weights_in_a_zip_bundle_are_not_scored_either() {
+    use std::io::Write;
+    let t = Test::new();
+    let standard = [BUND, QUOTES];
+    let ext = extended(&standard);
+    vbench_generation(&t, "rnd", &strs(&ext), &standard, &evaluation(&t));
+    mode(&t, "scores 1.0");
+    let tiny = crate::support::repo().join("assets/tiny");
+    let zip_path = t.path().join("tiny.zip");
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(&zip_path).unwrap());
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for entry in std::fs::read_dir(&tiny).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let name = format!("tiny/{}", path.file_name().unwrap().to_str().unwrap());
+            zip.start_file(name, options).unwrap();
+            zip.write_all(&std::fs::read(&path).unwrap()).unwrap();
+        }
+    }
+    zip.finish().unwrap();
+    let path = t.path().join("rnd.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("allow_random_weights = true\n", "")
+        .replace(
+            &format!("bundle = \"{}\"", tiny.display()),
+            &format!("bundle = \"{}\"", zip_path.display()),
+        );
+    assert!(text.contains("tiny.zip"), "{text}");
+    std::fs::write(&path, text).unwrap();
+    let before = crate::support::tree(t.path());
+    let out = t.cmd().args(["apply", "--quiet", "rnd.toml"]).run();
+    assert_eq!(out.code, 2, "{}", out.render());
+    assert!(
+        out.stderr.contains("rnd.toml:")
+            && out
+                .stderr
+                .contains("tiny.zip has seeded random weights (dit, vae, text_encoder)"),
+        "{}",
+        out.render()
+    );
+    assert_eq!(crate::support::tree(t.path()), before, "nothing written");
 }
 
 /// A generation of seeded random weights with an `[evaluation]` is refused before anything is

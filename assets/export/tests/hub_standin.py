@@ -14,8 +14,9 @@ get_hf_file_metadata and http_get, utils/_http.py's hf_raise_for_status), with i
 Knobs for the tests: `cut` {(repo, path): N} ends every transfer of that file's bytes at offset N
 by closing the connection; `tokens` {repo: token} makes a repository want `Bearer token`;
 `missing` {(repo, path)} answers 404; `etags` {(repo, path): text} sends that ETag (X-Linked-Etag
-for a large file) in place of the file's own, as a hostile or broken hub might.  `log` has one
-`Request` per request, in order.
+for a large file) in place of the file's own, as a hostile or broken hub might; `trickle`
+{(repo, path): seconds} sends that file's bytes one at a time, that many seconds apart, as a
+stalled connection does.  `log` has one `Request` per request, in order.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class StandInHub:
         self.tokens: dict = {}
         self.missing: set = set()
         self.etags: dict = {}
+        self.trickle: dict = {}
         self.log: list[Request] = []
         self._lock = threading.Lock()
         hub = self
@@ -152,6 +154,20 @@ class StandInHub:
         if not body:
             return
         end = len(data)
+        pause = self.trickle.get(key)
+        if pause is not None:
+            import time
+
+            try:
+                for i in range(start, end):
+                    h.wfile.write(data[i:i + 1])
+                    h.wfile.flush()
+                    req.sent += 1
+                    time.sleep(pause)
+            except OSError:  # the client gave up
+                pass
+            h.close_connection = True
+            return
         cut = self.cut.get(key)
         if cut is not None:
             end = max(start, min(end, cut))

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from helpers import cli_fails
 from hub_standin import StandInHub
 from unstep_export.__main__ import main
 from unstep_export.config import preset
+from unstep_export.download import partial_name
 from unstep_export.layout import RELEASED, SELF_FORCING_REPO, WAN_REPO
 from unstep_export.release import release_files
 
@@ -234,6 +237,82 @@ def test_offline(served, hub, tmp_path):
     r = download(out, hub, tmp_path, HF_HUB_OFFLINE="1")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("HF_HUB_OFFLINE is set, so not compared") == 4 and not hub.log
+    assert r.stdout.count("hash checked against the download's record") == 4
+
+
+@pytest.mark.parametrize("part", ["tokenizer", "dit"])
+def test_offline_checks_each_file_against_its_download(served, hub, tmp_path, part):
+    """HF_HUB_OFFLINE does not take a file for the download's merely because it is there: one
+    changed in place (its time set back, so that huggingface_hub's record still looks current),
+    and one the download never recorded, are each an error naming the file."""
+    f = next(g for g in RELEASED if g.part == part)
+    out = tmp_path / "released"
+    assert download(out, hub, tmp_path).returncode == 0
+    dest = f.local(out)
+    st = dest.stat()
+    data = bytearray(dest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    dest.write_bytes(bytes(data))
+    os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = download(out, hub, tmp_path, HF_HUB_OFFLINE="1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{dest} is not the file the download recorded" in r.stderr
+    assert r.stdout.count("hash checked against the download's record") == 3
+
+    copied = tmp_path / "copied"
+    shutil.copytree(served, copied)
+    r = download(copied, hub, tmp_path, HF_HUB_OFFLINE="1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.count("has no record of a download") == 4
+
+
+def test_a_small_file_is_fetched_whole_and_checked(served, hub, tmp_path):
+    """A file kept in git (its ETag a git blob id) is never continued from a partial file, which
+    may hold another version's bytes under the same ETag: it is fetched whole and its blob id
+    checked; bytes that do not hash to the ETag are refused."""
+    out = tmp_path / "released"
+    served_tok = hub.files[(TOK.repo, TOK.path)]
+    meta_dir = out / TOK.folder / ".cache" / "huggingface" / "download" / Path(TOK.path).parent
+    meta_dir.mkdir(parents=True)
+    (meta_dir / partial_name(Path(TOK.path).name, served_tok.blob)).write_bytes(b"another version's bytes")
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert TOK.local(out).read_bytes() == TOK.local(served).read_bytes()
+    assert "git blob id checked" in r.stdout
+    tok_gets = hub.requests("GET", f"/resolve/main/{TOK.path}")
+    assert tok_gets and all(q.range is None for q in tok_gets)
+
+    hub.etags[(TOK.repo, TOK.path)] = "0" * 40
+    other = tmp_path / "other"
+    r = download(other, hub, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"failed to fetch {TOK.repo} {TOK.path}: the bytes received have git blob id {served_tok.blob}" in r.stderr
+    assert not TOK.local(other).exists()
+
+
+def test_a_stalled_transfer_fails_saying_a_rerun_continues(served, hub, tmp_path):
+    """A transfer that trickles (a byte every half second: no read ever times out) fails after
+    UNSTEP_DOWNLOAD_STALL_SECONDS without a MiB, saying so and that running again continues; the
+    other files are fetched, and the next run completes."""
+    hub.trickle[(TOK.repo, TOK.path)] = 0.5
+    out = tmp_path / "released"
+    started = time.monotonic()
+    r = download(out, hub, tmp_path, UNSTEP_DOWNLOAD_STALL_SECONDS="2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert time.monotonic() - started < 60
+    assert f"error: failed to fetch {TOK.repo} {TOK.path}: the transfer stalled: less than a MiB arrived in" \
+        in r.stderr
+    assert "hint: run the same command again" in r.stderr
+    for f in RELEASED:
+        if f is not TOK:
+            assert f.local(out).read_bytes() == f.local(served).read_bytes()
+    del hub.trickle[(TOK.repo, TOK.path)]
+    r = download(out, hub, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert TOK.local(out).read_bytes() == TOK.local(served).read_bytes()
+
+    r = download(tmp_path / "bad", hub, tmp_path, UNSTEP_DOWNLOAD_STALL_SECONDS="soon")
+    assert r.returncode == 2 and "UNSTEP_DOWNLOAD_STALL_SECONDS='soon' is not a number" in r.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,16 +11,22 @@ the token `hf auth login` saved under HF_HOME, HF_HUB_OFFLINE, proxies.  Per fil
    (`.cache/huggingface/download/<path>.metadata`, which hf_hub_download(local_dir=...) writes and
    reads too) has the same ETag, or, without a record, when its sha256 is the ETag of an LFS file.
 3. Otherwise its bytes go into `<name>.<sha256 of the ETag>.part` beside that record (nothing the
-   hub sends becomes part of a path), which a later run continues with a Range request: hf_hub_download writes into a file unique to its process and deletes it
-   when the transfer fails, so an interrupted 11 GB text encoder would start over.  The transfer
+   hub sends becomes part of a path).  A large (LFS) file's partial file is continued by a later
+   run with a Range request: hf_hub_download writes into a file unique to its process and deletes
+   it when the transfer fails, so an interrupted 11 GB text encoder would start over.  A small file
+   kept in git (`tokenizer.json`) is fetched whole every time: its ETag is the git blob id, which
+   is checked once it is there, and bytes of another version are never continued.  The transfer
    is huggingface_hub's http_get (which also retries a broken connection from where it stopped,
-   within one run); the file is then checked (its size, and its sha256 against an LFS ETag),
-   moved into place and recorded as hf_hub_download records it.  The partial file and its lock are
-   opened without following symbolic links: a link planted at either is refused, never written
-   through.
+   within one run), watched for stalls: when no MiB arrives for STALL_SECONDS
+   (UNSTEP_DOWNLOAD_STALL_SECONDS) the file fails, saying that running again continues it.  The
+   file is then checked (its size, and its sha256 or git blob id against the ETag), moved into
+   place and recorded as hf_hub_download records it.  The partial file and its lock are opened
+   without following symbolic links: a link planted at either is refused, never written through.
 
-With HF_HUB_OFFLINE set nothing is asked of the network: each file is there, or that is an error.
-A file that fails does not stop the others; the command then exits 1 (2 for a bad --out).
+With HF_HUB_OFFLINE set nothing is asked of the network: each file must be there, recorded by an
+earlier download and unchanged since (its sha256, or git blob id, is the ETag that download
+recorded), or that is an error.  A file that fails does not stop the others; the command then
+exits 1 (2 for a bad --out).
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -40,7 +49,12 @@ from .layout import RELEASED, SELF_FORCING_REPO, WAN_REPO, ReleasedFile
 
 BAD_INPUT, FAILED = 2, 1
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+GIT_BLOB = re.compile(r"^[0-9a-f]{40}$")
 REVISION = "main"
+# A transfer that brings less than a MiB (the size it is written in, CHUNK) in this many seconds
+# has stalled; UNSTEP_DOWNLOAD_STALL_SECONDS sets another limit.
+STALL_SECONDS = 120
+CHUNK = 1 << 20
 
 
 class DownloadError(Exception):
@@ -66,6 +80,85 @@ def _sha256(path: Path) -> str:
         while block := f.read(1 << 24):
             h.update(block)
     return h.hexdigest()
+
+
+def _git_blob_id(path: Path) -> str:
+    """git's id of the file's bytes as a blob: the ETag the hub gives a file kept in git."""
+    size = os.stat(path, follow_symlinks=False).st_size
+    h = hashlib.sha1(b"blob %d\0" % size)
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _matches_etag(path: Path, etag: str) -> bool | None:
+    """Whether the file's bytes are those the ETag names (an LFS file's sha256, a git file's blob
+    id); None for an ETag that names no hash."""
+    if SHA256.fullmatch(etag):
+        return _sha256(path) == etag
+    if GIT_BLOB.fullmatch(etag):
+        return _git_blob_id(path) == etag
+    return None
+
+
+def _stall_seconds() -> float:
+    text = os.environ.get("UNSTEP_DOWNLOAD_STALL_SECONDS", "").strip()
+    if not text:
+        return STALL_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0
+    if not 0 < seconds < 10**7:
+        raise DownloadError(f"UNSTEP_DOWNLOAD_STALL_SECONDS={text!r} is not a number of seconds",
+                            f"set it to a positive number of seconds, or unset it ({STALL_SECONDS})", BAD_INPUT)
+    return seconds
+
+
+class _Watched:
+    """The partial file as http_get writes it, with the time of its last write: what the stall
+    watch reads."""
+
+    def __init__(self, out):
+        self.out, self.last = out, time.monotonic()
+
+    def write(self, data):
+        n = self.out.write(data)
+        self.last = time.monotonic()
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+
+@contextmanager
+def _stall_watch(watched: _Watched, seconds: float):
+    """Raises a DownloadError in this (the main) thread when `watched` has had no write for
+    `seconds`: a transfer that trickles a byte every few seconds never times out a read, so the
+    watch counts the MiBs it writes.  Off the main thread (where no signal handler can be set) the
+    transfer is not watched."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def check(_signum, _frame):
+        idle = time.monotonic() - watched.last
+        if idle >= seconds:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            raise DownloadError(f"the transfer stalled: less than a MiB arrived in {idle:.0f} s",
+                                "run the same command again: it continues from the bytes it has (a large file), "
+                                "or fetches the file anew (a small one); UNSTEP_DOWNLOAD_STALL_SECONDS sets how long "
+                                "a transfer may go without progress")
+
+    previous = signal.signal(signal.SIGALRM, check)
+    tick = min(1.0, seconds / 4)
+    signal.setitimer(signal.ITIMER_REAL, tick, tick)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _names(e: BaseException) -> set:
@@ -208,8 +301,9 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
     local_dir, dest = root / f.folder, f.local(root)
     if constants.is_offline_mode():
         if dest.is_file():
-            return f"present ({_size(dest.stat().st_size)}; HF_HUB_OFFLINE is set, so not compared with the hub)"
+            return _check_offline(local_dir, f, dest)
         raise DownloadError(f"HF_HUB_OFFLINE is set and {dest} is not there", "unset HF_HUB_OFFLINE to download it")
+    stall = _stall_seconds()
 
     url = hf_hub_url(f.repo, f.path, revision=revision)
     meta = get_hf_file_metadata(url)
@@ -240,7 +334,8 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
     with _locked(partial.with_name(partial.name + ".lock"), say), \
             os.fdopen(_open_own(partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as out:
         have = os.fstat(out.fileno()).st_size
-        if size is not None and have > size:
+        # A file kept in git is small and may change under the same ETag: never continued.
+        if (size is not None and have > size) or not lfs:
             out.truncate(0)
             have = 0
         free = shutil.disk_usage(partial.parent).free
@@ -248,9 +343,11 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
             raise DownloadError(f"{_size(size - have)} to write, {_size(free)} free under {root}",
                                 "make room there or give another --out", BAD_INPUT)
         say(f"resuming at {have} of {_size(size)}" if have else f"fetching {_size(size)}")
+        watched = _Watched(out)
         try:
-            http_get(meta.location, out, resume_size=have, headers=headers, expected_size=size,
-                     displayed_filename=dest.name)
+            with _chunks_of(CHUNK), _stall_watch(watched, stall):
+                http_get(meta.location, watched, resume_size=have, headers=headers, expected_size=size,
+                         displayed_filename=dest.name)
             out.flush()
         except BaseException:
             out.flush()
@@ -267,9 +364,47 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
                 partial.unlink()
                 raise DownloadError(f"the bytes received have sha256 {digest}, the hub says {etag}; the partial "
                                     "file was removed", "run the same command again")
+        elif GIT_BLOB.fullmatch(etag):
+            blob = _git_blob_id(partial)
+            if blob != etag:
+                partial.unlink()
+                raise DownloadError(f"the bytes received have git blob id {blob}, the hub's ETag is {etag}; the "
+                                    "partial file was removed", "run the same command again")
         os.replace(partial, dest)
     _record(local_dir, f, meta.commit_hash, etag)
-    return f"done ({_size(got)}{', sha256 checked' if lfs else ''})"
+    checked = ", sha256 checked" if lfs else ", git blob id checked" if GIT_BLOB.fullmatch(etag) else ""
+    return f"done ({_size(got)}{checked})"
+
+
+@contextmanager
+def _chunks_of(n: int):
+    """huggingface_hub's http_get writes what it receives in pieces of DOWNLOAD_CHUNK_SIZE (10 MB):
+    smaller pieces keep more of a cut transfer and let the stall watch see progress sooner."""
+    from huggingface_hub import constants
+
+    previous = constants.DOWNLOAD_CHUNK_SIZE
+    constants.DOWNLOAD_CHUNK_SIZE = n
+    try:
+        yield
+    finally:
+        constants.DOWNLOAD_CHUNK_SIZE = previous
+
+
+def _check_offline(local_dir: Path, f: ReleasedFile, dest: Path) -> str:
+    """With HF_HUB_OFFLINE: the file at `dest` is the one an earlier download recorded: a record
+    not older than the file, whose ETag its bytes hash to."""
+    from huggingface_hub._local_folder import read_download_metadata
+
+    record = read_download_metadata(local_dir, f.path)
+    hint = "unset HF_HUB_OFFLINE to check it against the hub (and fetch it again if it differs)"
+    if record is None or not record.etag:
+        raise DownloadError(f"HF_HUB_OFFLINE is set and {dest} has no record of a download, or changed after it",
+                            hint)
+    if _matches_etag(dest, record.etag) is not True:
+        raise DownloadError(f"HF_HUB_OFFLINE is set and {dest} is not the file the download recorded (its bytes do "
+                            f"not hash to ETag {record.etag})", hint)
+    return f"present ({_size(dest.stat().st_size)}, hash checked against the download's record; HF_HUB_OFFLINE is " \
+           "set, so not compared with the hub)"
 
 
 def download(out, revisions: dict | None = None, say=print, warn=None) -> int:
@@ -339,7 +474,8 @@ def add_parser(sub):
             "  HF_ENDPOINT     the hub to ask (a mirror, or a stand-in in tests); default: huggingface_hub's\n"
             "  HF_TOKEN        an access token, for a gated or private repository (or `hf auth login`)\n"
             "  HF_HOME         huggingface_hub's folder, where `hf auth login` keeps the token\n"
-            "  HF_HUB_OFFLINE  ask nothing: only check that every file is in DIR\n"
+            "  HF_HUB_OFFLINE  ask nothing: check every file in DIR against what its download recorded\n"
+            "  UNSTEP_DOWNLOAD_STALL_SECONDS  how long a transfer may bring less than a MiB (default 120)\n"
             "  HF_HUB_DISABLE_PROGRESS_BARS  no byte-level progress bars\n\n"
             "Exit status: 0 every file there, 1 a file not fetched (the hub's or the network's answer),\n"
             "2 bad input (--out)."))

@@ -200,10 +200,12 @@ fn min_driver_text() -> String {
 }
 
 /// GPUs as the driver reports them, one check per GPU; a GPU whose driver is older than CUDA 13
-/// needs ([`MIN_DRIVER`]) fails its check.
+/// needs ([`MIN_DRIVER`]) fails its check, and so does each line of the driver's answer that
+/// names no GPU (one it could not query).
 pub fn gpu_checks() -> Vec<Check> {
-    match crate::execute::device::gpus() {
-        Ok(gpus) if !gpus.is_empty() => gpus
+    match crate::execute::device::query() {
+        Ok(q) if !q.gpus.is_empty() => q
+            .gpus
             .into_iter()
             .map(|g| {
                 let driver_ok = driver_version(&g.driver).is_some_and(|v| v >= MIN_DRIVER);
@@ -240,13 +242,15 @@ pub fn gpu_checks() -> Vec<Check> {
                     }),
                 }
             })
+            .chain(q.unreadable.into_iter().map(unreadable_check))
             .collect(),
         other => vec![Check {
             name: "gpus".into(),
             ok: false,
             detail: match other {
                 Err(e) => e.to_string(),
-                Ok(_) => "the driver lists no GPU".into(),
+                Ok(q) if q.unreadable.is_empty() => "the driver lists no GPU".into(),
+                Ok(q) => format!("the driver lists no GPU: {}", q.unreadable.join("; ")),
             },
             fix: Some(format!(
                 "install the NVIDIA driver ({} or newer) so that `nvidia-smi` lists the GPUs, or \
@@ -254,6 +258,20 @@ pub fn gpu_checks() -> Vec<Check> {
                 min_driver_text()
             )),
         }],
+    }
+}
+
+/// A line of `nvidia-smi`'s answer that names no GPU: a GPU it could not query, as it said.
+fn unreadable_check(line: String) -> Check {
+    Check {
+        name: "gpu ?".into(),
+        ok: false,
+        detail: format!("nvidia-smi: {line}"),
+        fix: Some(
+            "see `nvidia-smi -q` for the GPU it could not query; set CUDA_VISIBLE_DEVICES to \
+             the GPUs it lists"
+                .into(),
+        ),
     }
 }
 

@@ -56,22 +56,7 @@ pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), Bundl
     if names.len() != zip.len() {
         return Err(BundleZipError::UnsafePath);
     }
-    let strip = if names.iter().any(|n| n == Path::new(BUNDLE_TOML)) {
-        None
-    } else {
-        names
-            .first()
-            .and_then(|n| n.components().next())
-            .map(|c| PathBuf::from(c.as_os_str()))
-            .filter(|top| names.iter().all(|n| n.starts_with(top)))
-    };
-    let top = match &strip {
-        Some(top) => top.join(BUNDLE_TOML),
-        None => PathBuf::from(BUNDLE_TOML),
-    };
-    if !names.contains(&top) {
-        return Err(BundleZipError::NoManifest);
-    }
+    let strip = top_folder(&names)?;
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir).map_err(|source| BundleZipError::Create {
             path: dir.to_path_buf(),
@@ -103,4 +88,60 @@ pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), Bundl
         })?;
     }
     Ok(())
+}
+
+/// The folder every entry of an archive sits under (a zipped bundle directory), `None` when
+/// `bundle.toml` is at its root; an archive with `bundle.toml` in neither place is refused.
+fn top_folder(names: &[PathBuf]) -> Result<Option<PathBuf>, BundleZipError> {
+    let strip = if names.iter().any(|n| n == Path::new(BUNDLE_TOML)) {
+        None
+    } else {
+        names
+            .first()
+            .and_then(|n| n.components().next())
+            .map(|c| PathBuf::from(c.as_os_str()))
+            .filter(|top| names.iter().all(|n| n.starts_with(top)))
+    };
+    let top = match &strip {
+        Some(top) => top.join(BUNDLE_TOML),
+        None => PathBuf::from(BUNDLE_TOML),
+    };
+    if !names.contains(&top) {
+        return Err(BundleZipError::NoManifest);
+    }
+    Ok(strip)
+}
+
+/// The text of a `.zip` bundle's `bundle.toml`, read from the archive without unpacking it.
+pub(super) fn zip_manifest_text(archive: &Path) -> Result<String, BundleError> {
+    let read = || -> Result<String, BundleZipError> {
+        let file = std::fs::File::open(archive).map_err(BundleZipError::Open)?;
+        let mut zip = zip::ZipArchive::new(file)?;
+        let names: Vec<PathBuf> = (0..zip.len())
+            .filter_map(|i| zip.by_index(i).ok().and_then(|f| f.enclosed_name()))
+            .collect();
+        if names.len() != zip.len() {
+            return Err(BundleZipError::UnsafePath);
+        }
+        let name = match top_folder(&names)? {
+            Some(top) => top.join(BUNDLE_TOML),
+            None => PathBuf::from(BUNDLE_TOML),
+        };
+        let i = names
+            .iter()
+            .position(|n| *n == name)
+            .expect("top_folder found it");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut zip.by_index(i)?, &mut text).map_err(|source| {
+            BundleZipError::Write {
+                path: name.clone(),
+                source,
+            }
+        })?;
+        Ok(text)
+    };
+    read().map_err(|e| BundleError::Zip {
+        path: archive.to_path_buf(),
+        message: e.to_string(),
+    })
 }

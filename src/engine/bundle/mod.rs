@@ -256,6 +256,21 @@ impl Bundle {
         })
     }
 
+    /// The manifest of a bundle in either form, a directory or a `.zip` (read from the archive,
+    /// nothing unpacked), without checking its files: what checks before a run read of a bundle
+    /// they must not skip for its form.
+    pub fn peek_manifest(path: &Path) -> Result<BundleManifest, BundleError> {
+        if path.is_file()
+            && path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("zip"))
+        {
+            let text = archive::zip_manifest_text(path)?;
+            return parse_manifest(&text, path.join(BUNDLE_TOML));
+        }
+        read_manifest(path)
+    }
+
     /// [`Bundle::open`], then refuses export settings that differ from the bundle's.
     pub fn open_for(
         path: &Path,
@@ -671,7 +686,12 @@ fn read_manifest(dir: &Path) -> Result<BundleManifest, BundleError> {
         path: path.clone(),
         source,
     })?;
-    toml::from_str(&text).map_err(|e| BundleError::Parse {
+    parse_manifest(&text, path)
+}
+
+/// `bundle.toml`'s text, read from `path` (for its errors).
+fn parse_manifest(text: &str, path: PathBuf) -> Result<BundleManifest, BundleError> {
+    toml::from_str(text).map_err(|e| BundleError::Parse {
         path,
         message: e.to_string().trim_end().to_string(),
     })

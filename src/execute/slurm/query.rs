@@ -4,10 +4,9 @@
 //! (`slurm/task-<job>_<n>.json`) tell which have ended.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{self, Read};
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -20,18 +19,9 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why one Slurm command gave no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmCommandError {
-    #[error("cannot run {program}: {source}")]
-    Start {
-        program: &'static str,
-        source: io::Error,
-    },
-    #[error("{program} did not answer in {} s", QUERY_TIMEOUT.as_secs())]
-    Timeout { program: &'static str },
-    #[error("cannot wait for {program}: {source}")]
-    Wait {
-        program: &'static str,
-        source: io::Error,
-    },
+    /// It could not start, or did not end within [`QUERY_TIMEOUT`].
+    #[error(transparent)]
+    Run(#[from] crate::bounded_command::CommandError),
     /// It failed and wrote nothing on its standard error.
     #[error("{program} failed ({status})")]
     Failed {
@@ -175,47 +165,16 @@ pub(super) fn all_reported_ended(run_dir: &Path, job_id: &str, tasks: &[usize]) 
 /// Runs a Slurm command, giving it [`QUERY_TIMEOUT`]: its standard output when it succeeded,
 /// else what went wrong (its standard error, or that it could not start or did not answer).
 fn run(program: &'static str, args: &[&str]) -> Result<String, SlurmCommandError> {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| SlurmCommandError::Start { program, source })?;
-    // Read while it runs, so that a long answer cannot fill the pipe and stall it.
-    let mut stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let out = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stdout.read_to_end(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = stderr.read_to_end(&mut s);
-        s
-    });
-    let deadline = Instant::now() + QUERY_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(SlurmCommandError::Timeout { program });
-            }
-            Err(source) => return Err(SlurmCommandError::Wait { program, source }),
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
-    let stderr = String::from_utf8_lossy(&err.join().unwrap_or_default()).into_owned();
-    if status.success() {
-        Ok(stdout)
+    let answer = crate::bounded_command::run(program, args, QUERY_TIMEOUT)?;
+    if answer.status.success() {
+        Ok(answer.stdout)
     } else {
-        let said = stderr.trim();
+        let said = answer.stderr.trim();
         Err(if said.is_empty() {
-            SlurmCommandError::Failed { program, status }
+            SlurmCommandError::Failed {
+                program,
+                status: answer.status,
+            }
         } else {
             SlurmCommandError::Said(said.to_string())
         })
