@@ -217,11 +217,17 @@ impl DitAttention {
 
     /// What runs the self-attention, as a run's records add it to the attention kernel's name;
     /// `None` where the kernel's name says it all (ONNX Runtime's attention as exported, the
-    /// runner's CPU kernel).
+    /// runner's CPU kernel). The runner's cuDNN call is followed by the wave shaping of the
+    /// kernels this process has made (a worker describes it once its sessions are built; the
+    /// 8-bit attention shapes no cuDNN call).
     pub fn describe(self, provider: &Provider, precision: Precision) -> Option<String> {
         match (self, provider) {
             (DitAttention::Runner, Provider::Cuda(_)) => {
-                Some("self-attention the runner's own cuDNN call".into())
+                let call = "self-attention the runner's own cuDNN call";
+                Some(match super::kernels::wave_shaping_used() {
+                    Some(shaping) => format!("{call}, {shaping}"),
+                    None => call.into(),
+                })
             }
             (DitAttention::OnnxRuntimeInFused, Provider::Cuda(c)) => Some(format!(
                 "self-attention {} in the fused DiT (MultiHeadAttention in place of the \

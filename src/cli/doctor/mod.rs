@@ -548,6 +548,22 @@ fn bundle_rows(needs: &Needs, asked: &[PathBuf]) -> Vec<Row> {
 /// The fix for a GPU provider missing from the ONNX Runtime that was loaded, by where that
 /// library came from: a path the user gave is the likely mistake.
 fn provider_missing_fix(ort: &OrtRuntime) -> String {
+    provider_missing_fix_on(ort, std::env::consts::ARCH)
+}
+
+/// [`provider_missing_fix`] on a machine of architecture `arch`: onnxruntime-gpu has no aarch64
+/// wheel, so there the fix is a CUDA build of ONNX Runtime the user makes or has.
+fn provider_missing_fix_on(ort: &OrtRuntime, arch: &str) -> String {
+    if arch == "aarch64" {
+        return format!(
+            "onnxruntime-gpu has no aarch64 build: build ONNX Runtime {} with CUDA (the steps \
+             `scripts/setup-gpu` prints; docs/gpu.md, \"GB200 (Grace + Blackwell)\") or take the \
+             one your container ships, then run `ORT_DYLIB_PATH=<its libonnxruntime.so.{}> \
+             scripts/setup-gpu` and start the runner with `scripts/runner`",
+            engine::ort_lib::PINNED_ORT_VERSION,
+            engine::ort_lib::PINNED_ORT_VERSION
+        );
+    }
     let setup = "run `scripts/setup-gpu` and start the runner with `scripts/runner` (docs/gpu.md)";
     match ort.location.source {
         OrtSource::EnvVar => format!(

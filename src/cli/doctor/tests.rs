@@ -154,3 +154,24 @@ fn the_links_ldd_does_not_find_are_named() {
         assert_eq!(missing_links(Path::new(&libc)), Ok(vec![]));
     }
 }
+
+/// A missing GPU provider's fix on aarch64, where onnxruntime-gpu has no build, points at a CUDA
+/// build of ONNX Runtime and `scripts/setup-gpu` with ORT_DYLIB_PATH; elsewhere at the wheel.
+#[test]
+fn a_missing_provider_fix_on_aarch64_asks_for_a_cuda_build() {
+    let ort = engine::ort_lib::runtime(None).expect("ONNX Runtime: run through scripts/test");
+    let arm = provider_missing_fix_on(ort, "aarch64");
+    for part in [
+        "onnxruntime-gpu has no aarch64 build",
+        "with CUDA",
+        "GB200 (Grace + Blackwell)",
+        "`ORT_DYLIB_PATH=<its libonnxruntime.so.1.31.1> scripts/setup-gpu`",
+    ] {
+        assert!(arm.contains(part), "{part}: {arm}");
+    }
+    let x86 = provider_missing_fix_on(ort, "x86_64");
+    assert!(
+        x86.contains("scripts/setup-gpu") && !x86.contains("aarch64"),
+        "{x86}"
+    );
+}

@@ -18,9 +18,11 @@
 //!   log-sum-exp; a small kernel (`unstep_attention_merge_f16` of `kernels.cu`) merges the runs
 //!   into the output: `O = Σ_p e^(lse_p − m) O_p / Σ_p e^(lse_p − m)` with m the largest lse_p.
 //!   The split call and the merge cost less than the partial wave they replace (the times are in
-//!   `benches/README.md`, from `cuda_attention_matches_the_cpu_kernel`). Other devices and head
-//!   sizes, batches above 1, and calls whose last wave no split shortens by a fifth run as one
-//!   call.
+//!   `benches/README.md`, from `cuda_attention_matches_the_cpu_kernel`). Other devices
+//!   ([`WaveShaping`]: the tile and occupancy were measured on sm_90 alone) and head sizes,
+//!   batches above 1, and calls whose last wave no split shortens by a fifth run as one call.
+//!   A run's records name the shaping of each kind of device the process used
+//!   ([`wave_shaping_used`]).
 //! - One cuDNN handle and one scratch buffer (cuDNN's workspace, the runs' outputs and
 //!   log-sum-exps) per device and stream, made on first use and kept for the process: a captured
 //!   CUDA graph keeps pointing at them. The execution plans of a call shape are built on its first
@@ -79,28 +81,93 @@ pub(crate) struct Split {
     pub(crate) parts: usize,
 }
 
+/// How the attention fits a call's thread blocks to a device's waves, chosen by its compute
+/// capability: the tile and occupancy behind [`split`] ([`TILE_ROWS`], [`BLOCKS_PER_SM`]) were
+/// measured on sm_90 alone, so only sm_90 splits a partial last wave, over its own SM count; any
+/// other device runs every call whole (cuDNN's tile and occupancy there were never measured, and
+/// a split shaped on wrong ones could lengthen the call it meant to shorten).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaveShaping {
+    /// Compute capability 9.0 with `sms` SMs: waves of `sms` × [`BLOCKS_PER_SM`] thread blocks.
+    Sm90 { sms: usize },
+    /// Any other device: one call per attention, nothing split.
+    Neutral { major: i32, minor: i32, sms: usize },
+}
+
+impl WaveShaping {
+    /// The shaping for a device of compute capability `major`.`minor` with `sms` SMs (as the
+    /// driver reports them; a negative count is taken as none).
+    pub(crate) fn of(major: i32, minor: i32, sms: i32) -> Self {
+        let sms = usize::try_from(sms).unwrap_or(0);
+        match (major, minor) {
+            (9, 0) => WaveShaping::Sm90 { sms },
+            _ => WaveShaping::Neutral { major, minor, sms },
+        }
+    }
+
+    /// Thread blocks of one wave at hd = 128, where the shaping splits; `None` where it does not.
+    fn blocks_per_wave(self) -> Option<usize> {
+        match self {
+            WaveShaping::Sm90 { sms } => Some(sms * BLOCKS_PER_SM).filter(|&n| n > 0),
+            WaveShaping::Neutral { .. } => None,
+        }
+    }
+
+    /// What a run's records say of it, after the attention kernel's name.
+    pub(crate) fn describe(self) -> String {
+        match self {
+            WaveShaping::Sm90 { sms } => format!(
+                "last wave split over the keys (tuned for sm_90: {TILE_ROWS}-row tiles, \
+                 {BLOCKS_PER_SM} blocks per SM, {sms} SMs)"
+            ),
+            WaveShaping::Neutral { major, minor, sms } => format!(
+                "one call per attention (sm_{major}{minor}, {sms} SMs: the wave shaping is tuned \
+                 for sm_90 alone)"
+            ),
+        }
+    }
+}
+
+/// The wave shaping of every device this process made a cuDNN attention kernel on, each once,
+/// in the order first made: what the run's records say was used ([`wave_shaping_used`]).
+static SHAPINGS_USED: Mutex<Vec<WaveShaping>> = Mutex::new(Vec::new());
+
+/// The wave shaping of the cuDNN attention kernels this process has made, for a run's records:
+/// `None` before any was made (the CPU, ONNX Runtime's attention, the 8-bit attention).
+pub(crate) fn wave_shaping_used() -> Option<String> {
+    let used = SHAPINGS_USED.lock().unwrap_or_else(PoisonError::into_inner);
+    describe_shapings(&used)
+}
+
+/// `used`, described and joined (a process whose GPUs differ has one per kind).
+pub(crate) fn describe_shapings(used: &[WaveShaping]) -> Option<String> {
+    let described: Vec<String> = used.iter().map(|s| s.describe()).collect();
+    (!described.is_empty()).then(|| described.join("; "))
+}
+
 /// The split of a call of `batch` × `rows` query rows of `heads` heads over `keys` keys on a
-/// device of `sms` SMs (`sm90`: compute capability 9.0, where the tile and occupancy above were
-/// measured). The rows of the full waves run as one call; the remaining rows run over p runs of
-/// the keys (2 ≤ p ≤ `max_parts`, p dividing the keys, each run a tile of keys or more): p times
-/// the tail's thread blocks, each 1/p as long, in ⌈p · blocks / wave⌉ waves, so the tail takes
-/// ⌈p · blocks / wave⌉ / p of a full wave's time. The p that takes least (the fewest runs among
-/// equals) when that is under [`MAX_TAIL_WAVES`]; otherwise one call.
+/// device of wave shaping `shaping` (only [`WaveShaping::Sm90`] splits). The rows of the full
+/// waves run as one call; the remaining rows run over p runs of the keys (2 ≤ p ≤ `max_parts`,
+/// p dividing the keys, each run a tile of keys or more): p times the tail's thread blocks, each
+/// 1/p as long, in ⌈p · blocks / wave⌉ waves, so the tail takes ⌈p · blocks / wave⌉ / p of a
+/// full wave's time. The p that takes least (the fewest runs among equals) when that is under
+/// [`MAX_TAIL_WAVES`]; otherwise one call.
 pub(crate) fn split(
     batch: usize,
     rows: usize,
     keys: usize,
     heads: usize,
-    sms: usize,
-    sm90: bool,
+    shaping: WaveShaping,
     max_parts: usize,
 ) -> Split {
     let whole = Split {
         main_rows: rows,
         parts: 1,
     };
-    let per_wave = sms * BLOCKS_PER_SM;
-    if !sm90 || batch != 1 || heads == 0 || per_wave == 0 {
+    let Some(per_wave) = shaping.blocks_per_wave() else {
+        return whole;
+    };
+    if batch != 1 || heads == 0 {
         return whole;
     }
     let blocks = rows.div_ceil(TILE_ROWS) * heads;
@@ -304,8 +371,8 @@ struct Prepared {
 pub(crate) struct AttentionKernel {
     ordinal: i32,
     context: Handle<sys::CUcontext>,
-    sms: usize,
-    sm90: bool,
+    /// How calls fit this device's waves ([`WaveShaping::of`] its compute capability).
+    shaping: WaveShaping,
     merge: Handle<sys::CUfunction>,
     /// The GPU kind and cuDNN version, for the names of kept plans.
     kind: String,
@@ -336,11 +403,18 @@ impl AttentionKernel {
         let (module_context, merge) = device_function(ordinal, "unstep_attention_merge_f16")?;
         debug_assert_eq!(module_context.0, context.0);
         let info = device_info(ordinal)?;
+        let shaping = WaveShaping::of(info.major, info.minor, info.sms);
+        // The 8-bit attention runs every call of this kernel: no cuDNN call is shaped.
+        if int8.is_none() {
+            let mut used = SHAPINGS_USED.lock().unwrap_or_else(PoisonError::into_inner);
+            if !used.contains(&shaping) {
+                used.push(shaping);
+            }
+        }
         Ok(Self {
             ordinal,
             context,
-            sms: info.sms.max(0) as usize,
-            sm90: (info.major, info.minor) == (9, 0),
+            shaping,
             merge,
             kind: device_kind(ordinal)?,
             prepared: Vec::new(),
@@ -354,14 +428,18 @@ impl AttentionKernel {
     pub(crate) fn split_of(&self, sizes: &AttentionSizes) -> Split {
         let heads = sizes.d / (2 * sizes.half_hd);
         // The tile and occupancy of `split` are those of hd = 128 on sm_90.
-        let split_here = self.split_enabled && self.sm90 && 2 * sizes.half_hd == 128;
+        if !self.split_enabled || 2 * sizes.half_hd != 128 {
+            return Split {
+                main_rows: sizes.block_rows,
+                parts: 1,
+            };
+        }
         split(
             sizes.rows / sizes.block_rows,
             sizes.block_rows,
             sizes.cache_rows,
             heads,
-            self.sms,
-            split_here,
+            self.shaping,
             self.max_parts,
         )
     }

@@ -66,6 +66,7 @@
 //! that list. `docs/ARCHITECTURE.md` lists every file the exporter's side touches too.
 
 mod attention;
+pub(crate) use attention::wave_shaping_used;
 mod attention8;
 mod attention_call;
 mod conv;

@@ -5,7 +5,9 @@ use half::f16;
 use ort::value::TensorElementType;
 
 use super::*;
-use crate::engine::kernels::attention::{MAX_PARTS, Split, split};
+use crate::engine::kernels::attention::{
+    MAX_PARTS, Split, WaveShaping, describe_shapings, split,
+};
 use crate::engine::kernels::test_support::*;
 use crate::engine::onnx_graph::Attr;
 
@@ -147,7 +149,8 @@ fn attention_matches_the_reference() {
 /// each per SM: 264 per wave).
 #[test]
 fn the_attention_splits_only_a_partial_last_wave() {
-    let h200 = |rows, keys, max_parts| split(1, rows, keys, 12, 132, true, max_parts);
+    let sm90 = WaveShaping::of(9, 0, 132);
+    let h200 = |rows, keys, max_parts| split(1, rows, keys, 12, sm90, max_parts);
     let whole = |rows| Split {
         main_rows: rows,
         parts: 1,
@@ -171,10 +174,10 @@ fn the_attention_splits_only_a_partial_last_wave() {
     assert_eq!(h200(22 * 64, 4680, MAX_PARTS), whole(22 * 64));
     assert_eq!(h200(1000, 4680, MAX_PARTS), whole(1000));
     assert_eq!(
-        split(1, 4680, 18720, 12, 132, false, MAX_PARTS),
+        split(1, 4680, 18720, 12, WaveShaping::of(10, 0, 132), MAX_PARTS),
         whole(4680)
     );
-    assert_eq!(split(2, 4680, 18720, 12, 132, true, MAX_PARTS), whole(4680));
+    assert_eq!(split(2, 4680, 18720, 12, sm90, MAX_PARTS), whole(4680));
     // A last wave of one tile per head: the most runs that divide the keys; none when no run of
     // keys would be a tile long.
     let rows = 22 * 64 + 10;
@@ -193,6 +196,83 @@ fn the_attention_splits_only_a_partial_last_wave() {
     assert_eq!(
         h200(22 * 64 + 20 * 64, 4680, MAX_PARTS),
         whole(22 * 64 + 20 * 64)
+    );
+}
+
+/// The wave shaping by compute capability and SM count: sm_90 splits over waves of its own SM
+/// count (an H100 PCIe's 114 SMs give waves of 228 blocks, not an H200's 264); Blackwell
+/// (sm_100, sm_103, sm_120), Ampere and a device reporting no SMs run every call whole; and the
+/// records name what was used.
+#[test]
+fn the_wave_shaping_is_chosen_by_architecture_and_sm_count() {
+    let whole = |rows| Split {
+        main_rows: rows,
+        parts: 1,
+    };
+    // wan-1.3b's 888 blocks on 114 SMs: three waves of 228 (684 blocks, 57 tiles per head:
+    // 3,648 rows), then 1,032 rows (204 blocks, 89 % of a wave): p runs of the keys take
+    // ⌈204 p / 228⌉ = p waves of 1/p, a whole wave for every p, so one call. 4,224 rows (the
+    // H200's three waves, 792 blocks) are three waves there and 108 blocks (47 %): over two runs,
+    // 216 blocks in one wave of a half.
+    let h100_pcie = WaveShaping::of(9, 0, 114);
+    assert_eq!(h100_pcie, WaveShaping::Sm90 { sms: 114 });
+    assert_eq!(
+        split(1, 4680, 18720, 12, h100_pcie, MAX_PARTS),
+        whole(4680)
+    );
+    assert_eq!(
+        split(1, 4224, 18720, 12, h100_pcie, MAX_PARTS),
+        Split {
+            main_rows: 3648,
+            parts: 2
+        }
+    );
+    assert_eq!(
+        split(1, 4680, 18720, 12, WaveShaping::of(9, 0, 132), MAX_PARTS),
+        Split {
+            main_rows: 4224,
+            parts: 8
+        }
+    );
+    for (major, minor, sms) in [(10, 0, 148), (10, 3, 148), (12, 0, 84), (8, 0, 108)] {
+        let shaping = WaveShaping::of(major, minor, sms);
+        assert_eq!(
+            shaping,
+            WaveShaping::Neutral {
+                major,
+                minor,
+                sms: sms as usize
+            }
+        );
+        for rows in [4680, 4224, 22 * 64 + 10] {
+            assert_eq!(
+                split(1, rows, 18720, 12, shaping, MAX_PARTS),
+                whole(rows),
+                "sm_{major}{minor}, {rows} rows"
+            );
+        }
+    }
+    for sms in [0, -1] {
+        let shaping = WaveShaping::of(9, 0, sms);
+        assert_eq!(shaping, WaveShaping::Sm90 { sms: 0 });
+        assert_eq!(split(1, 4680, 18720, 12, shaping, MAX_PARTS), whole(4680));
+    }
+
+    assert_eq!(describe_shapings(&[]), None);
+    assert_eq!(
+        describe_shapings(&[WaveShaping::of(9, 0, 132)]).as_deref(),
+        Some(
+            "last wave split over the keys (tuned for sm_90: 64-row tiles, 2 blocks per SM, \
+             132 SMs)"
+        )
+    );
+    assert_eq!(
+        describe_shapings(&[WaveShaping::of(10, 0, 148), WaveShaping::of(9, 0, 114)]).as_deref(),
+        Some(
+            "one call per attention (sm_100, 148 SMs: the wave shaping is tuned for sm_90 \
+             alone); last wave split over the keys (tuned for sm_90: 64-row tiles, 2 blocks per \
+             SM, 114 SMs)"
+        )
     );
 }
 
