@@ -237,36 +237,36 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
         }
     }
     let mut measured = Vec::new();
-    // Each generated prompt is kept (its video encoded on the CPU, its outputs and timing record
-    // written) on a second thread while the device generates the next one: encoding a video
-    // takes about as long as generating it, outside the timed region, and done in turn it
-    // doubled a generation's wall time. Prompts are kept in order, one at a time; at most one
-    // waits beside the one being kept, so a slow disk holds the generation back rather than
-    // piling frames up in memory. A failure to keep one stops the generation after the prompt
-    // in progress; a failed generation still keeps every prompt finished before it.
+    // A worker that writes videos keeps each generated prompt (its video encoded on the CPU, its
+    // outputs and timing record written) on a second thread while the device generates the next
+    // one: encoding a video takes about as long as generating it, outside the timed region, and
+    // done in turn it doubled a generation's wall time. Prompts are kept in order, one at a
+    // time; at most one waits beside the one being kept, so a slow disk holds the generation
+    // back rather than piling frames up in memory. A failure to keep one stops the generation
+    // after the prompt in progress; a failed generation still keeps every prompt finished before
+    // it. A worker that writes no video (a probe) keeps each prompt in turn, between timed
+    // regions: it has little to write, and a measured region stays free of its writes.
+    let beside = job.videos.is_some();
     std::thread::scope(|scope| -> Result<(), WorkerError> {
         let (send, received) =
             std::sync::mpsc::sync_channel::<(&PromptSpec, Generated, Option<ProcessStart>)>(1);
-        let keeper = scope.spawn(move || -> Result<(), WorkerError> {
-            for (prompt, generated, process_start) in received {
-                let record = keep(job, prompt, &generated, process_start)?;
-                emit(
-                    job,
-                    &RunEventKind::PromptDone {
-                        prompt: prompt.index,
-                        timed_total_s: record.timed_total_s,
-                    },
-                );
-            }
-            Ok(())
+        let keeper = beside.then(|| {
+            scope.spawn(move || -> Result<(), WorkerError> {
+                for (prompt, generated, process_start) in received {
+                    keep_and_tell(job, prompt, &generated, process_start)?;
+                }
+                Ok(())
+            })
         });
         for prompt in &job.prompts {
             let generated = generator.generate(prompt.index, &prompt.text, &options)?;
             if job.bench.summary {
                 measured.push((generated.times, generated.peak_device_memory));
             }
+            if !beside {
+                keep_and_tell(job, prompt, &generated, process_start.take())?;
             // A closed channel: the keeper stopped on an error, which its join gives below.
-            if send
+            } else if send
                 .send((prompt, generated, process_start.take()))
                 .is_err()
             {
@@ -274,9 +274,11 @@ pub fn run(job: &JobSpec) -> Result<(), WorkerError> {
             }
         }
         drop(send);
-        keeper
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        keeper.map_or(Ok(()), |keeper| {
+            keeper
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     })?;
     if job.bench.summary {
         print_summary(&measured);
@@ -289,6 +291,24 @@ fn write_error(path: &Path, e: impl std::fmt::Display) -> WorkerError {
         path: path.to_path_buf(),
         reason: e.to_string(),
     }
+}
+
+/// Keeps a generated prompt ([`keep`]) and tells the orchestrator it is done.
+fn keep_and_tell(
+    job: &JobSpec,
+    prompt: &PromptSpec,
+    generated: &Generated,
+    process_start: Option<ProcessStart>,
+) -> Result<(), WorkerError> {
+    let record = keep(job, prompt, generated, process_start)?;
+    emit(
+        job,
+        &RunEventKind::PromptDone {
+            prompt: prompt.index,
+            timed_total_s: record.timed_total_s,
+        },
+    );
+    Ok(())
 }
 
 /// Writes what a generated prompt leaves (its video, saved latents and frames) and then its

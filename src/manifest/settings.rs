@@ -158,9 +158,10 @@ pub enum Reseed {
 #[serde(deny_unknown_fields)]
 pub struct Timing {
     /// Accepted for the reference scripts' `DISABLE_GC_DURING_MEASUREMENT`; it changes nothing:
-    /// the runner's workers never do background work inside the timed region (progress is drawn
-    /// by the orchestrator, records are written after each prompt's region ends), and a value
-    /// set explicitly is warned about.
+    /// a probe's workers never do background work inside the timed region (progress is drawn by
+    /// the orchestrator, records are written after each prompt's region ends), and a value set
+    /// explicitly is warned about. (A generation's workers encode each video on a second thread
+    /// while the next prompt is generated: docs/generation.md.)
     pub quiet_measurement: bool,
     /// End the timed region after the VAE output, before the final clamp and uint8 layout.
     /// Env: `EXCLUDE_FINAL_OUTPUT_LAYOUT_TIMING`.

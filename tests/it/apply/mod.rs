@@ -889,3 +889,56 @@ fn a_generation_of_fewer_prompts_than_shards_skips_the_empty_ones() {
     assert_eq!(videos(&run_dir).len(), 1);
     assert_eq!(read_json(&run_dir.join("run.json"))["status"], "succeeded");
 }
+
+/// A generation's worker keeps each prompt (its video encoded, its record written) on a thread
+/// beside the next prompt's generation: a video that cannot be written fails the run with its
+/// path, the prompts before it stay recorded with their videos, none after it is recorded, and
+/// applying again makes the rest.
+#[test]
+fn a_video_that_cannot_be_written_stops_the_shard_after_the_prompts_before_it() {
+    use unstep::results::names::video_name;
+    let t = Test::new();
+    let text = manifest(&t, "generation", "[shards]\ncount = 1\n")
+        .replace("[prompts]\n", "[prompts]\nindices = \"0-3\"\n");
+    std::fs::write(t.path().join("gen.toml"), text).unwrap();
+    let prompts = std::fs::read_to_string(repo().join("assets/prompts/tiny.txt")).unwrap();
+    let second = prompts.lines().nth(1).unwrap();
+    let name = video_name(unstep::manifest::VideoNaming::Vbench, 1, second);
+    let blocked = t.path().join("results/gen/videos").join(&name);
+    std::fs::create_dir_all(blocked.join("occupied")).unwrap();
+    let out = t.cmd().args(["apply", "--quiet", "gen.toml"]).run();
+    assert_ne!(out.code, 0, "{}", out.render());
+    assert!(out.stderr.contains(&name), "{}", out.render());
+    let run_dir = t.path().join("results/gen");
+    assert_eq!(
+        shard_prompts(&run_dir),
+        vec![0],
+        "only the prompt before the failure"
+    );
+    assert_eq!(
+        videos_named(&run_dir).len(),
+        1,
+        "{:?}",
+        videos_named(&run_dir)
+    );
+    std::fs::remove_dir_all(&blocked).unwrap();
+    let again = t
+        .cmd()
+        .args(["apply", "--quiet", "--reuse-workdir", "gen.toml"])
+        .run();
+    assert_eq!(again.code, 0, "{}", again.render());
+    assert_eq!(shard_prompts(&run_dir), vec![0, 1, 2, 3]);
+    assert_eq!(videos_named(&run_dir).len(), 4);
+}
+
+/// The names of the files in a run's `videos/`.
+fn videos_named(run_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(run_dir.join("videos"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}

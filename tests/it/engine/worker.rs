@@ -150,9 +150,9 @@ fn the_environment_probe_reports_onnx_runtime_and_the_cpu_provider() {
     assert!(cpu.ok, "{cpu:?}");
 }
 
-/// Prompts are kept (outputs and record written) on a thread beside the generation: a prompt that
-/// cannot be kept stops the worker with its error, the prompts before it stay kept, and no prompt
-/// after it is recorded, though the next one may have been generated meanwhile.
+/// A worker that writes no videos keeps each prompt (outputs and record written) in turn: a
+/// prompt that cannot be kept stops the worker with its error, the prompts before it stay kept,
+/// and no prompt after it is generated or recorded.
 #[test]
 fn a_prompt_that_cannot_be_kept_stops_the_worker_after_the_ones_before_it() {
     let dir = tempfile::tempdir().unwrap();
