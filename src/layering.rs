@@ -206,7 +206,7 @@ fn folders() -> Vec<String> {
 
 /// The import circles inside folders not yet broken, each as its folder and its modules in
 /// order: none may be added, and one that is broken leaves this list.
-const CIRCLES_LEFT: [&str; 9] = [
+const CIRCLES_LEFT: [&str; 8] = [
     "cli: apply sweep",
     "engine: options session",
     "engine/text: clean ftfy",
@@ -215,7 +215,6 @@ const CIRCLES_LEFT: [&str; 9] = [
     "plan: build select",
     "report: render warnings",
     "report: runs runs_columns",
-    "results: records scores",
 ];
 
 #[test]

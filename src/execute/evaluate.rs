@@ -482,7 +482,7 @@ pub(super) fn evaluated(run_dir: &Path, record: &mut RunRecord) -> Result<Outcom
     // Another apply's evaluation may have ended while this one waited for its shards.
     if let Some(settings) = &record.evaluation
         && let Ok(now) = read_json::<RunRecord>(&run_dir.join(RUN_JSON))
-        && settings.scored(&now)
+        && now.scored_by(settings)
     {
         crate::say!("note: every prompt has its video and another apply of this run scored them");
         *record = now;
@@ -515,7 +515,7 @@ pub(super) fn evaluate_only(
     }
     let run_dir = &plan.run_dir;
     let mut record = previous.clone();
-    if settings.scored(&record) {
+    if record.scored_by(&settings) {
         if !opts.quiet {
             crate::say!(
                 "note: every prompt has its video and the evaluation has its scores; nothing to \

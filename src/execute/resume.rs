@@ -198,7 +198,7 @@ pub fn previous_run(r: &Resolved, plan: &Plan) -> PreviousRun {
             done: done.intersection(&selected).count(),
             selected: selected.len(),
             evaluates: crate::results::scores::EvaluationRecord::of(r)
-                .is_some_and(|settings| !settings.scored(&previous)),
+                .is_some_and(|settings| !previous.scored_by(&settings)),
         },
         // `completed` gives no record to resume for a probe's (measured afresh) or for none.
         Ok(_) if plan.run_dir.join(RUN_JSON).exists() => PreviousRun::Remeasures,

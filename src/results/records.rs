@@ -601,6 +601,16 @@ fn sweep_record(resolved: &Resolved) -> Option<SweepRecord> {
 }
 
 impl RunRecord {
+    /// Whether this run is done with the evaluation `settings` describe: it succeeded, and its
+    /// evaluation succeeded with these settings (what apply then leaves alone, and `runner plan`
+    /// says so).
+    pub fn scored_by(&self, settings: &super::scores::EvaluationRecord) -> bool {
+        self.status == RunStatus::Succeeded
+            && self.evaluation.as_ref().is_some_and(|e| {
+                e.status == super::scores::EvaluationStatus::Succeeded && e.same_settings(settings)
+            })
+    }
+
     /// A `running` record of the plan, started at `started`. Device, library versions, the
     /// registered execution provider, the resolved attention backend and git state are left
     /// empty for the orchestrator, which learns them from the workers and the checkout.

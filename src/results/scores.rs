@@ -96,16 +96,6 @@ impl EvaluationRecord {
         })
     }
 
-    /// Whether `run` is done with this evaluation: it succeeded, and its evaluation succeeded
-    /// with these settings (what apply then leaves alone, and `runner plan` says so).
-    pub fn scored(&self, run: &super::records::RunRecord) -> bool {
-        run.status == super::records::RunStatus::Succeeded
-            && run
-                .evaluation
-                .as_ref()
-                .is_some_and(|e| e.status == EvaluationStatus::Succeeded && e.same_settings(self))
-    }
-
     /// Whether `other` is the same evaluation (command, dimensions, scores file, names file).
     pub fn same_settings(&self, other: &EvaluationRecord) -> bool {
         (
