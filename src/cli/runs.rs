@@ -11,7 +11,7 @@ use crate::execute::lock::{Lock, LockError};
 use crate::execute::slurm;
 use crate::exit::{self, Failure};
 use crate::manifest::diagnostic::display_path;
-use crate::report::runs_columns as columns;
+use crate::report::runs::columns;
 use crate::report::{self, ReportError, SettingsDiff};
 use crate::results::owner::{self, OWNER_FILE};
 use crate::results::records::RunStatus;

@@ -9,11 +9,11 @@ pub mod many;
 pub mod quality;
 pub mod render;
 pub mod runs;
-pub mod runs_columns;
 pub mod scores;
 pub mod svg;
 pub mod wall;
 pub mod warnings;
+mod words;
 
 pub use first_prompt::{FirstPrompt, FirstPrompts};
 pub use load::{LoadedRun, ReportError, load_run, locate};

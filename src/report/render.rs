@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use super::load::LoadedRun;
 use super::warnings::comparison_warnings;
+use super::words::{name_of, opt, weights_of};
 use crate::manifest::Kind;
 use crate::manifest::diagnostic::display_path;
-use crate::results::records::WeightsRecord;
 use crate::results::{
     CacheLabel, ProcessRecord, ProcessRole, ProcessSkip, RunRecord, RunStatus, Statistics, Summary,
     TimingRecord, measured,
@@ -27,10 +27,6 @@ pub(super) fn series(s: &Summary) -> [(&'static str, &Statistics); 3] {
 
 pub(super) fn seconds(v: Option<f64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| format!("{v:.3}"))
-}
-
-pub(super) fn opt(v: Option<&str>) -> &str {
-    v.unwrap_or("n/a")
 }
 
 /// Mean share of each phase in the timed total, over the measured prompts.
@@ -108,26 +104,6 @@ pub struct Provenance {
     /// The last apply's staging (absent in records of earlier runners).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging: Option<crate::results::records::StagingRecord>,
-}
-
-/// A bundle's weights in a few words: the summary, and each part's source when they differ.
-pub(crate) fn weights_of(w: &WeightsRecord) -> String {
-    if w.source == "mixed" {
-        format!(
-            "mixed (DiT {}, VAE {}, text encoder {})",
-            w.dit, w.vae, w.text_encoder
-        )
-    } else {
-        w.source.clone()
-    }
-}
-
-pub(super) fn name_of<T: Serialize>(v: &T) -> String {
-    match serde_json::to_value(v) {
-        Ok(serde_json::Value::String(s)) => s,
-        Ok(other) => other.to_string(),
-        Err(_) => String::new(),
-    }
 }
 
 impl Provenance {

@@ -1,6 +1,8 @@
 //! The runs of a results folder as a table (`runner runs`), and the settings two runs differ
 //! in (`runner diff`), both read from the runs' records.
 
+pub mod columns;
+
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -8,9 +10,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::load::{LoadedRun, ReportError, load_run};
-use super::runs_columns::RunValues;
 use crate::results::records::{ProcessRole, RunStatus, SettingRecord};
 use crate::results::{RUN_JSON, RunRecord};
+use columns::RunValues;
 
 /// One run of a results folder, as `runner runs` lists it.
 #[derive(Debug, Clone, Serialize)]
@@ -80,7 +82,7 @@ impl RunRow {
             prompts_done: Some(done),
             prompts_planned: Some(planned),
             warm_mean_s: run.summary.timed_total.warm_mean_excluding_first,
-            weights: r.weights.as_ref().map(super::render::weights_of),
+            weights: r.weights.as_ref().map(super::words::weights_of),
             started_at: Some(r.started_at.clone()),
             ended_at: r.ended_at.clone(),
             dir: run.dir.clone(),

@@ -4,7 +4,7 @@
 //! region, diagnostics).
 
 use super::load::LoadedRun;
-use super::render::{name_of, opt, weights_of};
+use super::words::{name_of, opt, weights_of};
 use crate::results::{CacheLabel, RunRecord, RunStatus};
 
 /// The attention kernel a run's workers chose, with the one asked for.

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::runs::RunRow;
+use super::RunRow;
 use crate::results::records::SettingRecord;
 use crate::results::stats::Statistics;
 
@@ -299,7 +299,7 @@ pub fn table(rows: &[RunRow], columns: &[String]) -> String {
         }
         let _ = writeln!(t, "{}", text.trim_end());
     }
-    super::runs::notes(&mut t, rows);
+    super::notes(&mut t, rows);
     t
 }
 
