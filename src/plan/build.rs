@@ -104,7 +104,7 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// The shards an apply runs (`--shard`); none: all of them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub selection: Option<super::select::ShardRange>,
+    pub selection: Option<super::shard_range::ShardRange>,
 }
 
 /// The problems that stop a plan even though every setting is valid on its own.

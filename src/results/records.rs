@@ -525,7 +525,7 @@ pub struct SlurmRecord {
     /// The shards the job runs, when an apply of some shards (`--shard`) submitted it; none:
     /// the whole run's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shards: Option<crate::plan::select::ShardRange>,
+    pub shards: Option<crate::plan::ShardRange>,
     pub tasks: Vec<SlurmTaskRecord>,
 }
 
