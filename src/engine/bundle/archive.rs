@@ -43,11 +43,12 @@ pub(crate) enum BundleZipError {
     },
 }
 
-/// Extracts the bundle archive `archive` into `dst`. An archive whose files all sit under one top
-/// folder (a zipped bundle directory) is unwrapped, so `bundle.toml` ends up at `dst`'s top
-/// either way; an archive without it there, or with an entry whose path would leave `dst`, is
-/// refused. The error is the reason, for the caller to put beside the archive's path.
-pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), BundleZipError> {
+/// The archive at `archive`, opened, and its entries' paths, each of which stays inside the
+/// folder it is unpacked into (an entry that would leave it, absolute or through `..`, refuses
+/// the archive).
+fn open_zip(
+    archive: &Path,
+) -> Result<(zip::ZipArchive<std::fs::File>, Vec<PathBuf>), BundleZipError> {
     let file = std::fs::File::open(archive).map_err(BundleZipError::Open)?;
     let mut zip = zip::ZipArchive::new(file)?;
     let names: Vec<PathBuf> = (0..zip.len())
@@ -56,6 +57,15 @@ pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), Bundl
     if names.len() != zip.len() {
         return Err(BundleZipError::UnsafePath);
     }
+    Ok((zip, names))
+}
+
+/// Extracts the bundle archive `archive` into `dst`. An archive whose files all sit under one top
+/// folder (a zipped bundle directory) is unwrapped, so `bundle.toml` ends up at `dst`'s top
+/// either way; an archive without it there, or with an entry whose path would leave `dst`, is
+/// refused. The error is the reason, for the caller to put beside the archive's path.
+pub(crate) fn extract_bundle_zip(archive: &Path, dst: &Path) -> Result<(), BundleZipError> {
+    let (mut zip, names) = open_zip(archive)?;
     let strip = top_folder(&names)?;
     let create = |dir: &Path| {
         std::fs::create_dir_all(dir).map_err(|source| BundleZipError::Create {
@@ -115,14 +125,7 @@ fn top_folder(names: &[PathBuf]) -> Result<Option<PathBuf>, BundleZipError> {
 /// The text of a `.zip` bundle's `bundle.toml`, read from the archive without unpacking it.
 pub(super) fn zip_manifest_text(archive: &Path) -> Result<String, BundleError> {
     let read = || -> Result<String, BundleZipError> {
-        let file = std::fs::File::open(archive).map_err(BundleZipError::Open)?;
-        let mut zip = zip::ZipArchive::new(file)?;
-        let names: Vec<PathBuf> = (0..zip.len())
-            .filter_map(|i| zip.by_index(i).ok().and_then(|f| f.enclosed_name()))
-            .collect();
-        if names.len() != zip.len() {
-            return Err(BundleZipError::UnsafePath);
-        }
+        let (mut zip, names) = open_zip(archive)?;
         let name = match top_folder(&names)? {
             Some(top) => top.join(BUNDLE_TOML),
             None => PathBuf::from(BUNDLE_TOML),
