@@ -89,7 +89,7 @@ fn shared_generation_is_labelled_warm_cache_with_shard_processes() {
     let dir = tempfile::tempdir().unwrap();
     let r = resolve(dir.path(), "gen", GENERATION, &[]);
     let plan = crate::plan::build(&r).unwrap();
-    let record = RunRecord::new(&r, &plan, SystemTime::now());
+    let record = RunRecord::new(&r, &plan, std::time::SystemTime::now());
     assert_eq!(record.cache.label, CacheLabel::WarmCache);
     assert_eq!(
         serde_json::to_value(record.cache.label).unwrap(),
