@@ -696,3 +696,36 @@ fn a_probes_state_follows_outputs_dir_and_is_labelled_by_where_it_lives() {
         text.stdout
     );
 }
+
+/// The guide's single-prompt smoke probe is the speed probe with prompt 0 and one warmup on
+/// prompt 0 (`PROMPT_INDICES=0 WARMUP_PROMPT_INDICES=0 WARMUP_REPEATS=1`): `one_prompt.toml`
+/// resolves to `unstep_speed.toml`'s settings in everything else.
+#[test]
+fn one_prompt_is_the_speed_probe_on_one_prompt() {
+    let resolved = |name: &str| {
+        let req = unstep::manifest::load::LoadRequest {
+            manifest: repo().join("experiments").join(name),
+            env: Default::default(),
+            sets: vec![],
+            extra_args: vec![],
+            cwd: repo(),
+        };
+        let r = unstep::manifest::load::load(&req).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let mut v = serde_json::to_value(&r.manifest).unwrap();
+        let m = v.as_object_mut().unwrap();
+        for k in ["name", "extends", "warmup"] {
+            m.remove(k);
+        }
+        m["prompts"].as_object_mut().unwrap().remove("indices");
+        // Named after the run, as its results folder is.
+        m["cache"].as_object_mut().unwrap().remove("run_state_root");
+        (v, r.manifest.warmup, r.manifest.prompts.indices)
+    };
+    let (speed, _, _) = resolved("unstep_speed.toml");
+    let (one, warmup, indices) = resolved("one_prompt.toml");
+    assert_eq!(one, speed, "one_prompt.toml differs from unstep_speed.toml");
+    assert_eq!(serde_json::to_value(&indices).unwrap(), "0");
+    let warmup = serde_json::to_value(&warmup).unwrap();
+    assert_eq!(warmup["indices"], "0");
+    assert_eq!(warmup["repeats"], 1);
+}

@@ -62,8 +62,8 @@ pub struct GenerateOptions {
 }
 
 /// Wall-clock phase times of one prompt. The timed region starts when the text context is ready
-/// and ends per [`TimedRegionEnd`]; `text_encoding` is outside it, `layout` is outside it when the
-/// layout is excluded.
+/// and ends per [`TimedRegionEnd`]; `text_encoding` is outside it. `layout` is the layout's share
+/// of the region: zero when the region ends before it (`exclude_final_output_layout`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct PhaseTimes {
     pub text_encoding: Duration,

@@ -223,7 +223,9 @@ impl DeviceLoop {
         let layout_end = Instant::now();
         times.layout = layout_end - vae_end;
         Ok(if options.exclude_final_output_layout {
+            // The layout ran after the region's end: none of the timed total is the layout's.
             times.timed_total = vae_end - timed_start;
+            times.layout = Duration::ZERO;
             TimedRegionEnd::VaeOutput
         } else {
             times.timed_total = layout_end - timed_start;
