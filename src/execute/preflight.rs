@@ -178,14 +178,17 @@ fn random_weights_preflight(r: &Resolved) -> Result<(), ApplyError> {
     ))
 }
 
-/// A bundle directory must have a readable `bundle.toml` whose export settings are the run's
-/// (they can only change by exporting again). A `.zip` bundle is checked by its workers.
+/// A bundle, a directory or a `.zip`, must have a readable and consistent `bundle.toml` whose
+/// names stay inside the bundle (a directory's listed files all there) and whose export settings
+/// are the run's (they can only change by exporting again): refused here, before staging writes
+/// anything, rather than by the workers. The files' sha256 are the staging audit's and the
+/// workers' to check.
 fn bundle_preflight(r: &Resolved, config: &RunConfig) -> Result<(), ApplyError> {
     let dir = &r.paths.bundle;
-    if !dir.is_dir() {
+    if !dir.is_dir() && !dir.is_file() {
         return Ok(());
     }
-    let bundle = engine::Bundle::peek(dir).map_err(|e| {
+    let bundle = engine::Bundle::peek_checked(dir).map_err(|e| {
         ApplyError::refused(
             format!("asset bundle {}: {e}", display_path(dir)),
             "point assets.bundle at a bundle the exporter wrote (assets/export/README.md)",

@@ -373,9 +373,9 @@ fn settings_that_do_nothing_say_so() {
 }
 
 /// What can be known before work starts is refused before anything is written (no results
-/// folder, no staging), with exit 2: export settings the bundle was not made with, a bundle
-/// folder without `bundle.toml`, a results path that is a file, a GPU provider ONNX Runtime
-/// lacks.
+/// folder, no staging), with exit 2: a bundle whose files or graphs are outside it, unlisted or
+/// missing, export settings the bundle was not made with, a bundle folder without
+/// `bundle.toml`, a results path that is a file, a GPU provider ONNX Runtime lacks.
 #[test]
 fn refusals_that_can_be_known_come_before_anything_is_written() {
     let t = Test::new();
@@ -384,7 +384,29 @@ fn refusals_that_can_be_known_come_before_anything_is_written() {
     std::fs::create_dir(&empty_bundle).unwrap();
     let file = t.path().join("afile");
     std::fs::write(&file, "x").unwrap();
+    // Bundles whose bundle.toml names files outside the bundle, or graphs it does not list or
+    // hold: each a copy of the tiny bundle with one edit.
+    let edited = |name: &str, from: &str, to: &str| {
+        let dir = t.path().join(name);
+        crate::support::copy_tiny_bundle(&dir);
+        let toml = std::fs::read_to_string(dir.join("bundle.toml")).unwrap();
+        assert!(toml.contains(from), "{name}");
+        std::fs::write(dir.join("bundle.toml"), toml.replacen(from, to, 1)).unwrap();
+        format!("assets.bundle={}", dir.display())
+    };
+    let outside = edited("b-outside", "\"dit.onnx\" =", "\"../dit.onnx\" =");
+    let absolute = edited("b-absolute", "\"dit.onnx\" =", "\"/etc/passwd\" =");
+    let unlisted = edited("b-unlisted", "dit = \"dit.onnx\"", "dit = \"other.onnx\"");
+    let missing = edited(
+        "b-missing",
+        "\"dit.onnx\" =",
+        "\"gone.onnx\" = \"00\"\n\"dit.onnx\" =",
+    );
     let cases = [
+        (outside, "`../dit.onnx` is not a plain relative path"),
+        (absolute, "`/etc/passwd` is not a plain relative path"),
+        (unlisted, "other.onnx"),
+        (missing, "gone.onnx listed in [files] is missing"),
         ("method.height=128".to_string(), "export setting height"),
         (
             format!("assets.bundle={}", empty_bundle.display()),

@@ -271,6 +271,23 @@ impl Bundle {
         read_manifest(path)
     }
 
+    /// A bundle in either form with the checks that read no file's bytes, for checks before a
+    /// run: `bundle.toml`'s format and consistency, every graph and the tokenizer listed in
+    /// `[files]`, every listed name a plain relative name (nothing outside the bundle's folder)
+    /// and, for a directory, every listed file there. [`Bundle::open`] makes the same checks,
+    /// then every file's sha256 (a `.zip`'s entries are checked as it unpacks).
+    pub fn peek_checked(path: &Path) -> Result<Self, BundleError> {
+        let bundle = Self {
+            dir: path.to_path_buf(),
+            manifest: Self::peek_manifest(path)?,
+            tokenizer: None,
+            opened_in_s: 0.0,
+        };
+        bundle.check_names(path.is_dir())?;
+        bundle.check_consistency()?;
+        Ok(bundle)
+    }
+
     /// [`Bundle::open`], then refuses export settings that differ from the bundle's.
     pub fn open_for(
         path: &Path,
@@ -565,18 +582,25 @@ impl Bundle {
         Ok(())
     }
 
-    fn verify_files(&self, known: &BTreeMap<String, String>) -> Result<(), BundleError> {
+    /// Every name in `[files]` is a plain relative name and, with `present`, a file in the
+    /// bundle's folder.
+    fn check_names(&self, present: bool) -> Result<(), BundleError> {
         for name in self.manifest.files.keys() {
             if !is_safe_relative(name) {
                 return Err(BundleError::UnsafeName { name: name.clone() });
             }
-            if !self.dir.join(name).is_file() {
+            if present && !self.dir.join(name).is_file() {
                 return Err(BundleError::MissingFile {
                     name: name.clone(),
                     dir: self.dir.clone(),
                 });
             }
         }
+        Ok(())
+    }
+
+    fn verify_files(&self, known: &BTreeMap<String, String>) -> Result<(), BundleError> {
+        self.check_names(true)?;
         // The files not already checked are hashed side by side: a bundle is a few large files,
         // and one core hashes about 1.4 GB/s. The first file in name order that fails is the
         // error, whatever the order they finish in.
