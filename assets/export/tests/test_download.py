@@ -125,7 +125,7 @@ def test_interrupted_download_resumes(served, tmp_path):
     in chunks of 10 MB, and a chunk that a broken connection cuts short is lost, so a transfer cut
     after 17 MB keeps 10 MB."""
     big = tmp_path / "big.pth"
-    big.write_bytes(bytes(range(256)) * (24 * 4096))
+    big.write_bytes(b"PK\x03\x04" + bytes(range(256)) * (24 * 4096))  # a zip's magic, as torch.save writes
     size = big.stat().st_size
     files = {(f.repo, f.path): f.local(served) for f in RELEASED}
     with StandInHub({**files, (TEXT.repo, TEXT.path): big}) as hub:
@@ -434,3 +434,29 @@ def test_a_link_at_the_partial_file_is_not_written_through(hub, tmp_path, suffix
     r = download(out, hub, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert victim.read_bytes() == b"not the hub's to write"
+
+
+@pytest.mark.parametrize("part", ["dit", "tokenizer"])
+def test_a_page_served_in_place_of_a_file_is_never_kept(served, tmp_path, part):
+    """Something between here and the hub (a captive portal, a proxy) answers a file with its own
+    page and an ETag that is neither a sha256 nor a git blob id, so no hash can check the bytes:
+    the file's format can, and the page is refused, removed and never recorded."""
+    f = next(g for g in RELEASED if g.part == part)
+    page = tmp_path / "portal.html"
+    page.write_bytes(b"<!DOCTYPE html><html><body>Log in to use this network</body></html>\n")
+    files = {(g.repo, g.path): g.local(served) for g in RELEASED}
+    files[(f.repo, f.path)] = page
+    out = tmp_path / "released"
+    with StandInHub(files) as h:
+        h.etags[(f.repo, f.path)] = "portal-1"
+        r = download(out, h, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"failed to fetch {f.repo} {f.path}: the bytes received are not" in r.stderr
+    assert "start with '<!DOCTYPE html>" in r.stderr
+    assert not f.local(out).exists()
+    assert not list((out / f.folder).rglob(f"{Path(f.path).name}.*.part"))
+    assert not list((out / f.folder).rglob(f"{Path(f.path).name}.metadata"))
+    # The other files came whole.
+    for g in RELEASED:
+        if g != f:
+            assert g.local(out).read_bytes() == g.local(served).read_bytes(), g.relative()

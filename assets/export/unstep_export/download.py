@@ -19,7 +19,9 @@ the token `hf auth login` saved under HF_HOME, HF_HUB_OFFLINE, proxies.  Per fil
    is huggingface_hub's http_get (which also retries a broken connection from where it stopped,
    within one run), watched for stalls: when no MiB arrives for STALL_SECONDS
    (UNSTEP_DOWNLOAD_STALL_SECONDS) the file fails, saying that running again continues it.  The
-   file is then checked (its size, and its sha256 or git blob id against the ETag), moved into
+   file is then checked (its size, its sha256 or git blob id against the ETag, and its format: a
+   checkpoint must be torch.save's zip archive and tokenizer.json a JSON tokenizer, so that a
+   captive portal's page is never taken for the file whatever ETag came with it), moved into
    place and recorded as hf_hub_download records it.  The partial file and its lock are opened
    without following symbolic links: a link planted at either is refused, never written through.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -370,10 +373,39 @@ def fetch(f: ReleasedFile, root: Path, revision: str, say) -> str:
                 partial.unlink()
                 raise DownloadError(f"the bytes received have git blob id {blob}, the hub's ETag is {etag}; the "
                                     "partial file was removed", "run the same command again")
+        _check_format(f, partial)
         os.replace(partial, dest)
     _record(local_dir, f, meta.commit_hash, etag)
     checked = ", sha256 checked" if lfs else ", git blob id checked" if GIT_BLOB.fullmatch(etag) else ""
     return f"done ({_size(got)}{checked})"
+
+
+# What each released file must be, whatever its ETag says: the checkpoints are torch.save's zip
+# archives, the tokenizer a JSON object with a `model`.
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_format(f: ReleasedFile, path: Path):
+    """Refuses bytes that are not the released file's format: an ETag that is neither a sha256 nor
+    a git blob id leaves them unchecked by hash, and a captive portal's or a proxy's page served
+    under the file's name must never become weights.  The partial file is removed."""
+    with open(path, "rb") as fh:
+        head = fh.read(64 * 1024)
+    if f.path.endswith((".pt", ".pth")):
+        ok, what = head.startswith(ZIP_MAGIC), "a PyTorch checkpoint (a zip archive)"
+    else:
+        what = "a tokenizer.json (a JSON object with a \"model\")"
+        try:
+            ok = "model" in json.loads(path.read_bytes())
+        except (ValueError, TypeError, UnicodeDecodeError):
+            ok = False
+    if not ok:
+        path.unlink()
+        start = head[:40].decode("utf-8", "replace").replace("\n", " ").strip()
+        raise DownloadError(f"the bytes received are not {what}: they start with {start!r}, as a page from "
+                            "something between here and the hub (a captive portal, a proxy) would; the partial "
+                            "file was removed", "check the network connection (log in to the network if it asks), "
+                            "then run the same command again")
 
 
 @contextmanager
