@@ -113,7 +113,13 @@ fn vocab_imports_no_other_module() {
 
 #[test]
 fn the_bottom_helpers_import_no_other_module() {
-    for module in ["atomic_file", "bounded_command", "file_identity"] {
+    for module in [
+        "atomic_file",
+        "bounded_command",
+        "bounded_read",
+        "file_identity",
+        "lock_query",
+    ] {
         let found = violations(module, |name| name == module);
         assert!(found.is_empty(), "{module} imports:\n{}", found.join("\n"));
     }
@@ -265,4 +271,50 @@ fn the_import_scanner_sees_a_folders_imports() {
     assert!(!cycles(&circle).is_empty());
     circle.get_mut("b").unwrap().clear();
     assert!(cycles(&circle).is_empty());
+}
+
+/// The crate's top-level modules (`src/<m>/` or `src/<m>.rs`) and, for each, the others its
+/// files name through `crate::` paths.
+fn top_level_imports() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut modules = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() || (path.extension().is_some_and(|e| e == "rs") && name != "lib") {
+            modules.insert(name);
+        }
+    }
+    modules.remove("main");
+    modules
+        .iter()
+        .map(|module| {
+            let named: std::collections::BTreeSet<String> = violations(module, |_| false)
+                .into_iter()
+                .filter_map(|found| found.rsplit("crate::").next().map(str::to_string))
+                .filter(|name| name != module && modules.contains(name))
+                .collect();
+            (module.clone(), named)
+        })
+        .collect()
+}
+
+/// No two top-level modules import each other: the passes and the bottom helpers form a
+/// hierarchy (docs/ARCHITECTURE.md), and a helper both need lives below both.
+#[test]
+fn no_two_top_level_modules_import_each_other() {
+    let imports = top_level_imports();
+    assert!(imports["execute"].contains("plan"), "the scan sees imports");
+    let mut pairs = Vec::new();
+    for (a, named) in &imports {
+        for b in named {
+            if a < b && imports[b].contains(a) {
+                pairs.push(format!("{a} <-> {b}"));
+            }
+        }
+    }
+    assert!(
+        pairs.is_empty(),
+        "modules that import each other: {pairs:?}"
+    );
 }

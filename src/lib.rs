@@ -8,6 +8,7 @@
 
 pub mod atomic_file;
 pub mod bounded_command;
+pub mod bounded_read;
 pub mod cli;
 pub mod engine;
 pub mod env_vars;
@@ -16,6 +17,7 @@ pub mod exit;
 pub mod file_identity;
 #[cfg(test)]
 mod layering;
+pub mod lock_query;
 pub mod manifest;
 pub mod plan;
 pub mod report;

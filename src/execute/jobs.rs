@@ -48,7 +48,7 @@ impl JobFactory<'_> {
     /// Where a process of `role` keeps its prompts' arrays of `kind`, when the manifest asks for
     /// them: the run folder's `latents/` or `frames/`; never for a warmup.
     fn kept(&self, role: ProcessRole, kind: ArrayKind) -> Option<PathBuf> {
-        (kind.kept_by(&self.r.manifest.outputs) && role != ProcessRole::Warmup)
+        (self.r.manifest.outputs.keeps(kind) && role != ProcessRole::Warmup)
             .then(|| self.plan.run_dir.join(kind.dir()))
     }
 

@@ -24,8 +24,7 @@ static CREATED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// How many times a taker opens a lock file again that was removed after it opened it.
 const TAKE_TRIES: usize = 8;
 
-/// The lock file inside a locked folder.
-pub const LOCK_FILE: &str = ".unstep.lock";
+pub use crate::lock_query::LOCK_FILE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
@@ -254,24 +253,16 @@ impl Lock {
     /// Whether some process holds `dir`'s lock now. Reads only: a folder without a lock file
     /// is not held.
     pub fn is_held(dir: &Path) -> bool {
-        Self::check_free(dir).is_err()
+        crate::lock_query::is_held(dir)
     }
 
     /// Refuses, naming the holder, when some process holds `dir`'s lock now, exclusively or
     /// shared; writes nothing, so that a refusal leaves no trace (a free lock is taken with
     /// [`Lock::acquire`]).
     pub fn check_free(dir: &Path) -> Result<(), LockError> {
-        let Ok(mut file) = File::open(dir.join(LOCK_FILE)) else {
-            return Ok(());
-        };
-        // An exclusive try conflicts with every holder; released at once when it succeeds.
-        match file.try_lock() {
-            Ok(()) => {
-                let _ = file.unlock();
-                Ok(())
-            }
-            Err(std::fs::TryLockError::WouldBlock) => Err(held(dir, &mut file)),
-            Err(std::fs::TryLockError::Error(_)) => Ok(()),
+        match crate::lock_query::held_lock_file(dir) {
+            Some(mut file) => Err(held(dir, &mut file)),
+            None => Ok(()),
         }
     }
 }

@@ -145,7 +145,7 @@ pub(super) fn expected_of(r: &Resolved, config_hash: &str, legacy: &str) -> Expe
         names: Some(crate::results::names::VideoNames::of(r)),
         arrays: ArrayKind::ALL
             .into_iter()
-            .filter(|kind| kind.kept_by(&m.outputs))
+            .filter(|kind| m.outputs.keeps(*kind))
             .collect(),
     }
 }

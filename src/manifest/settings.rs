@@ -312,6 +312,16 @@ pub struct Outputs {
     pub video_naming: VideoNaming,
 }
 
+impl Outputs {
+    /// Whether the run keeps each measured prompt's arrays of `kind`.
+    pub fn keeps(&self, kind: crate::vocab::ArrayKind) -> bool {
+        match kind {
+            crate::vocab::ArrayKind::Latents => self.save_latents,
+            crate::vocab::ArrayKind::Frames => self.save_frames,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VideoNaming {

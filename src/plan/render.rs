@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::manifest::diagnostic::display_path;
 use crate::manifest::{CacheMode, IndexList, Kind, Origin, Resolved};
-use crate::results::arrays::ArrayKind;
+use crate::vocab::ArrayKind;
 
 use super::build::{Plan, Role};
 
@@ -148,7 +148,7 @@ fn settings(s: &mut String, plan: &Plan, r: &Resolved) {
     );
     let kept: Vec<String> = ArrayKind::ALL
         .into_iter()
-        .filter(|kind| kind.kept_by(&m.outputs))
+        .filter(|kind| m.outputs.keeps(*kind))
         .map(|kind| format!("{}/", p(&plan.run_dir.join(kind.dir()))))
         .collect();
     if !kept.is_empty() {

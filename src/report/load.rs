@@ -114,7 +114,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
     };
     let evaluating = record.evaluation.as_ref().map(|e| e.status)
         == Some(crate::results::scores::EvaluationStatus::Running);
-    if evaluating && !crate::execute::lock::Lock::is_held(dir) {
+    if evaluating && !crate::lock_query::is_held(dir) {
         let e = record.evaluation.as_mut().expect("checked above");
         e.status = crate::results::scores::EvaluationStatus::Failed;
         e.failure.get_or_insert_with(|| {
@@ -124,7 +124,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, ReportError> {
     if record.status == RunStatus::Running {
         // A Slurm job's tasks take the lock once they start: a queued job holds nothing yet
         // (`runner status` asks Slurm).
-        if record.slurm.is_none() && !crate::execute::lock::Lock::is_held(dir) {
+        if record.slurm.is_none() && !crate::lock_query::is_held(dir) {
             record.status = RunStatus::Interrupted;
             record.failure.get_or_insert_with(|| {
                 "the apply that ran it ended without finishing (it was killed); apply its \

@@ -6,63 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::manifest::settings::Outputs;
-
-/// What a kept array holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArrayKind {
-    /// The final latents: float32, `[1, channels, latent frames, h, w]`.
-    Latents,
-    /// The decoded frames: uint8 RGB, `[frames, height, width, 3]`.
-    Frames,
-}
-
-impl ArrayKind {
-    pub const ALL: [ArrayKind; 2] = [ArrayKind::Latents, ArrayKind::Frames];
-
-    /// Whether a run's `[outputs]` asks for arrays of this kind.
-    pub fn kept_by(self, outputs: &Outputs) -> bool {
-        match self {
-            Self::Latents => outputs.save_latents,
-            Self::Frames => outputs.save_frames,
-        }
-    }
-
-    /// The folder of the run that holds them.
-    pub fn dir(self) -> &'static str {
-        match self {
-            Self::Latents => "latents",
-            Self::Frames => "frames",
-        }
-    }
-
-    fn prefix_and_extension(self) -> (&'static str, &'static str) {
-        match self {
-            Self::Latents => ("latents_", ".f32"),
-            Self::Frames => ("frames_", ".u8"),
-        }
-    }
-
-    /// The file of prompt `index`: `latents_<index>.f32` or `frames_<index>.u8`.
-    pub fn file_name(self, index: u32) -> String {
-        let (prefix, extension) = self.prefix_and_extension();
-        format!("{prefix}{index}{extension}")
-    }
-
-    /// The prompt index a file of this kind is named after, if it is one.
-    fn index_of(self, name: &str) -> Option<u32> {
-        let (prefix, extension) = self.prefix_and_extension();
-        let digits = name.strip_prefix(prefix)?.strip_suffix(extension)?;
-        // Only the names `file_name` writes: no sign, no leading zeros.
-        let canonical = !digits.is_empty()
-            && digits.bytes().all(|b| b.is_ascii_digit())
-            && (digits.len() == 1 || !digits.starts_with('0'));
-        if !canonical {
-            return None;
-        }
-        digits.parse().ok()
-    }
-}
+pub use crate::vocab::ArrayKind;
 
 /// The files of `kind` in `dir` (the run folder's `latents/` or `frames/`) by prompt index; empty
 /// when the folder does not exist. Temporary files of an interrupted write (dot-prefixed) and

@@ -41,6 +41,16 @@ pub enum RecordError {
     NotARecord { path: PathBuf, reason: String },
 }
 
+impl From<crate::bounded_read::ReadError> for RecordError {
+    fn from(e: crate::bounded_read::ReadError) -> Self {
+        use crate::bounded_read::ReadError;
+        match e {
+            ReadError::Read { path, source } => RecordError::Read { path, source },
+            ReadError::NotRegular { path, reason } => RecordError::NotARecord { path, reason },
+        }
+    }
+}
+
 impl RecordError {
     /// Whether the file is simply absent (as opposed to unreadable or corrupt).
     pub fn is_not_found(&self) -> bool {
@@ -128,90 +138,19 @@ pub const RECORD_LIMIT: u64 = 64 << 20;
 /// The largest timing file read (a process's records; a 946-prompt shard writes under 1 MiB).
 pub const TIMINGS_LIMIT: u64 = 256 << 20;
 
-/// Opens the file at `path` for reading, which must be a regular file (a symbolic link to one
-/// is followed) of at most `limit` bytes; gives it with its length. Every reader of a run's
-/// records and outputs opens them here, so that one replaced by a FIFO or a device fails at
-/// once instead of blocking the reader, and a huge one is refused instead of filling memory.
-///
-/// The type is checked before the file is opened, and again on the opened file: the open is
-/// non-blocking, so a FIFO swapped in between the two does not block it either.
+/// [`crate::bounded_read::open_regular`], its error a [`RecordError`].
 pub fn open_regular(path: &Path, limit: u64) -> Result<(File, u64), RecordError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let read_err = |source| RecordError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let check = |meta: &fs::Metadata| -> Result<u64, RecordError> {
-        let t = meta.file_type();
-        let kind = if t.is_file() {
-            None
-        } else if t.is_dir() {
-            Some("a folder")
-        } else if t.is_fifo() {
-            Some("a named pipe")
-        } else if t.is_char_device() || t.is_block_device() {
-            Some("a device")
-        } else if t.is_socket() {
-            Some("a socket")
-        } else {
-            Some("not a plain file")
-        };
-        if let Some(kind) = kind {
-            return Err(RecordError::NotARecord {
-                path: path.to_path_buf(),
-                reason: format!("it is {kind}, not a regular file"),
-            });
-        }
-        if meta.len() > limit {
-            return Err(RecordError::NotARecord {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "it holds {} bytes, more than the {limit} a file of a run may have",
-                    meta.len()
-                ),
-            });
-        }
-        Ok(meta.len())
-    };
-    check(&fs::metadata(path).map_err(read_err)?)?;
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(read_err)?;
-    let len = check(&file.metadata().map_err(read_err)?)?;
-    Ok((file, len))
+    Ok(crate::bounded_read::open_regular(path, limit)?)
 }
 
-/// Reads a whole file opened by [`open_regular`].
+/// [`crate::bounded_read::read_bounded`], its error a [`RecordError`].
 pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, RecordError> {
-    let (file, len) = open_regular(path, limit)?;
-    // A file that grows while it is read stops at the limit too.
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|source| RecordError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-    if bytes.len() as u64 > limit {
-        return Err(RecordError::NotARecord {
-            path: path.to_path_buf(),
-            reason: format!("it grew past {limit} bytes while it was read"),
-        });
-    }
-    Ok(bytes)
+    Ok(crate::bounded_read::read_bounded(path, limit)?)
 }
 
-/// [`read_bounded`] of a UTF-8 text file.
+/// [`crate::bounded_read::read_bounded_text`], its error a [`RecordError`].
 pub fn read_bounded_text(path: &Path, limit: u64) -> Result<String, RecordError> {
-    String::from_utf8(read_bounded(path, limit)?).map_err(|e| RecordError::NotARecord {
-        path: path.to_path_buf(),
-        reason: format!(
-            "it is not UTF-8 text (byte {})",
-            e.utf8_error().valid_up_to()
-        ),
-    })
+    Ok(crate::bounded_read::read_bounded_text(path, limit)?)
 }
 
 /// Reads a JSON file written by [`write_json_atomic`].

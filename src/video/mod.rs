@@ -15,7 +15,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 pub use self::mp4::Mp4Error;
-use crate::results::files::RecordError;
+use crate::bounded_read::ReadError;
 
 /// Largest frame OpenH264 accepts (level 5.2): 3840 wide by 2160 high, or the transpose.
 const MAX_LONG_SIDE: usize = 3840;
@@ -150,7 +150,7 @@ const MP4_LIMIT: u64 = 4 << 30;
 #[derive(Debug, thiserror::Error)]
 pub enum Mp4CheckError {
     #[error(transparent)]
-    Read(#[from] RecordError),
+    Read(#[from] ReadError),
     #[error(transparent)]
     Incomplete(#[from] Mp4Error),
 }
@@ -158,7 +158,7 @@ pub enum Mp4CheckError {
 /// Checks that the file at `path` is a whole MP4 (what [`write_mp4`] leaves): a file cut short
 /// or emptied by a crash, or not an MP4 at all, is an error saying what is wrong.
 pub fn check_mp4(path: &Path) -> Result<(), Mp4CheckError> {
-    let bytes = crate::results::files::read_bounded(path, MP4_LIMIT)?;
+    let bytes = crate::bounded_read::read_bounded(path, MP4_LIMIT)?;
     Ok(mp4::check_complete(&bytes)?)
 }
 

@@ -4,11 +4,13 @@
 //! one-time work). This module depends on no other module of the crate, so
 //! each of them can use it without depending on another.
 
+pub mod arrays;
 pub mod method;
 pub mod settings;
 pub mod times;
 pub mod values;
 
+pub use arrays::ArrayKind;
 pub use method::{Method, MethodFlags};
 pub use settings::{
     ArenaExtend, AttentionBackend, AttentionPrecision, ConvAlgoSearch, Emit, FusedKernels,
