@@ -19,6 +19,7 @@ pub mod file_identity;
 mod layering;
 pub mod lock_query;
 pub mod manifest;
+pub mod os;
 pub mod plan;
 pub mod report;
 pub mod results;

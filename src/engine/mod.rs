@@ -90,6 +90,20 @@ pub fn loader_message(e: &libloading::Error) -> String {
     }
 }
 
+/// Loads `name` (a soname, or a path) as the dynamic loader resolves it and returns the path of
+/// the file it mapped ([`mapped_library`]), or the loader's message. The library stays
+/// loaded: for `runner doctor`, a short process.
+pub fn load_library_kept(name: &str) -> Result<String, String> {
+    // SAFETY: loading runs the library's initialisers; the CUDA and cuDNN libraries `runner
+    // doctor` loads have none with preconditions, and nothing of the library is called here. ONNX Runtime's provider libraries have (`missing_links` checks them without loading).
+    let library = unsafe { libloading::Library::new(name) }.map_err(|e| loader_message(&e))?;
+    std::mem::forget(library);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    Ok(mapped_library(&maps, file_name(name))
+        .unwrap_or(name)
+        .to_string())
+}
+
 #[cfg(test)]
 mod tests {
     /// The library is found by the start of its file name, the fully versioned file preferred;

@@ -245,7 +245,7 @@ fn run(
         program: argv[0].clone(),
         source,
     })?;
-    let group = Group(child.id() as libc::pid_t);
+    let group = Group(child.id());
     // A limit past what the clock can hold (a record edited by hand; the manifest's is bounded)
     // sets no deadline rather than overflowing.
     let deadline = eval
@@ -344,55 +344,46 @@ const GRACE: Duration = Duration::from_secs(15);
 /// and kills it if the runner dies first (even by SIGKILL).
 fn own_process_group(command: &mut Command) {
     command.process_group(0);
-    // SAFETY: only prctl, async-signal-safe, between the fork and the exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    crate::os::end_with_parent(command, None);
 }
 
 /// The evaluation command's process group: its leader's pid.
-struct Group(libc::pid_t);
+struct Group(u32);
 
 impl Group {
-    fn signal(&self, signal: libc::c_int) -> bool {
-        // SAFETY: signalling the group of a child of ours (the leader is not reaped yet, or the
-        // call fails with ESRCH once no member is left).
-        unsafe { libc::killpg(self.0, signal) == 0 }
+    fn signal(&self, signal: crate::os::Signal) -> bool {
+        // The leader is not reaped yet, or the call fails once no member is left.
+        crate::os::signal_group(self.0, signal)
     }
 
     /// Stops the whole group: SIGTERM, then SIGKILL after [`GRACE`] (or at a second interrupt),
     /// and reaps the leader.
     fn stop(&self, leader: &mut Child) {
         let interrupts = super::signals::INTERRUPTS.load(Ordering::SeqCst);
-        self.signal(libc::SIGTERM);
+        self.signal(crate::os::Signal::Term);
         let until = Instant::now() + GRACE;
         while Instant::now() < until
             && super::signals::INTERRUPTS.load(Ordering::SeqCst) <= interrupts
-            && self.signal(0)
+            && self.signal(crate::os::Signal::Probe)
         {
             let _ = leader.try_wait();
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.signal(libc::SIGKILL);
+        self.signal(crate::os::Signal::Kill);
         let _ = leader.wait();
     }
 
     /// Stops what is left of the group once its leader has ended.
     fn stop_rest(&self) {
-        if !self.signal(0) {
+        if !self.signal(crate::os::Signal::Probe) {
             return;
         }
-        self.signal(libc::SIGTERM);
+        self.signal(crate::os::Signal::Term);
         let until = Instant::now() + GRACE;
-        while Instant::now() < until && self.signal(0) {
+        while Instant::now() < until && self.signal(crate::os::Signal::Probe) {
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.signal(libc::SIGKILL);
+        self.signal(crate::os::Signal::Kill);
     }
 }
 

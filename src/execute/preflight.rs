@@ -228,15 +228,9 @@ fn writable_preflight(target: &Path, what: &str, hint: &str) -> Result<(), Apply
                     format!("move the file away, or {hint}"),
                 ));
             }
-            let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap_or_default();
-            // SAFETY: a valid NUL-terminated path.
-            if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+            if let Err(e) = crate::os::check_writable(at) {
                 return Err(ApplyError::refused(
-                    format!(
-                        "cannot write {what} under {}: {}",
-                        display_path(at),
-                        std::io::Error::last_os_error()
-                    ),
+                    format!("cannot write {what} under {}: {}", display_path(at), e),
                     hint,
                 ));
             }

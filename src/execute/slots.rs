@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader};
 use std::os::fd::RawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -110,8 +109,7 @@ impl Workers<'_> {
                 }
                 if INTERRUPTED.load(Ordering::SeqCst) {
                     for pid in children.values() {
-                        // SAFETY: sending a signal to a child we started.
-                        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGTERM) };
+                        crate::os::signal_process(*pid, crate::os::Signal::Term);
                     }
                 }
             }
@@ -236,25 +234,7 @@ impl Workers<'_> {
 /// SIGKILL, included), and it inherits the lock's open file, so a next apply of the run is
 /// refused until the last worker is gone.
 pub(super) fn bind_to_parent(cmd: &mut Command, run_lock: RawFd) {
-    // SAFETY: getpid before the fork; in the child only async-signal-safe calls (prctl,
-    // getppid, fcntl, _exit).
-    let parent = unsafe { libc::getpid() };
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The orchestrator died between the fork and the prctl: nothing would kill us.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            let flags = libc::fcntl(run_lock, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(run_lock, libc::F_SETFD, flags & !libc::FD_CLOEXEC) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    crate::os::end_with_parent(cmd, Some(run_lock));
 }
 
 /// Where process `p`'s job spec goes: `specs/<index>.json`, named by the selection for a warmup

@@ -177,9 +177,7 @@ mod tests {
             Err(TextFileError::NotAFile("a device"))
         );
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::os::make_fifo(&fifo).unwrap();
         assert_eq!(
             read_text_file(&fifo, 10, "x"),
             Err(TextFileError::NotAFile("a named pipe"))

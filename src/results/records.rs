@@ -619,15 +619,7 @@ impl RunRecord {
 
 /// The host name, for telling runs on different machines apart.
 pub fn hostname() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that many bytes.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
-    (!name.is_empty()).then_some(name)
+    crate::os::hostname()
 }
 
 mod start;

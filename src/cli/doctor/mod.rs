@@ -428,20 +428,9 @@ fn provider_library_fix(
     }
 }
 
-/// Loads `name` (a soname, or a path) as the dynamic loader resolves it and returns the path of
-/// the file it mapped ([`engine::mapped_library`]), or the loader's message. The library stays
-/// loaded (the doctor is a short process).
+/// Loads `name` and says which file the loader mapped ([`engine::load_library_kept`]).
 fn load_library(name: &str) -> Result<String, String> {
-    // SAFETY: loading runs the library's initialisers; the CUDA and cuDNN libraries this loads
-    // (`cuda_library_checks`) have none with preconditions, and nothing of the library is called
-    // here. ONNX Runtime's provider libraries have (`missing_links` checks them without loading).
-    let library =
-        unsafe { libloading::Library::new(name) }.map_err(|e| engine::loader_message(&e))?;
-    std::mem::forget(library);
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    Ok(engine::mapped_library(&maps, engine::file_name(name))
-        .unwrap_or(name)
-        .to_string())
+    engine::load_library_kept(name)
 }
 /// The diagnostic switches set in this environment (docs/settings.md): a run started from it
 /// records them, as its times are not the product's; a misspelt one stops the run.

@@ -93,23 +93,15 @@ pub fn place_file(src: &Path, dst: &Path) -> Result<Placement, FileError> {
 /// A copy-on-write clone of `src` at `dst` (Linux's `FICLONE`, on Btrfs, XFS and the like);
 /// leaves no `dst` behind when the file system cannot clone.
 fn reflink(src: &Path, dst: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // _IOW(0x94, 9, int)
-    const FICLONE: libc::c_ulong = 0x4004_9409;
     let from = fs::File::open(src)?;
     let to = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(dst)?;
-    // SAFETY: both descriptors are open for the duration of the call.
-    let rc = unsafe { libc::ioctl(to.as_raw_fd(), FICLONE as _, from.as_raw_fd()) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let error = std::io::Error::last_os_error();
-    drop(to);
-    let _ = fs::remove_file(dst);
-    Err(error)
+    crate::os::clone_file(&from, &to).inspect_err(|_| {
+        drop(to);
+        let _ = fs::remove_file(dst);
+    })
 }
 
 pub fn place_dir(src: &Path, dst: &Path, placements: &mut Placements) -> Result<(), FileError> {
@@ -196,15 +188,7 @@ fn zip_unpacked_size(archive: &Path) -> Option<u64> {
 
 /// Bytes free for an unprivileged user on the file system of `path` (`statvfs`).
 fn free_bytes(path: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: a valid NUL-terminated path and a buffer of the right type.
-    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: statvfs succeeded and filled it.
-    let st = unsafe { st.assume_init() };
-    Some(st.f_bavail.saturating_mul(st.f_frsize))
+    crate::os::free_bytes(path)
 }
 
 /// Every file below `dir` (symbolic links to files included), by path relative to `base`, in
