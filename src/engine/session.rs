@@ -34,12 +34,12 @@ pub enum SessionError {
     #[error(transparent)]
     Bundle(#[from] BundleError),
     #[error(
-        "register execution provider {provider} for {graph}: {message}; run `runner doctor` to see which providers this ONNX Runtime has"
+        "register execution provider {provider} for {graph}: {source}; run `runner doctor` to see which providers this ONNX Runtime has"
     )]
     Provider {
         provider: &'static str,
         graph: String,
-        message: String,
+        source: ort::Error,
     },
     #[error("attention backend {backend} is not available on {provider}: {reason}")]
     AttentionUnavailable {
@@ -64,8 +64,8 @@ pub enum SessionError {
         "the 8-bit attention (method.attention_precision = \"int8\") cannot run here: {reason}"
     )]
     Int8AttentionUnavailable { reason: String },
-    #[error("load graph {graph}: {message}")]
-    Load { graph: String, message: String },
+    #[error("load graph {graph}: {source}")]
+    Load { graph: String, source: LoadCause },
     #[error(
         "rewrite graph {graph}'s self-attention as ONNX Runtime's MultiHeadAttention (attention_backend = \"{backend}\"): {source}; use attention_backend = \"auto\" or \"cudnn_flash\" for the runner's own"
     )]
@@ -74,6 +74,31 @@ pub enum SessionError {
         backend: &'static str,
         source: super::graph_rewrite::RewriteError,
     },
+}
+
+/// Why a graph's session could not be built: ONNX Runtime's error, a file or folder the build
+/// reads or makes, or a diagnostic switch it cannot apply. Each keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadCause {
+    #[error(transparent)]
+    Ort(#[from] ort::Error),
+    #[error("{what} {}: {source}", path.display())]
+    File {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the folder of {} is not UTF-8", .0.display())]
+    NotUtf8(std::path::PathBuf),
+    #[error(transparent)]
+    Diagnostics(#[from] crate::engine::options::DiagnosticsEnvError),
+}
+
+/// A builder's error, which hands the builder back, keeps only ONNX Runtime's error.
+impl From<ort::Error<ort::session::builder::SessionBuilder>> for LoadCause {
+    fn from(e: ort::Error<ort::session::builder::SessionBuilder>) -> Self {
+        LoadCause::Ort(e.into())
+    }
 }
 
 /// The sessions of a bundle. The text encoder's is `None` when the prompts were encoded before

@@ -41,7 +41,7 @@ pub(super) fn graph_session_builder(
 ) -> Result<ort::session::builder::SessionBuilder, SessionError> {
     let load = |e: ort::Error| SessionError::Load {
         graph: graph.to_string(),
-        message: e.to_string(),
+        source: e.into(),
     };
     let mut builder = if decoder {
         session_builder(runtime, graph, &decoder_options(options))?
@@ -89,11 +89,17 @@ pub(super) fn load_attention_rewritten(
     path: &Path,
     backend: &'static str,
 ) -> Result<Session, SessionError> {
-    let load = |message: String| SessionError::Load {
+    let load = |source: LoadCause| SessionError::Load {
         graph: graph.to_string(),
-        message,
+        source,
     };
-    let bytes = std::fs::read(path).map_err(|e| load(format!("read {}: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|source| {
+        load(LoadCause::File {
+            what: "read",
+            path: path.to_path_buf(),
+            source,
+        })
+    })?;
     let rewritten = crate::engine::graph_rewrite::attention_to_multi_head_attention(&bytes)
         .map_err(|source| SessionError::AttentionRewrite {
             graph: graph.to_string(),
@@ -111,12 +117,12 @@ pub(super) fn load_attention_rewritten(
             }
         })
         .and_then(Path::to_str)
-        .ok_or_else(|| load(format!("the folder of {} is not UTF-8", path.display())))?;
+        .ok_or_else(|| load(LoadCause::NotUtf8(path.to_path_buf())))?;
     builder
         .with_config_entry(EXTERNAL_INITIALIZERS_FOLDER, folder)
-        .map_err(|e| load(e.to_string()))?
+        .map_err(|e| load(e.into()))?
         .commit_from_memory(&rewritten)
-        .map_err(|e| load(e.to_string()))
+        .map_err(|e| load(e.into()))
 }
 
 pub(super) fn load_model(
@@ -128,7 +134,7 @@ pub(super) fn load_model(
         .commit_from_file(path)
         .map_err(|e| SessionError::Load {
             graph: graph.to_string(),
-            message: e.to_string(),
+            source: e.into(),
         })
 }
 
@@ -168,7 +174,7 @@ pub(crate) fn build_small_session(
         .commit_from_memory(model)
         .map_err(|e| SessionError::Load {
             graph: name.to_string(),
-            message: e.to_string(),
+            source: e.into(),
         })
 }
 
@@ -177,46 +183,57 @@ pub(super) fn session_builder(
     graph: &str,
     options: &RuntimeOptions,
 ) -> Result<ort::session::builder::SessionBuilder, SessionError> {
-    let load = |message: String| SessionError::Load {
+    let load = |source: LoadCause| SessionError::Load {
         graph: graph.to_string(),
-        message,
+        source,
     };
     let mut builder = Session::builder(&runtime.environment)
         .and_then(|b| {
             b.with_optimization_level(GraphOptimizationLevel::All)
                 .map_err(Into::into)
         })
-        .map_err(|e| load(e.to_string()))?;
+        .map_err(|e| load(e.into()))?;
     if let Some(threads) = options.intra_op_threads {
         builder = builder
             .with_intra_threads(threads)
-            .map_err(|e| load(e.to_string()))?;
+            .map_err(|e| load(e.into()))?;
     }
     if let Some(dir) = &options.optimized_model_dir {
-        std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|source| {
+            load(LoadCause::File {
+                what: "create",
+                path: dir.clone(),
+                source,
+            })
+        })?;
         // Written once per folder: writing a large graph's model again at every start would cost
         // each process the time of writing its weights.
         let file = dir.join(format!("{}.optimized.onnx", graph_stem(graph)));
         if !file.exists() {
             builder = builder
                 .with_optimized_model_path(file)
-                .map_err(|e| load(e.to_string()))?;
+                .map_err(|e| load(e.into()))?;
         }
     }
     if let Some(dir) = &options.diagnostics.ort_profile_dir {
-        std::fs::create_dir_all(dir).map_err(|e| load(format!("create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|source| {
+            load(LoadCause::File {
+                what: "create",
+                path: dir.clone(),
+                source,
+            })
+        })?;
         builder = builder
             .with_profiling(dir.join(graph_stem(graph)))
-            .map_err(|e| load(e.to_string()))?;
+            .map_err(|e| load(e.into()))?;
     }
     if let Some(level) = &options.diagnostics.ort_log_level {
-        let level =
-            crate::engine::options::ort_log_level(level).map_err(|e| load(e.to_string()))?;
+        let level = crate::engine::options::ort_log_level(level).map_err(|e| load(e.into()))?;
         builder = builder
             .with_log_level(level)
-            .map_err(|e| load(e.to_string()))?
+            .map_err(|e| load(e.into()))?
             .with_log_id(graph_stem(graph))
-            .map_err(|e| load(e.to_string()))?;
+            .map_err(|e| load(e.into()))?;
     }
     let disabled = options
         .diagnostics
@@ -226,7 +243,7 @@ pub(super) fn session_builder(
     if !disabled.is_empty() {
         builder = builder
             .with_config_entry("optimization.disable_specified_optimizers", disabled)
-            .map_err(|e| load(e.to_string()))?;
+            .map_err(|e| load(e.into()))?;
     }
     let providers = execution_providers(&options.provider);
     if !providers.is_empty() {
@@ -236,7 +253,7 @@ pub(super) fn session_builder(
                 .map_err(|e| SessionError::Provider {
                     provider: options.provider.name(),
                     graph: graph.to_string(),
-                    message: e.to_string(),
+                    source: e.into(),
                 })?;
     }
     Ok(builder)
