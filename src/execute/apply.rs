@@ -46,10 +46,16 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     let config = RunConfig::resolve(r);
     refuse_before_work(r, plan, &config, opts)?;
     let config_hash = crate::results::config_hash(r);
-    let found = completed(r, plan, &config_hash)?;
+    let mut found = completed(r, plan, &config_hash)?;
     super::slurm::check_no_live_job(&plan.run_dir, found.previous.as_ref(), plan.selection)?;
     // Nothing has been written so far; from here on the run holds its locks.
     let mut locks = RunLocks::take(r, plan)?;
+    // The Slurm jobs of the record this apply continues that no apply followed to their end
+    // (`--detach`) have ended (`check_no_live_job`), or run other shards: what each task tells
+    // of its end goes into the record, as an apply that follows its job records it.
+    if let Some(previous) = &mut found.previous {
+        super::slurm::settle_ended_jobs(&plan.run_dir, previous);
+    }
     // Never cleared: an interrupt that arrives between the runs of a sweep, while the next one
     // prepares, ends that run as soon as it starts instead of being forgotten.
     install_signal_handlers();
