@@ -43,6 +43,8 @@ pub use super::signals::interrupted;
 /// Runs a plan.
 pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, ApplyError> {
     let began = (Instant::now(), SystemTime::now());
+    // Before any step: an interrupt from here on is seen, never the process's end or lost.
+    install_signal_handlers();
     let config = RunConfig::resolve(r);
     refuse_before_work(r, plan, &config, opts)?;
     let config_hash = crate::results::config_hash(r);
@@ -56,9 +58,15 @@ pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, 
     if let Some(previous) = &mut found.previous {
         super::slurm::settle_ended_jobs(&plan.run_dir, previous);
     }
-    // Never cleared: an interrupt that arrives between the runs of a sweep, while the next one
-    // prepares, ends that run as soon as it starts instead of being forgotten.
-    install_signal_handlers();
+    // The flag is never cleared: an interrupt that arrived before this point (between the runs
+    // of a sweep, or while this apply checked and took its locks) ends the apply here, before
+    // it writes anything of the run; `start` asks again once the staging, which may take
+    // minutes, is done, before the run's folders and record.
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err(ApplyError::Interrupted {
+            run: plan.run.clone(),
+        });
+    }
     announce(r, plan, &found.notes);
     mend_own(plan, &found)?;
     if let Some(previous) = &found.previous
