@@ -1,7 +1,7 @@
 //! `runner apply` of a sweep: its runs one after the other, each a normal run, then one table
 //! over all of them.
 
-use crate::execute::{self, ApplyOptions, PreviousRun};
+use crate::execute::{self, ApplyError, ApplyOptions, PreviousRun};
 use crate::exit::{self, Failure};
 use crate::manifest::Resolved;
 use crate::plan::Plan;
@@ -18,10 +18,14 @@ enum Ended {
 /// Applies every run of the sweep in turn. Refusals that can be told before anything runs
 /// (a results folder holding another configuration, probe state in the way, and every check
 /// `apply` makes before it writes: `execute::before_work`) stop the sweep before its first run. A failed run does not stop the others; an interrupt, or an error of
-/// `apply` itself (the bundle, a lock, the staging), stops the sweep after that run.
+/// `apply` itself (the bundle, a lock, the staging), stops the sweep after that run. An
+/// interrupt is seen from the sweep's start on: one that arrives before a run has started
+/// (before the first, or between two) starts no run after it, as `apply` of that run, which
+/// ends before it writes anything when the interrupt came first, leaves it not started.
 /// With `json`, stdout has the records (`run.json`) of the runs that ran, as a list, in place
 /// of the table.
 pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions, json: bool) -> i32 {
+    execute::signals::install_signal_handlers();
     let mut refused = false;
     for (resolved, plan) in runs {
         let refusal = match execute::previous_run(resolved, plan) {
@@ -72,6 +76,8 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions, json: bool) -> i32 
                     break;
                 }
             }
+            // Not started: the table lists it so, and the sweep ends as interrupted.
+            Err(ApplyError::Interrupted { .. }) => break,
             Err(e) => {
                 let e = exit::Plain {
                     message: format!("run `{}`: {e}", plan.run),

@@ -43,16 +43,30 @@ pub use super::signals::interrupted;
 /// Runs a plan.
 pub fn apply(r: &Resolved, plan: &Plan, opts: &ApplyOptions) -> Result<Outcome, ApplyError> {
     let began = (Instant::now(), SystemTime::now());
+    // Before any step: an interrupt from here on is seen, never the process's end or lost.
+    install_signal_handlers();
     let config = RunConfig::resolve(r);
     refuse_before_work(r, plan, &config, opts)?;
     let config_hash = crate::results::config_hash(r);
-    let found = completed(r, plan, &config_hash)?;
+    let mut found = completed(r, plan, &config_hash)?;
     super::slurm::check_no_live_job(&plan.run_dir, found.previous.as_ref(), plan.selection)?;
     // Nothing has been written so far; from here on the run holds its locks.
     let mut locks = RunLocks::take(r, plan)?;
-    // Never cleared: an interrupt that arrives between the runs of a sweep, while the next one
-    // prepares, ends that run as soon as it starts instead of being forgotten.
-    install_signal_handlers();
+    // The Slurm jobs of the record this apply continues that no apply followed to their end
+    // (`--detach`) have ended (`check_no_live_job`), or run other shards: what each task tells
+    // of its end goes into the record, as an apply that follows its job records it.
+    if let Some(previous) = &mut found.previous {
+        super::slurm::settle_ended_jobs(&plan.run_dir, previous);
+    }
+    // The flag is never cleared: an interrupt that arrived before this point (between the runs
+    // of a sweep, or while this apply checked and took its locks) ends the apply here, before
+    // it writes anything of the run; `start` asks again once the staging, which may take
+    // minutes, is done, before the run's folders and record.
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err(ApplyError::Interrupted {
+            run: plan.run.clone(),
+        });
+    }
     announce(r, plan, &found.notes);
     mend_own(plan, &found)?;
     if let Some(previous) = &found.previous

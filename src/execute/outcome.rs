@@ -35,6 +35,10 @@ pub enum ApplyError {
     Results(#[from] crate::results::files::RecordError),
     #[error("{0}")]
     Io(String),
+    /// An interrupt arrived before the run started: the apply ended before it made the run's
+    /// folders its own and wrote its record (a snapshot it staged is removed).
+    #[error("interrupted before run `{run}` started")]
+    Interrupted { run: String },
 }
 
 impl ApplyError {
@@ -62,7 +66,9 @@ impl ApplyError {
 
 impl crate::exit::Failure for ApplyError {
     fn exit_code(&self) -> i32 {
-        if self.is_usage() {
+        if matches!(self, ApplyError::Interrupted { .. }) {
+            crate::exit::INTERRUPTED
+        } else if self.is_usage() {
             crate::exit::USAGE
         } else {
             crate::exit::FAILURE
@@ -72,6 +78,9 @@ impl crate::exit::Failure for ApplyError {
     fn hint(&self) -> Option<String> {
         match self {
             ApplyError::Refused { hint, .. } => hint.clone(),
+            ApplyError::Interrupted { .. } => {
+                Some("apply the same manifest again to start it".to_string())
+            }
             _ => None,
         }
     }

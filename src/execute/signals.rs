@@ -1,6 +1,8 @@
 //! The interrupt: SIGINT, SIGTERM and SIGHUP set a flag (and count themselves) that the steps
 //! of a run check between processes and while waiting, so that a run ends recorded as
-//! interrupted, with what it started stopped.
+//! interrupted, with what it started stopped. The flag is set for the rest of the process: an
+//! apply that it finds set before its run has started ends without starting it, so an interrupt
+//! between the runs of a sweep starts none of the runs after it.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -11,8 +13,9 @@ pub(crate) static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// (an evaluation command that does not end on SIGTERM) at once.
 pub(crate) static INTERRUPTS: AtomicU32 = AtomicU32::new(0);
 
-/// Whether an interrupt arrived since the first `apply` of this process installed its handlers:
-/// a caller that applies several runs in turn starts no further run after one.
+/// Whether an interrupt arrived since the handlers were installed (as `apply` begins, or as a
+/// sweep does, before its checks of every run): a caller that applies several runs in turn
+/// starts no further run after one.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
@@ -25,8 +28,10 @@ fn on_signal() {
 }
 
 /// Runs [`on_signal`] on SIGINT, SIGTERM and SIGHUP (a closed terminal stops the run as Ctrl-C
-/// does); installed once per process.
-pub(crate) fn install_signal_handlers() {
+/// does); installed once per process, and never taken back: from then on no interrupt ends the
+/// process at once (their default) or goes unseen (ignored, as a shell starts a background
+/// command).
+pub fn install_signal_handlers() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};

@@ -55,6 +55,17 @@ pub(super) fn start(
         found.previous.as_ref(),
     );
     let stage = stage(r, plan, opts.reuse_workdir || killed)?;
+    // The run starts with its results folder: an interrupt that arrived before (while the
+    // snapshot was staged, or earlier) ends the apply here, the snapshot it made removed and the
+    // run as it was. A reused snapshot is left for the next apply, as it was found.
+    if super::signals::interrupted() {
+        if !stage.reused {
+            let _ = stage.remove();
+        }
+        return Err(ApplyError::Interrupted {
+            run: plan.run.clone(),
+        });
+    }
     mark_owned(r, plan, &stage)?;
     clear_global_caches(&r.paths.global_caches);
     // Read before the run adds state of its own.

@@ -537,6 +537,8 @@ pub struct SlurmTaskRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<String>,
     /// The task's last state as Slurm reported it (`COMPLETED`, `FAILED`, `CANCELLED`, ...).
+    /// None while the task may still run (an apply with `--detach` records its job so, and the
+    /// apply that collects the run fills it in), or when Slurm no longer knew the job.
     pub state: Option<String>,
 }
 

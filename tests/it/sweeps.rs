@@ -334,36 +334,86 @@ fn a_refusal_of_a_later_point_comes_before_the_first_run_and_plan_shows_it() {
     assert!(left.exists());
 }
 
-/// Ctrl-C while the sweep's second run prepares (after the sweep announced it, before its
-/// workers) is not lost: the second run does not run to its end and the sweep says interrupted.
+/// Ctrl-C between the runs of a sweep starts no further run: sent as soon as the first run's
+/// record says it succeeded (just after that run ended), and as the sweep announces the second
+/// run (while that one prepares: its checks, locks and staging, seconds of work here). Either
+/// way the second run is not started, its results folder and staging do not exist, and the
+/// sweep ends interrupted, saying that applying it again resumes it.
 #[test]
-fn an_interrupt_as_the_next_run_of_a_sweep_prepares_is_not_lost() {
+fn an_interrupt_between_the_runs_of_a_sweep_starts_no_further_run() {
     use std::io::BufRead;
-    let t = Test::new();
-    let path = generation(&t, "next", "0-1");
-    append(&path, SIGMAS);
-    let second = t.path().join("results/next-clean_sigma=0.01");
-    let mut child = spawn_runner(&t, &["apply", "next.toml"]);
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "{seen}");
-        seen.push_str(&line);
-        if line.starts_with("sweep: run 2 of 2") {
-            break;
+    for after_first_record in [true, false] {
+        let t = Test::new();
+        let path = generation(&t, "next", "0-1");
+        append(&path, SIGMAS);
+        let first = t.path().join("results/next-clean_sigma=0.005");
+        let second = t.path().join("results/next-clean_sigma=0.01");
+        let mut child = spawn_runner(&t, &["apply", "next.toml"]);
+        // The runner's stderr, line by line, read on a thread of its own so that it never waits
+        // on a full pipe.
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let (lines, from_runner) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let mut seen = String::new();
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            assert!(Instant::now() < deadline, "timed out: {seen}");
+            if after_first_record {
+                let status = std::fs::read_to_string(first.join("run.json"))
+                    .ok()
+                    .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+                    .map(|run| run["status"].clone());
+                if status.is_some_and(|s| s == "succeeded") {
+                    break;
+                }
+                while let Ok(line) = from_runner.try_recv() {
+                    seen.push_str(&line);
+                    seen.push('\n');
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            } else {
+                let line = from_runner
+                    .recv_timeout(Duration::from_secs(240))
+                    .unwrap_or_else(|_| panic!("no second run announced: {seen}"));
+                seen.push_str(&line);
+                seen.push('\n');
+                if line.starts_with("sweep: run 2 of 2") {
+                    break;
+                }
+            }
         }
+        // SAFETY: interrupting the runner this test started, as Ctrl-C would.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let out = child.wait_with_output().unwrap();
+        reader.join().unwrap();
+        seen.extend(from_runner.try_iter().map(|line| line + "\n"));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let what = format!("after_first_record={after_first_record}\n{stdout}{seen}");
+        assert_eq!(out.status.code(), Some(130), "{what}");
+        assert_eq!(
+            read_json(&first.join("run.json"))["status"],
+            "succeeded",
+            "{what}"
+        );
+        assert!(!second.exists(), "the second run was started: {what}");
+        assert!(
+            !t.path().join("work/next-clean_sigma=0.01").exists(),
+            "its staging is left: {what}"
+        );
+        let listed = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("next-clean_sigma=0.01 "))
+            .unwrap_or_else(|| panic!("{what}"));
+        assert!(listed.contains("not started"), "{what}");
+        assert!(
+            seen.contains("interrupted; apply the same manifest again to resume the sweep"),
+            "{what}"
+        );
     }
-    // SAFETY: interrupting the runner this test started, as Ctrl-C would.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{seen}{rest}");
-    if second.join("run.json").exists() {
-        assert_eq!(read_json(&second.join("run.json"))["status"], "interrupted");
-    }
-    assert!(rest.contains("apply the same manifest again"), "{rest}");
 }
 
 #[test]

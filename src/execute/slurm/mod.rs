@@ -465,16 +465,12 @@ impl SlurmWork<'_> {
         let mut failures = Vec::new();
         for t in &mut record.tasks {
             let report = read_task_report(self.run_dir, job_id, t.task);
-            let state = live
-                .get(&t.task)
-                .map(|s: &TaskState| s.state.clone())
-                .or_else(|| ended.get(&t.task).map(|s| s.state.clone()));
-            t.state = state.clone();
-            t.node = report
-                .as_ref()
-                .and_then(|r| r.node.clone())
-                .or_else(|| ended.get(&t.task).and_then(|s| s.node.clone()));
-            t.gpus = report.as_ref().and_then(|r| r.gpus.clone());
+            fill_task(
+                t,
+                report.as_ref(),
+                live.get(&t.task).or_else(|| ended.get(&t.task)),
+            );
+            let state = t.state.clone();
             let log = slurm_log(self.run_dir, job_id, t.task);
             let see = if log.exists() {
                 format!("see {}", display_path(&log))
@@ -504,6 +500,45 @@ impl SlurmWork<'_> {
             failures,
             record,
             lost,
+        }
+    }
+}
+
+/// Task `t` of a job's record from what tells where it ran and how it ended: its state as Slurm
+/// tells it (`now`; none when Slurm no longer knows the job: the record makes none up), the node
+/// the task reported, else Slurm's, and the GPUs it reported.
+fn fill_task(t: &mut SlurmTaskRecord, report: Option<&TaskReport>, now: Option<&TaskState>) {
+    t.state = now.map(|s| s.state.clone());
+    t.node = report
+        .and_then(|r| r.node.clone())
+        .or_else(|| now.and_then(|s| s.node.clone()));
+    t.gpus = report.and_then(|r| r.gpus.clone());
+}
+
+/// Fills in the Slurm jobs of `record` (a run's record as an earlier apply left it) that no apply
+/// followed to their end: an apply records its job as it submits it, before any task has run,
+/// and with `--detach` (or when it stopped following because Slurm did not answer) nothing
+/// records the tasks' ends after that. Each task whose state is missing and that has ended, by
+/// Slurm's word or, where Slurm no longer knows the job, by its own report, gets its state (when
+/// Slurm tells it), node and GPUs as [`SlurmWork::follow`] records them; a task still queued or
+/// running, or whose end nothing tells, is left as it is. Slurm is asked only about jobs with
+/// such tasks.
+pub(super) fn settle_ended_jobs(run_dir: &Path, record: &mut RunRecord) {
+    for job in record.slurm.iter_mut().chain(&mut record.slurm_shard_jobs) {
+        if job.tasks.iter().all(|t| t.state.is_some()) {
+            continue;
+        }
+        let slurm = ended_states(&job.job_id);
+        for t in job.tasks.iter_mut().filter(|t| t.state.is_none()) {
+            let report = read_task_report(run_dir, &job.job_id, t.task);
+            let now = slurm.get(&t.task);
+            let ended = match now {
+                Some(s) => !query::is_live(&s.state),
+                None => report.as_ref().is_some_and(|r| r.ended_at.is_some()),
+            };
+            if ended {
+                fill_task(t, report.as_ref(), now);
+            }
         }
     }
 }

@@ -61,7 +61,7 @@ pub struct TaskState {
 }
 
 /// The states of a task that has not ended: queued, starting, running or ending.
-fn is_live(state: &str) -> bool {
+pub(super) fn is_live(state: &str) -> bool {
     matches!(
         state,
         "PENDING"

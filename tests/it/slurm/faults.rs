@@ -1,5 +1,6 @@
-//! The Slurm executor when things go wrong around it: Slurm's commands failing, a run cleaned
-//! while its detached job waits, a `%` in the results path, two `--shard` applies side by side,
+//! The Slurm executor when things go wrong around it: Slurm's commands failing (while apply
+//! follows its job, and while it collects a detached one), a run cleaned while its detached job
+//! waits, a `%` in the results path, two `--shard` applies side by side,
 //! and an array task's process killed. Against the real local Slurm, as the rest of `slurm`.
 
 use std::path::{Path, PathBuf};
@@ -143,6 +144,50 @@ fn apply_follows_its_job_to_the_end_when_squeue_fails_and_when_no_slurm_command_
             }
         }
         assert_eq!(shard_prompts(&dir), vec![0, 1]);
+    }
+}
+
+/// The apply that collects a detached job's run while no Slurm command answers still records
+/// where each task ran, from the tasks' own reports, and makes up no state Slurm did not tell.
+#[test]
+fn a_detached_job_collected_while_slurm_does_not_answer_gets_its_nodes_from_the_task_reports() {
+    if !slurm_up() {
+        return;
+    }
+    let t = Test::new();
+    let dir = run_dir(&t);
+    let out = runner(&t, &apply_args(&t, "slurm", "0-1", &["--detach"]))
+        .output()
+        .unwrap();
+    crate::support::assert_exit_0(&out);
+    let job = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let _cancel = CancelOnDrop(job.clone());
+    wait_for("the job to end", || squeue(&job).is_empty().then_some(()));
+    let child = runner(&t, &apply_args(&t, "slurm", "0-1", &[]))
+        .env(
+            "PATH",
+            path_with_failing(&t, &["squeue", "scontrol", "sacct"]),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, 300, "the apply that collects the run");
+    crate::support::assert_exit_0(&out);
+    let run = read_json(&dir.join("run.json"));
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert_eq!(run["slurm"]["job_id"], job.as_str(), "no second job: {run}");
+    let host = run["host"].as_str().unwrap();
+    let tasks = run["slurm"]["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{run}");
+    for task in tasks {
+        assert_eq!(
+            task["node"].as_str(),
+            Some(host.split('.').next().unwrap()),
+            "{run}"
+        );
+        // Nothing told the state: the record does not make one up.
+        assert!(task["state"].is_null(), "{run}");
     }
 }
 

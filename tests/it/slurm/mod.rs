@@ -360,6 +360,20 @@ fn a_detached_apply_returns_the_job_id_and_a_later_apply_collects_the_run() {
         4,
         "two warmups and two prompts, once each"
     );
+    // The apply that collected the run recorded where each task of the detached job ran and
+    // how it ended, as an apply that follows its job does.
+    let tasks = run["slurm"]["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{run}");
+    let host = run["host"].as_str().unwrap();
+    for (i, task) in tasks.iter().enumerate() {
+        assert_eq!(task["task"], i, "{run}");
+        assert_eq!(task["state"], "COMPLETED", "{run}");
+        assert_eq!(
+            task["node"].as_str(),
+            Some(host.split('.').next().unwrap()),
+            "{run}"
+        );
+    }
 }
 
 #[test]
