@@ -187,6 +187,15 @@ pub(super) fn session_builder(
         graph: graph.to_string(),
         source,
     };
+    let create = |dir: &Path| {
+        std::fs::create_dir_all(dir).map_err(|source| {
+            load(LoadCause::File {
+                what: "create",
+                path: dir.to_path_buf(),
+                source,
+            })
+        })
+    };
     let mut builder = Session::builder(&runtime.environment)
         .and_then(|b| {
             b.with_optimization_level(GraphOptimizationLevel::All)
@@ -199,13 +208,7 @@ pub(super) fn session_builder(
             .map_err(|e| load(e.into()))?;
     }
     if let Some(dir) = &options.optimized_model_dir {
-        std::fs::create_dir_all(dir).map_err(|source| {
-            load(LoadCause::File {
-                what: "create",
-                path: dir.clone(),
-                source,
-            })
-        })?;
+        create(dir)?;
         // Written once per folder: writing a large graph's model again at every start would cost
         // each process the time of writing its weights.
         let file = dir.join(format!("{}.optimized.onnx", graph_stem(graph)));
@@ -216,13 +219,7 @@ pub(super) fn session_builder(
         }
     }
     if let Some(dir) = &options.diagnostics.ort_profile_dir {
-        std::fs::create_dir_all(dir).map_err(|source| {
-            load(LoadCause::File {
-                what: "create",
-                path: dir.clone(),
-                source,
-            })
-        })?;
+        create(dir)?;
         builder = builder
             .with_profiling(dir.join(graph_stem(graph)))
             .map_err(|e| load(e.into()))?;
