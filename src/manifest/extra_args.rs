@@ -4,7 +4,7 @@
 //! with a diagnostic that says where to set it.
 
 use super::diagnostic::{Diagnostic, Origin, did_you_mean};
-use super::layers::{Entry, Layer, parse_text};
+use super::layer::{Entry, Layer, parse_text};
 use super::schema::{MethodClass, keys};
 
 /// A method flag accepted in extra args, or the reason it is not.

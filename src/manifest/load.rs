@@ -330,7 +330,7 @@ fn run_name(
     let (name_text, name_origin, name_excerpt) = match (flag_name, top.leaves.get("name")) {
         (Some(n), _) => (
             // Quoted as in a manifest (`--set name="x"`) is the name inside the quotes.
-            super::layers::unquote(n.trim()).unwrap_or_else(|_| n.to_string()),
+            super::layer::unquote(n.trim()).unwrap_or_else(|_| n.to_string()),
             Origin::Flag {
                 arg: format!("--set name={n}"),
             },

@@ -11,6 +11,7 @@ mod dotted;
 pub mod evaluation;
 mod extra_args;
 pub mod inputs;
+mod layer;
 pub mod layers;
 pub mod load;
 mod names_file;
