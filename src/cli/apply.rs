@@ -69,12 +69,16 @@ pub fn run(args: &ApplyArgs) -> i32 {
             outcome.run_dir.display()
         );
         if args.json {
-            return super::out(&value_text(&record_json(&outcome.run_dir)));
+            return super::out(&super::apply_json::value_text(
+                &super::apply_json::record_json(&outcome.run_dir),
+            ));
         }
         return super::out(&format!("{job}\n"));
     }
     let code = if args.json {
-        super::out(&value_text(&record_json(&outcome.run_dir)))
+        super::out(&super::apply_json::value_text(
+            &super::apply_json::record_json(&outcome.run_dir),
+        ))
     } else {
         // The statistics table, as `runner report` shows it.
         let report = crate::report::load_run(&outcome.run_dir)
@@ -114,21 +118,6 @@ pub fn run(args: &ApplyArgs) -> i32 {
             exit::FAILURE
         }
     }
-}
-
-/// The record (`run.json`) of the run in `run_dir` as it is on disk; `null` when it has none.
-pub(super) fn record_json(run_dir: &std::path::Path) -> serde_json::Value {
-    std::fs::read_to_string(run_dir.join(crate::results::RUN_JSON))
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or(serde_json::Value::Null)
-}
-
-/// `apply --json`'s output: one run's record, or a sweep's list of them.
-pub(super) fn value_text(value: &serde_json::Value) -> String {
-    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialise");
-    text.push('\n');
-    text
 }
 
 /// What to run after a failed run, as commands to copy: this apply's own (the variables that

@@ -1,6 +1,7 @@
 //! The command line: argument parsing, and the mapping of errors to exit statuses.
 
 mod apply;
+mod apply_json;
 mod completions;
 mod doctor;
 mod evaluate;

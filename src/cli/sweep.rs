@@ -94,9 +94,9 @@ pub fn apply(runs: &[(Resolved, Plan)], opts: &ApplyOptions, json: bool) -> i32 
             .iter()
             .zip(&ended)
             .filter(|(_, e)| matches!(e, Ended::Ran(_)))
-            .map(|((_, plan), _)| super::apply::record_json(&plan.run_dir))
+            .map(|((_, plan), _)| super::apply_json::record_json(&plan.run_dir))
             .collect();
-        super::out(&super::apply::value_text(&serde_json::Value::Array(
+        super::out(&super::apply_json::value_text(&serde_json::Value::Array(
             records,
         )))
     } else {
