@@ -4,7 +4,7 @@
 
 use super::ftfy;
 use super::html;
-use super::tables::python_chars::PY_SPACE;
+use super::tables::is_py_space;
 
 /// A cleaned prompt, and whether its text looked like mojibake that the reference's ftfy would
 /// have tried to repair ([`ftfy::looks_like_mojibake`]), which this cleaning does not.
@@ -55,11 +55,6 @@ pub fn whitespace_clean(text: &str) -> String {
 /// Python's `str.strip()` without arguments.
 pub fn py_strip(text: &str) -> &str {
     text.trim_matches(is_py_space)
-}
-
-/// Python's `str.isspace()` of one character.
-pub fn is_py_space(c: char) -> bool {
-    PY_SPACE.binary_search(&c).is_ok()
 }
 
 #[cfg(test)]

@@ -260,7 +260,7 @@ fn lost_no_break_space(chars: &[char], i: usize) -> bool {
     match before {
         [] => true,
         [.., c] if c.is_ascii_lowercase() => true,
-        [.., c, s] => c.is_ascii_lowercase() && super::clean::is_py_space(*s),
+        [.., c, s] => c.is_ascii_lowercase() && super::tables::is_py_space(*s),
         [_] => false,
     }
 }

@@ -11,3 +11,8 @@ pub(super) mod ftfy_chars;
 pub(super) mod html_entities;
 #[rustfmt::skip]
 pub(super) mod python_chars;
+
+/// Python's `str.isspace()` of one character.
+pub(super) fn is_py_space(c: char) -> bool {
+    python_chars::PY_SPACE.binary_search(&c).is_ok()
+}
