@@ -41,6 +41,7 @@ pub mod ort_lib;
 pub mod probe;
 pub mod schedule;
 pub mod session;
+pub mod session_error;
 pub use crate::vocab::settings;
 pub mod text;
 

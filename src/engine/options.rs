@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::bundle::Bundle;
-use super::session::SessionError;
+pub use super::session_error::DiagnosticsEnvError;
+use super::session_error::SessionError;
 use super::settings::{
     ArenaExtend, AttentionBackend, AttentionPrecision, ConvAlgoSearch, FusedKernels, Precision,
     ProviderKind,
@@ -525,17 +526,6 @@ const ORT_LOG_LEVELS: [(&str, ort::logging::LogLevel); 3] = [
     ("info", ort::logging::LogLevel::Info),
     ("warning", ort::logging::LogLevel::Warning),
 ];
-
-/// A diagnostic switch of the environment set to a value it does not take, and what to do instead.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DiagnosticsEnvError {
-    /// `UNSTEP_ORT_LOG` set to a name not in [`ORT_LOG_LEVELS`].
-    #[error(
-        "{var}={0:?} is not a log level: set it to verbose, info or warning, or unset it",
-        var = crate::env_vars::EnvVars::UNSTEP_ORT_LOG
-    )]
-    OrtLogLevel(String),
-}
 
 /// ONNX Runtime's log level named `name` (one of [`ORT_LOG_LEVELS`]), or what to do instead.
 pub(crate) fn ort_log_level(name: &str) -> Result<ort::logging::LogLevel, DiagnosticsEnvError> {

@@ -13,7 +13,8 @@ use super::bundle::{Bundle, BundleError};
 pub use super::options::{
     CudaOptions, DitAttention, FusedPart, Provider, RuntimeOptions, TensorRtOptions,
 };
-use super::ort_lib::{self, OrtLoadError, OrtRuntime};
+use super::ort_lib::{self, OrtRuntime};
+pub use super::session_error::{LoadCause, SessionError};
 pub use super::settings::{
     ArenaExtend, AttentionBackend, ConvAlgoSearch, FusedKernels, Precision, ProviderKind,
 };
@@ -26,80 +27,6 @@ pub(crate) use builder::build_small_session;
 use builder::*;
 pub use providers::{ProviderQueryError, available_providers};
 use providers::{disabled_optimizers, execution_providers};
-
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error(transparent)]
-    Runtime(#[from] OrtLoadError),
-    #[error(transparent)]
-    Bundle(#[from] BundleError),
-    #[error(
-        "register execution provider {provider} for {graph}: {source}; run `runner doctor` to see which providers this ONNX Runtime has"
-    )]
-    Provider {
-        provider: &'static str,
-        graph: String,
-        source: ort::Error,
-    },
-    #[error("attention backend {backend} is not available on {provider}: {reason}")]
-    AttentionUnavailable {
-        backend: &'static str,
-        provider: &'static str,
-        reason: String,
-    },
-    #[error(
-        "the runner's fused kernels ({setting}) are not available on {provider}: {reason}; use {setting} = \"onnxruntime\" (`--{flag} onnxruntime`)"
-    )]
-    KernelsUnavailable {
-        setting: &'static str,
-        flag: &'static str,
-        provider: &'static str,
-        reason: String,
-    },
-    #[error(
-        "an fp8 bundle runs its DiT's 8-bit matrix multiplies only with the runner's kernels on its `dit_fused` graph (runtime.dit_kernels = \"auto\" or \"unstep\", `--dit-kernels`) on the CUDA provider: {reason}"
-    )]
-    Fp8NeedsRunnerKernels { reason: String },
-    #[error(
-        "the 8-bit attention (method.attention_precision = \"int8\") cannot run here: {reason}"
-    )]
-    Int8AttentionUnavailable { reason: String },
-    #[error("load graph {graph}: {source}")]
-    Load { graph: String, source: LoadCause },
-    #[error(
-        "rewrite graph {graph}'s self-attention as ONNX Runtime's MultiHeadAttention (attention_backend = \"{backend}\"): {source}; use attention_backend = \"auto\" or \"cudnn_flash\" for the runner's own"
-    )]
-    AttentionRewrite {
-        graph: String,
-        backend: &'static str,
-        source: super::graph_rewrite::RewriteError,
-    },
-}
-
-/// Why a graph's session could not be built: ONNX Runtime's error, a file or folder the build
-/// reads or makes, or a diagnostic switch it cannot apply. Each keeps its cause.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadCause {
-    #[error(transparent)]
-    Ort(#[from] ort::Error),
-    #[error("{what} {}: {source}", path.display())]
-    File {
-        what: &'static str,
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the folder of {} is not UTF-8", .0.display())]
-    NotUtf8(std::path::PathBuf),
-    #[error(transparent)]
-    Diagnostics(#[from] crate::engine::options::DiagnosticsEnvError),
-}
-
-/// A builder's error, which hands the builder back, keeps only ONNX Runtime's error.
-impl From<ort::Error<ort::session::builder::SessionBuilder>> for LoadCause {
-    fn from(e: ort::Error<ort::session::builder::SessionBuilder>) -> Self {
-        LoadCause::Ort(e.into())
-    }
-}
 
 /// The sessions of a bundle. The text encoder's is `None` when the prompts were encoded before
 /// the others were built ([`super::Generator::with_prompts`]).
