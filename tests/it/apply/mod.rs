@@ -942,3 +942,18 @@ fn videos_named(run_dir: &Path) -> Vec<String> {
     names.sort();
     names
 }
+
+/// `apply --json` prints the run's record as `run.json` holds it once the apply is done.
+#[test]
+fn apply_json_prints_the_runs_record() {
+    let t = Test::new();
+    one_prompt_probe(&t);
+    let out = t
+        .cmd()
+        .args(["apply", "--quiet", "--json", "one.toml"])
+        .run();
+    assert_eq!(out.code, 0, "{}", out.render());
+    let printed: serde_json::Value = serde_json::from_str(&out.stdout).expect("one JSON value");
+    assert_eq!(printed["status"], "succeeded", "{}", out.stdout);
+    assert_eq!(printed, read_json(&t.path().join("results/one/run.json")));
+}
