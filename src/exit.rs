@@ -66,13 +66,21 @@ pub trait Failure: std::fmt::Display {
 }
 
 /// Prints `error: …` and, when there is one, the `  = hint: …` line (the form manifest
-/// diagnostics use), and gives the error's exit status.
+/// diagnostics use), and gives the error's exit status. An interrupt ([`INTERRUPTED`]) is the
+/// user's doing, not an error: it is said as an interrupted run's end is, `… ; what to do`.
 pub fn report(error: &dyn Failure) -> i32 {
-    crate::say!("error: {error}");
-    if let Some(hint) = error.hint() {
-        crate::say!("  = hint: {hint}");
-    }
+    to_stderr(&report_text(error));
     error.exit_code()
+}
+
+/// What [`report`] prints of `error`.
+fn report_text(error: &dyn Failure) -> String {
+    match (error.exit_code() == INTERRUPTED, error.hint()) {
+        (true, Some(hint)) => format!("{error}; {hint}\n"),
+        (true, None) => format!("{error}\n"),
+        (false, Some(hint)) => format!("error: {error}\n  = hint: {hint}\n"),
+        (false, None) => format!("error: {error}\n"),
+    }
 }
 
 /// A message with a hint and a status, for the command line's own refusals.
@@ -96,5 +104,28 @@ impl Failure for Plain {
 
     fn hint(&self) -> Option<String> {
         self.hint.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_reported_as_errors_and_interrupts_as_ends() {
+        let failure = |code, hint: Option<&str>| Plain {
+            message: "it stopped".into(),
+            hint: hint.map(String::from),
+            code,
+        };
+        assert_eq!(
+            report_text(&failure(FAILURE, Some("run it again"))),
+            "error: it stopped\n  = hint: run it again\n"
+        );
+        assert_eq!(report_text(&failure(USAGE, None)), "error: it stopped\n");
+        assert_eq!(
+            report_text(&failure(INTERRUPTED, Some("apply again"))),
+            "it stopped; apply again\n"
+        );
     }
 }

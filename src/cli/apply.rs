@@ -54,11 +54,6 @@ pub fn run(args: &ApplyArgs) -> i32 {
     let (resolved, plan) = runs.remove(0);
     let outcome = match execute::apply(&resolved, &plan, &opts) {
         Ok(o) => o,
-        // Said as an interrupted run's end is, not as an error.
-        Err(e @ execute::ApplyError::Interrupted { .. }) => {
-            crate::say!("{e}; {}", exit::Failure::hint(&e).unwrap_or_default());
-            return exit::INTERRUPTED;
-        }
         Err(e) => return exit::report(&e),
     };
     if let (RunStatus::Running, Some(job)) = (outcome.status, &outcome.slurm_job) {
