@@ -619,11 +619,6 @@ impl RunRecord {
     }
 }
 
-/// The host name, for telling runs on different machines apart.
-pub fn hostname() -> Option<String> {
-    crate::os::hostname()
-}
-
 mod start;
 #[cfg(test)]
 mod tests;

@@ -274,8 +274,8 @@ impl Bundle {
     /// A bundle in either form with the checks that read no file's bytes, for checks before a
     /// run: `bundle.toml`'s format and consistency, every graph and the tokenizer listed in
     /// `[files]`, every listed name a plain relative name (nothing outside the bundle's folder)
-    /// and, for a directory, every listed file there. [`Bundle::open`] makes the same checks,
-    /// then every file's sha256 (a `.zip`'s entries are checked as it unpacks).
+    /// and, for a directory, every listed file there. [`Bundle::open`] makes the same checks in
+    /// the same order, then every file's sha256 (a `.zip`'s entries are checked as it unpacks).
     pub fn peek_checked(path: &Path) -> Result<Self, BundleError> {
         let bundle = Self {
             dir: path.to_path_buf(),
@@ -329,8 +329,9 @@ impl Bundle {
             tokenizer: None,
             opened_in_s: 0.0,
         };
+        bundle.check_names(true)?;
         bundle.check_consistency()?;
-        bundle.verify_files(known)?;
+        bundle.verify_hashes(known)?;
         // The checksums above include the tokenizer file's.
         bundle.tokenizer = Some(Arc::new(bundle.read_tokenizer(false)?));
         bundle.opened_in_s = started.elapsed().as_secs_f64();
@@ -599,8 +600,8 @@ impl Bundle {
         Ok(())
     }
 
-    fn verify_files(&self, known: &BTreeMap<String, String>) -> Result<(), BundleError> {
-        self.check_names(true)?;
+    /// Every listed file's sha256 against `bundle.toml` (after [`Self::check_names`]).
+    fn verify_hashes(&self, known: &BTreeMap<String, String>) -> Result<(), BundleError> {
         // The files not already checked are hashed side by side: a bundle is a few large files,
         // and one core hashes about 1.4 GB/s. The first file in name order that fails is the
         // error, whatever the order they finish in.

@@ -41,7 +41,7 @@ pub fn run_task(path: &Path, task: usize) -> i32 {
     let mut report = TaskReport {
         task,
         job_id: Some(job_id.clone()),
-        node: crate::results::records::hostname(),
+        node: crate::os::hostname(),
         gpus: std::env::var("CUDA_VISIBLE_DEVICES")
             .ok()
             .filter(|g| !g.is_empty()),

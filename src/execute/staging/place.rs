@@ -154,7 +154,7 @@ pub fn space_needed(
         existing = existing.parent()?;
     }
     let device = fs::metadata(existing).ok()?.dev();
-    let available = free_bytes(existing)?;
+    let available = crate::os::free_bytes(existing)?;
     let placed = |path: &Path| -> u64 {
         fs::metadata(path)
             .map(|m| if m.dev() == device { 0 } else { m.len() })
@@ -184,11 +184,6 @@ fn zip_unpacked_size(archive: &Path) -> Option<u64> {
         total = total.saturating_add(zip.by_index_raw(i).ok()?.size());
     }
     Some(total)
-}
-
-/// Bytes free for an unprivileged user on the file system of `path` (`statvfs`).
-fn free_bytes(path: &Path) -> Option<u64> {
-    crate::os::free_bytes(path)
 }
 
 /// Every file below `dir` (symbolic links to files included), by path relative to `base`, in

@@ -157,7 +157,7 @@ impl RunRecord {
             timed_region_ends: TimedRegionEnd::of(
                 resolved.manifest.timing.exclude_final_output_layout,
             ),
-            host: hostname(),
+            host: crate::os::hostname(),
             started_at: super::super::time::rfc3339(started),
             resumed_at: Vec::new(),
             ended_at: None,
